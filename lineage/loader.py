@@ -1,0 +1,227 @@
+"""Load ``*.yaml`` lineage files and validate them into a :class:`~lineage.spec.Lineage`.
+
+Every problem found is reported at once, each naming the file (and line), the topic and the
+field, before anything runs. A file holds ``topics:`` and/or ``sources:`` lists::
+
+    sources:
+      - table: stage.orders
+    topics:
+      - table: fact.orders            # topic: schema.table[#tag][:shard]
+        depends_on: [stage.orders, dim.customers]
+        transforms: [../sql/fact_orders.sql]
+        delay: 30s
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from lineage.errors import LineageError
+from lineage.spec import PYTHON_PREFIX, Lineage, Processor, Source, SourceSpec, Topic, TopicSpec, Transform
+
+_LINE = "__line__"
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that records the line of every mapping under ``__line__``."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        mapping = super().construct_mapping(node, deep=deep)
+        mapping[_LINE] = node.start_mark.line + 1
+        return mapping
+
+
+def lineage_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise LineageError(f"{path}: no such lineage file or directory (set TIDEMARK_LINEAGE or --lineage)")
+    files = sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    if not files:
+        raise LineageError(f"{path}: no *.yaml lineage files found")
+    return files
+
+
+def _where(file: Path, line: int | None, topic: str | None = None, field: str | None = None) -> str:
+    out = f"{file}:{line}" if line else str(file)
+    if topic:
+        out += f": topic '{topic}'"
+    if field:
+        out += f": field '{field}'"
+    return out
+
+
+def _pydantic_problems(exc: ValidationError, file: Path, line: int | None, name: str | None) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or None
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; allowed: " + ", ".join(TopicSpec.model_fields) + ")"
+        elif err["type"] == "missing":
+            msg = "is required"
+        problems.append(f"{_where(file, line, name, field)}: {msg}")
+    return problems
+
+
+def _strip_lines(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_lines(v) for k, v in value.items() if k != _LINE}
+    if isinstance(value, list):
+        return [_strip_lines(v) for v in value]
+    return value
+
+
+def _resolve_transforms(spec: TopicSpec, file: Path, line: int | None, problems: list[str]) -> tuple[Transform, ...]:
+    out = []
+    for ref in spec.transforms:
+        if ref.startswith(PYTHON_PREFIX):
+            module, _, func = ref.removeprefix(PYTHON_PREFIX).rpartition(":")
+            where = _where(file, line, spec.name, "transforms")
+            try:
+                found = importlib.util.find_spec(module)
+            except (ImportError, ValueError):
+                found = None
+            if found is None:
+                problems.append(f"{where}: python module '{module}' of {ref!r} cannot be imported (is it on PYTHONPATH?)")
+                continue
+            try:
+                fn = getattr(importlib.import_module(module), func, None)
+            except Exception as exc:  # noqa: BLE001 - report any import failure as a config problem
+                problems.append(f"{where}: importing '{module}' for {ref!r} failed: {exc}")
+                continue
+            if not callable(fn):
+                problems.append(f"{where}: '{module}' has no function '{func}' ({ref!r})")
+                continue
+            out.append(Transform(ref=ref, python=(module, func)))
+        else:
+            path = (file.parent / ref).resolve()
+            if not path.is_file():
+                problems.append(f"{_where(file, line, spec.name, 'transforms')}: transform file '{ref}' not found (looked at {path})")
+                continue
+            sql = path.read_text(encoding="utf-8").strip().rstrip(";").strip()
+            if not sql:
+                problems.append(f"{_where(file, line, spec.name, 'transforms')}: transform file '{ref}' is empty")
+                continue
+            out.append(Transform(ref=ref, sql=sql, path=path))
+    return tuple(out)
+
+
+def _topological(topics: dict[str, Topic], problems: list[str]) -> list[str]:
+    """Order topics so that producers come before consumers; report cycles between tables."""
+    producers: dict[str, list[str]] = {}
+    for t in topics.values():
+        producers.setdefault(t.spec.destination, []).append(t.name)
+    deps = {
+        name: [p for d in t.spec.depends_on for p in producers.get(d, []) if p != name]
+        for name, t in topics.items()
+    }
+    order: list[str] = []
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+    reported: set[frozenset[str]] = set()
+
+    def visit(name: str, stack: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = stack[stack.index(name):] + [name]
+            key = frozenset(cycle)
+            if key not in reported:
+                reported.add(key)
+                t = topics[name]
+                tables = " -> ".join(topics[c].spec.destination for c in cycle)
+                problems.append(f"{_where(t.file, t.line, name, 'depends_on')}: dependency cycle: {tables}")
+            return
+        state[name] = 1
+        for d in deps[name]:
+            visit(d, [*stack, name])
+        state[name] = 2
+        order.append(name)
+
+    for name in sorted(topics):
+        visit(name, [])
+    return order
+
+
+def load_lineage(path: str | Path) -> Lineage:
+    """Load and validate every lineage file under ``path``; raise :class:`LineageError` listing
+    every problem."""
+    root = Path(path)
+    files = lineage_files(root)
+    problems: list[str] = []
+    topics: dict[str, Topic] = {}
+    sources: dict[str, Source] = {}
+    for file in files:
+        try:
+            doc = yaml.load(file.read_text(encoding="utf-8"), Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+        except yaml.YAMLError as exc:
+            problems.append(f"{file}: not valid YAML: {exc}")
+            continue
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            problems.append(f"{file}: expected a mapping with 'topics:' and/or 'sources:' lists")
+            continue
+        for key in doc:
+            if key not in ("topics", "sources", _LINE):
+                problems.append(f"{_where(file, doc.get(_LINE))}: unknown top-level key '{key}' (allowed: topics, sources)")
+        for kind in ("sources", "topics"):
+            items = doc.get(kind) or []
+            if not isinstance(items, list):
+                problems.append(f"{file}: '{kind}' must be a list")
+                continue
+            for item in items:
+                line = item.get(_LINE) if isinstance(item, dict) else None
+                if not isinstance(item, dict):
+                    problems.append(f"{file}: each entry of '{kind}' must be a mapping, got {item!r}")
+                    continue
+                name = item.get("table") if isinstance(item.get("table"), str) else None
+                try:
+                    spec: Any = (SourceSpec if kind == "sources" else TopicSpec).model_validate(_strip_lines(item))
+                except ValidationError as exc:
+                    problems.extend(_pydantic_problems(exc, file, line, name))
+                    continue
+                if kind == "sources":
+                    if spec.table in sources:
+                        prev = sources[spec.table]
+                        problems.append(f"{_where(file, line)}: source '{spec.table}' declared twice (also at {_where(prev.file, prev.line)})")
+                        continue
+                    sources[spec.table] = Source(spec, file, line)
+                else:
+                    if spec.name in topics:
+                        prev = topics[spec.name]
+                        problems.append(f"{_where(file, line, spec.name)}: duplicate topic (also at {prev.where})")
+                        continue
+                    topics[spec.name] = Topic(spec, file, line, _resolve_transforms(spec, file, line, problems))
+
+    produced = {t.spec.destination for t in topics.values()}
+    for t in topics.values():
+        for dep in t.spec.depends_on:
+            if dep not in produced and dep not in sources:
+                problems.append(
+                    f"{_where(t.file, t.line, t.name, 'depends_on')}: '{dep}' is produced by no topic and not declared "
+                    f"as a source (add it under 'sources:' or fix the name)"
+                )
+    for table in produced & set(sources):
+        s = sources[table]
+        problems.append(f"{_where(s.file, s.line)}: '{table}' is declared as a source but topic(s) produce it")
+    for table in produced:
+        writers = [t for t in topics.values() if t.spec.destination == table]
+        kinds = {t.spec.processor for t in writers}
+        if Processor.RELOAD in kinds and len(writers) > 1:
+            t = writers[0]
+            names = ", ".join(w.name for w in writers)
+            problems.append(
+                f"{_where(t.file, t.line, t.name, 'processor')}: table '{table}' is rebuilt by a reload topic, so it "
+                f"cannot have other topics ({names})"
+            )
+    order = _topological(topics, problems)
+    if problems:
+        raise LineageError(problems)
+    return Lineage(topics={n: topics[n] for n in order}, sources=sources, files=tuple(files))

@@ -1,0 +1,102 @@
+"""The planner: offsets + source marks + the clock + the rules -> the next block, or why a
+topic waits. The seed's ``SCH.LagLive`` as a pure function.
+
+The planner only sees cheap facts (high-water marks, offsets, the time): it decides whether a
+topic may run and the upper bound (``cutoff``) of the positions its next block may take. The
+exact ``next`` (the ``maxstep``-th eligible row) is found afterwards from the data by
+:mod:`resources.delta_meta`; when that finds no row, the planner's ``limit`` says why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from lineage.positions import Block, Position, format_ts
+from lineage.spec import Processor, TopicSpec
+
+
+@dataclass(frozen=True)
+class TopicState:
+    """What the offset store knows of a topic (a subset of ``OffsetRecord``)."""
+
+    last: Position
+    next: Position | None = None
+    seq: int = 0
+    run: dt.datetime | None = None
+    source_version: int | None = None
+
+
+@dataclass(frozen=True)
+class TableMark:
+    """Cheap facts about a table: its newest position and its Delta version."""
+
+    max_position: Position | None  # None: the table is empty or does not exist
+    version: int | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    topic: str
+    ready: bool
+    reason: str  # why it waits, or what it will do
+    cutoff: dt.datetime | None = None  # newest pos the next block may include
+    limit: str = ""  # what bounds the cutoff (shown when no row is eligible)
+    retry: Block | None = None  # a planned block that must be processed again as it is
+    facts: dict[str, str] = field(default_factory=dict)
+
+
+def _ts(value: dt.datetime) -> str:
+    return format_ts(value).replace("T", " ").removesuffix(".000000")
+
+
+def plan_topic(
+    spec: TopicSpec,
+    state: TopicState,
+    base: TableMark,
+    dependencies: dict[str, dt.datetime | None],
+    now: dt.datetime,
+) -> Decision:
+    """Decide whether ``spec`` may run now.
+
+    ``dependencies`` maps every ``depends_on`` table except the base to the position that
+    table is fresh up to (its producers' offsets or its source mark; ``None`` if nothing yet).
+    """
+    name = spec.name
+    if state.next is not None:
+        block = Block(name, state.seq, state.last, state.next)
+        return Decision(name, True, f"retry block {state.seq} {state.last}..{state.next}", retry=block, cutoff=state.next.pos)
+    if state.run is not None and spec.repeat and now < state.run + spec.repeat:
+        return Decision(name, False, f"repeat: next run after {_ts(state.run + spec.repeat)}")
+
+    if spec.processor is Processor.RELOAD:
+        if state.seq == 0:
+            return Decision(name, True, "first reload")
+        if base.version is not None and base.version != state.source_version:
+            return Decision(name, True, f"{spec.base} changed (version {state.source_version} -> {base.version})")
+        return Decision(name, False, f"no new rows ({spec.base} unchanged since version {state.source_version})")
+
+    if base.max_position is None:
+        return Decision(name, False, f"no new rows ({spec.base} is empty or missing)")
+    if base.max_position <= state.last:
+        return Decision(name, False, "no new rows")
+
+    cutoff = now - spec.delay
+    limit = f"delay {spec.delay}: newest eligible row at {_ts(cutoff)}" if spec.delay else ""
+    for table, fresh in dependencies.items():
+        if fresh is None:
+            return Decision(name, False, f"waiting for {table} (no data yet)")
+        if fresh < cutoff:
+            cutoff, limit = fresh, f"waiting for {table} (at {_ts(fresh)})"
+    if cutoff < state.last.pos:
+        return Decision(name, False, limit)
+    return Decision(name, True, "new rows", cutoff=cutoff, limit=limit or "no new rows")
+
+
+def lag_seconds(last: Position, source_max: Position | None) -> float:
+    """How far a topic is behind its base table, in seconds of ``pos`` (0 when caught up)."""
+    if source_max is None or last.is_zero() and source_max is None:
+        return 0.0
+    if last.is_zero():
+        return float("inf")
+    return max(0.0, (source_max.pos - last.pos).total_seconds())

@@ -1,0 +1,270 @@
+"""Typed lineage specs: the seed's ``LineageSource`` row as a Pydantic model.
+
+A topic's name is ``schema.table[#tag][:shard]``: the destination table, then optionally a tag
+(another source/transform set for the same table) and a shard (a share of the work with offsets
+of its own).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from lineage.durations import parse_duration
+
+TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
+TOPIC_RE = re.compile(
+    r"^(?P<table>[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*)"
+    r"(?:#(?P<tag>[A-Za-z0-9_]+))?(?::(?P<shard>[A-Za-z0-9_-]+))?$"
+)
+PYTHON_PREFIX = "python:"
+DEFAULT_MAXSTEP = 1_000_000
+
+
+class Processor(StrEnum):
+    STEP = "step"
+    RELOAD = "reload"
+
+
+@dataclass(frozen=True)
+class TopicName:
+    table: str
+    tag: str | None
+    shard: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> TopicName:
+        m = TOPIC_RE.match(text)
+        if not m:
+            raise ValueError(
+                f"{text!r} is not a topic name: expected schema.table, optionally followed by #tag and :shard "
+                "(e.g. fact.orders#web:1)"
+            )
+        return cls(m["table"], m["tag"], m["shard"])
+
+
+def _split_list(value: Any) -> Any:
+    """Accept the seed's comma-separated strings as well as YAML lists."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def split_sql(text: str) -> list[str]:
+    """Split semicolon-delimited statements (the seed's before/after columns), ignoring
+    semicolons inside quotes and ``--`` comments."""
+    out, buf, quote, i = [], [], "", 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            buf.append(ch)
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"`":
+            quote = ch
+            buf.append(ch)
+        elif text.startswith("--", i):
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+            continue
+        elif ch == ";":
+            out.append("".join(buf))
+            buf = []
+        else:
+            buf.append(ch)
+        i += 1
+    out.append("".join(buf))
+    return [s.strip() for s in out if s.strip()]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class SourceSpec(_Strict):
+    """A table Tidemark reads but does not produce (a stage table loaded by someone else)."""
+
+    table: str = Field(description="schema.table")
+    path: str | None = Field(None, description="Delta table location; default <warehouse>/<schema>/<table>")
+    comment: str = ""
+    owner: str | None = None
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, v: str) -> str:
+        if not TABLE_RE.match(v):
+            raise ValueError(f"{v!r} is not a table name: expected schema.table")
+        return v
+
+
+class TopicSpec(_Strict):
+    """One row of the seed's Lineage table."""
+
+    table: str = Field(description="topic name: destination schema.table[#tag][:shard]")
+    depends_on: list[str] = Field(description="tables needed; the first is the base table read block by block")
+    processor: Processor = Processor.STEP
+    transforms: list[str] = Field(description="Spark SQL files reading the `block` view, or python:module:function")
+    delay: dt.timedelta = Field(dt.timedelta(0), description="rows must be at least this old (clock drift, OLTP lag)")
+    repeat: dt.timedelta = Field(dt.timedelta(0), description="minimum time between two runs of the topic")
+    maxstep: int = Field(DEFAULT_MAXSTEP, gt=0, description="at most this many base rows per block")
+    before: list[str] = Field(default_factory=list, description="SQL statements run before the transforms")
+    after: list[str] = Field(default_factory=list, description="SQL statements run after the write")
+    comment: str = ""
+    owner: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.table
+
+    @property
+    def topic(self) -> TopicName:
+        return TopicName.parse(self.table)
+
+    @property
+    def destination(self) -> str:
+        return self.topic.table
+
+    @property
+    def base(self) -> str:
+        return self.depends_on[0]
+
+    @field_validator("table")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        TopicName.parse(v)
+        return v
+
+    @field_validator("depends_on", "transforms", mode="before")
+    @classmethod
+    def _lists(cls, v: Any) -> Any:
+        return _split_list(v)
+
+    @field_validator("depends_on")
+    @classmethod
+    def _deps(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("needs at least one table (the first is the base table)")
+        for t in v:
+            if not TABLE_RE.match(t):
+                raise ValueError(f"{t!r} is not a table name: expected schema.table")
+        if len(set(v)) != len(v):
+            raise ValueError(f"lists a table twice: {v}")
+        return v
+
+    @field_validator("transforms")
+    @classmethod
+    def _transforms(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("needs at least one transform (a .sql file or python:module:function)")
+        for t in v:
+            if t.startswith(PYTHON_PREFIX):
+                if not re.fullmatch(r"python:[A-Za-z_][\w.]*:[A-Za-z_]\w*", t):
+                    raise ValueError(f"{t!r}: python transforms are written python:package.module:function")
+            elif not t.endswith(".sql"):
+                raise ValueError(f"{t!r}: a transform is a .sql file or python:module:function")
+        return v
+
+    @field_validator("delay", "repeat", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        if isinstance(v, dt.timedelta):
+            return v
+        return parse_duration(v)
+
+    @field_validator("maxstep", mode="before")
+    @classmethod
+    def _maxstep(cls, v: Any) -> Any:
+        if v is None or v == "":
+            return DEFAULT_MAXSTEP
+        if isinstance(v, str):
+            s = v.replace("_", "").strip().lower()
+            mult = {"k": 1_000, "m": 1_000_000}.get(s[-1:], 1)
+            try:
+                return int(float(s[:-1] if mult > 1 else s) * mult)
+            except ValueError:
+                raise ValueError(f"{v!r} is not a row count (e.g. 100000, 500k, 1m)") from None
+        return v
+
+    @field_validator("before", "after", mode="before")
+    @classmethod
+    def _sql(cls, v: Any) -> Any:
+        if v is None:
+            return []
+        if isinstance(v, str):
+            return split_sql(v)
+        return v
+
+
+@dataclass(frozen=True)
+class Transform:
+    """A resolved transform: SQL text from a file, or a Python callable reference."""
+
+    ref: str  # as written in the spec
+    sql: str | None = None
+    path: Path | None = None
+    python: tuple[str, str] | None = None  # (module, function)
+
+
+@dataclass(frozen=True)
+class Topic:
+    """A validated topic: its spec, where it was declared and its resolved transforms."""
+
+    spec: TopicSpec
+    file: Path
+    line: int | None
+    transforms: tuple[Transform, ...]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.line else str(self.file)
+
+
+@dataclass(frozen=True)
+class Source:
+    spec: SourceSpec
+    file: Path
+    line: int | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.table
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """The validated lineage: topics in dependency order and declared sources."""
+
+    topics: dict[str, Topic]  # by topic name, in dependency (topological) order
+    sources: dict[str, Source]
+    files: tuple[Path, ...]
+
+    def topic(self, name: str) -> Topic:
+        from lineage.errors import UnknownTopicError
+
+        try:
+            return self.topics[name]
+        except KeyError:
+            known = ", ".join(self.topics) or "none"
+            raise UnknownTopicError(f"unknown topic '{name}' (known topics: {known})") from None
+
+    def producers(self, table: str) -> list[Topic]:
+        return [t for t in self.topics.values() if t.spec.destination == table]
+
+    def tables(self) -> list[str]:
+        """Every table the lineage names: sources first, then destinations."""
+        out = list(self.sources)
+        for t in self.topics.values():
+            for name in (*t.spec.depends_on, t.spec.destination):
+                if name not in out:
+                    out.append(name)
+        return out

@@ -1,0 +1,1 @@
+"""Dagster wiring and the Spark processors (step, reload) that run the lineage."""

@@ -1,0 +1,87 @@
+"""The demo's source data: a small shop's stage layer, appended in ``(pos, id)`` order as an
+OLTP loader would (written with ``deltalake``; the pipeline itself runs on Spark)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from resources.delta_meta import open_table
+from resources.settings import Settings
+
+COUNTRIES = ["DE", "FR", "NL", "PL", "ES", "IT", "SE"]
+SEGMENTS = ["consumer", "business", "vip"]
+_TS = pa.timestamp("us", tz="UTC")
+
+
+@dataclass
+class ShopFeeder:
+    """Appends customers, orders and order lines; ids continue from what the tables hold."""
+
+    settings: Settings
+    seed: int = 7
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def _next_ids(self, table: str, key: str) -> tuple[int, int]:
+        t = open_table(self.settings.table_path(table))
+        if t is None:
+            return 1, 1
+        data = t.to_pyarrow_table(columns=["id", key])
+        ids = [v for v in data.column("id").to_pylist() if v is not None]
+        keys = [v for v in data.column(key).to_pylist() if v is not None]
+        return (max(ids) + 1 if ids else 1), (max(keys) + 1 if keys else 1)
+
+    def _write(self, table: str, rows: list[dict], schema: pa.Schema) -> None:
+        from deltalake import write_deltalake
+
+        for r in rows:
+            if r["pos"] is not None:
+                r["pos"] = r["pos"].replace(tzinfo=dt.UTC)
+        write_deltalake(self.settings.table_path(table), pa.Table.from_pylist(rows, schema=schema), mode="append")
+
+    def append(self, *, orders: int, start: dt.datetime, end: dt.datetime, new_customers: int = 0,
+               bad_rows: int = 0) -> dict[str, int]:
+        """Append ``orders`` orders (2-3 lines each) with positions spread over ``[start, end]``
+        (several rows share a timestamp, as bursts do), ``new_customers`` customers, and
+        ``bad_rows`` orders with a null ``pos`` (to be quarantined)."""
+        rng = self.rng
+        cust_id, next_customer = self._next_ids("stage.customers", "customer_id")
+        order_row, next_order = self._next_ids("stage.orders", "order_id")
+        item_row, _ = self._next_ids("stage.order_items", "order_id")
+        customers = []
+        for i in range(new_customers):
+            customers.append({"pos": start - dt.timedelta(minutes=5) + dt.timedelta(seconds=i), "id": cust_id + i,
+                              "customer_id": next_customer + i, "name": f"customer {next_customer + i}",
+                              "country": rng.choice(COUNTRIES), "segment": rng.choice(SEGMENTS)})
+        known_customers = max(1, next_customer - 1 + new_customers)
+        span = (end - start).total_seconds()
+        # Bursts: timestamps are drawn at 1-second granularity, so many orders share one.
+        stamps = sorted(start + dt.timedelta(seconds=int(rng.random() * span)) for _ in range(orders))
+        order_rows, item_rows = [], []
+        for n, pos in enumerate(stamps):
+            oid = next_order + n
+            order_rows.append({"pos": pos, "id": order_row + n, "order_id": oid,
+                               "customer_id": rng.randint(1, known_customers), "status": rng.choice(["paid", "paid", "new", "shipped"])})
+            for _ in range(rng.randint(2, 3)):
+                item_rows.append({"pos": pos + dt.timedelta(milliseconds=rng.randint(1, 900)), "id": 0, "order_id": oid,
+                                  "sku": f"SKU-{rng.randint(1, 300):04d}", "qty": rng.randint(1, 4),
+                                  "price": round(rng.uniform(2, 120), 2)})
+        item_rows.sort(key=lambda r: r["pos"])
+        for k, r in enumerate(item_rows):
+            r["id"] = item_row + k
+        for b in range(bad_rows):
+            order_rows.append({"pos": None, "id": order_row + orders + b, "order_id": next_order + orders + b,
+                               "customer_id": 1, "status": "broken"})
+        if customers:
+            self._write("stage.customers", customers, pa.schema([("pos", _TS), ("id", pa.int64()), ("customer_id", pa.int64()),
+                                                                 ("name", pa.string()), ("country", pa.string()), ("segment", pa.string())]))
+        self._write("stage.orders", order_rows, pa.schema([("pos", _TS), ("id", pa.int64()), ("order_id", pa.int64()),
+                                                          ("customer_id", pa.int64()), ("status", pa.string())]))
+        self._write("stage.order_items", item_rows, pa.schema([("pos", _TS), ("id", pa.int64()), ("order_id", pa.int64()),
+                                                              ("sku", pa.string()), ("qty", pa.int32()), ("price", pa.float64())]))
+        return {"customers": len(customers), "orders": orders, "order_items": len(item_rows), "bad_rows": bad_rows}

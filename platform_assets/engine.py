@@ -1,0 +1,430 @@
+"""The step and reload processors on Spark + Delta: the design's "How a step runs".
+
+A step of a topic:
+
+1. take the topic's lock in the offset store (one run per topic; a second gets
+   :class:`TopicLockedError` naming the holder);
+2. if a block is pending (planned, not committed) redo exactly it; otherwise ask the planner,
+   find the block's end from the data and store ``next`` and ``seq`` *before* writing;
+3. if the destination's Delta log already records the transaction ``(tidemark:<topic>, seq)``
+   the data landed before a crash: skip to 5;
+4. ``before`` SQL, the transforms over the ``block`` view, one Delta append carrying
+   ``txnAppId=tidemark:<topic>``, ``txnVersion=seq`` (Delta itself refuses a second copy);
+5. per-block statistics from the commit's own file statistics into ``etl.log`` (idempotent
+   too), ``after`` SQL, then ``last := next`` in the offset store, and release the lock.
+
+A crash anywhere leaves either nothing, or a Delta commit the retry recognises: every base
+row's output lands exactly once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lineage.errors import OffsetError, ProcessingError, TidemarkError
+from lineage.planner import Decision, TableMark, TopicState, lag_seconds, plan_topic
+from lineage.positions import Block, Position
+from lineage.spec import Lineage, Processor, Topic, Transform
+from platform_assets.faults import crashpoint
+from resources import delta_meta
+from resources.meta_tables import META_TABLES, LogEntry, publish_lineage, quarantine_rows, write_etl_log
+from resources.offset_sql import make_owner, open_offset_store
+from resources.offsets import STATE_FAILED, OffsetRecord, OffsetStore
+from resources.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def data_app_id(topic: str) -> str:
+    """The Delta ``txnAppId`` of a topic's data commits."""
+    return f"tidemark:{topic}"
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one call of :meth:`Engine.run_topic` did."""
+
+    topic: str
+    processed: bool
+    reason: str  # why it waited, or what it did
+    block: Block | None = None
+    rows: int = 0  # rows written to the destination by this block
+    base_rows: int = 0
+    bad_rows: int = 0
+    delta_version: int | None = None
+    duration_s: float = 0.0
+    recovered: bool = False  # the data had landed before a crash; only the offset caught up
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LagRow:
+    topic: str
+    processor: str
+    last: Position | None
+    next: Position | None
+    source_max: Position | None
+    lag_s: float | None
+    state: str
+    owner: str
+    reason: str
+
+
+class Engine:
+    """Runs a validated lineage against a warehouse, an offset store and (lazily) Spark."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        lineage: Lineage,
+        store: OffsetStore | None = None,
+        *,
+        spark: SparkSession | None = None,
+        spark_factory: Callable[[], SparkSession] | None = None,
+        owner: str | None = None,
+        clock: Callable[[], dt.datetime] = utcnow,
+    ) -> None:
+        self.settings = settings
+        self.lineage = lineage
+        self.store = store or open_offset_store(settings.offsets_url)
+        self._spark = spark
+        self._spark_factory = spark_factory
+        self.owner = owner or make_owner()
+        self.clock = clock
+        self.run_id = uuid.uuid4().hex[:12]
+        self._registered: set[str] = set()
+
+    # ----------------------------------------------------------------- resources
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            if self._spark_factory is not None:
+                self._spark = self._spark_factory()
+            else:
+                from resources.spark import build_spark_session
+
+                self._spark = build_spark_session(self.settings)
+        return self._spark
+
+    def path(self, table: str) -> str:
+        src = self.lineage.sources.get(table)
+        return self.settings.table_path(table, src.spec.path if src else None)
+
+    def register_tables(self) -> None:
+        """Make every existing table of the lineage readable by name (``stage.orders``) in
+        Spark SQL, as external tables over their Delta locations."""
+        for table in (*self.lineage.tables(), *META_TABLES):
+            self._register(table)
+
+    def _register(self, table: str) -> None:
+        if table in self._registered or delta_meta.open_table(self.path(table)) is None:
+            return
+        schema, _, name = table.partition(".")
+        self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
+        location = self.path(table).replace("'", "\\'")
+        self.spark.sql(f"CREATE TABLE IF NOT EXISTS `{schema}`.`{name}` USING delta LOCATION '{location}'")
+        self._registered.add(table)
+
+    def publish_lineage(self) -> bool:
+        return publish_lineage(self.settings, self.lineage)
+
+    # ----------------------------------------------------------------- offsets and planning
+    def ensure_offsets(self, topic: Topic, start: Position | None = None) -> OffsetRecord:
+        """The topic's offset record, created on first use: from ``start`` if given, else from
+        the destination's current newest position (so a rebuilt offset store does not reprocess
+        what is already there), else from the beginning."""
+        rec = self.store.get(topic.name)
+        if rec is not None:
+            return rec
+        note = "explicit start"
+        if start is None:
+            start, note = Position.zero(), "new topic: from the beginning"
+            if topic.spec.processor is Processor.STEP:
+                mark = delta_meta.table_mark(self.path(topic.spec.destination))
+                if mark.max_position is not None:
+                    start, note = mark.max_position, "new topic: from the destination's newest position"
+        try:
+            return self.store.init(topic.name, start, topic.spec.processor.value, who=self.owner, note=note)
+        except OffsetError:
+            existing = self.store.get(topic.name)  # another process initialised it first
+            if existing is None:
+                raise
+            return existing
+
+    def freshness(self, table: str) -> dt.datetime | None:
+        """The position ``table`` is fresh up to: the least ``last`` of the topics producing it,
+        or for a source its newest ``pos``."""
+        producers = self.lineage.producers(table)
+        if producers:
+            lasts = []
+            for p in producers:
+                rec = self.store.get(p.name)
+                if rec is None or rec.last.is_zero():
+                    return None
+                lasts.append(rec.last.pos)
+            return min(lasts)
+        mark = delta_meta.table_mark(self.path(table), positions=False)
+        return mark.max_position.pos if mark.max_position else None
+
+    def decide(self, topic: Topic, rec: OffsetRecord | None = None, now: dt.datetime | None = None) -> tuple[Decision, TableMark]:
+        rec = rec or self.ensure_offsets(topic)
+        spec = topic.spec
+        base = delta_meta.table_mark(self.path(spec.base), positions=spec.processor is Processor.STEP)
+        deps = {d: self.freshness(d) for d in spec.depends_on[1:]} if spec.processor is Processor.STEP else {}
+        state = TopicState(rec.last, rec.next, rec.seq, rec.run, rec.source_version)
+        return plan_topic(spec, state, base, deps, now or self.clock()), base
+
+    def lag(self) -> list[LagRow]:
+        out = []
+        now = self.clock()
+        for topic in self.lineage.topics.values():
+            rec = self.store.get(topic.name)
+            if rec is None:
+                out.append(LagRow(topic.name, topic.spec.processor.value, None, None, None, None, "not started", "", "no offsets yet (first run initialises them)"))
+                continue
+            decision, base = self.decide(topic, rec, now)
+            reason = decision.reason
+            if decision.ready and not decision.retry and topic.spec.processor is Processor.STEP:
+                reason = "ready: new rows"
+            lag = None if rec.last.is_zero() else lag_seconds(rec.last, base.max_position)
+            out.append(LagRow(topic.name, rec.processor, rec.last, rec.next, base.max_position, lag, rec.state, rec.owner, reason))
+        return out
+
+    # ----------------------------------------------------------------- locking
+    @contextmanager
+    def locked(self, topic: Topic) -> Iterator[OffsetRecord]:
+        self.ensure_offsets(topic)
+        rec = self.store.acquire(topic.name, self.owner)
+        try:
+            yield rec
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                try:
+                    self.store.set_state(topic.name, self.owner, f"{STATE_FAILED}: {type(exc).__name__}: {exc}"[:500])
+                except TidemarkError:
+                    pass
+            raise
+        finally:
+            self.store.release(topic.name, self.owner)
+
+    # ----------------------------------------------------------------- processing
+    def run_topic(self, name: str) -> StepResult:
+        """Process at most one block (step) or one rebuild (reload) of topic ``name``."""
+        topic = self.lineage.topic(name)
+        with self.locked(topic) as rec:
+            if topic.spec.processor is Processor.RELOAD:
+                return self._reload(topic, rec)
+            return self._step(topic, rec)
+
+    def run_until_caught_up(self, topics: list[str] | None = None, *, max_blocks: int = 10_000,
+                            on_result: Callable[[StepResult], None] | None = None) -> list[StepResult]:
+        """Run topics in dependency order, each until it waits, and repeat while any made
+        progress (a producer's new blocks can make its consumers ready)."""
+        names = [n for n in self.lineage.topics if topics is None or n in topics]
+        results: list[StepResult] = []
+        progress = True
+        while progress and len(results) < max_blocks:
+            progress = False
+            for name in names:
+                while len(results) < max_blocks:
+                    r = self.run_topic(name)
+                    if on_result:
+                        on_result(r)
+                    if not r.processed:
+                        if not any(x.topic == name and not x.processed for x in results[-len(names):]):
+                            results.append(r)
+                        break
+                    results.append(r)
+                    progress = True
+                    if self.lineage.topic(name).spec.processor is Processor.RELOAD:
+                        break
+        return results
+
+    def _quarantine(self, topic: Topic) -> int:
+        base = topic.spec.base
+        bad = delta_meta.bad_position_rows(self.path(base))
+        if bad.num_rows == 0:
+            return 0
+        return quarantine_rows(self.settings, topic.name, base, bad, self.clock())
+
+    def _step(self, topic: Topic, rec: OffsetRecord) -> StepResult:
+        spec = topic.spec
+        started = time.monotonic()
+        if rec.pending:
+            block = Block(topic.name, rec.seq, rec.last, rec.next)  # type: ignore[arg-type]
+            base_rows, retry = -1, True
+        else:
+            decision, base_mark = self.decide(topic, rec)
+            if not decision.ready:
+                return StepResult(topic.name, False, decision.reason)
+            end, base_rows = delta_meta.find_block_end(self.path(spec.base), rec.last, decision.cutoff, spec.maxstep)  # type: ignore[arg-type]
+            if end is None:
+                return StepResult(topic.name, False, decision.limit)
+            rec = self.store.plan(topic.name, self.owner, last=rec.last, next=end, seq=rec.seq + 1,
+                                  source_version=base_mark.version)
+            block, retry = Block(topic.name, rec.seq, rec.last, end), False
+        crashpoint("planned")
+        bad_rows = self._quarantine(topic)
+
+        dest = self.path(spec.destination)
+        app_id = data_app_id(topic.name)
+        landed = delta_meta.find_txn_commit(dest, app_id, block.seq) if retry else None
+        if landed is None:
+            self.register_tables()
+            block_df = self._block_df(spec.base, block)
+            self._run_sql(topic, "before", block)
+            out = self._transform(topic, block_df)
+            crashpoint("transformed")
+            meta = {"topic": topic.name, "seq": block.seq, "last": block.last.to_text(), "next": block.next.to_text(),
+                    "run_id": self.run_id, "owner": self.owner}
+            (out.write.format("delta").mode("append")
+             .option("txnAppId", app_id).option("txnVersion", block.seq)
+             .option("mergeSchema", "true").option("userMetadata", json.dumps(meta))
+             .save(dest))
+            self._register(spec.destination)
+            landed = delta_meta.find_txn_commit(dest, app_id, block.seq)
+            if landed is None:
+                raise ProcessingError(f"topic '{topic.name}': block {block.seq} was written but its commit is not in {dest}/_delta_log")
+        crashpoint("written")
+        if base_rows < 0:
+            base_rows = self._count_base(spec.base, block)
+        duration = time.monotonic() - started
+        entry = self._log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed, base_rows,
+                                bad_rows, duration)
+        write_etl_log(self.settings, entry)
+        crashpoint("logged")
+        if spec.after:
+            self.register_tables()
+            self._block_df(spec.base, block)
+            self._run_sql(topic, "after", block)
+        note = f"rows={landed.rows} delta_version={landed.version}" + (" (recovered after crash)" if retry else "")
+        self.store.commit(topic.name, self.owner, seq=block.seq, last=block.last, next=block.next, rows=landed.rows, note=note)
+        crashpoint("committed")
+        return StepResult(topic.name, True, f"block {block.seq}", block=block, rows=landed.rows, base_rows=base_rows,
+                          bad_rows=bad_rows, delta_version=landed.version, duration_s=time.monotonic() - started,
+                          recovered=retry, stats=_stats_dict(entry))
+
+    def _reload(self, topic: Topic, rec: OffsetRecord) -> StepResult:
+        spec = topic.spec
+        started = time.monotonic()
+        decision, base = self.decide(topic, rec)
+        if not decision.ready:
+            return StepResult(topic.name, False, decision.reason)
+        seq = rec.seq + 1
+        dest = self.path(spec.destination)
+        self.register_tables()
+        base_df = self.spark.read.format("delta").load(self.path(spec.base))
+        base_df.createOrReplaceTempView("block")
+        self._run_sql(topic, "before", None)
+        out = self._transform(topic, base_df)
+        meta = {"topic": topic.name, "seq": seq, "source_version": base.version, "run_id": self.run_id}
+        # No idempotency token: a rebuild is idempotent by nature, and one after a crash must
+        # rewrite from the current sources rather than be skipped.
+        (out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+         .option("userMetadata", json.dumps(meta)).save(dest))
+        self._register(spec.destination)
+        committed = delta_meta.last_commit_stats(dest)
+        crashpoint("written")
+        mark = base.max_position or Position.zero()
+        entry = self._log_entry(topic, seq, "", "" if mark.is_zero() else mark.to_text(), committed, -1, 0,
+                                time.monotonic() - started)
+        self._run_sql(topic, "after", None)
+        self.store.commit_reload(topic.name, self.owner, seq=seq, mark=mark, rows=committed.rows,
+                                 source_version=base.version, note=f"rows={committed.rows} delta_version={committed.version}")
+        write_etl_log(self.settings, entry)
+        return StepResult(topic.name, True, f"reload {seq}", rows=committed.rows, delta_version=committed.version,
+                          duration_s=time.monotonic() - started, stats=_stats_dict(entry))
+
+    # ----------------------------------------------------------------- Spark pieces
+    def _block_df(self, base: str, block: Block) -> DataFrame:
+        """Rows of ``base`` inside ``(last, next]``, registered as the temp view ``block``.
+
+        The plain range on ``pos`` lets Delta skip files by statistics; the tuple comparison
+        then cuts exactly at the positions."""
+        from pyspark.sql import functions as F
+
+        lp, li = F.lit(block.last.pos).cast("timestamp"), F.lit(block.last.id).cast("bigint")
+        np_, ni = F.lit(block.next.pos).cast("timestamp"), F.lit(block.next.id).cast("bigint")
+        pos, id_ = F.col("pos"), F.col("id")
+        df = (self.spark.read.format("delta").load(self.path(base))
+              .where((pos >= lp) & (pos <= np_))
+              .where(((pos > lp) | (id_ > li)) & ((pos < np_) | (id_ <= ni))))
+        df.createOrReplaceTempView("block")
+        return df
+
+    def _count_base(self, base: str, block: Block) -> int:
+        return self._block_df(base, block).count()
+
+    def _run_sql(self, topic: Topic, which: str, block: Block | None) -> None:
+        for i, stmt in enumerate(getattr(topic.spec, which), 1):
+            try:
+                self.spark.sql(stmt)
+            except Exception as exc:
+                raise ProcessingError(f"topic '{topic.name}' ({topic.where}): {which} statement {i} failed: {_first_line(exc)}\n  {stmt}") from exc
+
+    def _transform(self, topic: Topic, block_df: DataFrame) -> DataFrame:
+        outs = [self._one_transform(topic, t, block_df) for t in topic.transforms]
+        out = outs[0]
+        for other in outs[1:]:
+            out = out.unionByName(other, allowMissingColumns=True)
+        return out
+
+    def _one_transform(self, topic: Topic, t: Transform, block_df: DataFrame) -> DataFrame:
+        from pyspark.sql import DataFrame as SparkDataFrame
+
+        try:
+            if t.python is not None:
+                module, func = t.python
+                result = getattr(importlib.import_module(module), func)(block_df)
+                if not isinstance(result, SparkDataFrame) and not hasattr(result, "write"):
+                    raise ProcessingError(f"{t.ref} returned {type(result).__name__}, not a Spark DataFrame")
+                return result
+            return self.spark.sql(t.sql)  # type: ignore[arg-type]
+        except ProcessingError:
+            raise
+        except Exception as exc:
+            raise ProcessingError(f"topic '{topic.name}' ({topic.where}): transform {t.ref} failed: {_first_line(exc)}") from exc
+
+    def _log_entry(self, topic: Topic, seq: int, last: str, next_: str, stats: delta_meta.CommitStats,
+                   base_rows: int, bad_rows: int, duration: float) -> LogEntry:
+        max_id = stats.max_values.get("id")
+        return LogEntry(
+            topic=topic.name, ts=self.clock(), rows=stats.rows,
+            max_id=int(max_id) if isinstance(max_id, int | float) else None,
+            min_ts=_parse_stat_ts(stats.min_values.get("pos")), max_ts=_parse_stat_ts(stats.max_values.get("pos")),
+            nulls={k: v for k, v in sorted(stats.null_counts.items()) if v}, run_id=self.run_id,
+            processor=topic.spec.processor.value, seq=seq, last=last, next=next_,
+            base_rows=base_rows, bad_rows=bad_rows, delta_version=stats.version, duration_s=round(duration, 3),
+        )
+
+
+def _stats_dict(entry: LogEntry) -> dict[str, Any]:
+    return {"rows": entry.rows, "max_id": entry.max_id, "min_ts": entry.min_ts, "max_ts": entry.max_ts,
+            "max_lag": entry.max_lag, "nulls": entry.nulls, "delta_version": entry.delta_version}
+
+
+def _parse_stat_ts(value: Any) -> dt.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(dt.UTC).replace(tzinfo=None)
+    except ValueError:
+        return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

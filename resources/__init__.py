@@ -1,0 +1,1 @@
+"""How to reach the outside world: Spark sessions, the offset store, Delta metadata, settings."""

@@ -1,0 +1,212 @@
+"""Cheap facts about Delta tables without a JVM, through the ``deltalake`` package and the
+Delta log itself: versions, high-water positions, the end of the next block, and the
+statistics of the commit that wrote a block.
+
+Planner sensors and ``tidemark lag`` use this, so they stay fast and never start Spark.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from lineage.errors import ProcessingError
+from lineage.planner import TableMark
+from lineage.positions import Position, to_naive_utc
+
+#: Delta truncates timestamp statistics to milliseconds; widen pruning ranges by this much.
+STATS_SLACK = dt.timedelta(milliseconds=2)
+
+
+def open_table(path: str) -> Any | None:
+    """The ``deltalake.DeltaTable`` at ``path``, or None if there is no Delta table there."""
+    from deltalake import DeltaTable
+
+    try:
+        if not DeltaTable.is_deltatable(path):
+            return None
+        return DeltaTable(path)
+    except Exception:  # noqa: BLE001 - a missing or half-created table reads as "no table yet"
+        return None
+
+
+def _files(table: Any) -> pa.Table:
+    return pa.table(table.get_add_actions(flatten=True))
+
+
+def _check_position_columns(table: Any, path: str) -> None:
+    names = {f.name for f in table.schema().fields}
+    missing = [c for c in ("pos", "id") if c not in names]
+    if missing:
+        raise ProcessingError(
+            f"{path}: base table has no {' and no '.join(missing)} column; a step topic's base table needs "
+            "'pos TIMESTAMP' and 'id BIGINT' (the row's position)"
+        )
+
+
+def _ts(value: Any) -> dt.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return to_naive_utc(value)
+    return None
+
+
+def table_mark(path: str, *, positions: bool = True) -> TableMark:
+    """Delta version and newest ``(pos, id)`` of a table (``positions=False``: version only,
+    or newest ``pos`` with id 0 when the table has a ``pos`` column)."""
+    table = open_table(path)
+    if table is None:
+        return TableMark(None, None)
+    version = table.version()
+    names = {f.name for f in table.schema().fields}
+    if "pos" not in names:
+        return TableMark(None, version)
+    files = _files(table)
+    if files.num_rows == 0 or "max.pos" not in files.column_names:
+        return TableMark(None, version)
+    max_pos = pc.max(files["max.pos"]).as_py()
+    if max_pos is None:
+        return TableMark(None, version)
+    if not positions or "id" not in names:
+        return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
+    # Statistics keep timestamps at millisecond precision: read the few rows at or after the
+    # newest statistic to find the exact newest (pos, id).
+    floor = (_ts(max_pos) or dt.datetime.min) - STATS_SLACK
+    ds = table.to_pyarrow_dataset(file_pruning_predicate=[("pos", ">=", floor)])
+    rows = ds.to_table(columns=["pos", "id"], filter=pc.field("pos") >= pa.scalar(floor, ds.schema.field("pos").type))
+    rows = rows.filter(pc.is_valid(rows["id"])).sort_by([("pos", "descending"), ("id", "descending")])
+    if rows.num_rows == 0:
+        return TableMark(None, version)
+    return TableMark(Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py())), version)
+
+
+def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int) -> tuple[Position | None, int]:
+    """The end of the next block: the ``maxstep``-th row after ``last`` with ``pos <= cutoff``
+    in ``(pos, id)`` order (or the last eligible row if fewer), and the number of rows in
+    ``(last, end]``. ``(None, 0)`` when no row is eligible.
+
+    Reads only ``pos``/``id`` of the files whose statistics overlap ``[last.pos, cutoff]``, so the
+    cost follows the new data, not the table's history.
+    """
+    table = open_table(path)
+    if table is None:
+        return None, 0
+    _check_position_columns(table, path)
+    ds = table.to_pyarrow_dataset(
+        file_pruning_predicate=[("pos", ">=", last.pos - STATS_SLACK), ("pos", "<=", cutoff + STATS_SLACK)]
+    )
+    pos_type = ds.schema.field("pos").type
+    lp, cp = pa.scalar(last.pos, pos_type), pa.scalar(cutoff, pos_type)
+    after_last = (pc.field("pos") > lp) | ((pc.field("pos") == lp) & (pc.field("id") > pa.scalar(last.id, pa.int64())))
+    rows = ds.to_table(columns=["pos", "id"], filter=after_last & (pc.field("pos") <= cp))
+    if rows.num_rows == 0:
+        return None, 0
+    rows = rows.sort_by([("pos", "ascending"), ("id", "ascending")])
+    take = min(maxstep, rows.num_rows)
+    end = Position(_ts(rows["pos"][take - 1].as_py()) or last.pos, int(rows["id"][take - 1].as_py()))
+    if take < rows.num_rows:
+        # Rows equal to the boundary position belong to the block too (ties are never split).
+        tail = rows.slice(take)
+        same = pc.and_(pc.equal(tail["pos"], rows["pos"][take - 1]), pc.equal(tail["id"], rows["id"][take - 1]))
+        take += int(pc.sum(same).as_py() or 0)
+    return end, take
+
+
+def bad_position_rows(path: str) -> pa.Table:
+    """Rows whose ``pos`` or ``id`` is null. Reads only files whose statistics count nulls."""
+    table = open_table(path)
+    if table is None:
+        return pa.table({})
+    files = _files(table)
+    if files.num_rows == 0 or "null_count.pos" not in files.column_names:
+        return pa.table({})
+    nulls = pc.add(pc.fill_null(files["null_count.pos"], 0), pc.fill_null(files["null_count.id"], 0))
+    if (pc.max(nulls).as_py() or 0) == 0:
+        return pa.table({})
+    ds = table.to_pyarrow_dataset(file_pruning_predicate="pos IS NULL OR id IS NULL")
+    return ds.to_table(filter=pc.field("pos").is_null() | pc.field("id").is_null())
+
+
+@dataclass(frozen=True)
+class CommitStats:
+    """What a Delta commit says about the rows it added (from per-file statistics)."""
+
+    version: int
+    rows: int
+    min_values: dict[str, Any] = field(default_factory=dict)
+    max_values: dict[str, Any] = field(default_factory=dict)
+    null_counts: dict[str, int] = field(default_factory=dict)
+    files: int = 0
+
+
+def _log_fs(path: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in path:
+        fs, root = pafs.FileSystem.from_uri(path)
+        return fs, root.rstrip("/") + "/_delta_log"
+    return pafs.LocalFileSystem(), path.rstrip("/") + "/_delta_log"
+
+
+def _read_commit(fs: pafs.FileSystem, log: str, version: int) -> list[dict[str, Any]]:
+    with fs.open_input_stream(f"{log}/{version:020d}.json") as f:
+        return [json.loads(line) for line in f.read().decode("utf-8").splitlines() if line.strip()]
+
+
+def find_txn_commit(path: str, app_id: str, txn_version: int, *, search: int = 100) -> CommitStats | None:
+    """The commit of ``path`` that recorded ``(app_id, txn_version)``, with its statistics;
+    None if the table has no such commit among its newest ``search`` versions (or never had
+    the transaction)."""
+    table = open_table(path)
+    if table is None:
+        return None
+    recorded = table.transaction_version(app_id)
+    if recorded is None or recorded < txn_version:
+        return None
+    fs, log = _log_fs(path)
+    for version in range(table.version(), max(-1, table.version() - search), -1):
+        try:
+            actions = _read_commit(fs, log, version)
+        except (FileNotFoundError, OSError):
+            break
+        if any(a.get("txn", {}).get("appId") == app_id and a["txn"].get("version") == txn_version for a in actions):
+            return _stats(version, actions)
+    return None
+
+
+def last_commit_stats(path: str) -> CommitStats:
+    """Statistics of the newest commit of ``path``."""
+    table = open_table(path)
+    if table is None:
+        raise ProcessingError(f"{path}: no Delta table")
+    fs, log = _log_fs(path)
+    return _stats(table.version(), _read_commit(fs, log, table.version()))
+
+
+def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
+    rows, nfiles = 0, 0
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for a in actions:
+        add = a.get("add")
+        if not add:
+            continue
+        nfiles += 1
+        stats = json.loads(add.get("stats") or "{}")
+        rows += int(stats.get("numRecords", 0))
+        for k, v in (stats.get("minValues") or {}).items():
+            if not isinstance(v, dict) and v is not None:
+                mins[k] = v if k not in mins else min(mins[k], v)
+        for k, v in (stats.get("maxValues") or {}).items():
+            if not isinstance(v, dict) and v is not None:
+                maxs[k] = v if k not in maxs else max(maxs[k], v)
+        for k, v in (stats.get("nullCount") or {}).items():
+            if isinstance(v, int):
+                nulls[k] = nulls.get(k, 0) + v
+    return CommitStats(version=version, rows=rows, min_values=mins, max_values=maxs, null_counts=nulls, files=nfiles)

@@ -1,0 +1,131 @@
+"""The offset store: the seed's ``SCH.Offsets`` (topic, last, next, rows, run, processor, state,
+owner) with compare-and-set updates.
+
+Rules every backend keeps (the contract suite in ``tests/resources/test_offsets_contract.py``
+runs the same tests on SQLite and on a real PostgreSQL):
+
+* ``last`` never moves backwards, except through :meth:`OffsetStore.reset`, which is logged;
+* ``seq`` (the block number, used as the Delta ``txnVersion``) never decreases, not even on
+  reset, because Delta skips a write whose txnVersion is not above the recorded one;
+* every update names the owner that holds the topic's lock and the state it expects, and
+  fails with :class:`OffsetError` when another writer got there first;
+* a second owner trying to lock a held topic gets :class:`TopicLockedError` naming the holder.
+"""
+
+from __future__ import annotations
+
+import abc
+import builtins
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lineage.positions import Position
+
+#: ``state`` values the engine writes.
+STATE_NEW = "new"
+STATE_PLANNED = "planned"  # next is fixed, data may or may not have landed
+STATE_COMMITTED = "committed"
+STATE_RELOADED = "reloaded"
+STATE_FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class OffsetRecord:
+    topic: str
+    last: Position
+    next: Position | None  # set while a block is planned and not yet committed
+    rows: int  # rows written by the last committed block / reload
+    seq: int  # number of the last planned block (0 = none yet)
+    run: dt.datetime | None  # when the last block / reload committed (naive UTC)
+    processor: str
+    state: str
+    owner: str  # '' when nobody holds the lock (the seed's hostid)
+    owner_since: dt.datetime | None
+    source_version: int | None  # Delta version of the base table when the block was planned
+    updated_at: dt.datetime
+
+    @property
+    def pending(self) -> bool:
+        """A block is planned and not committed: the next run must redo exactly it."""
+        return self.next is not None
+
+
+@dataclass(frozen=True)
+class OffsetLogEntry:
+    at: dt.datetime
+    topic: str
+    action: str  # init | plan | commit | reload | reset | unlock | steal | mark
+    who: str
+    old_last: Position | None
+    new_last: Position | None
+    note: str
+
+
+class OffsetStore(abc.ABC):
+    """Interface of an offset store backend. All datetimes are naive UTC."""
+
+    #: Decides whether a lock holder is dead (e.g. a process on this host that no longer
+    #: exists) so that :meth:`acquire` may take the lock over, logging a ``steal``.
+    is_stale_owner: Callable[[str], bool] = staticmethod(lambda owner: False)
+
+    @abc.abstractmethod
+    def get(self, topic: str) -> OffsetRecord | None: ...
+
+    @abc.abstractmethod
+    def list(self) -> list[OffsetRecord]:
+        """Every record, ordered by topic."""
+
+    @abc.abstractmethod
+    def init(self, topic: str, last: Position, processor: str, *, who: str, note: str = "") -> OffsetRecord:
+        """Create the record of a new topic. ``OffsetError`` if it exists already."""
+
+    @abc.abstractmethod
+    def acquire(self, topic: str, owner: str) -> OffsetRecord:
+        """Take the topic's lock. Re-entrant for the same owner. ``UnknownTopicError`` if the
+        topic has no record; ``TopicLockedError`` naming the holder if another owner holds it
+        (unless ``is_stale_owner(holder)``: then the lock is taken over and a ``steal`` logged)."""
+
+    @abc.abstractmethod
+    def release(self, topic: str, owner: str) -> None:
+        """Give the lock back. No-op if nobody holds it; ``OffsetError`` if another owner does."""
+
+    @abc.abstractmethod
+    def unlock(self, topic: str, *, who: str) -> str:
+        """Clear the lock whoever holds it (the seed's "set hostid to ''"); logged.
+        Returns the previous holder ('' if none)."""
+
+    @abc.abstractmethod
+    def plan(self, topic: str, owner: str, *, last: Position, next: Position, seq: int,
+             source_version: int | None) -> OffsetRecord:
+        """Fix the next block before any data is written: set ``next``, ``seq`` and
+        ``state='planned'``. Compare-and-set on (owner holds the lock, ``last`` unchanged, no
+        block pending, ``seq`` greater than the stored one, ``next > last``)."""
+
+    @abc.abstractmethod
+    def commit(self, topic: str, owner: str, *, seq: int, last: Position, next: Position, rows: int,
+               state: str = STATE_COMMITTED, note: str = "") -> OffsetRecord:
+        """``last := next`` for the pending block ``seq``: compare-and-set on owner, seq, last
+        and next; clears ``next``, sets ``rows``, ``run=now``, ``state``."""
+
+    @abc.abstractmethod
+    def commit_reload(self, topic: str, owner: str, *, seq: int, mark: Position, rows: int,
+                      source_version: int | None, note: str = "") -> OffsetRecord:
+        """Record a finished reload: ``seq`` (> stored), ``last := max(last, mark)``, rows,
+        ``run=now``, ``state='reloaded'``, ``source_version``."""
+
+    @abc.abstractmethod
+    def set_state(self, topic: str, owner: str, state: str) -> None:
+        """Free-text state (e.g. ``failed: <error>``) written by the lock holder."""
+
+    @abc.abstractmethod
+    def reset(self, topic: str, last: Position, *, who: str, reason: str) -> OffsetRecord:
+        """The one way to move ``last`` backwards (or anywhere): sets ``last``, clears ``next``
+        and keeps ``seq``; refused while another owner holds the lock; logged."""
+
+    @abc.abstractmethod
+    def history(self, topic: str | None = None, limit: int = 100) -> builtins.list[OffsetLogEntry]:
+        """The log of init/plan/commit/reload/reset/unlock/steal/mark, newest first."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,65 @@
+"""Where Tidemark keeps things, from environment variables with embedded defaults.
+
+| variable | default | meaning |
+|---|---|---|
+| ``TIDEMARK_HOME`` | ``./.tidemark`` | state dir: offset store, Dagster home, Spark scratch |
+| ``TIDEMARK_WAREHOUSE`` | ``$TIDEMARK_HOME/warehouse`` | root of the Delta tables (``<root>/<schema>/<table>``) |
+| ``TIDEMARK_OFFSETS_URL`` | ``sqlite:///$TIDEMARK_HOME/offsets.db`` | offset store (``sqlite:///…`` or ``postgresql://…``) |
+| ``TIDEMARK_LINEAGE`` | ``./demo/lineage`` | lineage YAML file or directory |
+| ``TIDEMARK_SPARK_MASTER`` | ``local[*]`` | Spark master URL, or ``sc://host:port`` for Spark Connect |
+| ``TIDEMARK_SPARK_CONF`` | (none) | extra Spark settings, ``key=value`` pairs separated by ``;`` |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from lineage.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    warehouse: str
+    offsets_url: str
+    lineage: Path
+    spark_master: str = "local[*]"
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: str | Path | None) -> Settings:
+        env = os.environ if env is None else env
+        home = Path(str(overrides.get("home") or env.get("TIDEMARK_HOME") or ".tidemark")).absolute()
+        warehouse = str(overrides.get("warehouse") or env.get("TIDEMARK_WAREHOUSE") or home / "warehouse")
+        if "://" not in warehouse:
+            warehouse = str(Path(warehouse).absolute())
+        offsets = str(overrides.get("offsets_url") or env.get("TIDEMARK_OFFSETS_URL") or f"sqlite:///{home / 'offsets.db'}")
+        lineage = Path(str(overrides.get("lineage") or env.get("TIDEMARK_LINEAGE") or "demo/lineage")).absolute()
+        master = str(overrides.get("spark_master") or env.get("TIDEMARK_SPARK_MASTER") or "local[*]")
+        conf = parse_spark_conf(env.get("TIDEMARK_SPARK_CONF", ""))
+        return cls(home=home, warehouse=warehouse, offsets_url=offsets, lineage=lineage, spark_master=master, spark_conf=conf)
+
+    def with_(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def table_path(self, table: str, override: str | None = None) -> str:
+        """Location of a Delta table: ``<warehouse>/<schema>/<table>`` unless the source spec says otherwise."""
+        if override:
+            return override if "://" in override or Path(override).is_absolute() else str(Path(override).absolute())
+        schema, _, name = table.partition(".")
+        return f"{self.warehouse.rstrip('/')}/{schema}/{name}"
+
+
+def parse_spark_conf(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in text.split(";"):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"TIDEMARK_SPARK_CONF: {part!r} is not key=value (pairs are separated by ';')")
+        out[key.strip()] = value.strip()
+    return out

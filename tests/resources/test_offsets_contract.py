@@ -1,0 +1,454 @@
+"""The offset store contract, run on SQLite and on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from lineage.errors import ConfigError, OffsetError, TopicLockedError, UnknownTopicError
+from lineage.positions import Position
+from resources.offset_sql import (
+    SqlOffsetStore,
+    local_owner_is_dead,
+    make_owner,
+    open_offset_store,
+)
+from resources.offsets import (
+    STATE_COMMITTED,
+    STATE_NEW,
+    STATE_PLANNED,
+    STATE_RELOADED,
+    OffsetRecord,
+    OffsetStore,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+T = "fact.orders"
+A, B = "host-a:1:aaaaaaaa", "host-b:2:bbbbbbbb"
+
+
+def P(minute: int, id: int = 0) -> Position:
+    return Position(dt.datetime(2026, 1, 31, 12, minute, 0, 123456), id)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store location: a SQLite file, or a new schema in the test database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'offsets.db'}"
+    pg_url: str = request.getfixturevalue("pg_url")
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    return f"{pg_url}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture
+def open_store(store_url: str) -> Iterator[Callable[[], OffsetStore]]:
+    """Opens more store objects on the same database; all are closed at teardown."""
+    opened: list[OffsetStore] = []
+
+    def _open() -> OffsetStore:
+        opened.append(open_offset_store(store_url))
+        return opened[-1]
+
+    yield _open
+    for s in opened:
+        s.close()
+
+
+@pytest.fixture
+def store(open_store: Callable[[], OffsetStore]) -> OffsetStore:
+    return open_store()
+
+
+def current(store: OffsetStore, topic: str = T) -> OffsetRecord:
+    rec = store.get(topic)
+    assert rec is not None, f"{topic} has no record"
+    return rec
+
+
+def locked(store: OffsetStore, last: Position | None = None, owner: str = A) -> OffsetStore:
+    store.init(T, last or P(0), "step", who="test")
+    store.acquire(T, owner)
+    return store
+
+
+def planned(store: OffsetStore) -> OffsetStore:
+    locked(store).plan(T, A, last=P(0), next=P(1), seq=1, source_version=7)
+    return store
+
+
+# -- records ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("last", [Position.zero(), P(0, -5), Position(dt.datetime(2026, 1, 1, 0, 0, 0, 1), 2**62)],
+                         ids=["zero", "negative-id", "microsecond"])
+def test_init_then_get_round_trips(store: OffsetStore, last: Position) -> None:
+    rec = store.init(T, last, "step", who="me", note="first")
+    got = current(store)
+    assert got == rec
+    assert (got.last, got.next, got.rows, got.seq, got.run, got.processor, got.state, got.owner,
+            got.owner_since, got.source_version) == (last, None, 0, 0, None, "step", STATE_NEW, "", None, None)
+    assert not got.pending
+    assert store.get("fact.other") is None
+    [entry] = store.history(T)
+    assert (entry.action, entry.who, entry.old_last, entry.new_last, entry.note) == ("init", "me", None, last, "first")
+
+
+def test_every_field_round_trips(store: OffsetStore) -> None:
+    planned(store).commit(T, A, seq=1, last=P(0), next=P(1), rows=42)
+    rec = store.plan(T, A, last=P(1), next=Position(dt.datetime(2026, 2, 1, 0, 0, 0, 999999), -(2**63) + 1),
+                     seq=2, source_version=2**40)
+    got = current(store)
+    assert got == rec
+    assert got.next == Position(dt.datetime(2026, 2, 1, 0, 0, 0, 999999), -(2**63) + 1)
+    assert (got.rows, got.seq, got.source_version, got.state, got.owner) == (42, 2, 2**40, STATE_PLANNED, A)
+    assert got.run is not None and got.owner_since is not None and got.run.tzinfo is None
+    assert got.pending
+
+
+def test_init_twice_is_refused(store: OffsetStore) -> None:
+    store.init(T, P(0), "step", who="me")
+    with pytest.raises(OffsetError, match="already has an offset record"):
+        store.init(T, P(5), "reload", who="me")
+    assert current(store).last == P(0)
+
+
+def test_list_is_ordered_by_topic(store: OffsetStore) -> None:
+    for topic in ("b.x", "a.y", "c.z"):
+        store.init(topic, P(0), "step", who="me")
+    assert [r.topic for r in store.list()] == ["a.y", "b.x", "c.z"]
+
+
+def test_unknown_topic(store: OffsetStore) -> None:
+    for call in (lambda: store.acquire(T, A), lambda: store.release(T, A), lambda: store.unlock(T, who="x"),
+                 lambda: store.reset(T, P(0), who="x", reason="r")):
+        with pytest.raises(UnknownTopicError, match=T):
+            call()
+
+
+# -- locks ------------------------------------------------------------------------------------------
+
+
+def test_acquire_is_reentrant_and_exclusive(store: OffsetStore) -> None:
+    store.init(T, P(0), "step", who="me")
+    first = store.acquire(T, A)
+    assert first.owner == A and first.owner_since is not None
+    assert store.acquire(T, A).owner_since == first.owner_since
+    with pytest.raises(TopicLockedError, match=re.escape(f"'{A}'")) as err:
+        store.acquire(T, B)
+    assert err.value.holder == A and err.value.topic == T
+    assert current(store).owner == A
+
+
+def test_acquire_needs_an_owner(store: OffsetStore) -> None:
+    store.init(T, P(0), "step", who="me")
+    with pytest.raises(OffsetError, match="non-empty owner"):
+        store.acquire(T, "")
+
+
+def test_stale_owner_is_taken_over_and_logged(store: OffsetStore) -> None:
+    locked(store)
+    store.is_stale_owner = lambda owner: owner == A
+    assert store.acquire(T, B).owner == B
+    entry = store.history(T)[0]
+    assert (entry.action, entry.who) == ("steal", B) and A in entry.note
+    with pytest.raises(TopicLockedError):  # B is alive
+        store.acquire(T, A)
+
+
+def test_release(store: OffsetStore) -> None:
+    locked(store)
+    with pytest.raises(OffsetError, match="cannot release"):
+        store.release(T, B)
+    assert current(store).owner == A
+    store.release(T, A)
+    assert (current(store).owner, current(store).owner_since) == ("", None)
+    store.release(T, B)  # nobody holds it: no-op
+    assert store.acquire(T, B).owner == B
+
+
+def test_unlock_clears_and_is_logged(store: OffsetStore) -> None:
+    locked(store)
+    assert store.unlock(T, who="admin") == A
+    assert current(store).owner == ""
+    entry = store.history(T)[0]
+    assert (entry.action, entry.who) == ("unlock", "admin") and A in entry.note
+    assert store.unlock(T, who="admin") == ""
+
+
+# -- plan / commit ----------------------------------------------------------------------------------
+
+
+def test_plan_sets_next_seq_and_state(store: OffsetStore) -> None:
+    rec = current(planned(store))
+    assert (rec.last, rec.next, rec.seq, rec.state, rec.source_version) == (P(0), P(1), 1, STATE_PLANNED, 7)
+    entry = store.history(T)[0]
+    assert (entry.action, entry.who, entry.old_last, entry.new_last) == ("plan", A, P(0), P(0))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"last": P(0, -1)}, r"expected last \(.*\) but the store has \(.*\); another run committed first — re-plan"),
+    ({"seq": 0}, "not above the stored 0"),
+    ({"next": P(0)}, "is not after last"),
+    ({"owner": B}, "held by"),
+    ({"owner": ""}, "non-empty owner"),
+], ids=["last", "seq", "next", "owner", "no-owner"])
+def test_plan_compare_and_set(store: OffsetStore, kwargs: dict, message: str) -> None:
+    locked(store)
+    args = {"owner": A, "last": P(0), "next": P(1), "seq": 1} | kwargs
+    before = store.get(T)
+    with pytest.raises(OffsetError, match=message):
+        store.plan(T, args.pop("owner"), source_version=None, **args)
+    assert store.get(T) == before
+
+
+def test_plan_requires_the_lock(store: OffsetStore) -> None:
+    store.init(T, P(0), "step", who="me")
+    with pytest.raises(OffsetError, match="nobody holds the lock"):
+        store.plan(T, A, last=P(0), next=P(1), seq=1, source_version=None)
+
+
+def test_plan_while_pending_is_refused(store: OffsetStore) -> None:
+    planned(store)
+    with pytest.raises(OffsetError, match="planned and not committed"):
+        store.plan(T, A, last=P(0), next=P(2), seq=2, source_version=None)
+    assert current(store).next == P(1)
+
+
+def test_commit_moves_last(store: OffsetStore) -> None:
+    rec = planned(store).commit(T, A, seq=1, last=P(0), next=P(1), rows=10, note="done")
+    assert store.get(T) == rec
+    assert (rec.last, rec.next, rec.rows, rec.seq, rec.state, rec.owner) == (P(1), None, 10, 1, STATE_COMMITTED, A)
+    assert rec.run is not None
+    entry = store.history(T)[0]
+    assert (entry.action, entry.old_last, entry.new_last, entry.note) == ("commit", P(0), P(1), "done")
+    store.plan(T, A, last=P(1), next=P(2), seq=2, source_version=None)
+    assert store.commit(T, A, seq=2, last=P(1), next=P(2), rows=1, state="failed: x").state == "failed: x"
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"seq": 2}, r"expected block 2 .* but the store has block 1"),
+    ({"last": P(5)}, "another run committed or reset it — re-plan"),
+    ({"next": P(2)}, "expected block 1"),
+    ({"owner": B}, "held by"),
+], ids=["seq", "last", "next", "owner"])
+def test_commit_compare_and_set_changes_nothing(store: OffsetStore, kwargs: dict, message: str) -> None:
+    before = planned(store).get(T)
+    args = {"owner": A, "seq": 1, "last": P(0), "next": P(1)} | kwargs
+    with pytest.raises(OffsetError, match=message):
+        store.commit(T, args.pop("owner"), rows=1, **args)
+    assert store.get(T) == before
+    assert store.history(T)[0].action == "plan"
+
+
+def test_commit_twice_is_refused(store: OffsetStore) -> None:
+    planned(store).commit(T, A, seq=1, last=P(0), next=P(1), rows=1)
+    with pytest.raises(OffsetError, match="no block pending"):
+        store.commit(T, A, seq=1, last=P(0), next=P(1), rows=1)
+
+
+def test_set_state_by_the_holder_only(store: OffsetStore) -> None:
+    locked(store).set_state(T, A, "failed: boom")
+    assert current(store).state == "failed: boom"
+    with pytest.raises(OffsetError, match="held by"):
+        store.set_state(T, B, "x")
+
+
+# -- reload / reset ---------------------------------------------------------------------------------
+
+
+def test_commit_reload_never_moves_last_backwards(store: OffsetStore) -> None:
+    locked(store, last=P(10))
+    rec = store.commit_reload(T, A, seq=1, mark=P(20), rows=5, source_version=3)
+    assert (rec.last, rec.seq, rec.rows, rec.state, rec.source_version) == (P(20), 1, 5, STATE_RELOADED, 3)
+    rec = store.commit_reload(T, A, seq=2, mark=P(15), rows=6, source_version=4)
+    assert (rec.last, rec.seq, rec.rows) == (P(20), 2, 6)
+    assert store.get(T) == rec
+    entry = store.history(T)[0]
+    assert (entry.action, entry.new_last) == ("reload", P(20)) and "last kept" in entry.note
+    with pytest.raises(OffsetError, match="not above the stored 2"):
+        store.commit_reload(T, A, seq=2, mark=P(30), rows=1, source_version=None)
+    with pytest.raises(OffsetError, match="held by"):
+        store.commit_reload(T, B, seq=3, mark=P(30), rows=1, source_version=None)
+    assert store.get(T) == rec
+
+
+def test_reset_moves_backwards_keeps_seq_and_is_logged(store: OffsetStore) -> None:
+    planned(store).commit(T, A, seq=1, last=P(0), next=P(1), rows=1)
+    store.plan(T, A, last=P(1), next=P(2), seq=2, source_version=None)
+    rec = store.reset(T, Position.zero(), who=A, reason="backfill")
+    assert (rec.last, rec.next, rec.seq, rec.owner) == (Position.zero(), None, 2, A)
+    assert store.get(T) == rec
+    entry = store.history(T)[0]
+    assert (entry.action, entry.who, entry.note, entry.old_last, entry.new_last) == (
+        "reset", A, "backfill", P(1), Position.zero())
+    with pytest.raises(OffsetError, match="not above the stored 2"):
+        store.plan(T, A, last=Position.zero(), next=P(1), seq=2, source_version=None)
+
+
+def test_reset_is_refused_while_another_owner_holds_the_lock(store: OffsetStore) -> None:
+    locked(store)
+    with pytest.raises(TopicLockedError, match=re.escape(A)):
+        store.reset(T, P(5), who="admin", reason="x")
+    assert current(store).last == P(0)
+    store.release(T, A)
+    assert store.reset(T, P(5), who="admin", reason="x").last == P(5)
+
+
+# -- history ----------------------------------------------------------------------------------------
+
+
+def test_history_newest_first_and_filtered(store: OffsetStore) -> None:
+    planned(store).commit(T, A, seq=1, last=P(0), next=P(1), rows=1)
+    store.init("dim.other", P(0), "reload", who="me")
+    assert [e.action for e in store.history()] == ["init", "commit", "plan", "init"]
+    assert [e.action for e in store.history(T)] == ["commit", "plan", "init"]
+    assert [e.action for e in store.history(T, limit=2)] == ["commit", "plan"]
+    ats = [e.at for e in store.history()]
+    assert ats == sorted(ats, reverse=True)
+
+
+# -- several store objects / processes ----------------------------------------------------------------
+
+
+def test_two_store_objects_see_each_others_writes(open_store: Callable[[], OffsetStore]) -> None:
+    one, two = open_store(), open_store()
+    one.init(T, P(0), "step", who="me")
+    assert two.get(T) == one.get(T)
+    two.acquire(T, B)
+    with pytest.raises(TopicLockedError, match=re.escape(B)):
+        one.acquire(T, A)
+    two.plan(T, B, last=P(0), next=P(1), seq=1, source_version=None)
+    assert current(one).next == P(1)
+
+
+def _race(stores: list[OffsetStore], call: Callable[[OffsetStore, int], object]) -> list[BaseException | None]:
+    """Run ``call(store, i)`` on every store at once, each in its own thread."""
+    barrier = threading.Barrier(len(stores))
+    results: list[BaseException | None] = [None] * len(stores)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            call(stores[i], i)
+        except BaseException as exc:  # noqa: B036 - collected and checked by the test
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return results
+
+
+def test_concurrent_plans_exactly_one_wins(open_store: Callable[[], OffsetStore]) -> None:
+    stores = [open_store() for _ in range(6)]
+    locked(stores[0])
+    results = _race(stores, lambda s, i: s.plan(T, A, last=P(0), next=P(1, i), seq=1, source_version=i))
+    assert results.count(None) == 1, results
+    assert all(isinstance(r, OffsetError) for r in results if r is not None), results
+    winner = results.index(None)
+    assert current(stores[0]).next == P(1, winner)
+    assert [e.action for e in stores[0].history(T)].count("plan") == 1
+
+
+def test_concurrent_acquires_exactly_one_wins(open_store: Callable[[], OffsetStore]) -> None:
+    stores = [open_store() for _ in range(6)]
+    stores[0].init(T, P(0), "step", who="me")
+    results = _race(stores, lambda s, i: s.acquire(T, f"owner-{i}"))
+    assert results.count(None) == 1, results
+    assert all(isinstance(r, TopicLockedError) for r in results if r is not None), results
+    assert current(stores[0]).owner == f"owner-{results.index(None)}"
+
+
+def test_processes_create_and_use_one_store(store_url: str) -> None:
+    """Several processes open a store that does not exist yet (racing to create its tables)."""
+    script = ("import sys; from resources.offset_sql import open_offset_store; from lineage.positions import "
+              "Position; s = open_offset_store(sys.argv[1]); s.init('t.p' + sys.argv[2], Position.zero(), "
+              "'step', who=sys.argv[2]); s.close()")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", script, store_url, str(i)], env=env, stderr=subprocess.PIPE,
+                              text=True) for i in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, errors
+    s = open_offset_store(store_url)
+    try:
+        assert [r.topic for r in s.list()] == [f"t.p{i}" for i in range(4)]
+    finally:
+        s.close()
+
+
+# -- opening by URL ---------------------------------------------------------------------------------
+
+
+def test_open_sqlite_absolute_path_creates_the_directory(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "offsets.db"
+    s = open_offset_store(f"sqlite:///{path}")
+    try:
+        assert isinstance(s, SqlOffsetStore) and path.is_file()
+        assert s.is_stale_owner is local_owner_is_dead
+    finally:
+        s.close()
+
+
+def test_open_sqlite_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    open_offset_store("sqlite:///state/offsets.db").close()
+    assert (tmp_path / "state" / "offsets.db").is_file()
+
+
+@pytest.mark.postgres
+def test_open_postgres_alias(pg_url: str) -> None:
+    s = open_offset_store(pg_url.replace("postgresql://", "postgres://"))
+    try:
+        assert s.list() is not None
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("url", ["mysql://u@h/db", "sqlite://", "sqlite:///", "/tmp/offsets.db", ""])
+def test_open_rejects_other_urls(url: str) -> None:
+    with pytest.raises(ConfigError, match="accepted forms: sqlite:///") as err:
+        open_offset_store(url)
+    assert repr(url) in str(err.value)
+
+
+def test_open_hides_the_password() -> None:
+    with pytest.raises(ConfigError) as err:
+        open_offset_store("mysql://user:secret@host/db")
+    assert "secret" not in str(err.value) and "user:***@host" in str(err.value)
+
+
+# -- owners -----------------------------------------------------------------------------------------
+
+
+def test_make_owner() -> None:
+    owner = make_owner()
+    assert re.fullmatch(rf"{re.escape(socket.gethostname())}:{os.getpid()}:[0-9a-f]{{8}}", owner)
+    assert make_owner() != owner
+
+
+def test_local_owner_is_dead() -> None:
+    host = socket.gethostname()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert local_owner_is_dead(f"{host}:{child.pid}:00000000")
+    assert not local_owner_is_dead(make_owner())
+    assert not local_owner_is_dead(f"{host}:1:00000000")  # exists (init), maybe not ours
+    assert not local_owner_is_dead(f"not-{host}:{child.pid}:00000000")
+    for junk in ("", "x", f"{host}:abc:00", f"{host}:0:00", f"{host}:-1:00"):
+        assert not local_owner_is_dead(junk)
