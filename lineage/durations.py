@@ -21,12 +21,12 @@ def parse_duration(text: str | int | float | None) -> dt.timedelta:
     if isinstance(text, int | float):
         if text < 0:
             raise ValueError(f"{text!r} is negative; durations are >= 0")
-        return dt.timedelta(seconds=text)
+        return _seconds(text, text)
     s = text.strip().lower().replace(" ", "")
     if s in ("", "0"):
         return dt.timedelta(0)
     if re.fullmatch(r"\d+(\.\d+)?", s):
-        return dt.timedelta(seconds=float(s))
+        return _seconds(float(s), text)
     pos, total = 0, 0.0
     for m in _PART.finditer(s):
         if m.start() != pos:
@@ -35,7 +35,14 @@ def parse_duration(text: str | int | float | None) -> dt.timedelta:
         pos = m.end()
     if pos != len(s) or pos == 0:
         raise ValueError(f"{text!r} is not a duration (use e.g. 30s, 5m, 1h30m, 2d; units ms s m h d w)")
-    return dt.timedelta(seconds=total)
+    return _seconds(total, text)
+
+
+def _seconds(value: float, text: object) -> dt.timedelta:
+    try:
+        return dt.timedelta(seconds=value)
+    except (OverflowError, ValueError):
+        raise ValueError(f"{text!r} is out of range (at most {dt.timedelta.max.days} days)") from None
 
 
 def format_duration(value: dt.timedelta) -> str:

@@ -57,16 +57,18 @@ def _where(file: Path, line: int | None, topic: str | None = None, field: str | 
     return out
 
 
-def _pydantic_problems(exc: ValidationError, file: Path, line: int | None, name: str | None) -> list[str]:
+def _pydantic_problems(exc: ValidationError, file: Path, line: int | None, name: str | None,
+                       model: type[TopicSpec] | type[SourceSpec]) -> list[str]:
     problems = []
+    where = _where(file, line, name) if model is TopicSpec else _where(file, line) + (f": source '{name}'" if name else "")
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or None
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; allowed: " + ", ".join(TopicSpec.model_fields) + ")"
+            msg = "unknown field (check the spelling; allowed: " + ", ".join(model.model_fields) + ")"
         elif err["type"] == "missing":
             msg = "is required"
-        problems.append(f"{_where(file, line, name, field)}: {msg}")
+        problems.append(f"{where}" + (f": field '{field}'" if field else "") + f": {msg}")
     return problems
 
 
@@ -182,10 +184,11 @@ def load_lineage(path: str | Path) -> Lineage:
                     problems.append(f"{file}: each entry of '{kind}' must be a mapping, got {item!r}")
                     continue
                 name = item.get("table") if isinstance(item.get("table"), str) else None
+                model: type[TopicSpec] | type[SourceSpec] = SourceSpec if kind == "sources" else TopicSpec
                 try:
-                    spec: Any = (SourceSpec if kind == "sources" else TopicSpec).model_validate(_strip_lines(item))
+                    spec: Any = model.model_validate(_strip_lines(item))
                 except ValidationError as exc:
-                    problems.extend(_pydantic_problems(exc, file, line, name))
+                    problems.extend(_pydantic_problems(exc, file, line, name, model))
                     continue
                 if kind == "sources":
                     if spec.table in sources:
@@ -202,6 +205,9 @@ def load_lineage(path: str | Path) -> Lineage:
 
     produced = {t.spec.destination for t in topics.values()}
     for t in topics.values():
+        if t.spec.destination in t.spec.depends_on:
+            problems.append(f"{_where(t.file, t.line, t.name, 'depends_on')}: a topic cannot depend on its own table "
+                            f"'{t.spec.destination}' (it would wait for itself)")
         for dep in t.spec.depends_on:
             if dep not in produced and dep not in sources:
                 problems.append(

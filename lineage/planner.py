@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
+from lineage.durations import format_duration
 from lineage.positions import Block, Position, format_ts
 from lineage.spec import Processor, TopicSpec
 
@@ -70,6 +71,8 @@ def plan_topic(
         return Decision(name, False, f"repeat: next run after {_ts(state.run + spec.repeat)}")
 
     if spec.processor is Processor.RELOAD:
+        if base.version is None:
+            return Decision(name, False, f"waiting for {spec.base} (table missing)")
         if state.seq == 0:
             return Decision(name, True, "first reload")
         if base.version is not None and base.version != state.source_version:
@@ -82,14 +85,14 @@ def plan_topic(
         return Decision(name, False, "no new rows")
 
     cutoff = now - spec.delay
-    limit = f"delay {spec.delay}: newest eligible row at {_ts(cutoff)}" if spec.delay else ""
+    limit = f"delay {format_duration(spec.delay)}: newest eligible row at {_ts(cutoff)}" if spec.delay else ""
     for table, fresh in dependencies.items():
         if fresh is None:
             return Decision(name, False, f"waiting for {table} (no data yet)")
         if fresh < cutoff:
             cutoff, limit = fresh, f"waiting for {table} (at {_ts(fresh)})"
     if cutoff < state.last.pos:
-        return Decision(name, False, limit)
+        return Decision(name, False, limit or f"no eligible rows: last {state.last} is after the cutoff {_ts(cutoff)}")
     return Decision(name, True, "new rows", cutoff=cutoff, limit=limit or "no new rows")
 
 

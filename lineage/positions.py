@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from lineage.errors import TidemarkError
 
-EPOCH = dt.datetime(1970, 1, 1)
+#: The ``pos`` of :meth:`Position.zero`: before every timestamp a row can carry.
+ZERO_TS = dt.datetime(1, 1, 1)
 
 
 def to_naive_utc(value: dt.datetime) -> dt.datetime:
@@ -49,7 +50,7 @@ class Position:
     @classmethod
     def zero(cls) -> Position:
         """Before every row: the start of a topic that processes all history."""
-        return cls(EPOCH, -(2**63))
+        return cls(ZERO_TS, -(2**63))
 
     def is_zero(self) -> bool:
         return self == Position.zero()

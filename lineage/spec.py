@@ -182,13 +182,19 @@ class TopicSpec(_Strict):
     def _maxstep(cls, v: Any) -> Any:
         if v is None or v == "":
             return DEFAULT_MAXSTEP
+        bad = ValueError(f"{v!r} is not a row count (a whole number, e.g. 100000, 500k, 1m)")
+        if isinstance(v, bool):
+            raise bad
         if isinstance(v, str):
             s = v.replace("_", "").strip().lower()
             mult = {"k": 1_000, "m": 1_000_000}.get(s[-1:], 1)
             try:
-                return int(float(s[:-1] if mult > 1 else s) * mult)
+                n = float(s[:-1] if mult > 1 else s) * mult
             except ValueError:
-                raise ValueError(f"{v!r} is not a row count (e.g. 100000, 500k, 1m)") from None
+                raise bad from None
+            if n != int(n):
+                raise bad
+            return int(n)
         return v
 
     @field_validator("before", "after", mode="before")

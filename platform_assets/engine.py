@@ -133,9 +133,20 @@ class Engine:
         if table in self._registered or delta_meta.open_table(self.path(table)) is None:
             return
         schema, _, name = table.partition(".")
+        ident = f"`{schema}`.`{name}`"
         self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
-        location = self.path(table).replace("'", "\\'")
-        self.spark.sql(f"CREATE TABLE IF NOT EXISTS `{schema}`.`{name}` USING delta LOCATION '{location}'")
+        path = self.path(table)
+        if self.spark.catalog.tableExists(f"{schema}.{name}"):
+            # The session's catalog may point the name at another warehouse (another engine
+            # in this process): re-point it. Dropping an external table keeps its files.
+            rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {ident}").collect()
+            current = next((r.data_type for r in rows if r.col_name == "Location"), "")
+            if _same_location(current, path):
+                self._registered.add(table)
+                return
+            self.spark.sql(f"DROP TABLE {ident}")
+        location = path.replace("'", "\\'")
+        self.spark.sql(f"CREATE TABLE {ident} USING delta LOCATION '{location}'")
         self._registered.add(table)
 
     def publish_lineage(self) -> bool:
@@ -151,11 +162,7 @@ class Engine:
             return rec
         note = "explicit start"
         if start is None:
-            start, note = Position.zero(), "new topic: from the beginning"
-            if topic.spec.processor is Processor.STEP:
-                mark = delta_meta.table_mark(self.path(topic.spec.destination))
-                if mark.max_position is not None:
-                    start, note = mark.max_position, "new topic: from the destination's newest position"
+            start, note = self._start_from_destination(topic)
         try:
             return self.store.init(topic.name, start, topic.spec.processor.value, who=self.owner, note=note)
         except OffsetError:
@@ -163,6 +170,21 @@ class Engine:
             if existing is None:
                 raise
             return existing
+
+    def _start_from_destination(self, topic: Topic) -> tuple[Position, str]:
+        """Where a topic without offsets starts: after the last block its Delta log records,
+        else after the destination's newest row, else at the beginning."""
+        if topic.spec.processor is Processor.STEP:
+            dest = self.path(topic.spec.destination)
+            app_id = data_app_id(topic.name)
+            seq = delta_meta.recorded_txn(dest, app_id)
+            commit = delta_meta.find_txn_commit(dest, app_id, seq, search=1000) if seq else None
+            if commit and commit.user_metadata.get("next"):
+                return Position.parse(commit.user_metadata["next"]), f"new offsets: after block {seq} in the destination's Delta log"
+            mark = delta_meta.table_mark(dest)
+            if mark.max_position is not None:
+                return mark.max_position, "new offsets: after the destination's newest row"
+        return Position.zero(), "new topic: from the beginning"
 
     def freshness(self, table: str) -> dt.datetime | None:
         """The position ``table`` is fresh up to: the least ``last`` of the topics producing it,
@@ -187,6 +209,12 @@ class Engine:
         state = TopicState(rec.last, rec.next, rec.seq, rec.run, rec.source_version)
         return plan_topic(spec, state, base, deps, now or self.clock()), base
 
+    def block_end(self, topic: Topic, rec: OffsetRecord, decision: Decision) -> tuple[Position | None, int]:
+        """The end of the next block the data allows under ``decision``'s cutoff, and its rows."""
+        if decision.cutoff is None:
+            return None, 0
+        return delta_meta.find_block_end(self.path(topic.spec.base), rec.last, decision.cutoff, topic.spec.maxstep)
+
     def lag(self) -> list[LagRow]:
         out = []
         now = self.clock()
@@ -198,7 +226,8 @@ class Engine:
             decision, base = self.decide(topic, rec, now)
             reason = decision.reason
             if decision.ready and not decision.retry and topic.spec.processor is Processor.STEP:
-                reason = "ready: new rows"
+                end, rows = self.block_end(topic, rec, decision)
+                reason = f"ready: next block {rows} rows up to {end}" if end else decision.limit
             lag = None if rec.last.is_zero() else lag_seconds(rec.last, base.max_position)
             out.append(LagRow(topic.name, rec.processor, rec.last, rec.next, base.max_position, lag, rec.state, rec.owner, reason))
         return out
@@ -270,10 +299,13 @@ class Engine:
             decision, base_mark = self.decide(topic, rec)
             if not decision.ready:
                 return StepResult(topic.name, False, decision.reason)
-            end, base_rows = delta_meta.find_block_end(self.path(spec.base), rec.last, decision.cutoff, spec.maxstep)  # type: ignore[arg-type]
+            end, base_rows = self.block_end(topic, rec, decision)
             if end is None:
                 return StepResult(topic.name, False, decision.limit)
-            rec = self.store.plan(topic.name, self.owner, last=rec.last, next=end, seq=rec.seq + 1,
+            # The Delta log outranks the store: a lost or restored store must never reuse a
+            # txnVersion that Delta has recorded (Delta would silently skip the write).
+            seq = max(rec.seq, delta_meta.recorded_txn(self.path(spec.destination), data_app_id(topic.name))) + 1
+            rec = self.store.plan(topic.name, self.owner, last=rec.last, next=end, seq=seq,
                                   source_version=base_mark.version)
             block, retry = Block(topic.name, rec.seq, rec.last, end), False
         crashpoint("planned")
@@ -356,8 +388,10 @@ class Engine:
         then cuts exactly at the positions."""
         from pyspark.sql import functions as F
 
-        lp, li = F.lit(block.last.pos).cast("timestamp"), F.lit(block.last.id).cast("bigint")
-        np_, ni = F.lit(block.next.pos).cast("timestamp"), F.lit(block.next.id).cast("bigint")
+        # Timestamps go in as text read in the session's time zone (UTC): a Python datetime
+        # literal would be converted through the driver's local zone.
+        lp, li = F.lit(_spark_ts(block.last.pos)).cast("timestamp"), F.lit(block.last.id).cast("bigint")
+        np_, ni = F.lit(_spark_ts(block.next.pos)).cast("timestamp"), F.lit(block.next.id).cast("bigint")
         pos, id_ = F.col("pos"), F.col("id")
         df = (self.spark.read.format("delta").load(self.path(base))
               .where((pos >= lp) & (pos <= np_))
@@ -423,6 +457,17 @@ def _parse_stat_ts(value: Any) -> dt.datetime | None:
         return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(dt.UTC).replace(tzinfo=None)
     except ValueError:
         return None
+
+
+def _spark_ts(value: dt.datetime) -> str:
+    return f"{value.year:04d}-{value:%m-%d %H:%M:%S.%f}"
+
+
+def _same_location(a: str, b: str) -> bool:
+    def norm(x: str) -> str:
+        return x.removeprefix("file:").lstrip("/").rstrip("/")
+
+    return norm(a) == norm(b)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -78,8 +78,8 @@ def table_mark(path: str, *, positions: bool = True) -> TableMark:
         return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
     # Statistics keep timestamps at millisecond precision: read the few rows at or after the
     # newest statistic to find the exact newest (pos, id).
-    floor = (_ts(max_pos) or dt.datetime.min) - STATS_SLACK
-    ds = table.to_pyarrow_dataset(file_pruning_predicate=[("pos", ">=", floor)])
+    floor = _minus(_ts(max_pos) or dt.datetime.min, STATS_SLACK)
+    ds = table.to_pyarrow_dataset(file_pruning_predicate=[("pos", ">=", _utc(floor))])
     rows = ds.to_table(columns=["pos", "id"], filter=pc.field("pos") >= pa.scalar(floor, ds.schema.field("pos").type))
     rows = rows.filter(pc.is_valid(rows["id"])).sort_by([("pos", "descending"), ("id", "descending")])
     if rows.num_rows == 0:
@@ -100,7 +100,7 @@ def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int)
         return None, 0
     _check_position_columns(table, path)
     ds = table.to_pyarrow_dataset(
-        file_pruning_predicate=[("pos", ">=", last.pos - STATS_SLACK), ("pos", "<=", cutoff + STATS_SLACK)]
+        file_pruning_predicate=[("pos", ">=", _utc(_minus(last.pos, STATS_SLACK))), ("pos", "<=", _utc(_plus(cutoff, STATS_SLACK)))]
     )
     pos_type = ds.schema.field("pos").type
     lp, cp = pa.scalar(last.pos, pos_type), pa.scalar(cutoff, pos_type)
@@ -144,6 +144,7 @@ class CommitStats:
     max_values: dict[str, Any] = field(default_factory=dict)
     null_counts: dict[str, int] = field(default_factory=dict)
     files: int = 0
+    user_metadata: dict[str, Any] = field(default_factory=dict)
 
 
 def _log_fs(path: str) -> tuple[pafs.FileSystem, str]:
@@ -190,10 +191,17 @@ def last_commit_stats(path: str) -> CommitStats:
 
 def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
     rows, nfiles = 0, 0
+    user: dict[str, Any] = {}
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
     for a in actions:
+        info = a.get("commitInfo")
+        if info and info.get("userMetadata"):
+            try:
+                user = json.loads(info["userMetadata"])
+            except (TypeError, ValueError):
+                user = {"text": info["userMetadata"]}
         add = a.get("add")
         if not add:
             continue
@@ -209,4 +217,31 @@ def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
         for k, v in (stats.get("nullCount") or {}).items():
             if isinstance(v, int):
                 nulls[k] = nulls.get(k, 0) + v
-    return CommitStats(version=version, rows=rows, min_values=mins, max_values=maxs, null_counts=nulls, files=nfiles)
+    return CommitStats(version=version, rows=rows, min_values=mins, max_values=maxs, null_counts=nulls, files=nfiles,
+                       user_metadata=user if isinstance(user, dict) else {})
+
+
+def recorded_txn(path: str, app_id: str) -> int:
+    """The highest ``txnVersion`` the table at ``path`` recorded for ``app_id`` (0 if none)."""
+    table = open_table(path)
+    if table is None:
+        return 0
+    return int(table.transaction_version(app_id) or 0)
+
+
+def _utc(ts: dt.datetime) -> dt.datetime:
+    return ts.replace(tzinfo=dt.UTC)
+
+
+def _minus(ts: dt.datetime, delta: dt.timedelta) -> dt.datetime:
+    try:
+        return ts - delta
+    except OverflowError:
+        return dt.datetime.min
+
+
+def _plus(ts: dt.datetime, delta: dt.timedelta) -> dt.datetime:
+    try:
+        return ts + delta
+    except OverflowError:
+        return dt.datetime.max

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resources.settings import Settings
@@ -46,26 +47,62 @@ def build_spark_session(settings: Settings, *, app_name: str = "tidemark", ui: b
             builder = builder.config(k, v)
         return builder.getOrCreate()
 
-    from delta import configure_spark_with_delta_pip
-
-    os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or _python())
+    os.environ.setdefault("PYSPARK_PYTHON", _python())
+    if settings.spark_master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(settings.spark_master).appName(app_name)
     conf = {
         **DELTA_CONF,
         **LOCAL_CONF,
         "spark.ui.enabled": "true" if ui else "false",
         "spark.sql.warehouse.dir": str(scratch / "catalog"),
-        "spark.local.dir": str(scratch / "tmp"),
         "spark.driver.memory": os.environ.get("TIDEMARK_DRIVER_MEMORY", "4g"),
         **settings.spark_conf,
     }
+    cached = _cached_delta_jars()
+    if cached and "spark.jars.packages" not in conf:
+        conf["spark.jars"] = ",".join([*cached, *filter(None, [conf.get("spark.jars")])])
     for k, v in conf.items():
         builder = builder.config(k, v)
-    spark = configure_spark_with_delta_pip(builder).getOrCreate()
+    if not cached:
+        from delta import configure_spark_with_delta_pip
+
+        builder = configure_spark_with_delta_pip(builder)
+    spark = builder.getOrCreate()
+    if not cached:
+        _remember_delta_jars(spark.sparkContext.getConf().get("spark.jars", ""))
     spark.sparkContext.setLogLevel("ERROR")
     # PySpark logs every failed query as a JSON blob; Tidemark reports failures itself.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     return spark
+
+
+def _jar_cache_file() -> Path:
+    """Where the Delta jars Ivy resolved are remembered, per pyspark/delta-spark versions."""
+    from importlib.metadata import version
+
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tidemark"
+    return base / f"delta-jars-spark{version('pyspark')}-delta{version('delta-spark')}.txt"
+
+
+def _cached_delta_jars() -> list[str]:
+    """Jars of an earlier Ivy resolution, if all still exist: later sessions start without
+    Ivy (quiet, and without reaching Maven Central again)."""
+    try:
+        jars = [j for j in _jar_cache_file().read_text().split() if j]
+    except OSError:
+        return []
+    ok = jars and all(Path(j.removeprefix("file:")).is_file() for j in jars)
+    return jars if ok else []
+
+
+def _remember_delta_jars(spark_jars: str) -> None:
+    jars = [j for j in spark_jars.split(",") if j.endswith(".jar")]
+    if not any("delta-spark" in j for j in jars):
+        return
+    path = _jar_cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(jars) + "\n")
 
 
 def _python() -> str:

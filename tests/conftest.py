@@ -1,0 +1,42 @@
+"""Shared fixtures: ONE local SparkSession with Delta for the whole test session, and helpers
+to build settings and engines on temporary warehouses."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from resources.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def spark_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spark-home")
+
+
+@pytest.fixture(scope="session")
+def spark(spark_home: Path) -> Iterator[SparkSession]:
+    """The one SparkSession of the test run: local[2], Delta enabled, UI off, UTC."""
+    from resources.spark import build_spark_session
+
+    os.environ.setdefault("TIDEMARK_DRIVER_MEMORY", "2g")
+    settings = Settings.from_env({}, home=spark_home, spark_master="local[2]")
+    session = build_spark_session(settings, app_name="tidemark-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """Settings on a fresh temporary home, warehouse and SQLite offset store."""
+    home = tmp_path / "home"
+    return Settings.from_env({}, home=home, lineage=tmp_path / "lineage", spark_master="local[2]")

@@ -1,0 +1,75 @@
+"""Test data and lineages for the engine tests: an ``events`` source with many rows sharing
+a ``pos``, a small ``users`` dimension, and a step topic that joins them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+
+from resources.settings import Settings
+
+T0 = dt.datetime(2026, 1, 1, 0, 0, 0)
+_TS = pa.timestamp("us", tz="UTC")
+EVENTS_SCHEMA = pa.schema([("pos", _TS), ("id", pa.int64()), ("user_id", pa.int64()), ("amount", pa.float64()),
+                           ("kind", pa.string())])
+
+TRANSFORM_SQL = """
+SELECT e.pos, e.id, e.user_id, e.amount * 2 AS amount2, upper(e.kind) AS kind, u.country
+FROM block e LEFT JOIN dim.users u ON u.user_id = e.user_id
+WHERE e.kind <> 'skip'
+"""
+
+
+def write_lineage(root: Path, *, maxstep: int = 100, delay: str = "0", repeat: str = "0", extra_topic: str = "",
+                  before: str = "", after: str = "", deps: str = "[stage.events]") -> Path:
+    """A lineage dir with sources stage.events and dim.users and the step topic fact.events."""
+    lin = root / "lineage"
+    (root / "sql").mkdir(parents=True, exist_ok=True)
+    lin.mkdir(parents=True, exist_ok=True)
+    (root / "sql" / "fact_events.sql").write_text(TRANSFORM_SQL)
+    (lin / "events.yaml").write_text(textwrap.dedent(f"""\
+        sources:
+          - table: stage.events
+          - table: dim.users
+          - table: stage.other
+        topics:
+          - table: fact.events
+            depends_on: {deps}
+            transforms: [../sql/fact_events.sql]
+            maxstep: {maxstep}
+            delay: {delay}
+            repeat: {repeat}
+            before: {before!r}
+            after: {after!r}
+        """) + textwrap.indent(textwrap.dedent(extra_topic).strip("\n") + "\n", "  "))
+    return lin
+
+
+def write_rows(settings: Settings, table: str, rows: list[dict], schema: pa.Schema = EVENTS_SCHEMA) -> None:
+    from deltalake import write_deltalake
+
+    fixed = [{**r, "pos": r["pos"].replace(tzinfo=dt.UTC) if r.get("pos") is not None else None} for r in rows]
+    write_deltalake(settings.table_path(table), pa.Table.from_pylist(fixed, schema=schema), mode="append")
+
+
+def write_users(settings: Settings, n: int = 20) -> None:
+    from deltalake import write_deltalake
+
+    data = pa.table({"user_id": list(range(n)), "country": [["DE", "FR", None][i % 3] for i in range(n)]})
+    write_deltalake(settings.table_path("dim.users"), data, mode="overwrite")
+
+
+def make_events(n: int, *, start_id: int = 1, start: dt.datetime = T0, distinct_pos: int = 40, seed: int = 1,
+                micro: bool = True) -> list[dict]:
+    """``n`` events in (pos, id) order; only ``distinct_pos`` distinct timestamps, so most
+    rows tie on ``pos`` (with microseconds when ``micro``)."""
+    rng = random.Random(seed)
+    stamps = sorted(start + dt.timedelta(seconds=rng.randint(0, 3600), microseconds=rng.randint(0, 999_999) if micro else 0)
+                    for _ in range(distinct_pos))
+    pos = sorted(rng.choice(stamps) for _ in range(n))
+    return [{"pos": p, "id": start_id + i, "user_id": rng.randint(0, 25), "amount": round(rng.uniform(0, 100), 2),
+             "kind": rng.choice(["a", "b", "skip"])} for i, p in enumerate(pos)]

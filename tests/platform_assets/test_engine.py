@@ -1,0 +1,254 @@
+"""The step and reload processors on real Spark + Delta (the session-scoped ``spark``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from lineage.errors import ProcessingError, TopicLockedError
+from lineage.loader import load_lineage
+from lineage.positions import Position
+from platform_assets import engine as engine_mod
+from platform_assets.engine import Engine, data_app_id
+from resources.meta_tables import read_etl_log
+from resources.settings import Settings
+from tests.platform_assets.shop import T0, TRANSFORM_SQL, make_events, write_lineage, write_rows, write_users
+
+pytestmark = pytest.mark.spark
+
+
+def _engine(spark, settings: Settings, root: Path, now: dt.datetime | None = None, **lineage_kw) -> Engine:
+    lin = write_lineage(root, **lineage_kw)
+    settings = settings.with_(lineage=lin)
+    clock = (lambda: now) if now else engine_mod.utcnow
+    return Engine(settings, load_lineage(lin), spark=spark, clock=clock)
+
+
+def _rows(spark, path: str) -> list[tuple]:
+    df = spark.read.format("delta").load(path)
+    return sorted((tuple(r) for r in df.select(*sorted(df.columns)).collect()), key=repr)
+
+
+def _full_recompute(spark, eng: Engine) -> list[tuple]:
+    """The transform applied once to every valid row of the base table."""
+    eng.register_tables()
+    spark.read.format("delta").load(eng.path("stage.events")).where("pos IS NOT NULL AND id IS NOT NULL") \
+        .createOrReplaceTempView("block")
+    df = spark.sql(TRANSFORM_SQL)
+    return sorted((tuple(r) for r in df.select(*sorted(df.columns)).collect()), key=repr)
+
+
+def test_incremental_equals_full_recompute_with_ties(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path, maxstep=237)
+    write_users(eng.settings)
+    first = make_events(1500, distinct_pos=30, seed=3)
+    write_rows(eng.settings, "stage.events", first)
+    results = eng.run_until_caught_up()
+    blocks = [r for r in results if r.processed]
+    assert len(blocks) >= 1500 // 237  # small maxstep: many blocks
+    assert all(r.base_rows >= 1 for r in blocks)
+    # A second batch arrives, partly tying with the newest pos already processed.
+    last_pos = first[-1]["pos"]
+    second = make_events(700, start_id=1501, start=last_pos, distinct_pos=10, seed=4)
+    second[:50] = [{**r, "pos": last_pos} for r in second[:50]]
+    write_rows(eng.settings, "stage.events", second)
+    eng.run_until_caught_up()
+
+    dest = eng.path("fact.events")
+    assert _rows(spark, dest) == _full_recompute(spark, eng)
+    rec = eng.store.get("fact.events")
+    assert rec is not None and rec.next is None and rec.last == Position(second[-1]["pos"], 2200)
+    # Blocks are contiguous: each block's last is the previous block's next.
+    log = sorted(read_etl_log(eng.settings, "fact.events", limit=1000), key=lambda r: r["seq"])
+    assert [r["seq"] for r in log] == list(range(1, len(log) + 1))
+    assert all(a["next"] == b["last"] for a, b in zip(log, log[1:], strict=False))
+    assert sum(r["base_rows"] for r in log) == 2200
+
+
+def test_block_respects_maxstep_and_records_offsets(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path, maxstep=40)
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(100, distinct_pos=100, micro=True, seed=9))
+    r = eng.run_topic("fact.events")
+    assert r.processed and r.block is not None and r.block.seq == 1 and r.base_rows == 40
+    assert r.block.last.is_zero()
+    rec = eng.store.get("fact.events")
+    assert rec.last == r.block.next and rec.seq == 1 and rec.state == "committed"
+    hist = eng.store.history("fact.events")
+    assert [h.action for h in hist[:2]] == ["commit", "plan"]
+
+
+def test_etl_log_carries_block_statistics(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path, maxstep=1000)
+    write_users(eng.settings, n=10)  # user_ids 10..25 find no user: country null
+    events = make_events(300, seed=5)
+    write_rows(eng.settings, "stage.events", events)
+    r = eng.run_topic("fact.events")
+    out = spark.read.format("delta").load(eng.path("fact.events"))
+    expected_rows = out.count()
+    null_country = out.where("country IS NULL").count()
+    (entry,) = read_etl_log(eng.settings, "fact.events")
+    assert entry["rows"] == expected_rows == r.rows
+    assert entry["max_id"] == out.agg({"id": "max"}).collect()[0][0]
+    # Delta keeps timestamp statistics at millisecond precision (truncated).
+    def ms(v: dt.datetime) -> dt.datetime:
+        return v.replace(microsecond=v.microsecond // 1000 * 1000, tzinfo=None)
+
+    assert entry["min_ts"].replace(tzinfo=None) == ms(out.agg({"pos": "min"}).collect()[0][0])
+    assert entry["max_ts"].replace(tzinfo=None) == ms(out.agg({"pos": "max"}).collect()[0][0])
+    assert dict(entry["nulls"])["country"] == null_country > 0
+    assert entry["max_lag"] > 0 and entry["run_id"] == eng.run_id and entry["delta_version"] == 0
+    assert entry["base_rows"] == 300
+
+
+def test_null_positions_are_quarantined_and_counted(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path)
+    write_users(eng.settings)
+    rows = make_events(50, seed=6)
+    rows[10] = {**rows[10], "pos": None}
+    rows[20] = {**rows[20], "id": None}
+    write_rows(eng.settings, "stage.events", rows)
+    r = eng.run_topic("fact.events")
+    assert r.processed and r.bad_rows == 2
+    q = spark.read.format("delta").load(eng.path("etl.quarantine")).collect()
+    assert sorted(x.reason for x in q) == ["null id", "null pos"]
+    assert {json.loads(x.row)["user_id"] for x in q} == {rows[10]["user_id"], rows[20]["user_id"]}
+    assert read_etl_log(eng.settings, "fact.events")[0]["bad_rows"] == 2
+    # Counted once: the next block does not count them again.
+    write_rows(eng.settings, "stage.events", make_events(10, start_id=100, start=T0 + dt.timedelta(hours=2)))
+    assert eng.run_topic("fact.events").bad_rows == 0
+    assert spark.read.format("delta").load(eng.path("etl.quarantine")).count() == 2
+
+
+def test_second_run_of_a_topic_fails_naming_the_holder(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path)
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(20))
+    eng.ensure_offsets(eng.lineage.topic("fact.events"))
+    eng.store.acquire("fact.events", "otherhost:4242:cafe0001")
+    with pytest.raises(TopicLockedError, match="otherhost:4242:cafe0001") as exc:
+        eng.run_topic("fact.events")
+    assert "tidemark offsets unlock fact.events" in str(exc.value)
+    assert eng.store.unlock("fact.events", who="test") == "otherhost:4242:cafe0001"
+    assert eng.run_topic("fact.events").processed
+
+
+def test_crash_after_delta_commit_is_recovered_without_duplicates(spark, settings, tmp_path, monkeypatch):
+    eng = _engine(spark, settings, tmp_path, maxstep=30)
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(100, distinct_pos=100, seed=8))
+
+    def boom(point: str) -> None:
+        if point == "written":
+            raise RuntimeError("simulated crash after the Delta commit")
+
+    monkeypatch.setattr(engine_mod, "crashpoint", boom)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        eng.run_topic("fact.events")
+    rec = eng.store.get("fact.events")
+    assert rec.pending and rec.seq == 1 and rec.owner == "" and rec.state.startswith("failed")
+    assert DeltaTable(eng.path("fact.events")).transaction_version(data_app_id("fact.events")) == 1
+    planned = (rec.last, rec.next)
+
+    monkeypatch.setattr(engine_mod, "crashpoint", lambda point: None)
+    r = eng.run_topic("fact.events")
+    assert r.recovered and (r.block.last, r.block.next) == planned
+    assert DeltaTable(eng.path("fact.events")).version() == 0  # no second data commit
+    eng.run_until_caught_up()
+    assert _rows(spark, eng.path("fact.events")) == _full_recompute(spark, eng)
+
+
+def test_failed_transform_keeps_the_block_and_names_the_topic(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path, before="SELECT * FROM no_such_table")
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(20))
+    with pytest.raises(ProcessingError, match=r"topic 'fact.events' .*before statement 1 failed"):
+        eng.run_topic("fact.events")
+    rec = eng.store.get("fact.events")
+    assert rec.pending and rec.seq == 1 and "ProcessingError" in rec.state
+
+
+def test_delay_and_dependencies_hold_blocks_back(spark, settings, tmp_path):
+    now = T0 + dt.timedelta(hours=1)
+    eng = _engine(spark, settings, tmp_path, now=now, delay="10m", deps="[stage.events, stage.other]")
+    write_users(eng.settings)
+    events = [{"pos": T0 + dt.timedelta(minutes=m), "id": m + 1, "user_id": 1, "amount": 1.0, "kind": "a"} for m in range(60)]
+    write_rows(eng.settings, "stage.events", events)
+    assert eng.run_topic("fact.events").reason == "waiting for stage.other (no data yet)"
+    write_rows(eng.settings, "stage.other", [{"pos": T0 + dt.timedelta(minutes=30), "id": 1, "user_id": 0, "amount": 0.0, "kind": "x"}])
+    r = eng.run_topic("fact.events")  # limited by stage.other's freshness (00:30), not by the delay (00:50)
+    assert r.processed and r.block.next == Position(T0 + dt.timedelta(minutes=30), 31)
+    r = eng.run_topic("fact.events")
+    assert not r.processed and r.reason.startswith("waiting for stage.other (at 2026-01-01 00:30")
+    write_rows(eng.settings, "stage.other", [{"pos": T0 + dt.timedelta(hours=2), "id": 2, "user_id": 0, "amount": 0.0, "kind": "x"}])
+    r = eng.run_topic("fact.events")  # now the delay is the limit
+    assert r.processed and r.block.next == Position(T0 + dt.timedelta(minutes=50), 51)
+    r = eng.run_topic("fact.events")
+    assert not r.processed and r.reason.startswith("delay 10m")
+    lag = {row.topic: row for row in eng.lag()}["fact.events"]
+    assert lag.lag_s == 9 * 60 and lag.reason.startswith("delay")
+
+
+def test_new_topic_starts_from_destination_newest_position(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path)
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(50, seed=2))
+    eng.run_until_caught_up()
+    last = eng.store.get("fact.events").last
+    # A fresh offset store (e.g. lost SQLite file) starts where the destination ends.
+    fresh = Engine(eng.settings.with_(offsets_url=f"sqlite:///{tmp_path / 'other.db'}"), eng.lineage, spark=spark)
+    assert fresh.ensure_offsets(fresh.lineage.topic("fact.events")).last == last
+    assert not fresh.run_topic("fact.events").processed
+
+
+def test_reload_rebuilds_atomically_and_only_when_the_base_changed(spark, settings, tmp_path):
+    extra = """
+      - table: mart.users_by_country
+        depends_on: [dim.users]
+        processor: reload
+        transforms: [../sql/by_country.sql]
+    """
+    (tmp_path / "sql").mkdir(exist_ok=True)
+    (tmp_path / "sql" / "by_country.sql").write_text("SELECT country, count(*) AS users FROM block GROUP BY country")
+    eng = _engine(spark, settings, tmp_path, extra_topic=extra)
+    write_users(eng.settings, n=9)
+    r = eng.run_topic("mart.users_by_country")
+    assert r.processed and r.rows == 3
+    assert not eng.run_topic("mart.users_by_country").processed
+    write_users(eng.settings, n=12)  # overwrite: a new version of dim.users
+    r = eng.run_topic("mart.users_by_country")
+    assert r.processed
+    got = {row.country: row.users for row in spark.read.format("delta").load(eng.path("mart.users_by_country")).collect()}
+    assert got == {"DE": 4, "FR": 4, None: 4}
+    rec = eng.store.get("mart.users_by_country")
+    assert rec.state == "reloaded" and rec.seq == 2 and rec.rows == 3
+    hist = DeltaTable(eng.path("mart.users_by_country")).history()
+    assert [h["operation"] for h in hist][:2] == ["WRITE", "WRITE"] or hist[0]["operation"].startswith("CREATE OR REPLACE")
+
+
+def test_two_warehouses_in_one_session_do_not_mix(spark, settings, tmp_path):
+    a = _engine(spark, settings, tmp_path / "a")
+    b = _engine(spark, settings.with_(warehouse=str(tmp_path / "wb"), offsets_url=f"sqlite:///{tmp_path / 'b.db'}"), tmp_path / "b")
+    for eng, n in ((a, 30), (b, 70)):
+        write_users(eng.settings)
+        write_rows(eng.settings, "stage.events", make_events(n, seed=n))
+    a.run_until_caught_up()
+    b.run_until_caught_up()
+    a.run_until_caught_up()
+    assert _rows(spark, a.path("fact.events")) == _full_recompute(spark, a)
+    assert _rows(spark, b.path("fact.events")) == _full_recompute(spark, b)
+
+
+def test_lineage_is_published_with_who_and_when(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path)
+    assert eng.publish_lineage() is True
+    assert eng.publish_lineage() is False  # unchanged: not rewritten
+    rows = DeltaTable(eng.path("sch.lineage")).to_pyarrow_table().to_pylist()
+    topic = next(r for r in rows if r["kind"] == "topic")
+    assert topic["topic"] == "fact.events" and topic["depends_on"] == ["stage.events"] and topic["maxstep"] == 100
+    assert topic["user"] and topic["updated_at"] is not None
+    assert {r["table"] for r in rows if r["kind"] == "source"} == {"stage.events", "dim.users", "stage.other"}
