@@ -162,7 +162,7 @@ PHASES = [
     ("etl.log write", "write_etl_log (deltalake append to etl.log)"),
 ]
 #: Nested counters (inside the phases above), shown for information only.
-NESTED = [("deltalake opens", "delta_meta.open_table / meta_tables.open_table calls")]
+NESTED = [("deltalake opens", "deltalake DeltaTable opens")]
 
 
 def instrument(engine: Any, profile: Profile) -> None:
@@ -421,6 +421,9 @@ class Bench:
 
 
 # ----------------------------------------------------------------------------- report
+W = 72  # width of the label column of the breakdown
+
+
 def report(results: list[SizeResult], args: argparse.Namespace) -> None:
     print()
     print(f"Step scaling: {human(args.block)}-row block, {args.repeat} repeat(s) per size, master {args.master}, "
@@ -446,33 +449,33 @@ def report(results: list[SizeResult], args: argparse.Namespace) -> None:
     print()
     print("Where one step's time goes (median seconds per phase, measured inside run_topic):")
     cols = "".join(f" | {human(r.history):>7}" for r in results)
-    print(f"{'phase':<70}{cols}")
-    print("-" * (70 + 10 * len(results)))
+    print(f"{'phase':<W}{cols}")
+    print("-" * (W + 10 * len(results)))
     for key, label in PHASES:
-        print(f"{label:<70}" + "".join(f" | {r.med_phase(key):>7.3f}" for r in results))
+        print(f"{label:<W}" + "".join(f" | {r.med_phase(key):>7.3f}" for r in results))
     others = []
     for r in results:
         others.append(statistics.median(
             s.step_s - sum(s.phases.get(k, 0.0) for k, _ in PHASES) for s in r.samples))
-    print(f"{'other (lock context, Python glue, stats dict)':<70}" + "".join(f" | {o:>7.3f}" for o in others))
-    print(f"{'= step total':<70}" + "".join(f" | {r.med('step_s'):>7.3f}" for r in results))
-    print(f"{'raw append total':<70}" + "".join(f" | {r.med('raw_s'):>7.3f}" for r in results))
-    print(f"{'  of which DataFrameWriter.save':<70}" + "".join(f" | {r.med('raw_save_s'):>7.3f}" for r in results))
+    print(f"{'other (lock context, Python glue, stats dict)':<W}" + "".join(f" | {o:>7.3f}" for o in others))
+    print(f"{'= step total':<W}" + "".join(f" | {r.med('step_s'):>7.3f}" for r in results))
+    print(f"{'raw append total':<W}" + "".join(f" | {r.med('raw_s'):>7.3f}" for r in results))
+    print(f"{'  of which DataFrameWriter.save':<W}" + "".join(f" | {r.med('raw_save_s'):>7.3f}" for r in results))
     overhead_cols = "".join(f" | {r.med('step_s') - r.med('raw_s'):>7.3f}" for r in results)
-    print(f"{'step - raw append':<70}{overhead_cols}")
+    print(f"{'step - raw append':<W}{overhead_cols}")
     if args.txn_variant:
-        print(f"{'raw append + txnAppId/txnVersion options (own table) total':<70}"
+        print(f"{'raw append + txnAppId/txnVersion options (own table) total':<W}"
               + "".join(f" | {r.med('txn_s'):>7.3f}" for r in results))
-        print(f"{'  cost of the txn options (raw+txn - raw)':<70}"
+        print(f"{'  cost of the txn options (raw+txn - raw)':<W}"
               + "".join(f" | {r.med('txn_s') - r.med('raw_s'):>7.3f}" for r in results))
-        print(f"{'  step - raw+txn (what Tidemark adds beyond an idempotent append)':<70}"
+        print(f"{'  step - raw+txn (what Tidemark adds beyond an idempotent append)':<W}"
               + "".join(f" | {r.med('step_s') - r.med('txn_s'):>7.3f}" for r in results))
     if args.prime:
-        print(f"{'base snapshot refresh after the block append (primed, not in the above)':<70}"
+        print(f"{'base snapshot refresh after block append (primed; in none of the above)':<W}"
               + "".join(f" | {r.med('prime_s'):>7.3f}" for r in results))
     for key, label in NESTED:
-        print(f"{label + ' per step (count)':<70}" + "".join(f" | {r.med_calls(key):>7.0f}" for r in results))
-        print(f"{label + ' per step (s, inside phases)':<70}" + "".join(f" | {r.med_phase(key):>7.3f}" for r in results))
+        print(f"{label + ' per step (count)':<W}" + "".join(f" | {r.med_calls(key):>7.0f}" for r in results))
+        print(f"{label + ' per step (s, inside the phases)':<W}" + "".join(f" | {r.med_phase(key):>7.3f}" for r in results))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

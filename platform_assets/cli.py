@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import shutil
 import sys
 import time
@@ -52,7 +53,9 @@ def _engine(args: argparse.Namespace, settings: Settings | None = None):  # noqa
     from platform_assets.engine import Engine
 
     settings = settings or _settings(args)
-    return Engine(settings, load_lineage(settings.lineage))
+    eng = Engine(settings, load_lineage(settings.lineage))
+    _ENGINES.append(eng)
+    return eng
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -236,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_ENGINES: list[Any] = []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -246,7 +252,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TidemarkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        for eng in _ENGINES:
+            eng.close()
+        _ENGINES.clear()
+
+
+def run() -> None:
+    """Console entry point. Exits with ``os._exit`` once output is flushed and Spark stopped:
+    the native runtimes of deltalake/pyarrow can abort in their exit-time destructors while
+    the JVM gateway winds down, after all work is committed, turning success into SIGABRT."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

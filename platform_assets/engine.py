@@ -101,6 +101,7 @@ class Engine:
         self.lineage = lineage
         self.store = store or open_offset_store(settings.offsets_url)
         self._spark = spark
+        self._owns_spark = spark is None
         self._spark_factory = spark_factory
         self.owner = owner or make_owner()
         self.clock = clock
@@ -118,6 +119,13 @@ class Engine:
 
                 self._spark = build_spark_session(self.settings)
         return self._spark
+
+    def close(self) -> None:
+        """Stop the SparkSession if this engine started it; close the offset store."""
+        if self._spark is not None and self._owns_spark:
+            self._spark.stop()
+            self._spark = None
+        self.store.close()
 
     def path(self, table: str) -> str:
         src = self.lineage.sources.get(table)
@@ -332,7 +340,7 @@ class Engine:
                 raise ProcessingError(f"topic '{topic.name}': block {block.seq} was written but its commit is not in {dest}/_delta_log")
         crashpoint("written")
         if base_rows < 0:
-            base_rows = self._count_base(spec.base, block)
+            base_rows = delta_meta.count_block(self.path(spec.base), block.last, block.next)
         duration = time.monotonic() - started
         entry = self._log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed, base_rows,
                                 bad_rows, duration)
@@ -388,19 +396,17 @@ class Engine:
         then cuts exactly at the positions."""
         from pyspark.sql import functions as F
 
+        spark = self.spark  # F.lit needs an active session
         # Timestamps go in as text read in the session's time zone (UTC): a Python datetime
         # literal would be converted through the driver's local zone.
         lp, li = F.lit(_spark_ts(block.last.pos)).cast("timestamp"), F.lit(block.last.id).cast("bigint")
         np_, ni = F.lit(_spark_ts(block.next.pos)).cast("timestamp"), F.lit(block.next.id).cast("bigint")
         pos, id_ = F.col("pos"), F.col("id")
-        df = (self.spark.read.format("delta").load(self.path(base))
+        df = (spark.read.format("delta").load(self.path(base))
               .where((pos >= lp) & (pos <= np_))
               .where(((pos > lp) | (id_ > li)) & ((pos < np_) | (id_ <= ni))))
         df.createOrReplaceTempView("block")
         return df
-
-    def _count_base(self, base: str, block: Block) -> int:
-        return self._block_df(base, block).count()
 
     def _run_sql(self, topic: Topic, which: str, block: Block | None) -> None:
         for i, stmt in enumerate(getattr(topic.spec, which), 1):

@@ -87,17 +87,12 @@ def table_mark(path: str, *, positions: bool = True) -> TableMark:
     return TableMark(Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py())), version)
 
 
-def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int) -> tuple[Position | None, int]:
-    """The end of the next block: the ``maxstep``-th row after ``last`` with ``pos <= cutoff``
-    in ``(pos, id)`` order (or the last eligible row if fewer), and the number of rows in
-    ``(last, end]``. ``(None, 0)`` when no row is eligible.
-
-    Reads only ``pos``/``id`` of the files whose statistics overlap ``[last.pos, cutoff]``, so the
-    cost follows the new data, not the table's history.
-    """
+def _rows_after(path: str, last: Position, cutoff: dt.datetime) -> pa.Table | None:
+    """``pos``/``id`` of the rows after ``last`` with ``pos <= cutoff``, in position order. Reads
+    only the files whose statistics overlap ``[last.pos, cutoff]``."""
     table = open_table(path)
     if table is None:
-        return None, 0
+        return None
     _check_position_columns(table, path)
     ds = table.to_pyarrow_dataset(
         file_pruning_predicate=[("pos", ">=", _utc(_minus(last.pos, STATS_SLACK))), ("pos", "<=", _utc(_plus(cutoff, STATS_SLACK)))]
@@ -106,9 +101,19 @@ def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int)
     lp, cp = pa.scalar(last.pos, pos_type), pa.scalar(cutoff, pos_type)
     after_last = (pc.field("pos") > lp) | ((pc.field("pos") == lp) & (pc.field("id") > pa.scalar(last.id, pa.int64())))
     rows = ds.to_table(columns=["pos", "id"], filter=after_last & (pc.field("pos") <= cp))
-    if rows.num_rows == 0:
+    return rows.sort_by([("pos", "ascending"), ("id", "ascending")])
+
+
+def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int) -> tuple[Position | None, int]:
+    """The end of the next block: the ``maxstep``-th row after ``last`` with ``pos <= cutoff``
+    in ``(pos, id)`` order (or the last eligible row if fewer), and the number of rows in
+    ``(last, end]``. ``(None, 0)`` when no row is eligible.
+
+    The cost follows the new data, not the table's history (see :func:`_rows_after`).
+    """
+    rows = _rows_after(path, last, cutoff)
+    if rows is None or rows.num_rows == 0:
         return None, 0
-    rows = rows.sort_by([("pos", "ascending"), ("id", "ascending")])
     take = min(maxstep, rows.num_rows)
     end = Position(_ts(rows["pos"][take - 1].as_py()) or last.pos, int(rows["id"][take - 1].as_py()))
     if take < rows.num_rows:
@@ -117,6 +122,16 @@ def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int)
         same = pc.and_(pc.equal(tail["pos"], rows["pos"][take - 1]), pc.equal(tail["id"], rows["id"][take - 1]))
         take += int(pc.sum(same).as_py() or 0)
     return end, take
+
+
+def count_block(path: str, last: Position, next_: Position) -> int:
+    """Rows of the base table at ``path`` inside ``(last, next]``."""
+    rows = _rows_after(path, last, next_.pos)
+    if rows is None or rows.num_rows == 0:
+        return 0
+    at_end = pc.and_(pc.equal(rows["pos"], pa.scalar(next_.pos, rows.schema.field("pos").type)),
+                     pc.greater(rows["id"], pa.scalar(next_.id, pa.int64())))
+    return rows.num_rows - int(pc.sum(at_end).as_py() or 0)
 
 
 def bad_position_rows(path: str) -> pa.Table:
