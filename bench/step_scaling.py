@@ -24,9 +24,16 @@ Setup per size: the missing history rows are appended to the base table with Spa
 rows), and their transformed rows are appended to both destinations, so the step's
 destination (``fact.events``) and the raw append's destination hold the same history too.
 The topic's offset is then moved to the end of history (``init`` the first time, then a
-logged ``reset``). Each repeat appends one fresh block after it and measures one step and
-one raw append of that block (the order alternates between repeats). One untimed warm-up
-block runs first, on a small history, to load classes and JIT the JVM.
+logged ``reset``) and ``--settle`` untimed blocks run (the first writes after a bulk history
+commit refresh the destinations' snapshots, which a table written only by its steps never
+pays), so the first measured block sits on exactly N rows. Each repeat appends one fresh
+block and measures the step, the raw append and (unless ``--no-txn-variant``) the raw append
+with the step's ``txnAppId``/``txnVersion`` options into a table of its own, in an order that
+rotates between repeats. Before them, Spark's snapshot of the base table is refreshed by a
+query that skips every file (timed and printed on its own: in production the step pays it,
+and so would a raw append; here whichever ran first would pay it alone; ``--no-prime`` turns
+this off). ``--warmup`` untimed blocks run first, on a small history, to load classes and JIT
+the JVM.
 
 Where the step's time goes is measured by wrapping (in this process only, no library code is
 changed) the engine's calls into the offset store, the ``deltalake`` metadata reads
@@ -385,12 +392,18 @@ class Bench:
         k = rotation % n
         return " > ".join(names[k:] + names[:k])
 
+    def quiesce(self) -> None:
+        """After a bulk history write: flush the OS's dirty pages and ask the JVM for a full GC,
+        so neither lands inside the next measurements."""
+        os.sync()
+        self.spark.sparkContext._jvm.System.gc()  # type: ignore[union-attr]
+
     def history_end(self) -> Position:
         return position_of(self.next_id - 1, self.rpp)
 
     def run(self) -> list[SizeResult]:
         args = self.args
-        # Warm-up: a small history, one untimed block through both paths.
+        # Warm-up: a small history, untimed blocks through every path (class loading, JIT).
         warm_hist = min(args.sizes[0], max(self.block, 10_000))
         for w in range(args.warmup):
             self.append_history(warm_hist if self.next_id == 0 else 0)
@@ -400,14 +413,24 @@ class Bench:
                   flush=True)
         results = []
         for n in args.sizes:
-            missing = n - self.next_id
+            missing = n - args.settle * self.block - self.next_id  # the settle blocks complete it to n
             took = self.append_history(missing)
             history = self.next_id
+            self.quiesce()
             if missing > 0:
                 print(f"history grown to {history:,} rows (+{missing:,} in {took:.1f}s)", flush=True)
             else:
-                print(f"history already {history:,} rows (>= {n:,}), nothing appended", flush=True)
+                print(f"history already {history:,} rows (warm-up and earlier blocks included), nothing to append",
+                      flush=True)
             self.place_offset(self.history_end(), f"bench: history grown to {history} rows")
+            for _ in range(args.settle):
+                # The bulk history commits were made outside the engine's write path; the first
+                # write after them refreshes the destinations' snapshots, which a production
+                # table (written only by its steps) never has to. Untimed, and the history
+                # counted from after it.
+                self.one_block(0)
+                self.place_offset(self.history_end(), "bench: after settle block")
+            history = self.next_id
             res = SizeResult(history)
             for r in range(args.repeat):
                 s = self.one_block(r)
@@ -436,6 +459,9 @@ def report(results: list[SizeResult], args: argparse.Namespace) -> None:
     for r in results:
         step, raw = r.med("step_s"), r.med("raw_s")
         print(f"{r.history:>14,} | {args.block:>10,} | {step:>15.3f} | {raw:>21.3f} | {step / raw:>8.2f}")
+    print("spread (min-max over repeats): " + "; ".join(
+        f"{human(r.history)}: step {min(x.step_s for x in r.samples):.2f}-{max(x.step_s for x in r.samples):.2f}, "
+        f"raw {min(x.raw_s for x in r.samples):.2f}-{max(x.raw_s for x in r.samples):.2f}" for r in results))
     print()
     first, last = results[0], results[-1]
     if len(results) > 1:
@@ -449,33 +475,33 @@ def report(results: list[SizeResult], args: argparse.Namespace) -> None:
     print()
     print("Where one step's time goes (median seconds per phase, measured inside run_topic):")
     cols = "".join(f" | {human(r.history):>7}" for r in results)
-    print(f"{'phase':<W}{cols}")
+    print(f"{'phase':<{W}}{cols}")
     print("-" * (W + 10 * len(results)))
     for key, label in PHASES:
-        print(f"{label:<W}" + "".join(f" | {r.med_phase(key):>7.3f}" for r in results))
+        print(f"{label:<{W}}" + "".join(f" | {r.med_phase(key):>7.3f}" for r in results))
     others = []
     for r in results:
         others.append(statistics.median(
             s.step_s - sum(s.phases.get(k, 0.0) for k, _ in PHASES) for s in r.samples))
-    print(f"{'other (lock context, Python glue, stats dict)':<W}" + "".join(f" | {o:>7.3f}" for o in others))
-    print(f"{'= step total':<W}" + "".join(f" | {r.med('step_s'):>7.3f}" for r in results))
-    print(f"{'raw append total':<W}" + "".join(f" | {r.med('raw_s'):>7.3f}" for r in results))
-    print(f"{'  of which DataFrameWriter.save':<W}" + "".join(f" | {r.med('raw_save_s'):>7.3f}" for r in results))
+    print(f"{'other (lock context, Python glue, stats dict)':<{W}}" + "".join(f" | {o:>7.3f}" for o in others))
+    print(f"{'= step total':<{W}}" + "".join(f" | {r.med('step_s'):>7.3f}" for r in results))
+    print(f"{'raw append total':<{W}}" + "".join(f" | {r.med('raw_s'):>7.3f}" for r in results))
+    print(f"{'  of which DataFrameWriter.save':<{W}}" + "".join(f" | {r.med('raw_save_s'):>7.3f}" for r in results))
     overhead_cols = "".join(f" | {r.med('step_s') - r.med('raw_s'):>7.3f}" for r in results)
-    print(f"{'step - raw append':<W}{overhead_cols}")
+    print(f"{'step - raw append':<{W}}{overhead_cols}")
     if args.txn_variant:
-        print(f"{'raw append + txnAppId/txnVersion options (own table) total':<W}"
+        print(f"{'raw append + txnAppId/txnVersion options (own table) total':<{W}}"
               + "".join(f" | {r.med('txn_s'):>7.3f}" for r in results))
-        print(f"{'  cost of the txn options (raw+txn - raw)':<W}"
+        print(f"{'  cost of the txn options (raw+txn - raw)':<{W}}"
               + "".join(f" | {r.med('txn_s') - r.med('raw_s'):>7.3f}" for r in results))
-        print(f"{'  step - raw+txn (what Tidemark adds beyond an idempotent append)':<W}"
+        print(f"{'  step - raw+txn (what Tidemark adds beyond an idempotent append)':<{W}}"
               + "".join(f" | {r.med('step_s') - r.med('txn_s'):>7.3f}" for r in results))
     if args.prime:
-        print(f"{'base snapshot refresh after block append (primed; in none of the above)':<W}"
+        print(f"{'base snapshot refresh after block append (primed; in none of the above)':<{W}}"
               + "".join(f" | {r.med('prime_s'):>7.3f}" for r in results))
     for key, label in NESTED:
-        print(f"{label + ' per step (count)':<W}" + "".join(f" | {r.med_calls(key):>7.0f}" for r in results))
-        print(f"{label + ' per step (s, inside the phases)':<W}" + "".join(f" | {r.med_phase(key):>7.3f}" for r in results))
+        print(f"{label + ' per step (count)':<{W}}" + "".join(f" | {r.med_calls(key):>7.0f}" for r in results))
+        print(f"{label + ' per step (s, inside the phases)':<{W}}" + "".join(f" | {r.med_phase(key):>7.3f}" for r in results))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -486,8 +512,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="history sizes in rows, ascending, comma-separated (default 1M,5M,10M)")
     p.add_argument("--block", type=int, default=100_000, help="rows per block (default 100000)")
     p.add_argument("--repeat", type=int, default=3, help="blocks measured per size; the median is reported (default 3)")
-    p.add_argument("--warmup", type=int, default=3,
-                   help="untimed warm-up blocks (on a small history) before measuring, for JIT (default 3)")
+    p.add_argument("--warmup", type=int, default=8,
+                   help="untimed warm-up blocks (on a small history) before measuring, for JIT (default 8)")
+    p.add_argument("--settle", type=int, default=1,
+                   help="untimed blocks right after each history growth (default 1)")
     p.add_argument("--no-prime", dest="prime", action="store_false",
                    help="do not refresh Spark's snapshot of the base table before the measured writes "
                         "(then whichever runs first pays it)")
@@ -506,7 +534,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--sizes: {args.sizes!r} is not a comma-separated list of row counts")
     if not args.sizes or any(s <= 0 for s in args.sizes) or args.sizes != sorted(args.sizes):
         p.error("--sizes must be positive and ascending")
-    if args.block <= 0 or args.repeat <= 0 or args.warmup < 0 or args.rows_per_pos <= 0 or args.file_rows <= 0:
+    if args.block <= 0 or args.repeat <= 0 or args.warmup < 0 or args.settle < 0 or args.rows_per_pos <= 0 or args.file_rows <= 0:
         p.error("--block, --repeat, --rows-per-pos and --file-rows must be positive")
     return args
 

@@ -192,14 +192,13 @@ def load_lineage(path: str | Path) -> Lineage:
                     continue
                 if kind == "sources":
                     if spec.table in sources:
-                        prev = sources[spec.table]
-                        problems.append(f"{_where(file, line)}: source '{spec.table}' declared twice (also at {_where(prev.file, prev.line)})")
+                        first = sources[spec.table]
+                        problems.append(f"{_where(file, line)}: source '{spec.table}' declared twice (also at {_where(first.file, first.line)})")
                         continue
                     sources[spec.table] = Source(spec, file, line)
                 else:
                     if spec.name in topics:
-                        prev = topics[spec.name]
-                        problems.append(f"{_where(file, line, spec.name)}: duplicate topic (also at {prev.where})")
+                        problems.append(f"{_where(file, line, spec.name)}: duplicate topic (also at {topics[spec.name].where})")
                         continue
                     topics[spec.name] = Topic(spec, file, line, _resolve_transforms(spec, file, line, problems))
 

@@ -20,7 +20,7 @@ from lineage.positions import Position, format_ts
 from resources.settings import Settings
 
 
-def _table(rows: list[Sequence[Any]], headers: Sequence[str]) -> str:
+def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     cells = [[_cell(v) for v in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -62,7 +63,8 @@ class ShopFeeder:
         span = (end - start).total_seconds()
         # Bursts: timestamps are drawn at 1-second granularity, so many orders share one.
         stamps = sorted(start + dt.timedelta(seconds=int(rng.random() * span)) for _ in range(orders))
-        order_rows, item_rows = [], []
+        order_rows: list[dict[str, Any]] = []
+        item_rows: list[dict[str, Any]] = []
         for n, pos in enumerate(stamps):
             oid = next_order + n
             order_rows.append({"pos": pos, "id": order_row + n, "order_id": oid,

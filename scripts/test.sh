@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 .venv/bin/ruff check lineage resources platform_assets tests bench
+.venv/bin/mypy lineage resources platform_assets
 exec .venv/bin/pytest "$@"
