@@ -46,10 +46,11 @@ class ShopFeeder:
         write_deltalake(self.settings.table_path(table), pa.Table.from_pylist(rows, schema=schema), mode="append")
 
     def append(self, *, orders: int, start: dt.datetime, end: dt.datetime, new_customers: int = 0,
-               bad_rows: int = 0) -> dict[str, int]:
+               bad_rows: int = 0, late: int = 0) -> dict[str, int]:
         """Append ``orders`` orders (2-3 lines each) with positions spread over ``[start, end]``
-        (several rows share a timestamp, as bursts do), ``new_customers`` customers, and
-        ``bad_rows`` orders with a null ``pos`` (to be quarantined)."""
+        (several rows share a timestamp, as bursts do), ``new_customers`` customers,
+        ``bad_rows`` orders with a null ``pos``, and ``late`` orders whose position lies an hour
+        before ``start`` (out of order: both kinds end up in etl.quarantine)."""
         rng = self.rng
         cust_id, next_customer = self._next_ids("stage.customers", "customer_id")
         order_row, next_order = self._next_ids("stage.orders", "order_id")
@@ -63,6 +64,8 @@ class ShopFeeder:
         span = (end - start).total_seconds()
         # Bursts: timestamps are drawn at 1-second granularity, so many orders share one.
         stamps = sorted(start + dt.timedelta(seconds=int(rng.random() * span)) for _ in range(orders))
+        stamps = [start - dt.timedelta(hours=1)] * late + stamps
+        orders += late
         order_rows: list[dict[str, Any]] = []
         item_rows: list[dict[str, Any]] = []
         for n, pos in enumerate(stamps):
@@ -86,4 +89,5 @@ class ShopFeeder:
                                                           ("customer_id", pa.int64()), ("status", pa.string())]))
         self._write("stage.order_items", item_rows, pa.schema([("pos", _TS), ("id", pa.int64()), ("order_id", pa.int64()),
                                                               ("sku", pa.string()), ("qty", pa.int32()), ("price", pa.float64())]))
-        return {"customers": len(customers), "orders": orders, "order_items": len(item_rows), "bad_rows": bad_rows}
+        return {"customers": len(customers), "orders": orders - late, "order_items": len(item_rows),
+                "null_pos_orders": bad_rows, "late_orders": late}

@@ -35,7 +35,13 @@ from lineage.positions import Block, Position
 from lineage.spec import Lineage, Processor, Topic, Transform
 from platform_assets.faults import crashpoint
 from resources import delta_meta
-from resources.meta_tables import META_TABLES, LogEntry, publish_lineage, quarantine_rows, write_etl_log
+from resources.meta_tables import (
+    META_TABLES,
+    LogEntry,
+    publish_lineage,
+    quarantine_rows,
+    write_etl_log,
+)
 from resources.offset_sql import make_owner, open_offset_store
 from resources.offsets import STATE_FAILED, OffsetRecord, OffsetStore
 from resources.settings import Settings
@@ -217,10 +223,10 @@ class Engine:
         state = TopicState(rec.last, rec.next, rec.seq, rec.run, rec.source_version)
         return plan_topic(spec, state, base, deps, now or self.clock()), base
 
-    def block_end(self, topic: Topic, rec: OffsetRecord, decision: Decision) -> tuple[Position | None, int]:
+    def block_end(self, topic: Topic, rec: OffsetRecord, decision: Decision) -> delta_meta.BlockEnd:
         """The end of the next block the data allows under ``decision``'s cutoff, and its rows."""
         if decision.cutoff is None:
-            return None, 0
+            return delta_meta.BlockEnd(None, 0, None)
         return delta_meta.find_block_end(self.path(topic.spec.base), rec.last, decision.cutoff, topic.spec.maxstep)
 
     def lag(self) -> list[LagRow]:
@@ -234,8 +240,8 @@ class Engine:
             decision, base = self.decide(topic, rec, now)
             reason = decision.reason
             if decision.ready and not decision.retry and topic.spec.processor is Processor.STEP:
-                end, rows = self.block_end(topic, rec, decision)
-                reason = f"ready: next block {rows} rows up to {end}" if end else decision.limit
+                found = self.block_end(topic, rec, decision)
+                reason = f"ready: next block {found.rows} rows up to {found.end}" if found.end else decision.limit
             lag = None if rec.last.is_zero() else lag_seconds(rec.last, base.max_position)
             out.append(LagRow(topic.name, rec.processor, rec.last, rec.next, base.max_position, lag, rec.state, rec.owner, reason))
         return out
@@ -290,41 +296,51 @@ class Engine:
                         break
         return results
 
-    def _quarantine(self, topic: Topic) -> int:
-        base = topic.spec.base
-        bad = delta_meta.bad_position_rows(self.path(base))
-        if bad.num_rows == 0:
-            return 0
-        return quarantine_rows(self.settings, topic.name, base, bad, self.clock())
+    def _quarantine(self, topic: Topic, rec: OffsetRecord) -> int:
+        """Quarantine base rows no block can take: null ``pos``/``id``, and rows added since the
+        last planned snapshot with a position at or before ``last`` (late, out of order).
+        Returns how many rows are newly quarantined."""
+        base, path = topic.spec.base, self.path(topic.spec.base)
+        added = 0
+        bad = delta_meta.bad_position_rows(path)
+        if bad.num_rows:
+            added += quarantine_rows(self.settings, topic.name, base, bad, self.clock())
+        if rec.source_version is not None and not rec.last.is_zero():
+            late = delta_meta.late_rows(path, rec.source_version, rec.last)
+            if late.num_rows:
+                added += quarantine_rows(self.settings, topic.name, base, late, self.clock(), after_version=rec.source_version)
+        return added
 
     def _step(self, topic: Topic, rec: OffsetRecord) -> StepResult:
         spec = topic.spec
         started = time.monotonic()
+        bad_rows = 0
         if rec.pending:
             block = Block(topic.name, rec.seq, rec.last, rec.next)  # type: ignore[arg-type]
             base_rows, retry = -1, True
         else:
-            decision, base_mark = self.decide(topic, rec)
+            bad_rows = self._quarantine(topic, rec)
+            decision, _ = self.decide(topic, rec)
             if not decision.ready:
-                return StepResult(topic.name, False, decision.reason)
-            end, base_rows = self.block_end(topic, rec, decision)
+                return StepResult(topic.name, False, decision.reason, bad_rows=bad_rows)
+            found = self.block_end(topic, rec, decision)
+            end, base_rows = found.end, found.rows
             if end is None:
-                return StepResult(topic.name, False, decision.limit)
+                return StepResult(topic.name, False, decision.limit, bad_rows=bad_rows)
             # The Delta log outranks the store: a lost or restored store must never reuse a
             # txnVersion that Delta has recorded (Delta would silently skip the write).
             seq = max(rec.seq, delta_meta.recorded_txn(self.path(spec.destination), data_app_id(topic.name))) + 1
             rec = self.store.plan(topic.name, self.owner, last=rec.last, next=end, seq=seq,
-                                  source_version=base_mark.version)
+                                  source_version=found.version)
             block, retry = Block(topic.name, rec.seq, rec.last, end), False
         crashpoint("planned")
-        bad_rows = self._quarantine(topic)
 
         dest = self.path(spec.destination)
         app_id = data_app_id(topic.name)
         landed = delta_meta.find_txn_commit(dest, app_id, block.seq) if retry else None
         if landed is None:
             self.register_tables()
-            block_df = self._block_df(spec.base, block)
+            block_df = self._block_df(spec.base, block, rec.source_version)
             self._run_sql(topic, "before", block)
             out = self._transform(topic, block_df)
             crashpoint("transformed")
@@ -340,7 +356,7 @@ class Engine:
                 raise ProcessingError(f"topic '{topic.name}': block {block.seq} was written but its commit is not in {dest}/_delta_log")
         crashpoint("written")
         if base_rows < 0:
-            base_rows = delta_meta.count_block(self.path(spec.base), block.last, block.next)
+            base_rows = delta_meta.count_block(self.path(spec.base), block.last, block.next, rec.source_version)
         duration = time.monotonic() - started
         entry = self._log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed, base_rows,
                                 bad_rows, duration)
@@ -348,7 +364,7 @@ class Engine:
         crashpoint("logged")
         if spec.after:
             self.register_tables()
-            self._block_df(spec.base, block)
+            self._block_df(spec.base, block, rec.source_version)
             self._run_sql(topic, "after", block)
         note = f"rows={landed.rows} delta_version={landed.version}" + (" (recovered after crash)" if retry else "")
         self.store.commit(topic.name, self.owner, seq=block.seq, last=block.last, next=block.next, rows=landed.rows, note=note)
@@ -389,11 +405,13 @@ class Engine:
                           duration_s=time.monotonic() - started, stats=_stats_dict(entry))
 
     # ----------------------------------------------------------------- Spark pieces
-    def _block_df(self, base: str, block: Block) -> DataFrame:
+    def _block_df(self, base: str, block: Block, version: int | None) -> DataFrame:
         """Rows of ``base`` inside ``(last, next]``, registered as the temp view ``block``.
 
-        The plain range on ``pos`` lets Delta skip files by statistics; the tuple comparison
-        then cuts exactly at the positions."""
+        The block reads the snapshot it was planned on (Delta time travel to ``version``), so a
+        retry sees exactly the same rows and a row that lands later in an already-planned range
+        is detected as late instead of silently joining or missing a block. The plain range on
+        ``pos`` lets Delta skip files by statistics; the tuple comparison cuts exactly."""
         from pyspark.sql import functions as F
 
         spark = self.spark  # F.lit needs an active session
@@ -402,7 +420,10 @@ class Engine:
         lp, li = F.lit(_spark_ts(block.last.pos)).cast("timestamp"), F.lit(block.last.id).cast("bigint")
         np_, ni = F.lit(_spark_ts(block.next.pos)).cast("timestamp"), F.lit(block.next.id).cast("bigint")
         pos, id_ = F.col("pos"), F.col("id")
-        df = (spark.read.format("delta").load(self.path(base))
+        reader = spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        df = (reader.load(self.path(base))
               .where((pos >= lp) & (pos <= np_))
               .where(((pos > lp) | (id_ > li)) & ((pos < np_) | (id_ <= ni))))
         df.createOrReplaceTempView("block")

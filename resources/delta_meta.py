@@ -11,6 +11,7 @@ import datetime as dt
 import json
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,14 +25,15 @@ from lineage.positions import Position, to_naive_utc
 STATS_SLACK = dt.timedelta(milliseconds=2)
 
 
-def open_table(path: str) -> Any | None:
-    """The ``deltalake.DeltaTable`` at ``path``, or None if there is no Delta table there."""
+def open_table(path: str, version: int | None = None) -> Any | None:
+    """The ``deltalake.DeltaTable`` at ``path`` (at ``version``, else the newest), or None if
+    there is no Delta table there."""
     from deltalake import DeltaTable
 
     try:
         if not DeltaTable.is_deltatable(path):
             return None
-        return DeltaTable(path)
+        return DeltaTable(path, version=version)
     except Exception:  # noqa: BLE001 - a missing or half-created table reads as "no table yet"
         return None
 
@@ -87,10 +89,11 @@ def table_mark(path: str, *, positions: bool = True) -> TableMark:
     return TableMark(Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py())), version)
 
 
-def _rows_after(path: str, last: Position, cutoff: dt.datetime) -> pa.Table | None:
-    """``pos``/``id`` of the rows after ``last`` with ``pos <= cutoff``, in position order. Reads
-    only the files whose statistics overlap ``[last.pos, cutoff]``."""
-    table = open_table(path)
+def _rows_after(path: str, last: Position, cutoff: dt.datetime, version: int | None = None) -> pa.Table | None:
+    """``pos``/``id`` of the rows after ``last`` with ``pos <= cutoff``, in position order, at
+    ``version`` (default: the newest). Reads only the files whose statistics overlap
+    ``[last.pos, cutoff]``."""
+    table = open_table(path, version)
     if table is None:
         return None
     _check_position_columns(table, path)
@@ -101,19 +104,30 @@ def _rows_after(path: str, last: Position, cutoff: dt.datetime) -> pa.Table | No
     lp, cp = pa.scalar(last.pos, pos_type), pa.scalar(cutoff, pos_type)
     after_last = (pc.field("pos") > lp) | ((pc.field("pos") == lp) & (pc.field("id") > pa.scalar(last.id, pa.int64())))
     rows = ds.to_table(columns=["pos", "id"], filter=after_last & (pc.field("pos") <= cp))
-    return rows.sort_by([("pos", "ascending"), ("id", "ascending")])
+    return rows.sort_by([("pos", "ascending"), ("id", "ascending")]).replace_schema_metadata({"version": str(table.version())})
 
 
-def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int) -> tuple[Position | None, int]:
+@dataclass(frozen=True)
+class BlockEnd:
+    """Where the next block ends, how many base rows it holds, and the base table's Delta
+    version the block was planned on (the block always reads that snapshot)."""
+
+    end: Position | None
+    rows: int
+    version: int | None
+
+
+def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int) -> BlockEnd:
     """The end of the next block: the ``maxstep``-th row after ``last`` with ``pos <= cutoff``
     in ``(pos, id)`` order (or the last eligible row if fewer), and the number of rows in
-    ``(last, end]``. ``(None, 0)`` when no row is eligible.
+    ``(last, end]``; ``end`` is None when no row is eligible.
 
     The cost follows the new data, not the table's history (see :func:`_rows_after`).
     """
     rows = _rows_after(path, last, cutoff)
+    version = int(rows.schema.metadata[b"version"]) if rows is not None else None
     if rows is None or rows.num_rows == 0:
-        return None, 0
+        return BlockEnd(None, 0, version)
     take = min(maxstep, rows.num_rows)
     end = Position(_ts(rows["pos"][take - 1].as_py()) or last.pos, int(rows["id"][take - 1].as_py()))
     if take < rows.num_rows:
@@ -121,12 +135,12 @@ def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int)
         tail = rows.slice(take)
         same = pc.and_(pc.equal(tail["pos"], rows["pos"][take - 1]), pc.equal(tail["id"], rows["id"][take - 1]))
         take += int(pc.sum(same).as_py() or 0)
-    return end, take
+    return BlockEnd(end, take, version)
 
 
-def count_block(path: str, last: Position, next_: Position) -> int:
-    """Rows of the base table at ``path`` inside ``(last, next]``."""
-    rows = _rows_after(path, last, next_.pos)
+def count_block(path: str, last: Position, next_: Position, version: int | None = None) -> int:
+    """Rows of the base table at ``path`` (at ``version``) inside ``(last, next]``."""
+    rows = _rows_after(path, last, next_.pos, version)
     if rows is None or rows.num_rows == 0:
         return 0
     at_end = pc.and_(pc.equal(rows["pos"], pa.scalar(next_.pos, rows.schema.field("pos").type)),
@@ -147,6 +161,56 @@ def bad_position_rows(path: str) -> pa.Table:
         return pa.table({})
     ds = table.to_pyarrow_dataset(file_pruning_predicate="pos IS NULL OR id IS NULL")
     return ds.to_table(filter=pc.field("pos").is_null() | pc.field("id").is_null())
+
+
+def late_rows(path: str, after_version: int, last: Position) -> pa.Table:
+    """Rows added to ``path`` after ``after_version`` whose position is at or before ``last``:
+    rows that arrived out of order, after their place was already processed.
+
+    Reads only the commits after ``after_version`` and, of the files they added, only those
+    whose statistics allow a position at or before ``last``."""
+    table = open_table(path)
+    if table is None or table.version() <= after_version:
+        return pa.table({})
+    fs, log = _log_fs(path)
+    limit = _plus(last.pos, STATS_SLACK)
+    files = []
+    for version in range(after_version + 1, table.version() + 1):
+        try:
+            actions = _read_commit(fs, log, version)
+        except (FileNotFoundError, OSError):
+            continue  # cleaned up by log retention: nothing more can be said
+        for a in actions:
+            add = a.get("add")
+            if not add or not add.get("dataChange", True):
+                continue  # compaction rewrites rows, it does not add them
+            low = (json.loads(add.get("stats") or "{}").get("minValues") or {}).get("pos")
+            low_ts = _parse_iso(low) if isinstance(low, str) else None
+            if low_ts is None or low_ts <= limit:
+                files.append(_join(path, unquote(add["path"])))
+    if not files:
+        return pa.table({})
+    import pyarrow.dataset as pads
+
+    ds = pads.dataset(files, format="parquet", filesystem=fs if "://" in path else None)
+    pos_type = ds.schema.field("pos").type
+    lp = pa.scalar(last.pos, pos_type)
+    at_or_before = (pc.field("pos") < lp) | ((pc.field("pos") == lp) & (pc.field("id") <= pa.scalar(last.id, pa.int64())))
+    return ds.to_table(filter=at_or_before & pc.field("id").is_valid())
+
+
+def _join(path: str, name: str) -> str:
+    if name.startswith("/") or "://" in name:
+        return name
+    root = pafs.FileSystem.from_uri(path)[1] if "://" in path else path
+    return root.rstrip("/") + "/" + name
+
+
+def _parse_iso(text: str) -> dt.datetime | None:
+    try:
+        return to_naive_utc(dt.datetime.fromisoformat(text.replace("Z", "+00:00")))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

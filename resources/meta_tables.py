@@ -182,37 +182,52 @@ def _user() -> str:
 QUARANTINE_SCHEMA = pa.schema([
     ("topic", pa.string()), ("source", pa.string()), ("reason", pa.string()),
     ("detected_at", _TS), ("row", pa.string()),
+    # Late rows: the base version after which they were added (their batch's key); null for
+    # rows with a null pos/id, which are kept as one current set per topic.
+    ("after_version", pa.int64()),
 ])
 
+NULL_POSITION = "null position"
+LATE = "late"
 
-def quarantined_count(settings: Settings, topic: str) -> int:
+
+def _quarantine_key(topic: str, after_version: int | None) -> str:
+    safe = topic.replace("'", "''")
+    return f"topic = '{safe}' AND " + ("after_version IS NULL" if after_version is None else f"after_version = {int(after_version)}")
+
+
+def quarantined_count(settings: Settings, topic: str, after_version: int | None = None) -> int:
     table = open_table(settings.table_path(QUARANTINE))
     if table is None:
         return 0
-    topics = table.to_pyarrow_table(columns=["topic"]).column("topic").to_pylist()
-    return sum(1 for t in topics if t == topic)
+    cols = table.to_pyarrow_table(columns=["topic", "after_version"]).to_pylist()
+    return sum(1 for r in cols if r["topic"] == topic and r["after_version"] == after_version)
 
 
-def quarantine_rows(settings: Settings, topic: str, source: str, bad: pa.Table, now: dt.datetime) -> int:
-    """Make ``etl.quarantine`` hold exactly ``bad`` for ``topic`` (replacing what it held for
-    it). Returns how many rows were added compared with before."""
+def quarantine_rows(settings: Settings, topic: str, source: str, bad: pa.Table, now: dt.datetime,
+                    *, after_version: int | None = None) -> int:
+    """Make ``etl.quarantine`` hold exactly ``bad`` for ``(topic, after_version)``, replacing what
+    it held under that key, so that detecting the same rows twice stores them once. Rows with a
+    null ``pos``/``id`` use ``after_version=None``; late rows the base version they came after.
+    Returns how many rows were added compared with before."""
     from deltalake import write_deltalake
 
-    before = quarantined_count(settings, topic)
+    before = quarantined_count(settings, topic, after_version)
     if bad.num_rows == before:
         return 0
     rows = []
     for r in bad.to_pylist():
-        reason = "null pos" if r.get("pos") is None else "null id"
-        if r.get("pos") is None and r.get("id") is None:
-            reason = "null pos and id"
+        if after_version is not None:
+            reason = f"{LATE}: position at or before the topic's last (added after base version {after_version})"
+        else:
+            missing = [c for c in ("pos", "id") if r.get(c) is None]
+            reason = f"{NULL_POSITION}: null {' and '.join(missing)}"
         rows.append({"topic": topic, "source": source, "reason": reason, "detected_at": _utc(now),
-                     "row": json.dumps(r, default=str, sort_keys=True)})
+                     "row": json.dumps(r, default=str, sort_keys=True), "after_version": after_version})
     data = pa.Table.from_pylist(rows, schema=QUARANTINE_SCHEMA)
     path = settings.table_path(QUARANTINE)
     if open_table(path) is None:
         write_deltalake(path, data, mode="append")
     else:
-        safe = topic.replace("'", "''")
-        write_deltalake(path, data, mode="overwrite", predicate=f"topic = '{safe}'")
+        write_deltalake(path, data, mode="overwrite", predicate=_quarantine_key(topic, after_version), schema_mode="merge")
     return bad.num_rows - before

@@ -115,7 +115,7 @@ def test_null_positions_are_quarantined_and_counted(spark, settings, tmp_path):
     r = eng.run_topic("fact.events")
     assert r.processed and r.bad_rows == 2
     q = spark.read.format("delta").load(eng.path("etl.quarantine")).collect()
-    assert sorted(x.reason for x in q) == ["null id", "null pos"]
+    assert sorted(x.reason for x in q) == ["null position: null id", "null position: null pos"]
     assert {json.loads(x.row)["user_id"] for x in q} == {rows[10]["user_id"], rows[20]["user_id"]}
     assert read_etl_log(eng.settings, "fact.events")[0]["bad_rows"] == 2
     # Counted once: the next block does not count them again.
@@ -252,3 +252,49 @@ def test_lineage_is_published_with_who_and_when(spark, settings, tmp_path):
     assert topic["topic"] == "fact.events" and topic["depends_on"] == ["stage.events"] and topic["maxstep"] == 100
     assert topic["user"] and topic["updated_at"] is not None
     assert {r["table"] for r in rows if r["kind"] == "source"} == {"stage.events", "dim.users", "stage.other"}
+
+
+def test_late_rows_are_quarantined_once_and_never_written(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path, maxstep=1000)
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(200, distinct_pos=50, seed=12))
+    eng.run_until_caught_up()
+    last = eng.store.get("fact.events").last
+    # Three rows arrive out of order (positions at or before last), with two in order.
+    late = [{"pos": last.pos - dt.timedelta(minutes=m), "id": 1000 + m, "user_id": 1, "amount": 1.0, "kind": "a"} for m in (1, 2)]
+    late.append({"pos": last.pos, "id": last.id - 1, "user_id": 1, "amount": 1.0, "kind": "a"})
+    fresh = [{"pos": last.pos + dt.timedelta(minutes=1), "id": 2000 + i, "user_id": 1, "amount": 1.0, "kind": "a"} for i in range(2)]
+    write_rows(eng.settings, "stage.events", late + fresh)
+    r = eng.run_topic("fact.events")
+    assert r.processed and r.bad_rows == 3 and r.base_rows == 2
+    q = spark.read.format("delta").load(eng.path("etl.quarantine")).where("reason LIKE 'late%'").collect()
+    assert sorted(json.loads(x.row)["id"] for x in q) == sorted([1001, 1002, last.id - 1])
+    ids = {row.id for row in spark.read.format("delta").load(eng.path("fact.events")).select("id").collect()}
+    assert not ids & {1001, 1002} and {2000, 2001} <= ids
+    assert not eng.run_topic("fact.events").processed  # nothing new: not counted again
+    assert spark.read.format("delta").load(eng.path("etl.quarantine")).count() == 3
+
+
+def test_a_retried_block_reads_the_snapshot_it_was_planned_on(spark, settings, tmp_path, monkeypatch):
+    eng = _engine(spark, settings, tmp_path, maxstep=1000)
+    write_users(eng.settings)
+    events = make_events(100, distinct_pos=100, seed=13)
+    write_rows(eng.settings, "stage.events", events)
+
+    def boom(point: str) -> None:
+        if point == "planned":
+            raise RuntimeError("simulated crash after planning")
+
+    monkeypatch.setattr(engine_mod, "crashpoint", boom)
+    with pytest.raises(RuntimeError):
+        eng.run_topic("fact.events")
+    planned = eng.store.get("fact.events")
+    # A row lands inside the planned range before the retry: it is late, not part of the block.
+    intruder = {"pos": events[50]["pos"], "id": 5000, "user_id": 1, "amount": 1.0, "kind": "a"}
+    write_rows(eng.settings, "stage.events", [intruder])
+    monkeypatch.setattr(engine_mod, "crashpoint", lambda point: None)
+    r = eng.run_topic("fact.events")
+    assert r.processed and (r.block.last, r.block.next) == (planned.last, planned.next) and r.base_rows == 100
+    ids = {row.id for row in spark.read.format("delta").load(eng.path("fact.events")).select("id").collect()}
+    assert 5000 not in ids
+    assert eng.run_topic("fact.events").bad_rows == 1  # the next look quarantines it
