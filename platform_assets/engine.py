@@ -278,19 +278,24 @@ class Engine:
         progress (a producer's new blocks can make its consumers ready)."""
         names = [n for n in self.lineage.topics if topics is None or n in topics]
         results: list[StepResult] = []
+        waiting: dict[str, str] = {}  # topic -> the wait reason last reported
         progress = True
         while progress and len(results) < max_blocks:
             progress = False
             for name in names:
                 while len(results) < max_blocks:
                     r = self.run_topic(name)
+                    if not r.processed:
+                        if waiting.get(name) != r.reason:  # report a wait once, not every pass
+                            waiting[name] = r.reason
+                            results.append(r)
+                            if on_result:
+                                on_result(r)
+                        break
+                    waiting.pop(name, None)
+                    results.append(r)
                     if on_result:
                         on_result(r)
-                    if not r.processed:
-                        if not any(x.topic == name and not x.processed for x in results[-len(names):]):
-                            results.append(r)
-                        break
-                    results.append(r)
                     progress = True
                     if self.lineage.topic(name).spec.processor is Processor.RELOAD:
                         break
