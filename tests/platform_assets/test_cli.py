@@ -1,0 +1,76 @@
+"""The ``tidemark`` commands that need no JVM, run through ``main`` on a temporary home."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from platform_assets.cli import main
+from resources.offset_sql import open_offset_store
+from tests.platform_assets.shop import make_events, write_lineage, write_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def home_args(tmp_path: Path) -> list[str]:
+    lin = write_lineage(tmp_path, maxstep=10)
+    return ["--home", str(tmp_path / "home"), "--lineage", str(lin)]
+
+
+def test_validate_demo_lineage(capsys):
+    assert main(["--lineage", str(ROOT / "demo" / "lineage"), "lineage", "validate"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: 4 topics, 3 sources in 1 file(s)" in out and "fact.order_items" in out and "5s" in out
+
+
+def test_validate_bad_lineage_exits_2_naming_file_topic_field(tmp_path, capsys):
+    (tmp_path / "bad.yaml").write_text("topics:\n  - table: fact.x\n    depends_on: [stage.a]\n    transforms: [x.sql]\n    delay: soon\n")
+    assert main(["--lineage", str(tmp_path), "lineage", "validate"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml:2: topic 'fact.x': field 'delay': 'soon' is not a duration" in err
+
+
+def test_offsets_init_show_reset_unlock_and_history(home_args, tmp_path, capsys):
+    assert main([*home_args, "offsets", "init", "fact.events", "--start", "2026-01-01T00:10:00/5"]) == 0
+    assert "last = 2026-01-01 00:10:00.000 #5" in capsys.readouterr().out
+    store = open_offset_store(f"sqlite:///{tmp_path / 'home' / 'offsets.db'}")
+    store.acquire("fact.events", "elsewhere:1:abcd")
+    assert main([*home_args, "offsets", "reset", "fact.events", "--to", "zero", "--reason", "rebuild"]) == 1
+    assert "being processed by 'elsewhere:1:abcd'" in capsys.readouterr().err
+    assert main([*home_args, "offsets", "unlock", "fact.events"]) == 0
+    assert "was held by elsewhere:1:abcd" in capsys.readouterr().out
+    assert main([*home_args, "offsets", "reset", "fact.events", "--to", "zero"]) == 1  # a reason is required
+    assert "--reason" in capsys.readouterr().err
+    assert main([*home_args, "offsets", "reset", "fact.events", "--to", "zero", "--reason", "rebuild"]) == 0
+    assert store.get("fact.events").last.is_zero()
+    assert main([*home_args, "offsets", "show", "--history"]) == 0
+    out = capsys.readouterr().out
+    assert "reset" in out and "rebuild" in out and "unlock" in out and "init" in out
+
+
+def test_unknown_topic_is_a_clear_error(home_args, capsys):
+    assert main([*home_args, "offsets", "init", "fact.nope"]) == 1
+    assert "unknown topic 'fact.nope' (known topics: fact.events)" in capsys.readouterr().err
+
+
+def test_lag_without_a_jvm(home_args, tmp_path, capsys):
+    from resources.settings import Settings
+
+    settings = Settings.from_env({}, home=tmp_path / "home")
+    write_rows(settings, "stage.events", make_events(25, distinct_pos=25))
+    assert main([*home_args, "lag"]) == 0
+    assert "not started" in capsys.readouterr().out
+    assert main([*home_args, "offsets", "init", "fact.events"]) == 0
+    capsys.readouterr()
+    assert main([*home_args, "lag"]) == 0
+    out = capsys.readouterr().out
+    assert "ready: next block 10 rows up to" in out  # maxstep 10 of 25 eligible rows
+    # In a fresh process, lag must not even import Spark's session module.
+    code = ("import sys; from platform_assets.cli import main; rc = main(sys.argv[1:]); "
+            "print('SPARK' if 'pyspark.sql.session' in sys.modules else 'NO-SPARK', rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *home_args, "lag"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split()[-2:] == ["NO-SPARK", "0"], proc.stderr
