@@ -77,6 +77,18 @@ class StepResult:
 
 
 @dataclass(frozen=True)
+class Planned:
+    """A block fixed in the offset store (or why there is none)."""
+
+    block: Block | None
+    reason: str
+    retry: bool = False  # planned earlier: its data may already have landed
+    base_rows: int = -1  # -1: not counted yet
+    bad_rows: int = 0
+    source_version: int | None = None  # the base snapshot the block reads
+
+
+@dataclass(frozen=True)
 class LagRow:
     topic: str
     processor: str
@@ -248,13 +260,13 @@ class Engine:
 
     # ----------------------------------------------------------------- locking
     @contextmanager
-    def locked(self, topic: Topic) -> Iterator[OffsetRecord]:
+    def locked(self, topic: Topic, *, record_failure: bool = True) -> Iterator[OffsetRecord]:
         self.ensure_offsets(topic)
         rec = self.store.acquire(topic.name, self.owner)
         try:
             yield rec
         except BaseException as exc:
-            if isinstance(exc, Exception):
+            if record_failure and isinstance(exc, Exception):
                 try:
                     self.store.set_state(topic.name, self.owner, f"{STATE_FAILED}: {type(exc).__name__}: {exc}"[:500])
                 except TidemarkError:
@@ -316,28 +328,61 @@ class Engine:
                 added += quarantine_rows(self.settings, topic.name, base, late, self.clock(), after_version=rec.source_version)
         return added
 
-    def _step(self, topic: Topic, rec: OffsetRecord) -> StepResult:
+    def _plan_locked(self, topic: Topic, rec: OffsetRecord) -> Planned:
+        """With the topic's lock held: the pending block, or plan the next one (JVM-free)."""
         spec = topic.spec
-        started = time.monotonic()
-        bad_rows = 0
         if rec.pending:
             block = Block(topic.name, rec.seq, rec.last, rec.next)  # type: ignore[arg-type]
-            base_rows, retry = -1, True
-        else:
-            bad_rows = self._quarantine(topic, rec)
-            decision, _ = self.decide(topic, rec)
-            if not decision.ready:
-                return StepResult(topic.name, False, decision.reason, bad_rows=bad_rows)
-            found = self.block_end(topic, rec, decision)
-            end, base_rows = found.end, found.rows
-            if end is None:
-                return StepResult(topic.name, False, decision.limit, bad_rows=bad_rows)
-            # The Delta log outranks the store: a lost or restored store must never reuse a
-            # txnVersion that Delta has recorded (Delta would silently skip the write).
-            seq = max(rec.seq, delta_meta.recorded_txn(self.path(spec.destination), data_app_id(topic.name))) + 1
-            rec = self.store.plan(topic.name, self.owner, last=rec.last, next=end, seq=seq,
-                                  source_version=found.version)
-            block, retry = Block(topic.name, rec.seq, rec.last, end), False
+            return Planned(block, f"retry block {rec.seq}", retry=True, source_version=rec.source_version)
+        bad_rows = self._quarantine(topic, rec)
+        decision, _ = self.decide(topic, rec)
+        if not decision.ready:
+            return Planned(None, decision.reason, bad_rows=bad_rows)
+        found = self.block_end(topic, rec, decision)
+        if found.end is None:
+            return Planned(None, decision.limit, bad_rows=bad_rows)
+        # The Delta log outranks the store: a lost or restored store must never reuse a
+        # txnVersion that Delta has recorded (Delta would silently skip the write).
+        seq = max(rec.seq, delta_meta.recorded_txn(self.path(spec.destination), data_app_id(topic.name))) + 1
+        rec = self.store.plan(topic.name, self.owner, last=rec.last, next=found.end, seq=seq, source_version=found.version)
+        return Planned(Block(topic.name, seq, rec.last, found.end), f"block {seq}", base_rows=found.rows,
+                       bad_rows=bad_rows, source_version=found.version)
+
+    def plan_block(self, name: str) -> Planned:
+        """Fix the next block of step topic ``name`` in the offset store without processing it
+        (or return the block already pending). Never starts Spark."""
+        topic = self.lineage.topic(name)
+        if topic.spec.processor is not Processor.STEP:
+            raise ProcessingError(f"topic '{name}' is a {topic.spec.processor.value} topic: only step topics have blocks")
+        with self.locked(topic, record_failure=False) as rec:
+            return self._plan_locked(topic, rec)
+
+    def run_block(self, name: str, seq: int) -> StepResult:
+        """Process block ``seq`` of topic ``name``: the pending block, exactly as planned. A block
+        already committed is a no-op (a retried partition whose data landed)."""
+        topic = self.lineage.topic(name)
+        with self.locked(topic) as rec:
+            if rec.pending and rec.seq == seq:
+                return self._process(topic, self._plan_locked(topic, rec))
+            if not rec.pending and 0 < seq <= rec.seq:
+                return StepResult(topic.name, False, f"block {seq} already committed (topic is at block {rec.seq})")
+            state = f"block {rec.seq} pending" if rec.pending else f"last committed block {rec.seq}"
+            raise ProcessingError(
+                f"topic '{name}': block {seq} is not planned ({state}); plan the next block with: tidemark plan {name}"
+            )
+
+    def _step(self, topic: Topic, rec: OffsetRecord) -> StepResult:
+        planned = self._plan_locked(topic, rec)
+        if planned.block is None:
+            return StepResult(topic.name, False, planned.reason, bad_rows=planned.bad_rows)
+        return self._process(topic, planned)
+
+    def _process(self, topic: Topic, planned: Planned) -> StepResult:
+        spec = topic.spec
+        started = time.monotonic()
+        block, retry, base_rows, bad_rows = planned.block, planned.retry, planned.base_rows, planned.bad_rows
+        if block is None:
+            raise ProcessingError(f"topic '{topic.name}': nothing to process ({planned.reason})")
         crashpoint("planned")
 
         dest = self.path(spec.destination)
@@ -345,7 +390,7 @@ class Engine:
         landed = delta_meta.find_txn_commit(dest, app_id, block.seq) if retry else None
         if landed is None:
             self.register_tables()
-            block_df = self._block_df(spec.base, block, rec.source_version)
+            block_df = self._block_df(spec.base, block, planned.source_version)
             self._run_sql(topic, "before", block)
             out = self._transform(topic, block_df)
             crashpoint("transformed")
@@ -361,7 +406,7 @@ class Engine:
                 raise ProcessingError(f"topic '{topic.name}': block {block.seq} was written but its commit is not in {dest}/_delta_log")
         crashpoint("written")
         if base_rows < 0:
-            base_rows = delta_meta.count_block(self.path(spec.base), block.last, block.next, rec.source_version)
+            base_rows = delta_meta.count_block(self.path(spec.base), block.last, block.next, planned.source_version)
         duration = time.monotonic() - started
         entry = self._log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed, base_rows,
                                 bad_rows, duration)
@@ -369,7 +414,7 @@ class Engine:
         crashpoint("logged")
         if spec.after:
             self.register_tables()
-            self._block_df(spec.base, block, rec.source_version)
+            self._block_df(spec.base, block, planned.source_version)
             self._run_sql(topic, "after", block)
         note = f"rows={landed.rows} delta_version={landed.version}" + (" (recovered after crash)" if retry else "")
         self.store.commit(topic.name, self.owner, seq=block.seq, last=block.last, next=block.next, rows=landed.rows, note=note)

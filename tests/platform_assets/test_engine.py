@@ -298,3 +298,27 @@ def test_a_retried_block_reads_the_snapshot_it_was_planned_on(spark, settings, t
     ids = {row.id for row in spark.read.format("delta").load(eng.path("fact.events")).select("id").collect()}
     assert 5000 not in ids
     assert eng.run_topic("fact.events").bad_rows == 1  # the next look quarantines it
+
+
+def test_plan_block_without_spark_then_run_exactly_that_block(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path, maxstep=40)
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(100, distinct_pos=100, seed=14))
+    planner = Engine(eng.settings, eng.lineage)  # no SparkSession: planning must not need one
+    p1 = planner.plan_block("fact.events")
+    assert p1.block is not None and p1.block.seq == 1 and p1.base_rows == 40 and planner._spark is None
+    assert planner.plan_block("fact.events").block == p1.block  # pending: the same block again
+    with pytest.raises(ProcessingError, match=r"block 2 is not planned \(block 1 pending\).*tidemark plan fact.events"):
+        eng.run_block("fact.events", 2)
+    r = eng.run_block("fact.events", 1)
+    assert r.processed and r.block == p1.block and r.base_rows == 40
+    again = eng.run_block("fact.events", 1)
+    assert not again.processed and "already committed" in again.reason
+    assert eng.store.get("fact.events").owner == ""
+    with pytest.raises(ProcessingError, match="only step topics have blocks"):
+        Engine(eng.settings, load_lineage(write_lineage(tmp_path / "r", extra_topic="""
+          - table: mart.x
+            depends_on: [dim.users]
+            processor: reload
+            transforms: [../sql/fact_events.sql]
+        """)), spark=spark).plan_block("mart.x")
