@@ -143,6 +143,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Plan the next block of a step topic and add its Dagster partition (the Dagster CLI cannot
+    create dynamic partitions); prints the key to pass to ``dagster asset materialize``."""
+    from dagster import DagsterInstance
+
+    from lineage.partitions import block_key, partitions_name
+
+    eng = _engine(args)
+    topic = eng.lineage.topic(args.topic)
+    planned = eng.plan_block(topic.name)
+    if planned.block is None:
+        print(f"{topic.name}: no block to plan: {planned.reason}")
+        return 3
+    table = topic.spec.destination
+    key = block_key(topic.name, planned.block.seq, qualified=len(eng.lineage.producers(table)) > 1)
+    os.environ["DAGSTER_HOME"] = str(eng.settings.dagster_home())
+    instance = DagsterInstance.get()
+    if not instance.has_dynamic_partition(partitions_name(table), key):
+        instance.add_dynamic_partitions(partitions_name(table), [key])
+    b = planned.block
+    print(f"{topic.name}: {'pending' if planned.retry else 'planned'} block {b.seq} ({_cell(b.last)} .. {_cell(b.next)})")
+    print(key)
+    return 0
+
+
 def cmd_log(args: argparse.Namespace) -> int:
     from resources.meta_tables import read_etl_log
 
@@ -229,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("topics", nargs="*", help="topics to run (default: all, in dependency order)")
     run.add_argument("--until-caught-up", action="store_true", help="keep going until every topic waits")
     run.set_defaults(func=cmd_run)
+
+    plan = sub.add_parser("plan", help="plan the next block of a step topic and add its Dagster partition; prints the key")
+    plan.add_argument("topic")
+    plan.set_defaults(func=cmd_plan)
 
     log = sub.add_parser("log", help="the newest rows of etl.log")
     log.add_argument("--topic")

@@ -130,7 +130,12 @@ class Engine:
     @property
     def spark(self) -> SparkSession:
         if self._spark is None:
-            if self._spark_factory is not None:
+            from pyspark.sql import SparkSession
+
+            active = SparkSession.getActiveSession()
+            if active is not None:  # e.g. a host process's session: use it, never stop it
+                self._spark, self._owns_spark = active, False
+            elif self._spark_factory is not None:
                 self._spark = self._spark_factory()
             else:
                 from resources.spark import build_spark_session

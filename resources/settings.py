@@ -45,6 +45,16 @@ class Settings:
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
 
+    def dagster_home(self) -> Path:
+        """``$DAGSTER_HOME``, else ``<home>/dagster`` (created, with the repo's dagster.yaml)."""
+        env = os.environ.get("DAGSTER_HOME")
+        path = Path(env) if env else self.home / "dagster"
+        path.mkdir(parents=True, exist_ok=True)
+        shipped = Path(__file__).resolve().parents[1] / "dagster.yaml"
+        if not (path / "dagster.yaml").exists() and shipped.exists():
+            (path / "dagster.yaml").write_text(shipped.read_text())
+        return path
+
     def table_path(self, table: str, override: str | None = None) -> str:
         """Location of a Delta table: ``<warehouse>/<schema>/<table>`` unless the source spec says otherwise."""
         if override:

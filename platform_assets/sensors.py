@@ -1,0 +1,122 @@
+"""The planner sensor: runs the platform by itself.
+
+Each tick, for every step topic it plans the next block in the offset store (JVM-free: offsets,
+Delta statistics and ``pos``/``id`` of new files only), adds the block's partition and requests
+its run in the same tick; for reload topics it requests a rebuild when the base changed. A
+topic that may not run reports why (the planner's reason) in the tick's skip reason.
+
+A failed block keeps its partition key (the same ``(last, next]``) and is retried with
+exponential backoff up to ``max_attempts``; each attempt has its own ``run_key``, because
+Dagster never relaunches a run key it has seen.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import dagster as dg
+
+from lineage.errors import TidemarkError, TopicLockedError
+from lineage.partitions import block_key, partitions_name
+from lineage.spec import Lineage, Processor
+from resources.settings import Settings
+
+BLOCK_TAG = "tidemark/block"
+TOPIC_TAG = "tidemark/topic"
+_ACTIVE = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING}
+_FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+
+
+@dataclass(frozen=True)
+class PastRun:
+    status: dg.DagsterRunStatus
+    ended_at: float | None  # unix seconds
+
+
+def launch_decision(runs: Sequence[PastRun], now: float, *, max_attempts: int, backoff_s: float) -> tuple[bool, int, str]:
+    """Whether to launch a block's run now: ``(launch, attempt number, reason)``. Pure."""
+    if any(r.status in _ACTIVE for r in runs):
+        return False, 0, "a run is in progress"
+    failures = [r for r in runs if r.status in _FAILED]
+    if any(r.status == dg.DagsterRunStatus.SUCCESS for r in runs) and not failures:
+        return False, 0, "already ran successfully"
+    attempt = len(failures) + 1
+    if attempt > max_attempts:
+        return False, attempt, f"gave up after {len(failures)} failed attempts (materialize the partition by hand to retry)"
+    if failures:
+        last_end = max(r.ended_at or 0.0 for r in failures)
+        wait_until = last_end + backoff_s * 2 ** (len(failures) - 1)
+        if now < wait_until:
+            return False, attempt, f"retry {attempt} after {dt.datetime.fromtimestamp(wait_until, dt.UTC):%H:%M:%S} UTC (backoff)"
+    return True, attempt, "retry" if failures else "new block"
+
+
+def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: int = 3, backoff_s: float = 60.0,
+                         interval_s: int = 30) -> dg.SensorDefinition:
+    tables: dict[str, list[str]] = {}
+    for t in lineage.topics.values():
+        tables.setdefault(t.spec.destination, []).append(t.name)
+
+    targets = dg.AssetSelection.assets(*(dg.AssetKey(t.split(".")) for t in tables))
+
+    @dg.sensor(name="tidemark_planner", minimum_interval_seconds=interval_s, target=targets,
+               default_status=dg.DefaultSensorStatus.RUNNING,
+               description="Plans the next block of every topic and requests its run when delay, "
+                           "depends_on and repeat allow; the skip reason says why topics wait.")
+    def planner(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        from platform_assets.engine import Engine
+
+        engine = Engine(settings, lineage)
+        requests: list[dg.RunRequest] = []
+        adds: dict[str, list[str]] = {}
+        waits: list[str] = []
+        now = dt.datetime.now(dt.UTC).timestamp()
+        try:
+            for topic in lineage.topics.values():
+                name, table = topic.name, topic.spec.destination
+                key = dg.AssetKey(table.split("."))
+                try:
+                    if topic.spec.processor is Processor.RELOAD:
+                        rec = engine.ensure_offsets(topic)
+                        decision, _ = engine.decide(topic, rec)
+                        if decision.ready:
+                            requests.append(dg.RunRequest(run_key=f"{name}:reload:{rec.seq + 1}", asset_selection=[key],
+                                                          tags={TOPIC_TAG: name}))
+                        else:
+                            waits.append(f"{name}: {decision.reason}")
+                        continue
+                    planned = engine.plan_block(name)
+                except TopicLockedError as exc:
+                    waits.append(f"{name}: running ({exc.holder})")
+                    continue
+                except TidemarkError as exc:
+                    waits.append(f"{name}: error: {exc}")
+                    continue
+                if planned.block is None:
+                    waits.append(f"{name}: {planned.reason}")
+                    continue
+                pkey = block_key(name, planned.block.seq, qualified=len(tables[table]) > 1)
+                pname = partitions_name(table)
+                if not context.instance.has_dynamic_partition(pname, pkey):
+                    adds.setdefault(pname, []).append(pkey)
+                tag = f"{name}@{planned.block.seq}"
+                past = [PastRun(r.dagster_run.status, r.end_time) for r in
+                        context.instance.get_run_records(dg.RunsFilter(tags={BLOCK_TAG: tag}), limit=50)]
+                launch, attempt, why = launch_decision(past, now, max_attempts=max_attempts, backoff_s=backoff_s)
+                if launch:
+                    requests.append(dg.RunRequest(run_key=f"{tag}#{attempt}", partition_key=pkey, asset_selection=[key],
+                                                  tags={BLOCK_TAG: tag, TOPIC_TAG: name}))
+                else:
+                    waits.append(f"{name} block {planned.block.seq}: {why}")
+        finally:
+            engine.close()
+        return dg.SensorResult(
+            run_requests=requests,
+            dynamic_partitions_requests=[dg.AddDynamicPartitionsRequest(n, keys) for n, keys in adds.items()],
+            skip_reason=None if requests else "; ".join(waits) or "no topics",
+        )
+
+    return planner

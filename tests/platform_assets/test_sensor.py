@@ -1,0 +1,102 @@
+"""The planner sensor and block-partitioned assets on a real Dagster instance (and real Spark
+for the materialization)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import dagster as dg
+import pytest
+from deltalake import DeltaTable
+
+from lineage.partitions import partitions_name
+from platform_assets.definitions import build_definitions
+from platform_assets.sensors import PastRun, launch_decision
+from resources.offset_sql import open_offset_store
+from tests.platform_assets.shop import make_events, write_lineage, write_rows, write_users
+
+S = dg.DagsterRunStatus
+
+
+def test_launch_decision_retries_with_backoff_and_gives_up():
+    assert launch_decision([], 1000.0, max_attempts=3, backoff_s=60) == (True, 1, "new block")
+    assert launch_decision([PastRun(S.STARTED, None)], 1000.0, max_attempts=3, backoff_s=60)[0] is False
+    failed = [PastRun(S.FAILURE, 1000.0)]
+    launch, attempt, why = launch_decision(failed, 1030.0, max_attempts=3, backoff_s=60)
+    assert (launch, attempt) == (False, 2) and "backoff" in why
+    assert launch_decision(failed, 1061.0, max_attempts=3, backoff_s=60) == (True, 2, "retry")
+    two = [PastRun(S.FAILURE, 1000.0), PastRun(S.FAILURE, 1100.0)]
+    assert launch_decision(two, 1150.0, max_attempts=3, backoff_s=60)[0] is False  # second backoff is 120 s
+    assert launch_decision(two, 1221.0, max_attempts=3, backoff_s=60) == (True, 3, "retry")
+    three = [*two, PastRun(S.CANCELED, 1300.0)]
+    launch, attempt, why = launch_decision(three, 9999.0, max_attempts=3, backoff_s=60)
+    assert not launch and "gave up after 3 failed attempts" in why
+
+
+def _tick(sensor, instance, defs):
+    # As the daemon does: with an instance ref, partitions added in the same tick resolve.
+    ctx = dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(), definitions=defs)
+    return sensor.evaluate_tick(ctx)
+
+
+def _defs(settings, tmp_path, **kw):
+    s = settings.with_(lineage=write_lineage(tmp_path, **kw))
+    return s, build_definitions(s)
+
+
+def test_sensor_waits_with_the_planners_reason_then_adds_partition_and_requests_run(settings, tmp_path):
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    s, defs = _defs(settings, tmp_path, delay="1h", maxstep=30)
+    write_users(s)
+    write_rows(s, "stage.events", make_events(50, start=now - dt.timedelta(minutes=30), distinct_pos=50))
+    sensor = defs.get_sensor_def("tidemark_planner")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    with dg.instance_for_test() as instance:
+        data = _tick(sensor, instance, defs)
+        assert not data.run_requests
+        assert "fact.events: delay 1h: newest eligible row at" in data.skip_message
+
+    s, defs = _defs(settings, tmp_path / "ready", maxstep=30)
+    write_users(s)
+    write_rows(s, "stage.events", make_events(50, distinct_pos=50))
+    sensor = defs.get_sensor_def("tidemark_planner")
+    with dg.instance_for_test() as instance:
+        data = _tick(sensor, instance, defs)
+        (req,) = data.run_requests
+        assert req.partition_key == "00000001" and req.run_key == "fact.events@1#1"
+        assert req.asset_selection == [dg.AssetKey(["fact", "events"])]
+        (add,) = data.dynamic_partitions_requests
+        assert add.partitions_def_name == partitions_name("fact.events") and list(add.partition_keys) == ["00000001"]
+        rec = open_offset_store(s.offsets_url).get("fact.events")
+        assert rec.pending and rec.seq == 1 and rec.owner == ""  # next fixed before anything is written
+        # The next tick sees the same pending block: same key and run key (Dagster dedups it).
+        instance.add_dynamic_partitions(add.partitions_def_name, ["00000001"])
+        again = _tick(sensor, instance, defs)
+        assert [r.run_key for r in again.run_requests] == ["fact.events@1#1"] and not again.dynamic_partitions_requests
+
+
+@pytest.mark.spark
+def test_materializing_a_block_partition_writes_exactly_that_block(spark, settings, tmp_path):
+    s, defs = _defs(settings, tmp_path, maxstep=30)
+    write_users(s)
+    write_rows(s, "stage.events", make_events(50, distinct_pos=50))
+    sensor = defs.get_sensor_def("tidemark_planner")
+    asset = defs.resolve_assets_def(dg.AssetKey(["fact", "events"]))
+    with dg.instance_for_test() as instance:
+        data = _tick(sensor, instance, defs)
+        instance.add_dynamic_partitions(partitions_name("fact.events"), ["00000001"])
+        result = dg.materialize([asset], partition_key="00000001", instance=instance)
+        assert result.success
+        (mat,) = result.asset_materializations_for_node(asset.node_def.name)
+        meta = {k: v.value for k, v in mat.metadata.items()}
+        assert meta["block"] == 1 and meta["base_rows"] == 30 and meta["delta_version"] == 0
+        assert meta["last"].startswith("0001-01-01") and data.run_requests[0].partition_key == "00000001"
+        rec = open_offset_store(s.offsets_url).get("fact.events")
+        assert not rec.pending and rec.seq == 1
+        assert meta["next"] == rec.last.to_text()
+        # Materializing the committed block again changes nothing.
+        again = dg.materialize([asset], partition_key="00000001", instance=instance)
+        (mat2,) = again.asset_materializations_for_node(asset.node_def.name)
+        assert "already committed" in mat2.metadata["note"].value
+        assert DeltaTable(s.table_path("fact.events")).version() == 0
+        assert spark.active() is not None  # the test's shared session was not stopped by the run
