@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from lineage.checks import ChecksSpec
 from lineage.durations import parse_duration
 
 TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
@@ -117,6 +118,7 @@ class TopicSpec(_Strict):
     after: list[str] = Field(default_factory=list, description="SQL statements run after the write")
     comment: str = ""
     owner: str | None = None
+    checks: ChecksSpec = Field(default_factory=lambda: ChecksSpec.model_validate({}), description="thresholds for the per-block asset checks")
 
     @property
     def name(self) -> str:

@@ -6,7 +6,8 @@
   whose keys name the block (``00000012``). A materialization processes exactly the planned
   ``(last, next]`` of that block, and redoing a committed block is a no-op. Tables built by
   reload topics are unpartitioned;
-* the ``tidemark_planner`` sensor plans blocks and requests their runs;
+* the ``tidemark_planner`` sensor plans blocks and requests their runs; ``tidemark_alerts``
+  sends one alert per failed run or failed check (webhook + log file);
 * a concurrency pool per table (``tidemark/<table>``; ``dagster.yaml`` limits each to 1).
 
 Nothing heavy happens at import: the lineage loader is pure Python, and Spark starts only
@@ -15,13 +16,16 @@ inside a materialization.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import dagster as dg
 
+from lineage.checks import CHECK_NAMES, ChecksSpec, Severity, evaluate_block
 from lineage.loader import load_lineage
 from lineage.partitions import parse_block_key, partitions_name
 from lineage.spec import Lineage, Processor
+from platform_assets.alerts import RESOURCE_KEY, AlertNotifierResource, build_alert_sensor
 from platform_assets.sensors import build_planner_sensor
 from resources.settings import Settings
 
@@ -47,22 +51,49 @@ def _block_metadata(r: Any) -> dict[str, Any]:
     return meta
 
 
-def _step_compute(settings: Settings, lineage: Lineage, topics: list[str]) -> Any:
+def _meta_value(v: Any) -> Any:
+    if isinstance(v, dt.datetime):
+        return v.isoformat()
+    if isinstance(v, dict):
+        return dg.MetadataValue.json(v)
+    return v
+
+
+def _check_results(key: dg.AssetKey, spec: ChecksSpec, stats: dict[str, Any]) -> list[dg.AssetCheckResult]:
+    severity = {Severity.WARN: dg.AssetCheckSeverity.WARN, Severity.ERROR: dg.AssetCheckSeverity.ERROR}
+    return [
+        dg.AssetCheckResult(asset_key=key, check_name=o.name, passed=o.passed, severity=severity[o.severity],
+                            description=o.description,
+                            metadata={k: _meta_value(v) for k, v in o.metadata.items() if v is not None})
+        for o in evaluate_block(spec, stats)
+    ]
+
+
+def _step_compute(settings: Settings, lineage: Lineage, table: str, topics: list[str]) -> Any:
+    key = asset_key(table)
+
     def compute(context):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 - Dagster inspects the signature
         from platform_assets.engine import Engine
+        from resources.meta_tables import read_etl_log
 
         topic, seq = parse_block_key(context.partition_key)
         topic = topic or topics[0]
+        spec = lineage.topic(topic).spec
         engine = Engine(settings, lineage)
         try:
             r = engine.run_block(topic, seq)
         finally:
             engine.close()
-        if not r.processed:
+        if not r.processed:  # committed earlier: report that block's logged figures again
             context.log.info(f"{topic}: {r.reason}")
-            return dg.MaterializeResult(metadata={"topic": topic, "block": seq, "note": r.reason})
+            logged = next((row for row in read_etl_log(settings, topic, limit=100_000) if row["seq"] == seq), None)
+            stats = {**logged, "nulls": dict(logged["nulls"] or [])} if logged else {}
+            return dg.MaterializeResult(metadata={"topic": topic, "block": seq, "note": r.reason},
+                                        check_results=_check_results(key, spec.checks, stats) if logged else None)
         context.log.info(f"{topic}: block {seq} wrote {r.rows} rows (Delta version {r.delta_version})")
-        return dg.MaterializeResult(metadata={"topic": topic, **_block_metadata(r)})
+        stats = {**r.stats, "base_rows": r.base_rows}
+        return dg.MaterializeResult(metadata={"topic": topic, **_block_metadata(r)},
+                                    check_results=_check_results(key, spec.checks, stats))
 
     return compute
 
@@ -108,8 +139,17 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
                       "location": settings.table_path(table)},
             partitions_def=dg.DynamicPartitionsDefinition(name=partitions_name(table)) if step else None,
             pool=f"tidemark/{table}",
-        )(_step_compute(settings, lineage, topics) if step else _reload_compute(settings, lineage, topics[0])))
-    return dg.Definitions(assets=[*sources, *assets], sensors=[build_planner_sensor(settings, lineage)])
+            check_specs=[
+                dg.AssetCheckSpec(name, asset=asset_key(table), blocking=specs[0].checks.blocking,
+                                  description=f"block {name}: the etl.log figures of each block against the spec's thresholds")
+                for name in CHECK_NAMES
+            ] if step else None,
+        )(_step_compute(settings, lineage, table, topics) if step else _reload_compute(settings, lineage, topics[0])))
+    return dg.Definitions(
+        assets=[*sources, *assets],
+        sensors=[build_planner_sensor(settings, lineage), build_alert_sensor()],
+        resources={RESOURCE_KEY: AlertNotifierResource(log_path=str(settings.home / "alerts.log"))},
+    )
 
 
 defs = build_definitions()

@@ -54,15 +54,27 @@ def launch_decision(runs: Sequence[PastRun], now: float, *, max_attempts: int, b
     return True, attempt, "retry" if failures else "new block"
 
 
+def job_name(table: str) -> str:
+    return "tidemark__" + table.replace(".", "__")
+
+
+def table_jobs(tables: list[str]) -> dict[str, dg.UnresolvedAssetJobDefinition]:
+    """An asset job per destination table (the unit a block or reload run materializes)."""
+    return {t: dg.define_asset_job(job_name(t), selection=dg.AssetSelection.assets(dg.AssetKey(t.split("."))))
+            for t in tables}
+
+
 def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: int = 3, backoff_s: float = 60.0,
                          interval_s: int = 30) -> dg.SensorDefinition:
     tables: dict[str, list[str]] = {}
     for t in lineage.topics.values():
         tables.setdefault(t.spec.destination, []).append(t.name)
 
-    targets = dg.AssetSelection.assets(*(dg.AssetKey(t.split(".")) for t in tables))
+    # One job per table: a sensor may target several jobs, but one asset job cannot mix the
+    # tables' different block partitions.
+    jobs = table_jobs(list(tables))
 
-    @dg.sensor(name="tidemark_planner", minimum_interval_seconds=interval_s, target=targets,
+    @dg.sensor(name="tidemark_planner", minimum_interval_seconds=interval_s, jobs=list(jobs.values()),
                default_status=dg.DefaultSensorStatus.RUNNING,
                description="Plans the next block of every topic and requests its run when delay, "
                            "depends_on and repeat allow; the skip reason says why topics wait.")
@@ -77,13 +89,12 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         try:
             for topic in lineage.topics.values():
                 name, table = topic.name, topic.spec.destination
-                key = dg.AssetKey(table.split("."))
                 try:
                     if topic.spec.processor is Processor.RELOAD:
                         rec = engine.ensure_offsets(topic)
                         decision, _ = engine.decide(topic, rec)
                         if decision.ready:
-                            requests.append(dg.RunRequest(run_key=f"{name}:reload:{rec.seq + 1}", asset_selection=[key],
+                            requests.append(dg.RunRequest(run_key=f"{name}:reload:{rec.seq + 1}", job_name=jobs[table].name,
                                                           tags={TOPIC_TAG: name}))
                         else:
                             waits.append(f"{name}: {decision.reason}")
@@ -107,7 +118,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                         context.instance.get_run_records(dg.RunsFilter(tags={BLOCK_TAG: tag}), limit=50)]
                 launch, attempt, why = launch_decision(past, now, max_attempts=max_attempts, backoff_s=backoff_s)
                 if launch:
-                    requests.append(dg.RunRequest(run_key=f"{tag}#{attempt}", partition_key=pkey, asset_selection=[key],
+                    requests.append(dg.RunRequest(run_key=f"{tag}#{attempt}", partition_key=pkey, job_name=jobs[table].name,
                                                   tags={BLOCK_TAG: tag, TOPIC_TAG: name}))
                 else:
                     waits.append(f"{name} block {planned.block.seq}: {why}")

@@ -27,6 +27,13 @@ def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
     assert {p.to_user_string() for p in items.parent_keys} == {"stage/order_items", "fact/orders"}
     assert items.group_name == "fact" and items.pools == {"tidemark/fact.order_items"}
     assert not graph.get(dg.AssetKey(["stage", "orders"])).is_materializable
+    # Every job and sensor target resolves (a sensor over differently partitioned tables once did not).
+    dg.Definitions.validate_loadable(defs)
+    jobs = {j.name for j in defs.get_repository_def().get_all_jobs()}
+    assert {"tidemark__fact__orders", "tidemark__dim__customers"} <= jobs
+    assert {s.name for s in defs.sensors} >= {"tidemark_planner", "tidemark_alerts"}
+    checks = {k.name for k in graph.asset_check_keys if k.asset_key == dg.AssetKey(["fact", "orders"])}
+    assert checks == {"rows", "lag", "nulls"}
 
 
 def test_bad_lineage_fails_with_the_validators_message(tmp_path):

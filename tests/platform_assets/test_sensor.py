@@ -64,7 +64,7 @@ def test_sensor_waits_with_the_planners_reason_then_adds_partition_and_requests_
         data = _tick(sensor, instance, defs)
         (req,) = data.run_requests
         assert req.partition_key == "00000001" and req.run_key == "fact.events@1#1"
-        assert req.asset_selection == [dg.AssetKey(["fact", "events"])]
+        assert req.job_name == "tidemark__fact__events"
         (add,) = data.dynamic_partitions_requests
         assert add.partitions_def_name == partitions_name("fact.events") and list(add.partition_keys) == ["00000001"]
         rec = open_offset_store(s.offsets_url).get("fact.events")
@@ -100,3 +100,29 @@ def test_materializing_a_block_partition_writes_exactly_that_block(spark, settin
         assert "already committed" in mat2.metadata["note"].value
         assert DeltaTable(s.table_path("fact.events")).version() == 0
         assert spark.active() is not None  # the test's shared session was not stopped by the run
+
+
+@pytest.mark.spark
+def test_block_checks_record_etl_log_figures_and_fail_with_the_spec_severity(spark, settings, tmp_path):
+    s = settings.with_(lineage=write_lineage(tmp_path, maxstep=100))
+    yaml_path = s.lineage / "events.yaml"
+    yaml_path.write_text(yaml_path.read_text() + "    checks: {max_null_share: {country: 0.05}, max_lag: 1d, severity: error}\n")
+    defs = build_definitions(s)
+    write_users(s, n=10)  # users 10..25 have no country: far more than 5% nulls
+    write_rows(s, "stage.events", make_events(60, distinct_pos=60))
+    asset = defs.resolve_assets_def(dg.AssetKey(["fact", "events"]))
+    with dg.instance_for_test() as instance:
+        _tick(defs.get_sensor_def("tidemark_planner"), instance, defs)
+        instance.add_dynamic_partitions(partitions_name("fact.events"), ["00000001"])
+        result = dg.materialize([asset], partition_key="00000001", instance=instance, raise_on_error=False)
+        evals = {e.check_name: e for e in result.get_asset_check_evaluations()}
+        assert set(evals) == {"rows", "lag", "nulls"}
+        assert evals["rows"].passed and not evals["nulls"].passed and not evals["lag"].passed
+        assert evals["nulls"].severity == dg.AssetCheckSeverity.ERROR
+        assert evals["nulls"].description.startswith("too many nulls: country")
+        meta = {k: v.value for k, v in evals["rows"].metadata.items()}
+        assert meta["rows"] > 0 and meta["base_rows"] == 60 and meta["max_id"] == 60 and meta["nulls"]["country"] > 0
+        # Re-materializing the committed block reports the same logged figures again.
+        again = dg.materialize([asset], partition_key="00000001", instance=instance, raise_on_error=False)
+        evals2 = {e.check_name: e for e in again.get_asset_check_evaluations()}
+        assert evals2["nulls"].passed is False and evals2["rows"].metadata["rows"].value == meta["rows"]

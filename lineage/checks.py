@@ -1,0 +1,90 @@
+"""Block checks: the seed's ETL.Log figures of a block judged against thresholds from the
+lineage spec. Pure: the Dagster asset checks call :func:`evaluate_block`."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from lineage.durations import format_duration, parse_duration
+
+
+class Severity(StrEnum):
+    WARN = "warn"
+    ERROR = "error"
+
+
+class ChecksSpec(BaseModel):
+    """``checks:`` of a topic. Every block is judged by three checks: ``rows``, ``lag``, ``nulls``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    require_rows: bool = Field(True, description="a block whose base rows were > 0 must write rows")
+    max_lag: dt.timedelta | None = Field(None, description="the block's oldest row may be at most this old when written")
+    max_null_share: dict[str, float] = Field(default_factory=dict, description="column -> highest allowed share of nulls (0..1)")
+    severity: Severity = Field(Severity.WARN, description="severity of a failed check: warn or error")
+    blocking: bool = Field(False, description="a failed check stops downstream assets of the run")
+
+    @field_validator("max_lag", mode="before")
+    @classmethod
+    def _lag(cls, v: Any) -> Any:
+        return None if v in (None, "") else v if isinstance(v, dt.timedelta) else parse_duration(v)
+
+    @field_validator("max_null_share")
+    @classmethod
+    def _shares(cls, v: dict[str, float]) -> dict[str, float]:
+        for col, share in v.items():
+            if not 0 <= share <= 1:
+                raise ValueError(f"max_null_share of '{col}' is {share}; a share is between 0 and 1")
+        return v
+
+
+CHECK_NAMES = ("rows", "lag", "nulls")
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    name: str
+    passed: bool
+    severity: Severity
+    description: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def evaluate_block(spec: ChecksSpec, stats: dict[str, Any]) -> list[CheckOutcome]:
+    """Judge one block. ``stats`` holds the etl.log figures: rows, base_rows, max_id, min_ts,
+    max_ts, max_lag (seconds), nulls (column -> count)."""
+    rows = int(stats.get("rows") or 0)
+    base_rows = int(stats.get("base_rows") or 0)
+    nulls: dict[str, int] = dict(stats.get("nulls") or {})
+    figures = {k: stats.get(k) for k in ("rows", "base_rows", "max_id", "min_ts", "max_ts", "max_lag")}
+    figures["nulls"] = nulls
+    out = []
+
+    ok = not (spec.require_rows and base_rows > 0 and rows == 0)
+    out.append(CheckOutcome("rows", ok, spec.severity,
+                            f"{rows} rows written from {base_rows} base rows" + ("" if ok else ": the block wrote nothing"),
+                            figures))
+
+    lag = stats.get("max_lag")
+    if spec.max_lag is None or lag is None:
+        out.append(CheckOutcome("lag", True, spec.severity, f"max_lag {lag} s (no threshold)", figures))
+    else:
+        limit = spec.max_lag.total_seconds()
+        ok = float(lag) <= limit
+        out.append(CheckOutcome("lag", ok, spec.severity,
+                                f"max_lag {float(lag):.0f} s {'<=' if ok else '>'} {format_duration(spec.max_lag)}", figures))
+
+    bad = []
+    for col, share in sorted(spec.max_null_share.items()):
+        n = nulls.get(col, 0)
+        actual = n / rows if rows else 0.0
+        if actual > share:
+            bad.append(f"{col} {actual:.1%} > {share:.1%}")
+    desc = "null shares within limits" if not bad else "too many nulls: " + ", ".join(bad)
+    out.append(CheckOutcome("nulls", not bad, spec.severity, desc, figures))
+    return out

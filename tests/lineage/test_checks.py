@@ -1,0 +1,49 @@
+import datetime as dt
+
+import pytest
+from pydantic import ValidationError
+
+from lineage.checks import ChecksSpec, Severity, evaluate_block
+
+STATS = {"rows": 100, "base_rows": 120, "max_id": 7, "min_ts": None, "max_ts": None, "max_lag": 90.0,
+         "nulls": {"country": 12}}
+
+
+def _by_name(outcomes):
+    return {o.name: o for o in outcomes}
+
+
+def test_defaults_pass_a_healthy_block_and_carry_the_figures():
+    out = _by_name(evaluate_block(ChecksSpec(), STATS))
+    assert [o.passed for o in out.values()] == [True, True, True]
+    assert out["rows"].metadata["nulls"] == {"country": 12} and out["rows"].metadata["max_id"] == 7
+    assert out["rows"].severity is Severity.WARN
+
+
+def test_empty_output_from_a_nonempty_block_fails_rows():
+    out = _by_name(evaluate_block(ChecksSpec(severity="error"), {**STATS, "rows": 0}))
+    assert not out["rows"].passed and out["rows"].severity is Severity.ERROR
+    assert "wrote nothing" in out["rows"].description
+    assert _by_name(evaluate_block(ChecksSpec(), {**STATS, "rows": 0, "base_rows": 0}))["rows"].passed
+    assert _by_name(evaluate_block(ChecksSpec(require_rows=False), {**STATS, "rows": 0}))["rows"].passed
+
+
+def test_lag_threshold():
+    spec = ChecksSpec.model_validate({"max_lag": "1m"})
+    assert spec.max_lag == dt.timedelta(minutes=1)
+    lag = _by_name(evaluate_block(spec, STATS))["lag"]
+    assert not lag.passed and lag.description == "max_lag 90 s > 1m"
+    assert _by_name(evaluate_block(spec, {**STATS, "max_lag": 60.0}))["lag"].passed
+
+
+def test_null_share_threshold_per_column():
+    spec = ChecksSpec(max_null_share={"country": 0.1, "segment": 0.5})
+    nulls = _by_name(evaluate_block(spec, STATS))["nulls"]
+    assert not nulls.passed and nulls.description == "too many nulls: country 12.0% > 10.0%"
+    assert _by_name(evaluate_block(ChecksSpec(max_null_share={"country": 0.12}), STATS))["nulls"].passed
+
+
+@pytest.mark.parametrize("bad", [{"max_null_share": {"x": 1.5}}, {"severity": "fatal"}, {"max_lag": "soon"}, {"nope": 1}])
+def test_bad_check_specs_are_rejected(bad):
+    with pytest.raises(ValidationError):
+        ChecksSpec.model_validate(bad)
