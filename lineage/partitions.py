@@ -31,3 +31,23 @@ def parse_block_key(key: str) -> tuple[str | None, int]:
 def partitions_name(table: str) -> str:
     """Name of the dynamic partitions definition of a destination table."""
     return "tidemark_blocks__" + table.replace(".", "__")
+
+
+def expired_block_keys(keys: list[str], keep: int) -> list[str]:
+    """The keys beyond the newest ``keep`` blocks of each topic (retention of block
+    partitions; the history stays in etl.log and the materialization events). Keys that are
+    not block keys are left alone."""
+    if keep < 1:
+        raise TidemarkError(f"partition retention must keep at least 1 block, got {keep}")
+    by_topic: dict[str | None, list[tuple[int, str]]] = {}
+    for key in keys:
+        try:
+            topic, seq = parse_block_key(key)
+        except TidemarkError:
+            continue
+        by_topic.setdefault(topic, []).append((seq, key))
+    out: list[str] = []
+    for items in by_topic.values():
+        items.sort()
+        out.extend(key for _, key in items[:-keep])
+    return out

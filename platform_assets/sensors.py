@@ -13,13 +13,14 @@ Dagster never relaunches a run key it has seen.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import dagster as dg
 
 from lineage.errors import TidemarkError, TopicLockedError
-from lineage.partitions import block_key, partitions_name
+from lineage.partitions import block_key, expired_block_keys, partitions_name
 from lineage.spec import Lineage, Processor
 from resources.settings import Settings
 
@@ -65,7 +66,10 @@ def table_jobs(tables: list[str]) -> dict[str, dg.UnresolvedAssetJobDefinition]:
 
 
 def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: int = 3, backoff_s: float = 60.0,
-                         interval_s: int = 30) -> dg.SensorDefinition:
+                         interval_s: int = 30, retention: int | None = None) -> dg.SensorDefinition:
+    """``retention``: block partitions kept per topic (default ``$TIDEMARK_PARTITION_RETENTION``
+    or 1000); older keys are deleted (Dagster recommends at most ~100k partitions per asset)."""
+    keep = retention or int(os.environ.get("TIDEMARK_PARTITION_RETENTION", "1000"))
     tables: dict[str, list[str]] = {}
     for t in lineage.topics.values():
         tables.setdefault(t.spec.destination, []).append(t.name)
@@ -84,6 +88,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         engine = Engine(settings, lineage)
         requests: list[dg.RunRequest] = []
         adds: dict[str, list[str]] = {}
+        deletes: dict[str, list[str]] = {}
         waits: list[str] = []
         now = dt.datetime.now(dt.UTC).timestamp()
         try:
@@ -111,8 +116,12 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                     continue
                 pkey = block_key(name, planned.block.seq, qualified=len(tables[table]) > 1)
                 pname = partitions_name(table)
-                if not context.instance.has_dynamic_partition(pname, pkey):
+                existing = list(context.instance.get_dynamic_partitions(pname))
+                if pkey not in existing:
                     adds.setdefault(pname, []).append(pkey)
+                expired = [k for k in expired_block_keys([*existing, pkey], keep) if k != pkey]
+                if expired:
+                    deletes.setdefault(pname, []).extend(expired)
                 tag = f"{name}@{planned.block.seq}"
                 past = [PastRun(r.dagster_run.status, r.end_time) for r in
                         context.instance.get_run_records(dg.RunsFilter(tags={BLOCK_TAG: tag}), limit=50)]
@@ -126,7 +135,10 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
             engine.close()
         return dg.SensorResult(
             run_requests=requests,
-            dynamic_partitions_requests=[dg.AddDynamicPartitionsRequest(n, keys) for n, keys in adds.items()],
+            dynamic_partitions_requests=[
+                *(dg.AddDynamicPartitionsRequest(n, keys) for n, keys in adds.items()),
+                *(dg.DeleteDynamicPartitionsRequest(n, keys) for n, keys in deletes.items()),
+            ],
             skip_reason=None if requests else "; ".join(waits) or "no topics",
         )
 

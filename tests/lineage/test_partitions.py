@@ -23,3 +23,15 @@ def test_seq_starts_at_one_and_names_are_per_table():
     with pytest.raises(TidemarkError, match="start at 1"):
         block_key("t.x", 0, qualified=False)
     assert partitions_name("fact.order_items") == "tidemark_blocks__fact__order_items"
+
+
+def test_retention_keeps_the_newest_blocks_of_each_topic():
+    from lineage.partitions import expired_block_keys
+
+    keys = [block_key("t.x", s, qualified=False) for s in (3, 1, 2, 5, 4)] + ["manual-key"]
+    assert expired_block_keys(keys, 2) == ["00000001", "00000002", "00000003"]
+    assert expired_block_keys(keys, 10) == []
+    q = [block_key("t.x#a", 1, qualified=True), block_key("t.x#a", 2, qualified=True), block_key("t.x#b", 1, qualified=True)]
+    assert expired_block_keys(q, 1) == ["t.x#a@00000001"]
+    with pytest.raises(TidemarkError, match="at least 1"):
+        expired_block_keys(keys, 0)

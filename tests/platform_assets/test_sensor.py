@@ -9,11 +9,13 @@ import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
+from lineage.loader import load_lineage
 from lineage.partitions import partitions_name
+from lineage.positions import Position
 from platform_assets.definitions import build_definitions
 from platform_assets.sensors import PastRun, launch_decision
 from resources.offset_sql import open_offset_store
-from tests.platform_assets.shop import make_events, write_lineage, write_rows, write_users
+from tests.platform_assets.shop import T0, make_events, write_lineage, write_rows, write_users
 
 S = dg.DagsterRunStatus
 
@@ -126,3 +128,30 @@ def test_block_checks_record_etl_log_figures_and_fail_with_the_spec_severity(spa
         again = dg.materialize([asset], partition_key="00000001", instance=instance, raise_on_error=False)
         evals2 = {e.check_name: e for e in again.get_asset_check_evaluations()}
         assert evals2["nulls"].passed is False and evals2["rows"].metadata["rows"].value == meta["rows"]
+
+
+def test_sensor_deletes_block_partitions_beyond_retention(settings, tmp_path):
+    from platform_assets.sensors import build_planner_sensor
+
+    s = settings.with_(lineage=write_lineage(tmp_path, maxstep=30))
+    write_users(s)
+    write_rows(s, "stage.events", make_events(50, distinct_pos=50))
+    defs = build_definitions(s)
+    sensor = build_planner_sensor(s, load_lineage(s.lineage), retention=2)
+    name = partitions_name("fact.events")
+    store = open_offset_store(s.offsets_url)
+    store.init("fact.events", Position.zero(), "step", who="test")
+    store.acquire("fact.events", "test")
+    last = Position.zero()
+    for seq in (1, 2, 3):  # three committed blocks before the data's first row
+        nxt = Position(T0 - dt.timedelta(seconds=4 - seq), seq)
+        store.plan("fact.events", "test", last=last, next=nxt, seq=seq, source_version=None)
+        store.commit("fact.events", "test", seq=seq, last=last, next=nxt, rows=0)
+        last = nxt
+    store.release("fact.events", "test")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(name, ["00000001", "00000002", "00000003"])
+        data = _tick(sensor, instance, defs)
+        assert [r.partition_key for r in data.run_requests] == ["00000004"]
+        deletes = [r for r in data.dynamic_partitions_requests if isinstance(r, dg.DeleteDynamicPartitionsRequest)]
+        assert [list(d.partition_keys) for d in deletes] == [["00000001", "00000002"]]  # keeps 3 and the new 4
