@@ -359,6 +359,13 @@ class Engine:
         topic = self.lineage.topic(name)
         if topic.spec.processor is not Processor.STEP:
             raise ProcessingError(f"topic '{name}' is a {topic.spec.processor.value} topic: only step topics have blocks")
+        # Read-only look first: a topic that waits (the common case on a sensor tick) costs no
+        # lock and no write; the decision is made again under the lock before planning.
+        rec = self.ensure_offsets(topic)
+        if not rec.pending and not rec.owner:
+            decision, _ = self.decide(topic, rec)
+            if not decision.ready:
+                return Planned(None, decision.reason)
         with self.locked(topic, record_failure=False) as rec:
             return self._plan_locked(topic, rec)
 

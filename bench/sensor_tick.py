@@ -1,0 +1,98 @@
+"""How long one tick of the planner sensor takes for N topics (the issue's target: 200 topics
+well inside Dagster's 60 s sensor limit, aim < 2 s). No JVM is involved.
+
+    .venv/bin/python bench/sensor_tick.py [--topics 200] [--rows 2000] [--repeat 3]
+
+Builds N step topics, each over its own small Delta base table, in a temporary home and a
+temporary Dagster instance. It times three kinds of tick:
+  plan   - every topic has new rows: the tick plans N blocks, adds N partitions, requests N runs;
+  steady - the same blocks are pending: the tick re-requests them (Dagster deduplicates run keys);
+  idle   - the blocks were committed and nothing new arrived: every topic waits ("no new rows").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+from deltalake import write_deltalake
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lineage.loader import load_lineage  # noqa: E402
+from platform_assets.definitions import build_definitions  # noqa: E402
+from platform_assets.sensors import build_planner_sensor  # noqa: E402
+from resources.offset_sql import open_offset_store  # noqa: E402
+from resources.settings import Settings  # noqa: E402
+
+
+def build(home: Path, topics: int, rows: int) -> Settings:
+    lin = home / "lineage"
+    lin.mkdir(parents=True)
+    (home / "t.sql").write_text("SELECT pos, id, v FROM block")
+    lines = ["sources:"] + [f"  - table: stage.s{i}" for i in range(topics)] + ["topics:"]
+    for i in range(topics):
+        lines += [f"  - table: fact.f{i}", f"    depends_on: [stage.s{i}]", "    transforms: [../t.sql]", "    maxstep: 100000"]
+    (lin / "bench.yaml").write_text("\n".join(lines) + "\n")
+    settings = Settings.from_env({}, home=home, lineage=lin)
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    data = pa.table({"pos": pa.array([t0 + dt.timedelta(seconds=i // 3) for i in range(rows)], pa.timestamp("us", tz="UTC")),
+                     "id": pa.array(range(1, rows + 1), pa.int64()), "v": pa.array(range(rows), pa.int64())})
+    for i in range(topics):
+        write_deltalake(settings.table_path(f"stage.s{i}"), data, mode="append")
+    return settings
+
+
+def tick(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, defs: dg.Definitions) -> tuple[float, dg.SensorResult]:
+    ctx = dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(), definitions=defs)
+    t = time.perf_counter()
+    data = sensor.evaluate_tick(ctx)
+    return time.perf_counter() - t, data
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--topics", type=int, default=200)
+    ap.add_argument("--rows", type=int, default=2000, help="rows per base table")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test() as instance:
+        t = time.perf_counter()
+        settings = build(Path(tmp), args.topics, args.rows)
+        print(f"setup: {args.topics} topics x {args.rows} rows in {time.perf_counter() - t:.1f}s")
+        defs = build_definitions(settings)
+        sensor = build_planner_sensor(settings, load_lineage(settings.lineage))
+        plan_s, data = tick(sensor, instance, defs)
+        assert len(data.run_requests) == args.topics, data.skip_message
+        for req in data.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        steady = [tick(sensor, instance, defs)[0] for _ in range(args.repeat)]
+        # Commit every pending block in the store (as finished runs would), then tick idle.
+        store = open_offset_store(settings.offsets_url)
+        for rec in store.list():
+            if rec.pending:
+                store.acquire(rec.topic, "bench")
+                store.commit(rec.topic, "bench", seq=rec.seq, last=rec.last, next=rec.next, rows=0)  # type: ignore[arg-type]
+                store.release(rec.topic, "bench")
+        idle_runs = [tick(sensor, instance, defs) for _ in range(args.repeat)]
+        assert not idle_runs[-1][1].run_requests
+        idle = [s for s, _ in idle_runs]
+        print(f"\n{'tick':<8}| {'topics':>6} | {'seconds (median)':>16} | {'ms per topic':>12}")
+        print("-" * 52)
+        for name, secs in (("plan", [plan_s]), ("steady", steady), ("idle", idle)):
+            med = statistics.median(secs)
+            print(f"{name:<8}| {args.topics:>6} | {med:>16.2f} | {1000 * med / args.topics:>12.1f}")
+        worst = max(plan_s, *steady, *idle)
+        print(f"\nslowest tick {worst:.2f}s for {args.topics} topics (target < 2 s; Dagster's limit 60 s): "
+              f"{'PASS' if worst < 2 else 'MISS'}")
+
+
+if __name__ == "__main__":
+    main()
