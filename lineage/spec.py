@@ -136,6 +136,14 @@ class TopicSpec(_Strict):
     def base(self) -> str:
         return self.depends_on[0]
 
+    def freshness_windows(self) -> tuple[dt.timedelta, dt.timedelta]:
+        """``(warn, fail)`` windows for the asset's freshness: a topic is expected to land a
+        block every ``delay + repeat`` plus the sensor's tick (30 s) and a run (≈ 2 min); warn
+        after twice that (at least 10 minutes), fail after four times."""
+        expected = self.delay + self.repeat + dt.timedelta(seconds=150)
+        warn = max(2 * expected, dt.timedelta(minutes=10))
+        return warn, 2 * warn
+
     @field_validator("table")
     @classmethod
     def _topic(cls, v: str) -> str:

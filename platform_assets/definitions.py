@@ -113,6 +113,16 @@ def _reload_compute(settings: Settings, lineage: Lineage, topic: str) -> Any:
     return compute
 
 
+def _owner(owner: str) -> str:
+    """Dagster owners are e-mail addresses or ``team:name``."""
+    return owner if "@" in owner or owner.startswith("team:") else f"team:{owner}"
+
+
+def _freshness(specs: list[Any]) -> dg.FreshnessPolicy:
+    warn, fail = max(sp.freshness_windows() for sp in specs)
+    return dg.FreshnessPolicy.time_window(fail_window=fail, warn_window=warn)
+
+
 def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     settings = settings or Settings.from_env()
     lineage = load_lineage(settings.lineage)
@@ -139,6 +149,8 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
                       "location": settings.table_path(table)},
             partitions_def=dg.DynamicPartitionsDefinition(name=partitions_name(table)) if step else None,
             pool=f"tidemark/{table}",
+            owners=sorted({_owner(sp.owner) for sp in specs if sp.owner}) or None,
+            freshness_policy=_freshness(specs) if step else None,
             check_specs=[
                 dg.AssetCheckSpec(name, asset=asset_key(table), blocking=specs[0].checks.blocking,
                                   description=f"block {name}: the etl.log figures of each block against the spec's thresholds")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 import time
@@ -15,6 +16,10 @@ from platform_assets.definitions import build_definitions
 from resources.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _td(value) -> dt.timedelta:  # Dagster stores a SerializableTimeDelta
+    return dt.timedelta(days=value.days, seconds=value.seconds, microseconds=value.microseconds)
 
 
 def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
@@ -34,6 +39,21 @@ def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
     assert {s.name for s in defs.sensors} >= {"tidemark_planner", "tidemark_alerts"}
     checks = {k.name for k in graph.asset_check_keys if k.asset_key == dg.AssetKey(["fact", "orders"])}
     assert checks == {"rows", "lag", "nulls"}
+    items_def = defs.resolve_assets_def(dg.AssetKey(["fact", "order_items"]))
+    policy = items_def.specs_by_key[dg.AssetKey(["fact", "order_items"])].freshness_policy
+    assert _td(policy.warn_window) == dt.timedelta(minutes=10) and _td(policy.fail_window) == dt.timedelta(minutes=20)
+
+
+def test_owner_and_freshness_follow_the_spec(tmp_path):
+    (tmp_path / "t.sql").write_text("SELECT * FROM block")
+    (tmp_path / "x.yaml").write_text(
+        "sources:\n  - table: stage.a\ntopics:\n  - table: fact.a\n    depends_on: [stage.a]\n    transforms: [t.sql]\n"
+        "    delay: 1h\n    repeat: 30m\n    owner: data-eng\n")
+    defs = build_definitions(Settings.from_env({}, home=tmp_path, lineage=tmp_path))
+    spec = defs.resolve_assets_def(dg.AssetKey(["fact", "a"])).specs_by_key[dg.AssetKey(["fact", "a"])]
+    assert spec.owners == ["team:data-eng"]
+    expected = dt.timedelta(hours=1, minutes=30, seconds=150)
+    assert _td(spec.freshness_policy.warn_window) == 2 * expected and _td(spec.freshness_policy.fail_window) == 4 * expected
 
 
 def test_bad_lineage_fails_with_the_validators_message(tmp_path):
