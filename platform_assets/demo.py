@@ -61,6 +61,11 @@ class ShopFeeder:
                               "customer_id": next_customer + i, "name": f"customer {next_customer + i}",
                               "country": rng.choice(COUNTRIES), "segment": rng.choice(SEGMENTS)})
         known_customers = max(1, next_customer - 1 + new_customers)
+        # The CRM feed is live: a customer changes at the batch's newest instant, so the
+        # customer dimension is fresh up to the orders that reference it (fact.orders waits
+        # for dim.customers to be fresh up to each block's end).
+        customers.append({"pos": end, "id": cust_id + new_customers, "customer_id": rng.randint(1, known_customers),
+                          "name": "updated", "country": rng.choice(COUNTRIES), "segment": rng.choice(SEGMENTS)})
         span = (end - start).total_seconds()
         # Bursts: timestamps are drawn at 1-second granularity, so many orders share one.
         stamps = sorted(start + dt.timedelta(seconds=int(rng.random() * span)) for _ in range(orders))
@@ -89,5 +94,5 @@ class ShopFeeder:
                                                           ("customer_id", pa.int64()), ("status", pa.string())]))
         self._write("stage.order_items", item_rows, pa.schema([("pos", _TS), ("id", pa.int64()), ("order_id", pa.int64()),
                                                               ("sku", pa.string()), ("qty", pa.int32()), ("price", pa.float64())]))
-        return {"customers": len(customers), "orders": orders - late, "order_items": len(item_rows),
+        return {"customers": new_customers, "customer_changes": len(customers) - new_customers, "orders": orders - late, "order_items": len(item_rows),
                 "null_pos_orders": bad_rows, "late_orders": late}

@@ -27,3 +27,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e ".[dev]"
   touch "$stamp"
 fi
+
+# A headless browser for the Dagster UI tests (tests/ui): Debian's chromium and its matching
+# chromedriver (/usr/bin/chromium, /usr/bin/chromedriver). Selenium is pointed at them
+# explicitly, so nothing is downloaded at test time.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "setup: installing Debian packages: chromium chromium-driver (browser for the UI tests)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
