@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what Tidemark needs on a fresh Debian machine, idempotently:
-#   - Debian packages: Java 17 (Spark 4), PostgreSQL (offset store / tests), python3-venv
+#   - Debian packages: Java 17 (Spark 4), PostgreSQL (offset store / tests), python3-venv,
+#     and with --with-browser Chromium + chromedriver (UI tests)
 #   - a virtualenv in .venv with tidemark and its dev tools
 # Delta's jars come from Maven Central through Spark on first use (cached in ~/.ivy2.5.2).
 set -euo pipefail
@@ -10,6 +11,12 @@ need=()
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
+# --with-browser (the test script): Debian's chromium and its matching chromedriver for the
+# Dagster UI tests; Selenium is pointed at /usr/bin/chromium{,driver}, nothing is downloaded.
+if [ "${1:-}" = "--with-browser" ]; then
+  [ -x /usr/bin/chromium ] || need+=(chromium)
+  [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   echo "setup: installing Debian packages: ${need[*]}"
@@ -26,14 +33,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e ".[dev]"
   touch "$stamp"
-fi
-
-# A headless browser for the Dagster UI tests (tests/ui): Debian's chromium and its matching
-# chromedriver (/usr/bin/chromium, /usr/bin/chromedriver). Selenium is pointed at them
-# explicitly, so nothing is downloaded at test time.
-if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  echo "setup: installing Debian packages: chromium chromium-driver (browser for the UI tests)"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
 fi

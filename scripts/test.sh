@@ -4,7 +4,7 @@
 # Pass pytest arguments through, e.g.  ./scripts/test.sh -m "not slow"
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh --with-browser
 .venv/bin/ruff check lineage resources platform_assets tests bench
 .venv/bin/mypy lineage resources platform_assets
 exec .venv/bin/pytest "$@"
