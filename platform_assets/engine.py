@@ -333,14 +333,18 @@ class Engine:
                 added += quarantine_rows(self.settings, topic.name, base, late, self.clock(), after_version=rec.source_version)
         return added
 
-    def _plan_locked(self, topic: Topic, rec: OffsetRecord) -> Planned:
-        """With the topic's lock held: the pending block, or plan the next one (JVM-free)."""
+    def _plan_locked(self, topic: Topic, rec: OffsetRecord, decided: tuple[OffsetRecord, Decision] | None = None) -> Planned:
+        """With the topic's lock held: the pending block, or plan the next one (JVM-free).
+        ``decided``: a decision made just before taking the lock, reused if the record is unchanged."""
         spec = topic.spec
         if rec.pending:
             block = Block(topic.name, rec.seq, rec.last, rec.next)  # type: ignore[arg-type]
             return Planned(block, f"retry block {rec.seq}", retry=True, source_version=rec.source_version)
         bad_rows = self._quarantine(topic, rec)
-        decision, _ = self.decide(topic, rec)
+        if decided is not None and (decided[0].last, decided[0].seq, decided[0].next) == (rec.last, rec.seq, rec.next):
+            decision = decided[1]
+        else:
+            decision, _ = self.decide(topic, rec)
         if not decision.ready:
             return Planned(None, decision.reason, bad_rows=bad_rows)
         found = self.block_end(topic, rec, decision)
@@ -362,12 +366,14 @@ class Engine:
         # Read-only look first: a topic that waits (the common case on a sensor tick) costs no
         # lock and no write; the decision is made again under the lock before planning.
         rec = self.ensure_offsets(topic)
+        decided = None
         if not rec.pending and not rec.owner:
             decision, _ = self.decide(topic, rec)
             if not decision.ready:
                 return Planned(None, decision.reason)
-        with self.locked(topic, record_failure=False) as rec:
-            return self._plan_locked(topic, rec)
+            decided = (rec, decision)
+        with self.locked(topic, record_failure=False) as locked_rec:
+            return self._plan_locked(topic, locked_rec, decided)
 
     def run_block(self, name: str, seq: int) -> StepResult:
         """Process block ``seq`` of topic ``name``: the pending block, exactly as planned. A block

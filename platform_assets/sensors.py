@@ -89,6 +89,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         requests: list[dg.RunRequest] = []
         adds: dict[str, list[str]] = {}
         deletes: dict[str, list[str]] = {}
+        blocks: list[tuple[str, str, int, str]] = []  # (topic, table, seq, partition key)
         waits: list[str] = []
         now = dt.datetime.now(dt.UTC).timestamp()
         try:
@@ -114,25 +115,34 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                 if planned.block is None:
                     waits.append(f"{name}: {planned.reason}")
                     continue
-                pkey = block_key(name, planned.block.seq, qualified=len(tables[table]) > 1)
+                seq = planned.block.seq
+                pkey = block_key(name, seq, qualified=len(tables[table]) > 1)
                 pname = partitions_name(table)
-                existing = list(context.instance.get_dynamic_partitions(pname))
-                if pkey not in existing:
-                    adds.setdefault(pname, []).append(pkey)
-                expired = [k for k in expired_block_keys([*existing, pkey], keep) if k != pkey]
-                if expired:
-                    deletes.setdefault(pname, []).extend(expired)
-                tag = f"{name}@{planned.block.seq}"
-                past = [PastRun(r.dagster_run.status, r.end_time) for r in
-                        context.instance.get_run_records(dg.RunsFilter(tags={BLOCK_TAG: tag}), limit=50)]
-                launch, attempt, why = launch_decision(past, now, max_attempts=max_attempts, backoff_s=backoff_s)
-                if launch:
-                    requests.append(dg.RunRequest(run_key=f"{tag}#{attempt}", partition_key=pkey, job_name=jobs[table].name,
-                                                  tags={BLOCK_TAG: tag, TOPIC_TAG: name}))
+                if seq > keep:  # only then can retention have anything to delete
+                    existing = list(context.instance.get_dynamic_partitions(pname))
+                    deletes.setdefault(pname, []).extend(k for k in expired_block_keys([*existing, pkey], keep) if k != pkey)
+                    present = pkey in existing
                 else:
-                    waits.append(f"{name} block {planned.block.seq}: {why}")
+                    present = context.instance.has_dynamic_partition(pname, pkey)
+                if not present:
+                    adds.setdefault(pname, []).append(pkey)
+                blocks.append((name, table, seq, pkey))
         finally:
             engine.close()
+        # One query for the past runs of every planned block (not one per topic).
+        tags = [f"{name}@{seq}" for name, _, seq, _ in blocks]
+        past: dict[str, list[PastRun]] = {}
+        if tags:
+            for r in context.instance.get_run_records(dg.RunsFilter(tags={BLOCK_TAG: tags}), limit=50 * len(tags)):
+                past.setdefault(r.dagster_run.tags.get(BLOCK_TAG, ""), []).append(PastRun(r.dagster_run.status, r.end_time))
+        for (name, table, seq, pkey), tag in zip(blocks, tags, strict=True):
+            launch, attempt, why = launch_decision(past.get(tag, []), now, max_attempts=max_attempts, backoff_s=backoff_s)
+            if launch:
+                requests.append(dg.RunRequest(run_key=f"{tag}#{attempt}", partition_key=pkey, job_name=jobs[table].name,
+                                              tags={BLOCK_TAG: tag, TOPIC_TAG: name}))
+            else:
+                waits.append(f"{name} block {seq}: {why}")
+        deletes = {n: keys for n, keys in deletes.items() if keys}
         return dg.SensorResult(
             run_requests=requests,
             dynamic_partitions_requests=[
