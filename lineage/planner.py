@@ -98,7 +98,7 @@ def plan_topic(
 
 def lag_seconds(last: Position, source_max: Position | None) -> float:
     """How far a topic is behind its base table, in seconds of ``pos`` (0 when caught up)."""
-    if source_max is None or last.is_zero() and source_max is None:
+    if source_max is None:
         return 0.0
     if last.is_zero():
         return float("inf")
