@@ -161,6 +161,9 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
         assets=[*sources, *assets],
         sensors=[build_planner_sensor(settings, lineage), build_alert_sensor()],
         resources={RESOURCE_KEY: AlertNotifierResource(log_path=str(settings.home / "alerts.log"))},
+        # A block run is one step: run it in the run's own process, with one SparkSession that
+        # is stopped when the run ends (no step subprocesses each starting a JVM).
+        executor=dg.in_process_executor,
     )
 
 

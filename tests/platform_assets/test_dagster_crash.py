@@ -1,0 +1,69 @@
+"""Exactly-once through Dagster runs: a `dagster asset materialize` of a block partition is
+killed with SIGKILL after its Delta commit and before the offset commit; materializing the
+same partition again lands the block once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from lineage.partitions import partitions_name
+from platform_assets.engine import data_app_id
+from resources.meta_tables import read_etl_log
+from resources.offset_sql import open_offset_store
+from tests.platform_assets.shop import make_events, write_lineage, write_rows, write_users
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _dagster(settings, dagster_home: Path, *args: str, crash: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_HOME": str(settings.home), "TIDEMARK_LINEAGE": str(settings.lineage),
+           "TIDEMARK_SPARK_MASTER": "local[2]", "TIDEMARK_DRIVER_MEMORY": "1g", "DAGSTER_HOME": str(dagster_home)}
+    if crash:
+        env["TIDEMARK_CRASH_AT"] = crash
+    return subprocess.run([str(Path(sys.executable).parent / "dagster"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=400)
+
+
+def test_killed_block_run_retried_through_dagster_lands_once(spark, settings, tmp_path):
+    s = settings.with_(lineage=write_lineage(tmp_path, maxstep=40))
+    write_users(s)
+    write_rows(s, "stage.events", make_events(100, distinct_pos=100, seed=21))
+    dagster_home = tmp_path / "dagster"
+    dagster_home.mkdir()
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    # Plan block 1 and add its partition, as the sensor or `tidemark plan` would.
+    plan = subprocess.run([sys.executable, "-m", "platform_assets.cli", "--home", str(s.home), "--lineage", str(s.lineage),
+                           "plan", "fact.events"], cwd=ROOT, env={**os.environ, "DAGSTER_HOME": str(dagster_home)},
+                          capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    key = plan.stdout.split()[-1]
+    assert key == "00000001"
+
+    args = ("asset", "materialize", "-m", "platform_assets.definitions", "--select", "fact/events", "--partition", key)
+    killed = _dagster(s, dagster_home, *args, crash="written")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    dest = s.table_path("fact.events")
+    store = open_offset_store(s.offsets_url)
+    rec = store.get("fact.events")
+    assert rec.pending and rec.seq == 1  # the offset did not move ...
+    assert DeltaTable(dest).transaction_version(data_app_id("fact.events")) == 1  # ... but the data landed
+
+    retried = _dagster(s, dagster_home, *args)
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    assert "RUN_SUCCESS" in retried.stderr + retried.stdout
+    rec = store.get("fact.events")
+    assert not rec.pending and rec.seq == 1 and rec.owner == ""
+    assert DeltaTable(dest).version() == 0  # one data commit: the retry did not write again
+    ids = [r.id for r in spark.read.format("delta").load(dest).select("id").collect()]
+    assert len(ids) == len(set(ids))
+    (log,) = read_etl_log(s, "fact.events")
+    assert log["seq"] == 1 and log["base_rows"] == 40
+    assert partitions_name("fact.events") == "tidemark_blocks__fact__events"
+    assert any(h.action == "steal" for h in store.history("fact.events"))  # the killed run's lock was taken over
