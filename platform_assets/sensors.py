@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import dagster as dg
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
+from lineage.checks import CHECK_NAMES
 from lineage.errors import TidemarkError, TopicLockedError
 from lineage.partitions import block_key, expired_block_keys, partitions_name
 from lineage.spec import Lineage, Processor
@@ -65,6 +67,24 @@ def table_jobs(tables: list[str]) -> dict[str, dg.UnresolvedAssetJobDefinition]:
             for t in tables}
 
 
+def _blocked_tables(instance: dg.DagsterInstance, lineage: Lineage) -> dict[str, str]:
+    """Tables whose latest evaluation of a *blocking* check failed: their downstream topics
+    wait until a later block of theirs passes. One query for every blocking check."""
+    keys = {
+        dg.AssetCheckKey(dg.AssetKey(t.spec.destination.split(".")), name): t.spec.destination
+        for t in lineage.topics.values() if t.spec.checks.blocking for name in CHECK_NAMES
+    }
+    if not keys:
+        return {}
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(list(keys))
+    out: dict[str, str] = {}
+    for key, record in latest.items():
+        if record.status == AssetCheckExecutionRecordStatus.FAILED:
+            table = keys[key]
+            out[table] = (out[table] + ", " if table in out else "") + f"check '{key.name}' failed"
+    return out
+
+
 def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: int = 3, backoff_s: float = 60.0,
                          interval_s: int = 30, retention: int | None = None) -> dg.SensorDefinition:
     """``retention``: block partitions kept per topic (default ``$TIDEMARK_PARTITION_RETENTION``
@@ -86,6 +106,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         from platform_assets.engine import Engine
 
         engine = Engine(settings, lineage)
+        blocked = _blocked_tables(context.instance, lineage)
         requests: list[dg.RunRequest] = []
         adds: dict[str, list[str]] = {}
         deletes: dict[str, list[str]] = {}
@@ -95,6 +116,10 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         try:
             for topic in lineage.topics.values():
                 name, table = topic.name, topic.spec.destination
+                held = [f"{d} ({blocked[d]})" for d in topic.spec.depends_on if d in blocked]
+                if held:
+                    waits.append(f"{name}: blocked by a failed blocking check of {', '.join(held)}")
+                    continue
                 try:
                     if topic.spec.processor is Processor.RELOAD:
                         rec = engine.ensure_offsets(topic)
@@ -143,6 +168,8 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
             else:
                 waits.append(f"{name} block {seq}: {why}")
         deletes = {n: keys for n, keys in deletes.items() if keys}
+        for reason in waits:  # the skip reason shows only on ticks that request nothing
+            context.log.info(f"waits: {reason}")
         return dg.SensorResult(
             run_requests=requests,
             dynamic_partitions_requests=[

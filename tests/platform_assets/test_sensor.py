@@ -155,3 +155,33 @@ def test_sensor_deletes_block_partitions_beyond_retention(settings, tmp_path):
         assert [r.partition_key for r in data.run_requests] == ["00000004"]
         deletes = [r for r in data.dynamic_partitions_requests if isinstance(r, dg.DeleteDynamicPartitionsRequest)]
         assert [list(d.partition_keys) for d in deletes] == [["00000001", "00000002"]]  # keeps 3 and the new 4
+
+
+@pytest.mark.spark
+def test_a_failed_blocking_check_holds_back_downstream_topics(spark, settings, tmp_path):
+    down = """
+      - table: fact.down
+        depends_on: [fact.events]
+        transforms: [../sql/down.sql]
+    """
+    (tmp_path / "sql").mkdir(exist_ok=True)
+    (tmp_path / "sql" / "down.sql").write_text("SELECT pos, id, country FROM block")
+    s = settings.with_(lineage=write_lineage(tmp_path, maxstep=100, extra_topic=down))
+    yaml_path = s.lineage / "events.yaml"
+    text = yaml_path.read_text().replace(
+        "    after: ''\n", "    after: ''\n    checks: {max_null_share: {country: 0.05}, blocking: true}\n", 1)
+    yaml_path.write_text(text)
+    defs = build_definitions(s)
+    write_users(s, n=10)  # most users have no country: the blocking nulls check fails
+    write_rows(s, "stage.events", make_events(60, distinct_pos=60))
+    sensor = defs.get_sensor_def("tidemark_planner")
+    asset = defs.resolve_assets_def(dg.AssetKey(["fact", "events"]))
+    with dg.instance_for_test() as instance:
+        first = _tick(sensor, instance, defs)
+        assert [r.job_name for r in first.run_requests] == ["tidemark__fact__events"]
+        instance.add_dynamic_partitions(partitions_name("fact.events"), ["00000001"])
+        result = dg.materialize([asset], partition_key="00000001", instance=instance, raise_on_error=False)
+        assert any(not e.passed for e in result.get_asset_check_evaluations())
+        data = _tick(sensor, instance, defs)
+        assert not [r for r in data.run_requests if r.job_name == "tidemark__fact__down"]
+        assert "fact.down: blocked by a failed blocking check of fact.events (check 'nulls' failed)" in data.skip_message
