@@ -406,6 +406,7 @@ class Engine:
         dest = self.path(spec.destination)
         app_id = data_app_id(topic.name)
         landed = delta_meta.find_txn_commit(dest, app_id, block.seq) if retry else None
+        recovered = landed is not None  # written before a crash: only the offset must catch up
         if landed is None:
             self.register_tables()
             block_df = self._block_df(spec.base, block, planned.source_version)
@@ -434,12 +435,12 @@ class Engine:
             self.register_tables()
             self._block_df(spec.base, block, planned.source_version)
             self._run_sql(topic, "after", block)
-        note = f"rows={landed.rows} delta_version={landed.version}" + (" (recovered after crash)" if retry else "")
+        note = f"rows={landed.rows} delta_version={landed.version}" + (" (recovered after crash)" if recovered else "")
         self.store.commit(topic.name, self.owner, seq=block.seq, last=block.last, next=block.next, rows=landed.rows, note=note)
         crashpoint("committed")
         return StepResult(topic.name, True, f"block {block.seq}", block=block, rows=landed.rows, base_rows=base_rows,
                           bad_rows=bad_rows, delta_version=landed.version, duration_s=time.monotonic() - started,
-                          recovered=retry, stats=_stats_dict(entry))
+                          recovered=recovered, stats=_stats_dict(entry))
 
     def _reload(self, topic: Topic, rec: OffsetRecord) -> StepResult:
         spec = topic.spec

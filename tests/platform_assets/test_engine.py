@@ -312,6 +312,7 @@ def test_plan_block_without_spark_then_run_exactly_that_block(spark, settings, t
         eng.run_block("fact.events", 2)
     r = eng.run_block("fact.events", 1)
     assert r.processed and r.block == p1.block and r.base_rows == 40
+    assert not r.recovered  # planned ahead, but nothing had landed: a normal first write
     again = eng.run_block("fact.events", 1)
     assert not again.processed and "already committed" in again.reason
     assert eng.store.get("fact.events").owner == ""

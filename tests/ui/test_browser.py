@@ -111,3 +111,35 @@ def test_materialized_dim_customers_shows_on_asset_page(dagster_dev: DagsterDev,
     _wait_for(driver, f"the materialization of run {run_id[:8]}", lambda t: f"Materialized in run {run_id[:8]}" in t)
     _settle()
     driver.save_screenshot(str(artifacts / "dim_customers_events.png"))
+
+
+def _cli(dev: DagsterDev, *args: str, timeout: float = 240) -> str:
+    done = subprocess.run(list(args), cwd=ROOT, env=dev.env, capture_output=True, text=True, timeout=timeout)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{' '.join(args[:4])} failed ({done.returncode}):\n{output[-5000:]}"
+    return done.stdout
+
+
+def test_a_materialized_block_and_its_checks_show_on_the_asset_page(dagster_dev: DagsterDev, driver: Any,
+                                                                     artifacts: Path) -> None:
+    # fact.orders waits for dim.customers to be fresh: rebuild it first (a no-op if it is).
+    _cli(dagster_dev, str(VENV_BIN / "dagster"), "asset", "materialize", "-m", "platform_assets.definitions",
+         "--select", "dim/customers")
+    # The documented path: plan the next block (adds its partition), then materialize it.
+    key = _cli(dagster_dev, str(VENV_BIN / "tidemark"), "plan", "fact.orders", timeout=120).split()[-1]
+    assert re.fullmatch(r"\d{8}", key), key
+    _cli(dagster_dev, str(VENV_BIN / "dagster"), "asset", "materialize", "-m", "platform_assets.definitions",
+         "--select", "fact/orders", "--partition", key)
+
+    _open(driver, dagster_dev, "/assets/fact/orders?view=events")
+    _wait_for(driver, f"the materialization of block partition {key}", lambda t: f"Partition {key} materialized in run" in t, timeout=90)
+    _settle()
+    driver.save_screenshot(str(artifacts / "fact_orders_block_events.png"))
+
+    _open(driver, dagster_dev, "/assets/fact/orders?view=checks")
+    text = _wait_for(driver, "the block checks rows, lag and nulls with results",
+                     lambda t: all(c in t.split("\n") for c in ("rows", "lag", "nulls")) and ("Passed" in t or "Failed" in t),
+                     timeout=90)
+    _settle()
+    driver.save_screenshot(str(artifacts / "fact_orders_checks.png"))
+    assert "Passed" in text
