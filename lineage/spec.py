@@ -276,6 +276,21 @@ class Lineage:
     def producers(self, table: str) -> list[Topic]:
         return [t for t in self.topics.values() if t.spec.destination == table]
 
+    def destinations(self) -> dict[str, list[str]]:
+        """Every destination table with the names of the topics that build it, in topic order."""
+        out: dict[str, list[str]] = {}
+        for t in self.topics.values():
+            out.setdefault(t.spec.destination, []).append(t.name)
+        return out
+
+    def block_key(self, topic: str, seq: int) -> str:
+        """The Dagster partition key of block ``seq`` of ``topic``: topic-qualified only when
+        several topics build the same table (the one place this rule lives)."""
+        from lineage.partitions import block_key
+
+        table = self.topic(topic).spec.destination
+        return block_key(topic, seq, qualified=len(self.producers(table)) > 1)
+
     def tables(self) -> list[str]:
         """Every table the lineage names: sources first, then destinations."""
         out = list(self.sources)

@@ -148,7 +148,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     create dynamic partitions); prints the key to pass to ``dagster asset materialize``."""
     from dagster import DagsterInstance
 
-    from lineage.partitions import block_key, partitions_name
+    from lineage.partitions import partitions_name
 
     eng = _engine(args)
     topic = eng.lineage.topic(args.topic)
@@ -156,12 +156,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if planned.block is None:
         print(f"{topic.name}: no block to plan: {planned.reason}")
         return 3
-    table = topic.spec.destination
-    key = block_key(topic.name, planned.block.seq, qualified=len(eng.lineage.producers(table)) > 1)
+    name = partitions_name(topic.spec.destination)
+    key = eng.lineage.block_key(topic.name, planned.block.seq)
     os.environ["DAGSTER_HOME"] = str(eng.settings.dagster_home())
     instance = DagsterInstance.get()
-    if not instance.has_dynamic_partition(partitions_name(table), key):
-        instance.add_dynamic_partitions(partitions_name(table), [key])
+    if not instance.has_dynamic_partition(name, key):
+        instance.add_dynamic_partitions(name, [key])
     b = planned.block
     print(f"{topic.name}: {'pending' if planned.retry else 'planned'} block {b.seq} ({_cell(b.last)} .. {_cell(b.next)})")
     print(key)

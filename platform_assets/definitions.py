@@ -131,11 +131,8 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
                      description=s.spec.comment or f"source table {s.name}")
         for s in lineage.sources.values()
     ]
-    by_table: dict[str, list[str]] = {}
-    for t in lineage.topics.values():
-        by_table.setdefault(t.spec.destination, []).append(t.name)
     assets = []
-    for table, topics in by_table.items():
+    for table, topics in lineage.destinations().items():
         specs = [lineage.topic(n).spec for n in topics]
         step = specs[0].processor is Processor.STEP
         deps = sorted({d for sp in specs for d in sp.depends_on})

@@ -534,7 +534,8 @@ class Engine:
         return LogEntry(
             topic=topic.name, ts=self.clock(), rows=stats.rows,
             max_id=int(max_id) if isinstance(max_id, int | float) else None,
-            min_ts=_parse_stat_ts(stats.min_values.get("pos")), max_ts=_parse_stat_ts(stats.max_values.get("pos")),
+            min_ts=delta_meta.parse_stat_ts(stats.min_values.get("pos")),
+            max_ts=delta_meta.parse_stat_ts(stats.max_values.get("pos")),
             nulls={k: v for k, v in sorted(stats.null_counts.items()) if v}, run_id=self.run_id,
             processor=topic.spec.processor.value, seq=seq, last=last, next=next_,
             base_rows=base_rows, bad_rows=bad_rows, delta_version=stats.version, duration_s=round(duration, 3),
@@ -544,15 +545,6 @@ class Engine:
 def _stats_dict(entry: LogEntry) -> dict[str, Any]:
     return {"rows": entry.rows, "max_id": entry.max_id, "min_ts": entry.min_ts, "max_ts": entry.max_ts,
             "max_lag": entry.max_lag, "nulls": entry.nulls, "delta_version": entry.delta_version}
-
-
-def _parse_stat_ts(value: Any) -> dt.datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(dt.UTC).replace(tzinfo=None)
-    except ValueError:
-        return None
 
 
 def _spark_ts(value: dt.datetime) -> str:

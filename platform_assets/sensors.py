@@ -22,7 +22,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from lineage.checks import CHECK_NAMES
 from lineage.errors import TidemarkError, TopicLockedError
-from lineage.partitions import block_key, expired_block_keys, partitions_name
+from lineage.partitions import expired_block_keys, partitions_name
 from lineage.spec import Lineage, Processor
 from resources.settings import Settings
 
@@ -90,13 +90,10 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
     """``retention``: block partitions kept per topic (default ``$TIDEMARK_PARTITION_RETENTION``
     or 1000); older keys are deleted (Dagster recommends at most ~100k partitions per asset)."""
     keep = retention or int(os.environ.get("TIDEMARK_PARTITION_RETENTION", "1000"))
-    tables: dict[str, list[str]] = {}
-    for t in lineage.topics.values():
-        tables.setdefault(t.spec.destination, []).append(t.name)
 
     # One job per table: a sensor may target several jobs, but one asset job cannot mix the
     # tables' different block partitions.
-    jobs = table_jobs(list(tables))
+    jobs = table_jobs(list(lineage.destinations()))
 
     @dg.sensor(name="tidemark_planner", minimum_interval_seconds=interval_s, jobs=list(jobs.values()),
                default_status=dg.DefaultSensorStatus.RUNNING,
@@ -141,7 +138,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                     waits.append(f"{name}: {planned.reason}")
                     continue
                 seq = planned.block.seq
-                pkey = block_key(name, seq, qualified=len(tables[table]) > 1)
+                pkey = lineage.block_key(name, seq)
                 pname = partitions_name(table)
                 if seq > keep:  # only then can retention have anything to delete
                     existing = list(context.instance.get_dynamic_partitions(pname))

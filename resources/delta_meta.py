@@ -89,10 +89,11 @@ def table_mark(path: str, *, positions: bool = True) -> TableMark:
     return TableMark(Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py())), version)
 
 
-def _rows_after(path: str, last: Position, cutoff: dt.datetime, version: int | None = None) -> pa.Table | None:
-    """``pos``/``id`` of the rows after ``last`` with ``pos <= cutoff``, in position order, at
-    ``version`` (default: the newest). Reads only the files whose statistics overlap
-    ``[last.pos, cutoff]``."""
+def _rows_after(path: str, last: Position, cutoff: dt.datetime,
+                version: int | None = None) -> tuple[pa.Table, int] | None:
+    """``pos``/``id`` of the rows after ``last`` with ``pos <= cutoff``, in position order, and
+    the table version read (``version``, default the newest). Reads only the files whose
+    statistics overlap ``[last.pos, cutoff]``."""
     table = open_table(path, version)
     if table is None:
         return None
@@ -104,7 +105,7 @@ def _rows_after(path: str, last: Position, cutoff: dt.datetime, version: int | N
     lp, cp = pa.scalar(last.pos, pos_type), pa.scalar(cutoff, pos_type)
     after_last = (pc.field("pos") > lp) | ((pc.field("pos") == lp) & (pc.field("id") > pa.scalar(last.id, pa.int64())))
     rows = ds.to_table(columns=["pos", "id"], filter=after_last & (pc.field("pos") <= cp))
-    return rows.sort_by([("pos", "ascending"), ("id", "ascending")]).replace_schema_metadata({"version": str(table.version())})
+    return rows.sort_by([("pos", "ascending"), ("id", "ascending")]), table.version()
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,11 @@ def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int)
 
     The cost follows the new data, not the table's history (see :func:`_rows_after`).
     """
-    rows = _rows_after(path, last, cutoff)
-    version = int(rows.schema.metadata[b"version"]) if rows is not None else None
-    if rows is None or rows.num_rows == 0:
+    found = _rows_after(path, last, cutoff)
+    if found is None:
+        return BlockEnd(None, 0, None)
+    rows, version = found
+    if rows.num_rows == 0:
         return BlockEnd(None, 0, version)
     take = min(maxstep, rows.num_rows)
     end = Position(_ts(rows["pos"][take - 1].as_py()) or last.pos, int(rows["id"][take - 1].as_py()))
@@ -140,9 +143,10 @@ def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int)
 
 def count_block(path: str, last: Position, next_: Position, version: int | None = None) -> int:
     """Rows of the base table at ``path`` (at ``version``) inside ``(last, next]``."""
-    rows = _rows_after(path, last, next_.pos, version)
-    if rows is None or rows.num_rows == 0:
+    found = _rows_after(path, last, next_.pos, version)
+    if found is None or found[0].num_rows == 0:
         return 0
+    rows = found[0]
     at_end = pc.and_(pc.equal(rows["pos"], pa.scalar(next_.pos, rows.schema.field("pos").type)),
                      pc.greater(rows["id"], pa.scalar(next_.id, pa.int64())))
     return rows.num_rows - int(pc.sum(at_end).as_py() or 0)
@@ -185,7 +189,7 @@ def late_rows(path: str, after_version: int, last: Position) -> pa.Table:
             if not add or not add.get("dataChange", True):
                 continue  # compaction rewrites rows, it does not add them
             low = (json.loads(add.get("stats") or "{}").get("minValues") or {}).get("pos")
-            low_ts = _parse_iso(low) if isinstance(low, str) else None
+            low_ts = parse_stat_ts(low)
             if low_ts is None or low_ts <= limit:
                 files.append(_join(path, unquote(add["path"])))
     if not files:
@@ -206,9 +210,13 @@ def _join(path: str, name: str) -> str:
     return root.rstrip("/") + "/" + name
 
 
-def _parse_iso(text: str) -> dt.datetime | None:
+def parse_stat_ts(value: Any) -> dt.datetime | None:
+    """A timestamp from Delta statistics (``2026-01-01T00:00:00.000Z``) as naive UTC; None if
+    it is not one."""
+    if not isinstance(value, str):
+        return None
     try:
-        return to_naive_utc(dt.datetime.fromisoformat(text.replace("Z", "+00:00")))
+        return to_naive_utc(dt.datetime.fromisoformat(value.replace("Z", "+00:00")))
     except ValueError:
         return None
 
