@@ -6,6 +6,9 @@
   whose keys name the block (``00000012``). A materialization processes exactly the planned
   ``(last, next]`` of that block, and redoing a committed block is a no-op. Tables built by
   reload topics are unpartitioned;
+* an asset's compute takes its topic's lock and prepares the block's output; the offset IO
+  manager (``resources/io_manager.py``) writes it exactly once, commits the offsets and records
+  the block's figures; the compute then reports the block's checks;
 * the ``tidemark_planner`` sensor plans blocks and requests their runs; ``tidemark_alerts``
   sends one alert per failed run or failed check (webhook + log file);
 * a concurrency pool per table (``tidemark/<table>``; ``dagster.yaml`` limits each to 1).
@@ -22,33 +25,18 @@ from typing import Any
 import dagster as dg
 
 from lineage.checks import CHECK_NAMES, ChecksSpec, Severity, evaluate_block
+from lineage.errors import ProcessingError
 from lineage.loader import load_lineage
 from lineage.partitions import parse_block_key, partitions_name
 from lineage.spec import Lineage, Processor
 from platform_assets.alerts import RESOURCE_KEY, AlertNotifierResource, build_alert_sensor
 from platform_assets.sensors import build_planner_sensor
+from resources.io_manager import IO_MANAGER_KEY, OffsetIOManager
 from resources.settings import Settings
 
 
 def asset_key(table: str) -> dg.AssetKey:
     return dg.AssetKey(table.split(".", 1))
-
-
-def _block_metadata(r: Any) -> dict[str, Any]:
-    stats = r.stats or {}
-    meta: dict[str, Any] = {
-        "rows": r.rows, "base_rows": r.base_rows, "bad_rows": r.bad_rows,
-        "delta_version": r.delta_version, "duration_s": round(r.duration_s, 3),
-        "recovered": r.recovered,
-    }
-    if r.block is not None:
-        meta.update({"block": r.block.seq, "last": r.block.last.to_text(), "next": r.block.next.to_text()})
-    for k in ("min_ts", "max_ts"):
-        if stats.get(k) is not None:
-            meta[k.replace("ts", "pos")] = stats[k].isoformat()
-    if stats.get("max_lag") is not None:
-        meta["lag_s"] = float(stats["max_lag"])
-    return meta
 
 
 def _meta_value(v: Any) -> Any:
@@ -60,6 +48,7 @@ def _meta_value(v: Any) -> Any:
 
 
 def _check_results(key: dg.AssetKey, spec: ChecksSpec, stats: dict[str, Any]) -> list[dg.AssetCheckResult]:
+    """The block's checks: its etl.log figures against the spec's thresholds."""
     severity = {Severity.WARN: dg.AssetCheckSeverity.WARN, Severity.ERROR: dg.AssetCheckSeverity.ERROR}
     return [
         dg.AssetCheckResult(asset_key=key, check_name=o.name, passed=o.passed, severity=severity[o.severity],
@@ -69,46 +58,38 @@ def _check_results(key: dg.AssetKey, spec: ChecksSpec, stats: dict[str, Any]) ->
     ]
 
 
-def _step_compute(settings: Settings, lineage: Lineage, table: str, topics: list[str]) -> Any:
+def _step_compute(lineage: Lineage, table: str, topics: list[str]) -> Any:
     key = asset_key(table)
 
     def compute(context):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 - Dagster inspects the signature
-        from platform_assets.engine import Engine
+        from platform_assets.engine import StepResult
         from resources.meta_tables import read_etl_log
 
         topic, seq = parse_block_key(context.partition_key)
         topic = topic or topics[0]
         spec = lineage.topic(topic).spec
-        engine = Engine(settings, lineage)
-        try:
-            r = engine.run_block(topic, seq)
-        finally:
-            engine.close()
-        if not r.processed:  # committed earlier: report that block's logged figures again
-            context.log.info(f"{topic}: {r.reason}")
-            logged = next((row for row in read_etl_log(settings, topic, limit=100_000) if row["seq"] == seq), None)
-            stats = {**logged, "nulls": dict(logged["nulls"] or [])} if logged else {}
-            return dg.MaterializeResult(metadata={"topic": topic, "block": seq, "note": r.reason},
-                                        check_results=_check_results(key, spec.checks, stats) if logged else None)
-        context.log.info(f"{topic}: block {seq} wrote {r.rows} rows (Delta version {r.delta_version})")
-        stats = {**r.stats, "base_rows": r.base_rows}
-        return dg.MaterializeResult(metadata={"topic": topic, **_block_metadata(r)},
-                                    check_results=_check_results(key, spec.checks, stats))
+        io: OffsetIOManager = getattr(context.resources, IO_MANAGER_KEY)
+        # Take the lock and build the block's output; the IO manager writes it exactly once and
+        # commits the offsets (handle_output runs when the Output is yielded).
+        opened = io.engine().open_block(topic, seq)
+        yield dg.Output(opened)
+        if isinstance(opened, StepResult):  # committed earlier: report that block's logged figures again
+            context.log.info(f"{topic}: {opened.reason}")
+            logged = next((row for row in read_etl_log(io.settings(), topic, limit=100_000) if row["seq"] == seq), None)
+            if logged:
+                yield from _check_results(key, spec.checks, {**logged, "nulls": dict(logged["nulls"] or [])})
+            return
+        if opened.result is None:
+            raise ProcessingError(f"{topic}: block {seq} was not finished by the IO manager")
+        yield from _check_results(key, spec.checks, {**opened.result.stats, "base_rows": opened.result.base_rows})
 
     return compute
 
 
-def _reload_compute(settings: Settings, lineage: Lineage, topic: str) -> Any:
+def _reload_compute(topic: str) -> Any:
     def compute(context):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 - Dagster inspects the signature
-        from platform_assets.engine import Engine
-
-        engine = Engine(settings, lineage)
-        try:
-            r = engine.run_topic(topic)
-        finally:
-            engine.close()
-        context.log.info(f"{topic}: {r.reason}")
-        return dg.MaterializeResult(metadata={"topic": topic, "note": r.reason, **(_block_metadata(r) if r.processed else {})})
+        io: OffsetIOManager = getattr(context.resources, IO_MANAGER_KEY)
+        return io.engine().open_block(topic)  # the IO manager rebuilds the table from it
 
     return compute
 
@@ -145,6 +126,8 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
             metadata={"topics": ", ".join(topics), "processor": specs[0].processor.value,
                       "location": settings.table_path(table)},
             partitions_def=dg.DynamicPartitionsDefinition(name=partitions_name(table)) if step else None,
+            io_manager_key=IO_MANAGER_KEY,
+            required_resource_keys={IO_MANAGER_KEY},
             pool=f"tidemark/{table}",
             owners=sorted({_owner(sp.owner) for sp in specs if sp.owner}) or None,
             freshness_policy=_freshness(specs) if step else None,
@@ -153,11 +136,16 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
                                   description=f"block {name}: the etl.log figures of each block against the spec's thresholds")
                 for name in CHECK_NAMES
             ] if step else None,
-        )(_step_compute(settings, lineage, table, topics) if step else _reload_compute(settings, lineage, topics[0])))
+        )(_step_compute(lineage, table, topics) if step else _reload_compute(topics[0])))
     return dg.Definitions(
         assets=[*sources, *assets],
         sensors=[build_planner_sensor(settings, lineage), build_alert_sensor()],
-        resources={RESOURCE_KEY: AlertNotifierResource(log_path=str(settings.home / "alerts.log"))},
+        resources={
+            RESOURCE_KEY: AlertNotifierResource(log_path=str(settings.home / "alerts.log")),
+            IO_MANAGER_KEY: OffsetIOManager(home=str(settings.home), warehouse=settings.warehouse,
+                                            offsets_url=settings.offsets_url, lineage=str(settings.lineage),
+                                            spark_master=settings.spark_master),
+        },
         # A block run is one step: run it in the run's own process, with one SparkSession that
         # is stopped when the run ends (no step subprocesses each starting a JVM).
         executor=dg.in_process_executor,

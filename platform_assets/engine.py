@@ -88,6 +88,29 @@ class Planned:
     source_version: int | None = None  # the base snapshot the block reads
 
 
+@dataclass
+class OpenBlock:
+    """A block (or a rebuild) prepared under its topic's lock and not yet written: the output
+    DataFrame is built (lazily, nothing computed yet) or the data is known to have landed
+    before a crash. :meth:`Engine.finish` writes it, logs it, commits the offsets and releases
+    the lock; :meth:`Engine.abandon` only releases. The offset IO manager receives this object
+    as the asset's output."""
+
+    topic: Topic
+    planned: Planned
+    started: float
+    seq: int
+    out: DataFrame | None = None  # None: nothing to write (the data landed before a crash)
+    landed: delta_meta.CommitStats | None = None
+    base_mark: Position | None = None  # reload: the base's newest position (its new ``last``)
+    base_version: int | None = None  # reload: the base snapshot rebuilt from
+    result: StepResult | None = None  # set by finish()
+
+    @property
+    def block(self) -> Block | None:
+        return self.planned.block
+
+
 @dataclass(frozen=True)
 class LagRow:
     topic: str
@@ -125,6 +148,7 @@ class Engine:
         self.clock = clock
         self.run_id = uuid.uuid4().hex[:12]
         self._registered: set[str] = set()
+        self._open: dict[str, OpenBlock] = {}  # opened blocks not finished yet, by topic
 
     # ----------------------------------------------------------------- resources
     @property
@@ -144,7 +168,10 @@ class Engine:
         return self._spark
 
     def close(self) -> None:
-        """Stop the SparkSession if this engine started it; close the offset store."""
+        """Release the locks of blocks opened and never finished (a run that failed between
+        the two), stop the SparkSession if this engine started it, close the offset store."""
+        for opened in list(self._open.values()):
+            self.abandon(opened)
         if self._spark is not None and self._owns_spark:
             self._spark.stop()
             self._spark = None
@@ -266,28 +293,35 @@ class Engine:
     # ----------------------------------------------------------------- locking
     @contextmanager
     def locked(self, topic: Topic, *, record_failure: bool = True) -> Iterator[OffsetRecord]:
-        self.ensure_offsets(topic)
-        rec = self.store.acquire(topic.name, self.owner)
+        rec = self._acquire(topic)
         try:
             yield rec
         except BaseException as exc:
-            if record_failure and isinstance(exc, Exception):
+            self._release(topic, exc if record_failure else None)
+            raise
+        self._release(topic, None)
+
+    def _acquire(self, topic: Topic) -> OffsetRecord:
+        self.ensure_offsets(topic)
+        return self.store.acquire(topic.name, self.owner)
+
+    def _release(self, topic: Topic, failure: BaseException | None) -> None:
+        """Release the topic's lock; a failure (an ``Exception``, not an interrupt) is recorded
+        in the topic's state first, so ``tidemark lag`` shows why the topic stopped."""
+        try:
+            if isinstance(failure, Exception):
                 try:
-                    self.store.set_state(topic.name, self.owner, f"{STATE_FAILED}: {type(exc).__name__}: {exc}"[:500])
+                    self.store.set_state(topic.name, self.owner, f"{STATE_FAILED}: {type(failure).__name__}: {failure}"[:500])
                 except TidemarkError:
                     pass
-            raise
         finally:
             self.store.release(topic.name, self.owner)
 
     # ----------------------------------------------------------------- processing
     def run_topic(self, name: str) -> StepResult:
         """Process at most one block (step) or one rebuild (reload) of topic ``name``."""
-        topic = self.lineage.topic(name)
-        with self.locked(topic) as rec:
-            if topic.spec.processor is Processor.RELOAD:
-                return self._reload(topic, rec)
-            return self._step(topic, rec)
+        opened = self.open_block(name)
+        return opened if isinstance(opened, StepResult) else self.finish(opened)
 
     def run_until_caught_up(self, topics: list[str] | None = None, *, max_blocks: int = 10_000,
                             on_result: Callable[[StepResult], None] | None = None) -> list[StepResult]:
@@ -378,44 +412,96 @@ class Engine:
     def run_block(self, name: str, seq: int) -> StepResult:
         """Process block ``seq`` of topic ``name``: the pending block, exactly as planned. A block
         already committed is a no-op (a retried partition whose data landed)."""
+        opened = self.open_block(name, seq)
+        return opened if isinstance(opened, StepResult) else self.finish(opened)
+
+    def open_block(self, name: str, seq: int | None = None) -> OpenBlock | StepResult:
+        """Take topic ``name``'s lock and prepare its next piece of work: block ``seq`` (it must be
+        the pending block), or with ``seq=None`` the pending block or a newly planned one (step),
+        or a rebuild (reload). Returns a :class:`StepResult` (lock released) when there is nothing
+        to do, else an :class:`OpenBlock` that still holds the lock: pass it to :meth:`finish`
+        (or :meth:`abandon`)."""
         topic = self.lineage.topic(name)
-        with self.locked(topic) as rec:
-            if rec.pending and rec.seq == seq:
-                return self._process(topic, self._plan_locked(topic, rec))
-            if not rec.pending and 0 < seq <= rec.seq:
-                return StepResult(topic.name, False, f"block {seq} already committed (topic is at block {rec.seq})")
-            state = f"block {rec.seq} pending" if rec.pending else f"last committed block {rec.seq}"
-            raise ProcessingError(
-                f"topic '{name}': block {seq} is not planned ({state}); plan the next block with: tidemark plan {name}"
-            )
+        rec = self._acquire(topic)
+        try:
+            opened = self._open_locked(topic, rec, seq)
+        except BaseException as exc:
+            self._release(topic, exc)
+            raise
+        if isinstance(opened, StepResult):
+            self._release(topic, None)
+        else:
+            self._open[topic.name] = opened
+        return opened
 
-    def _step(self, topic: Topic, rec: OffsetRecord) -> StepResult:
-        planned = self._plan_locked(topic, rec)
-        if planned.block is None:
-            return StepResult(topic.name, False, planned.reason, bad_rows=planned.bad_rows)
-        return self._process(topic, planned)
+    def finish(self, opened: OpenBlock) -> StepResult:
+        """Write an opened block exactly once, log it, commit the offsets, release the lock."""
+        if self._open.pop(opened.topic.name, None) is not opened:
+            raise ProcessingError(f"topic '{opened.topic.name}': block {opened.seq} is not open in this engine")
+        try:
+            block = opened.block
+            result = self._finish_reload(opened) if block is None else self._finish_step(opened, block)
+        except BaseException as exc:
+            self._release(opened.topic, exc)
+            raise
+        self._release(opened.topic, None)
+        opened.result = result
+        return result
 
-    def _process(self, topic: Topic, planned: Planned) -> StepResult:
-        spec = topic.spec
+    def abandon(self, opened: OpenBlock, failure: BaseException | None = None) -> None:
+        """Release an opened block's lock without writing (its offsets stay planned: a retry
+        redoes the same block)."""
+        if self._open.pop(opened.topic.name, None) is opened:
+            self._release(opened.topic, failure)
+
+    def _open_locked(self, topic: Topic, rec: OffsetRecord, seq: int | None) -> OpenBlock | StepResult:
+        if topic.spec.processor is Processor.RELOAD:
+            return self._open_reload(topic, rec)
+        if seq is None:
+            planned = self._plan_locked(topic, rec)
+            if planned.block is None:
+                return StepResult(topic.name, False, planned.reason, bad_rows=planned.bad_rows)
+            return self._open_step(topic, planned)
+        if rec.pending and rec.seq == seq:
+            return self._open_step(topic, self._plan_locked(topic, rec))
+        if not rec.pending and 0 < seq <= rec.seq:
+            return StepResult(topic.name, False, f"block {seq} already committed (topic is at block {rec.seq})")
+        state = f"block {rec.seq} pending" if rec.pending else f"last committed block {rec.seq}"
+        raise ProcessingError(
+            f"topic '{topic.name}': block {seq} is not planned ({state}); plan the next block with: tidemark plan {topic.name}"
+        )
+
+    def _open_step(self, topic: Topic, planned: Planned) -> OpenBlock:
+        """Steps 3-4 up to the write: find out whether the block landed before a crash, else run
+        ``before`` SQL and build the transform's output over the block's snapshot."""
         started = time.monotonic()
-        block, retry, base_rows, bad_rows = planned.block, planned.retry, planned.base_rows, planned.bad_rows
+        block = planned.block
         if block is None:
             raise ProcessingError(f"topic '{topic.name}': nothing to process ({planned.reason})")
         crashpoint("planned")
-
-        dest = self.path(spec.destination)
-        app_id = data_app_id(topic.name)
-        landed = delta_meta.find_txn_commit(dest, app_id, block.seq) if retry else None
-        recovered = landed is not None  # written before a crash: only the offset must catch up
+        landed = delta_meta.find_txn_commit(self.path(topic.spec.destination), data_app_id(topic.name), block.seq) if planned.retry else None
+        out = None
         if landed is None:
             self.register_tables()
-            block_df = self._block_df(spec.base, block, planned.source_version)
+            block_df = self._block_df(topic.spec.base, block, planned.source_version)
             self._run_sql(topic, "before", block)
             out = self._transform(topic, block_df)
             crashpoint("transformed")
+        return OpenBlock(topic, planned, started, block.seq, out=out, landed=landed)
+
+    def _finish_step(self, opened: OpenBlock, block: Block) -> StepResult:
+        topic, planned = opened.topic, opened.planned
+        spec = topic.spec
+        dest = self.path(spec.destination)
+        app_id = data_app_id(topic.name)
+        landed = opened.landed
+        recovered = landed is not None  # written before a crash: only the offset must catch up
+        if landed is None:
+            if opened.out is None:
+                raise ProcessingError(f"topic '{topic.name}': block {block.seq} has no output to write")
             meta = {"topic": topic.name, "seq": block.seq, "last": block.last.to_text(), "next": block.next.to_text(),
                     "run_id": self.run_id, "owner": self.owner}
-            (out.write.format("delta").mode("append")
+            (opened.out.write.format("delta").mode("append")
              .option("txnAppId", app_id).option("txnVersion", block.seq)
              .option("mergeSchema", "true").option("userMetadata", json.dumps(meta))
              .save(dest))
@@ -424,11 +510,11 @@ class Engine:
             if landed is None:
                 raise ProcessingError(f"topic '{topic.name}': block {block.seq} was written but its commit is not in {dest}/_delta_log")
         crashpoint("written")
+        base_rows = planned.base_rows
         if base_rows < 0:
             base_rows = delta_meta.count_block(self.path(spec.base), block.last, block.next, planned.source_version)
-        duration = time.monotonic() - started
         entry = self._log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed, base_rows,
-                                bad_rows, duration)
+                                planned.bad_rows, time.monotonic() - opened.started)
         write_etl_log(self.settings, entry)
         crashpoint("logged")
         if spec.after:
@@ -439,39 +525,45 @@ class Engine:
         self.store.commit(topic.name, self.owner, seq=block.seq, last=block.last, next=block.next, rows=landed.rows, note=note)
         crashpoint("committed")
         return StepResult(topic.name, True, f"block {block.seq}", block=block, rows=landed.rows, base_rows=base_rows,
-                          bad_rows=bad_rows, delta_version=landed.version, duration_s=time.monotonic() - started,
+                          bad_rows=planned.bad_rows, delta_version=landed.version, duration_s=time.monotonic() - opened.started,
                           recovered=recovered, stats=_stats_dict(entry))
 
-    def _reload(self, topic: Topic, rec: OffsetRecord) -> StepResult:
-        spec = topic.spec
+    def _open_reload(self, topic: Topic, rec: OffsetRecord) -> OpenBlock | StepResult:
         started = time.monotonic()
         decision, base = self.decide(topic, rec)
         if not decision.ready:
             return StepResult(topic.name, False, decision.reason)
-        seq = rec.seq + 1
-        dest = self.path(spec.destination)
         self.register_tables()
-        base_df = self.spark.read.format("delta").load(self.path(spec.base))
+        base_df = self.spark.read.format("delta").load(self.path(topic.spec.base))
         base_df.createOrReplaceTempView("block")
         self._run_sql(topic, "before", None)
         out = self._transform(topic, base_df)
-        meta = {"topic": topic.name, "seq": seq, "source_version": base.version, "run_id": self.run_id}
+        return OpenBlock(topic, Planned(None, f"reload {rec.seq + 1}", source_version=base.version), started, rec.seq + 1,
+                         out=out, base_mark=base.max_position or Position.zero(), base_version=base.version)
+
+    def _finish_reload(self, opened: OpenBlock) -> StepResult:
+        topic, seq = opened.topic, opened.seq
+        spec = topic.spec
+        dest = self.path(spec.destination)
+        if opened.out is None:
+            raise ProcessingError(f"topic '{topic.name}': reload {seq} has no output to write")
+        meta = {"topic": topic.name, "seq": seq, "source_version": opened.base_version, "run_id": self.run_id}
         # No idempotency token: a rebuild is idempotent by nature, and one after a crash must
         # rewrite from the current sources rather than be skipped.
-        (out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        (opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
          .option("userMetadata", json.dumps(meta)).save(dest))
         self._register(spec.destination)
         committed = delta_meta.last_commit_stats(dest)
         crashpoint("written")
-        mark = base.max_position or Position.zero()
+        mark = opened.base_mark or Position.zero()
         entry = self._log_entry(topic, seq, "", "" if mark.is_zero() else mark.to_text(), committed, -1, 0,
-                                time.monotonic() - started)
+                                time.monotonic() - opened.started)
         self._run_sql(topic, "after", None)
         self.store.commit_reload(topic.name, self.owner, seq=seq, mark=mark, rows=committed.rows,
-                                 source_version=base.version, note=f"rows={committed.rows} delta_version={committed.version}")
+                                 source_version=opened.base_version, note=f"rows={committed.rows} delta_version={committed.version}")
         write_etl_log(self.settings, entry)
         return StepResult(topic.name, True, f"reload {seq}", rows=committed.rows, delta_version=committed.version,
-                          duration_s=time.monotonic() - started, stats=_stats_dict(entry))
+                          duration_s=time.monotonic() - opened.started, stats=_stats_dict(entry))
 
     # ----------------------------------------------------------------- Spark pieces
     def _block_df(self, base: str, block: Block, version: int | None) -> DataFrame:

@@ -232,6 +232,7 @@ class CommitStats:
     null_counts: dict[str, int] = field(default_factory=dict)
     files: int = 0
     user_metadata: dict[str, Any] = field(default_factory=dict)
+    paths: tuple[str, ...] = ()  # the data files the commit added, relative to the table root
 
 
 def _log_fs(path: str) -> tuple[pafs.FileSystem, str]:
@@ -282,6 +283,7 @@ def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
+    paths: list[str] = []
     for a in actions:
         info = a.get("commitInfo")
         if info and info.get("userMetadata"):
@@ -293,6 +295,7 @@ def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
         if not add:
             continue
         nfiles += 1
+        paths.append(unquote(add["path"]))
         stats = json.loads(add.get("stats") or "{}")
         rows += int(stats.get("numRecords", 0))
         for k, v in (stats.get("minValues") or {}).items():
@@ -305,7 +308,7 @@ def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
             if isinstance(v, int):
                 nulls[k] = nulls.get(k, 0) + v
     return CommitStats(version=version, rows=rows, min_values=mins, max_values=maxs, null_counts=nulls, files=nfiles,
-                       user_metadata=user if isinstance(user, dict) else {})
+                       user_metadata=user if isinstance(user, dict) else {}, paths=tuple(paths))
 
 
 def recorded_txn(path: str, app_id: str) -> int:

@@ -1,6 +1,7 @@
 """Exactly-once through Dagster runs: a `dagster asset materialize` of a block partition is
 killed with SIGKILL after its Delta commit and before the offset commit; materializing the
-same partition again lands the block once."""
+same partition again lands the block once. The kill happens inside the offset IO manager's
+``handle_output`` (the Delta write and the offset commit live there)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
@@ -57,7 +59,14 @@ def test_killed_block_run_retried_through_dagster_lands_once(spark, settings, tm
 
     retried = _dagster(s, dagster_home, *args)
     assert retried.returncode == 0, retried.stderr[-3000:]
-    assert "RUN_SUCCESS" in retried.stderr + retried.stdout
+    out = retried.stderr + retried.stdout
+    assert "RUN_SUCCESS" in out
+    assert 'using IO manager "tidemark_io_manager"' in out  # the offset IO manager finished the block
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        mat = instance.get_latest_materialization_event(dg.AssetKey(["fact", "events"])).asset_materialization
+        meta = {k: v.value for k, v in mat.metadata.items()}
+        assert mat.partition == key and meta["recovered"] is True and meta["block"] == 1 and meta["base_rows"] == 40
+        assert meta["rows"] == DeltaTable(dest).to_pyarrow_table().num_rows
     rec = store.get("fact.events")
     assert not rec.pending and rec.seq == 1 and rec.owner == ""
     assert DeltaTable(dest).version() == 0  # one data commit: the retry did not write again

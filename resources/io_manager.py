@@ -1,0 +1,145 @@
+"""The offset IO manager: where a block's output is written, exactly once, and its offsets
+committed.
+
+A Tidemark asset's compute takes its topic's lock and prepares the block (``before`` SQL and the
+transform, a lazy Spark DataFrame) and returns it as an :class:`~platform_assets.engine.OpenBlock`.
+``handle_output`` then does the rest of the core engine's step:
+
+* one Delta append carrying ``txnAppId=tidemark:<topic>``/``txnVersion=<block seq>`` (a block
+  whose data landed before a crash is recognised in the Delta log and not written again);
+* the block's ``etl.log`` row, the ``after`` SQL, ``last := next`` in the offset store, and the
+  lock's release;
+* materialization metadata: rows, ``last``, ``next``, min/max ``pos``, lag, Delta version,
+  duration (numbers, so the asset's Plots tab charts rows and lag over time).
+
+``load_input`` gives a downstream asset the rows of the upstream block (the files its Delta
+commit added), or the whole table for an unpartitioned (reload) asset.
+
+The manager owns one :class:`~platform_assets.engine.Engine` per run: one SparkSession (local by
+default; ``spark_master`` may name another master or a Spark Connect ``sc://`` URL), started on
+first use and stopped when the run ends, unless the process already had an active session (a
+host process such as the demo keeps its own).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import TYPE_CHECKING, Any
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from lineage.errors import ProcessingError
+from lineage.partitions import parse_block_key
+from resources import delta_meta
+from resources.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from platform_assets.engine import Engine, StepResult
+
+#: The resource key Tidemark's assets use for this IO manager.
+IO_MANAGER_KEY = "tidemark_io_manager"
+
+#: How many Delta versions back ``load_input`` looks for a block's commit.
+LOAD_SEARCH_VERSIONS = 10_000
+
+
+class OffsetIOManager(dg.ConfigurableIOManager):
+    """Writes each block once into its Delta table and commits its offsets; reads blocks back
+    for downstream assets. Empty settings fall back to the ``TIDEMARK_*`` environment."""
+
+    home: str = ""
+    warehouse: str = ""
+    offsets_url: str = ""
+    lineage: str = ""
+    spark_master: str = ""
+
+    _engine: Any = PrivateAttr(default=None)
+
+    def settings(self) -> Settings:
+        return Settings.from_env(home=self.home or None, warehouse=self.warehouse or None,
+                                 offsets_url=self.offsets_url or None, lineage=self.lineage or None,
+                                 spark_master=self.spark_master or None)
+
+    def engine(self) -> Engine:
+        """The run's engine (created on first use; Spark starts only when a block needs it)."""
+        if self._engine is None:
+            from lineage.loader import load_lineage
+            from platform_assets.engine import Engine
+
+            settings = self.settings()
+            self._engine = Engine(settings, load_lineage(settings.lineage))
+        engine: Engine = self._engine
+        return engine
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        """End of the run: stop the SparkSession if this run started it; close the store."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    # ------------------------------------------------------------------ output
+    def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
+        from platform_assets.engine import OpenBlock, StepResult
+
+        if isinstance(obj, StepResult):  # nothing to write: a committed block, or a reload that waits
+            context.add_output_metadata({"topic": obj.topic, "note": obj.reason})
+            return
+        if not isinstance(obj, OpenBlock):
+            raise ProcessingError(
+                f"asset {context.asset_key.to_user_string()}: the Tidemark IO manager writes blocks opened by "
+                f"Engine.open_block, not {type(obj).__name__}"
+            )
+        result = self.engine().finish(obj)
+        context.log.info(f"{result.topic}: {result.reason} wrote {result.rows} rows (Delta version {result.delta_version})"
+                         + (", recovered: the data had landed before a crash" if result.recovered else ""))
+        context.add_output_metadata(block_metadata(result))
+
+    # ------------------------------------------------------------------ input
+    def load_input(self, context: dg.InputContext) -> DataFrame:
+        """The upstream block's rows (every mapped block's, if several), as a Spark DataFrame."""
+        engine = self.engine()
+        key = context.asset_key
+        table = ".".join(key.path)
+        path = engine.path(table)
+        if delta_meta.open_table(path) is None:
+            raise ProcessingError(f"asset {key.to_user_string()}: no Delta table at {path} (not materialized yet)")
+        reader = engine.spark.read.format("delta")
+        if not context.has_asset_partitions:
+            return reader.load(path)
+        files: list[str] = []
+        version = -1
+        for pkey in context.asset_partition_keys:
+            topic, seq = parse_block_key(pkey)
+            topic = topic or engine.lineage.destinations()[table][0]
+            commit = delta_meta.find_txn_commit(path, f"tidemark:{topic}", seq, search=LOAD_SEARCH_VERSIONS)
+            if commit is None:
+                raise ProcessingError(
+                    f"asset {key.to_user_string()}: block {pkey} of topic '{topic}' has no commit in {path}/_delta_log "
+                    "(not materialized yet, or older than the log's retention)"
+                )
+            files += [posixpath.basename(p) for p in commit.paths]
+            version = max(version, commit.version)
+        from pyspark.sql import functions as F
+
+        df = reader.option("versionAsOf", version).load(path)
+        return df.where(F.col("_metadata.file_name").isin(files))
+
+
+def block_metadata(r: StepResult) -> dict[str, Any]:
+    """A block's materialization metadata (numbers where the UI should plot them)."""
+    stats = r.stats or {}
+    meta: dict[str, Any] = {
+        "topic": r.topic, "rows": r.rows, "base_rows": r.base_rows, "bad_rows": r.bad_rows,
+        "delta_version": r.delta_version, "duration_s": round(r.duration_s, 3), "recovered": r.recovered,
+    }
+    if r.block is not None:
+        meta.update({"block": r.block.seq, "last": r.block.last.to_text(), "next": r.block.next.to_text()})
+    for k in ("min_ts", "max_ts"):
+        if stats.get(k) is not None:
+            meta[k.replace("ts", "pos")] = stats[k].isoformat()
+    if stats.get("max_lag") is not None:
+        meta["lag_s"] = float(stats["max_lag"])
+    return meta
