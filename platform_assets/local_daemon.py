@@ -41,8 +41,10 @@ def _summary(job: str, partition: str | None, result: dg.ExecuteInProcessResult)
     error = ""
     if not result.success:
         failure = next((e for e in result.all_events if e.is_step_failure), None)
-        data = failure.step_failure_data if failure is not None else None
-        error = data.error.message.strip().splitlines()[0] if data is not None and data.error is not None else "run failed"
+        err = failure.step_failure_data.error if failure is not None else None
+        while err is not None and err.cause is not None and (err.cls_name or "").startswith("Dagster"):
+            err = err.cause  # the error raised in the asset, not Dagster's wrapper around it
+        error = err.message.strip().splitlines()[0] if err is not None and err.message.strip() else "run failed"
     return RunSummary(result.run_id, job, partition, result.success, metadata, checks, error)
 
 
