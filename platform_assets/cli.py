@@ -187,9 +187,11 @@ def _print_run(r: Any) -> None:
         return
     what = f"block {m['block']}" if "block" in m else ("reload" if "rows" in m else "no-op")
     rng = f" {m['last'][:23]} .. {m['next'][:23]}" if "next" in m else ""
+    bad = f", {m['bad_rows']} bad rows quarantined" if m.get("bad_rows") else ""
+    recovered = " [recovered: data had landed, offset caught up]" if m.get("recovered") else ""
     checks = f"  checks: {', '.join(f'{n} ' + ('ok' if ok else 'FAILED') for n, ok in sorted(r.checks.items()))}" if r.checks else ""
     figures = f"rows={m.get('rows', 0):<7} delta v{m.get('delta_version')} {m.get('duration_s', 0.0):5.1f}s" if "rows" in m else m.get("note", "")
-    print(f"  {m.get('topic', r.job):<22} {what:<10} {figures}{rng}{checks}  [run {r.run_id[:8]}]", flush=True)
+    print(f"  {m.get('topic', r.job):<22} {what:<10} {figures}{rng}{bad}{recovered}{checks}  [run {r.run_id[:8]}]", flush=True)
 
 
 def _demo_runs(settings: Settings, instance: Any) -> bool:
