@@ -111,6 +111,12 @@ class _Look:
     base: delta_meta.TableSnapshot
 
 
+def _pending(rec: OffsetRecord) -> Planned:
+    """The block planned in ``rec`` and not committed: the next run redoes exactly it."""
+    block = Block(rec.topic, rec.seq, rec.last, rec.next)  # type: ignore[arg-type]
+    return Planned(block, f"retry block {rec.seq}", retry=True, source_version=rec.source_version)
+
+
 class Engine:
     """Runs a validated lineage against a warehouse, an offset store and (lazily) Spark."""
 
@@ -352,8 +358,7 @@ class Engine:
         before taking the lock, reused if the record is unchanged."""
         spec = topic.spec
         if rec.pending:
-            block = Block(topic.name, rec.seq, rec.last, rec.next)  # type: ignore[arg-type]
-            return Planned(block, f"retry block {rec.seq}", retry=True, source_version=rec.source_version)
+            return _pending(rec)
         if look is not None and (look.rec.last, look.rec.seq, look.rec.next) == (rec.last, rec.seq, rec.next):
             base, decision = look.base, look.decision
         else:
@@ -378,11 +383,14 @@ class Engine:
         topic = self.lineage.topic(name)
         if topic.spec.processor is not Processor.STEP:
             raise ProcessingError(f"topic '{name}' is a {topic.spec.processor.value} topic: only step topics have blocks")
-        # Read-only look first: a topic that waits (the common case on a sensor tick) costs no
-        # lock and no write; planning under the lock reuses the look if the record is unchanged.
+        # Read-only look first: a pending block is all in the record, and a topic that waits
+        # (the common cases on a sensor tick) costs no lock and no write. Only planning a new
+        # block takes the lock, and reuses the look if the record has not changed meanwhile.
         rec = self.ensure_offsets(topic)
         look = None
-        if not rec.pending and not rec.owner:
+        if not rec.owner:
+            if rec.pending:
+                return _pending(rec)
             base = delta_meta.TableSnapshot.open(self.path(topic.spec.base))
             decision, _ = self.decide(topic, rec, base=base)
             if not decision.ready:
