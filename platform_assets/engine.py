@@ -103,8 +103,9 @@ class LagRow:
 
 @dataclass(frozen=True)
 class _Look:
-    """What :meth:`Engine.plan_block` saw before taking the lock: the record, the decision made
-    on it and the base snapshot it read. Planning reuses them if the record is unchanged."""
+    """A step topic's look at its base table: the record, the decision made on it and the base
+    snapshot it read. Taken by :meth:`Engine.plan_block` before the lock, and reused under the
+    lock if the record is unchanged."""
 
     rec: OffsetRecord
     decision: Decision
@@ -249,11 +250,12 @@ class Engine:
         return mark.max_position.pos if mark.max_position else None
 
     def decide(self, topic: Topic, rec: OffsetRecord | None = None, now: dt.datetime | None = None,
-               base: delta_meta.TableSnapshot | None = None) -> tuple[Decision, TableMark]:
-        """``base``: the base table's snapshot when the caller has it open already."""
+               mark: TableMark | None = None) -> tuple[Decision, TableMark]:
+        """``mark``: the base table's mark when the caller has it already."""
         rec = rec or self.ensure_offsets(topic)
         spec = topic.spec
-        mark = delta_meta.table_mark(base or self.path(spec.base), positions=spec.processor is Processor.STEP)
+        if mark is None:
+            mark = delta_meta.table_mark(self.path(spec.base), positions=spec.processor is Processor.STEP)
         deps = {d: self.freshness(d) for d in spec.depends_on[1:]} if spec.processor is Processor.STEP else {}
         state = TopicState(rec.last, rec.next, rec.seq, rec.run, rec.source_version)
         return plan_topic(spec, state, mark, deps, now or self.clock()), mark
@@ -359,11 +361,9 @@ class Engine:
         spec = topic.spec
         if rec.pending:
             return _pending(rec)
-        if look is not None and (look.rec.last, look.rec.seq, look.rec.next) == (rec.last, rec.seq, rec.next):
-            base, decision = look.base, look.decision
-        else:
-            base = delta_meta.TableSnapshot.open(self.path(spec.base))
-            decision, _ = self.decide(topic, rec, base=base)
+        if look is None or (look.rec.last, look.rec.seq, look.rec.next) != (rec.last, rec.seq, rec.next):
+            look = self._look(topic, rec)
+        base, decision = look.base, look.decision
         bad_rows = self._quarantine(topic, rec, base)
         if not decision.ready:
             return Planned(None, decision.reason, bad_rows=bad_rows)
@@ -391,13 +391,18 @@ class Engine:
         if not rec.owner:
             if rec.pending:
                 return _pending(rec)
-            base = delta_meta.TableSnapshot.open(self.path(topic.spec.base))
-            decision, _ = self.decide(topic, rec, base=base)
-            if not decision.ready:
-                return Planned(None, decision.reason)
-            look = _Look(rec, decision, base)
+            look = self._look(topic, rec)
+            if not look.decision.ready:
+                return Planned(None, look.decision.reason)
         with self.locked(topic, record_failure=False) as locked_rec:
             return self._plan_locked(topic, locked_rec, look)
+
+    def _look(self, topic: Topic, rec: OffsetRecord) -> _Look:
+        """Open the base table once and decide whether a step topic may plan a block on it. Only
+        the decision needs the base's mark, so it is exact only where the decision depends on it."""
+        base = delta_meta.TableSnapshot.open(self.path(topic.spec.base))
+        decision, _ = self.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
+        return _Look(rec, decision, base)
 
     def run_block(self, name: str, seq: int) -> StepResult:
         """Process block ``seq`` of topic ``name``: the pending block, exactly as planned. A block

@@ -89,9 +89,13 @@ def _ts(value: Any) -> dt.datetime | None:
     return None
 
 
-def table_mark(source: str | TableSnapshot, *, positions: bool = True) -> TableMark:
+def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_than: Position | None = None) -> TableMark:
     """Delta version and newest ``(pos, id)`` of a table (``positions=False``: version only,
-    or newest ``pos`` with id 0 when the table has a ``pos`` column)."""
+    or newest ``pos`` with id 0 when the table has a ``pos`` column).
+
+    ``newer_than``: for a caller that only compares the newest position with this one. When
+    the statistics prove a row with an id well after it, no rows are read and the position
+    is the statistics' newest ``pos`` with id 0, which compares the same way."""
     snap = snapshot(source)
     table, version = snap.table, snap.version
     if table is None:
@@ -109,12 +113,23 @@ def table_mark(source: str | TableSnapshot, *, positions: bool = True) -> TableM
     # Statistics keep timestamps at millisecond precision: read the few rows at or after the
     # newest statistic to find the exact newest (pos, id).
     floor = _minus(_ts(max_pos) or dt.datetime.min, STATS_SLACK)
+    if newer_than is not None and floor > newer_than.pos and _ids_known_from(files, floor):
+        return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
     ds = table.to_pyarrow_dataset(file_pruning_predicate=[("pos", ">=", _utc(floor))])
     rows = ds.to_table(columns=["pos", "id"], filter=pc.field("pos") >= pa.scalar(floor, ds.schema.field("pos").type))
     rows = rows.filter(pc.is_valid(rows["id"])).sort_by([("pos", "descending"), ("id", "descending")])
     if rows.num_rows == 0:
         return TableMark(None, version)
     return TableMark(Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py())), version)
+
+
+def _ids_known_from(files: pa.Table, floor: dt.datetime) -> bool:
+    """Whether the statistics show no null ``id`` in the files that hold rows at or after
+    ``floor`` (a row with a null id has no position, so it cannot be the newest)."""
+    if "null_count.id" not in files.column_names:
+        return False
+    newest = files.filter(pc.greater_equal(files["max.pos"], pa.scalar(floor, files["max.pos"].type)))
+    return newest.num_rows > 0 and pc.max(pc.fill_null(newest["null_count.id"], 1)).as_py() == 0
 
 
 def _rows_after(snap: TableSnapshot, last: Position, cutoff: dt.datetime) -> pa.Table | None:

@@ -54,6 +54,21 @@ def test_a_snapshot_answers_every_question_for_its_own_version(tmp_path: Path) -
     assert find_block_end(str(path), last, FAR, 100) == find_block_end(new, last, FAR, 100)
 
 
+def test_a_mark_newer_than_a_position_reads_rows_only_when_the_statistics_cannot_tell(tmp_path: Path) -> None:
+    path = tmp_path / "base"
+    _append(path, [(i, i) for i in range(1, 11)])
+    exact = _at(10, 10)
+    assert table_mark(str(path)).max_position == exact
+    # Well before the newest statistic: enough to know a newer row exists, no rows read.
+    assert table_mark(str(path), newer_than=_at(5, 5)).max_position == _at(10, 0)
+    # Within the statistics' precision of the newest row: the exact position decides.
+    assert table_mark(str(path), newer_than=exact).max_position == exact
+    assert table_mark(str(path), newer_than=_at(10, 9)).max_position == exact
+    # A null id among the newest rows: the statistics cannot tell, the rows are read.
+    _append(path, [(30, None)])
+    assert table_mark(str(path), newer_than=_at(5, 5)) == table_mark(str(path))
+
+
 def test_a_snapshot_of_a_missing_table_has_no_facts(tmp_path: Path) -> None:
     snap = TableSnapshot.open(str(tmp_path / "nothing"))
     assert snap.version is None and snap.files.num_rows == 0
