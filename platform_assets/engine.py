@@ -377,6 +377,13 @@ class Engine:
         return Planned(Block(topic.name, seq, rec.last, found.end), f"block {seq}", base_rows=found.rows,
                        bad_rows=bad_rows, source_version=found.version)
 
+    def _look(self, topic: Topic, rec: OffsetRecord) -> _Look:
+        """Open the base table once and decide whether a step topic may plan a block on it. Only
+        the decision needs the base's mark, so it is exact only where the decision depends on it."""
+        base = delta_meta.TableSnapshot.open(self.path(topic.spec.base))
+        decision, _ = self.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
+        return _Look(rec, decision, base)
+
     def plan_block(self, name: str) -> Planned:
         """Fix the next block of step topic ``name`` in the offset store without processing it
         (or return the block already pending). Never starts Spark."""
@@ -396,13 +403,6 @@ class Engine:
                 return Planned(None, look.decision.reason)
         with self.locked(topic, record_failure=False) as locked_rec:
             return self._plan_locked(topic, locked_rec, look)
-
-    def _look(self, topic: Topic, rec: OffsetRecord) -> _Look:
-        """Open the base table once and decide whether a step topic may plan a block on it. Only
-        the decision needs the base's mark, so it is exact only where the decision depends on it."""
-        base = delta_meta.TableSnapshot.open(self.path(topic.spec.base))
-        decision, _ = self.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
-        return _Look(rec, decision, base)
 
     def run_block(self, name: str, seq: int) -> StepResult:
         """Process block ``seq`` of topic ``name``: the pending block, exactly as planned. A block
