@@ -67,7 +67,7 @@ class TableSnapshot:
         return pa.table({}) if self.table is None else pa.table(self.table.get_add_actions(flatten=True))
 
 
-def snapshot(source: str | TableSnapshot) -> TableSnapshot:
+def _snapshot(source: str | TableSnapshot) -> TableSnapshot:
     """``source`` if it is a snapshot already, else the newest version of the table at that path."""
     return source if isinstance(source, TableSnapshot) else TableSnapshot.open(source)
 
@@ -94,9 +94,9 @@ def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_tha
     or newest ``pos`` with id 0 when the table has a ``pos`` column).
 
     ``newer_than``: for a caller that only compares the newest position with this one. When
-    the statistics prove a row with an id well after it, no rows are read and the position
-    is the statistics' newest ``pos`` with id 0, which compares the same way."""
-    snap = snapshot(source)
+    the statistics prove a row with an id more than :data:`STATS_SLACK` after it, no rows are
+    read and the position is the statistics' newest ``pos`` with id 0, which compares the same."""
+    snap = _snapshot(source)
     table, version = snap.table, snap.version
     if table is None:
         return TableMark(None, None)
@@ -110,11 +110,11 @@ def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_tha
         return TableMark(None, version)
     if not positions or "id" not in snap.columns:
         return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
-    # Statistics keep timestamps at millisecond precision: read the few rows at or after the
-    # newest statistic to find the exact newest (pos, id).
+    # Statistics keep timestamps at millisecond precision: the newest row is at or after floor.
     floor = _minus(_ts(max_pos) or dt.datetime.min, STATS_SLACK)
     if newer_than is not None and floor > newer_than.pos and _ids_known_from(files, floor):
         return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
+    # Read the few rows at or after floor to find the exact newest (pos, id).
     ds = table.to_pyarrow_dataset(file_pruning_predicate=[("pos", ">=", _utc(floor))])
     rows = ds.to_table(columns=["pos", "id"], filter=pc.field("pos") >= pa.scalar(floor, ds.schema.field("pos").type))
     rows = rows.filter(pc.is_valid(rows["id"])).sort_by([("pos", "descending"), ("id", "descending")])
@@ -166,7 +166,7 @@ def find_block_end(source: str | TableSnapshot, last: Position, cutoff: dt.datet
 
     The cost follows the new data, not the table's history (see :func:`_rows_after`).
     """
-    snap = snapshot(source)
+    snap = _snapshot(source)
     rows, version = _rows_after(snap, last, cutoff), snap.version
     if rows is None:
         return BlockEnd(None, 0, None)
@@ -194,7 +194,7 @@ def count_block(path: str, last: Position, next_: Position, version: int | None 
 
 def bad_position_rows(source: str | TableSnapshot) -> pa.Table:
     """Rows whose ``pos`` or ``id`` is null. Reads only files whose statistics count nulls."""
-    snap = snapshot(source)
+    snap = _snapshot(source)
     table = snap.table
     if table is None:
         return pa.table({})
@@ -215,7 +215,7 @@ def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -
 
     Reads only the commits after ``after_version`` and, of the files they added, only those
     whose statistics allow a position at or before ``last``."""
-    snap = snapshot(source)
+    snap = _snapshot(source)
     if snap.version is None or snap.version <= after_version:
         return pa.table({})
     path = snap.path
