@@ -8,6 +8,7 @@ of its own).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -273,15 +274,20 @@ class Lineage:
             known = ", ".join(self.topics) or "none"
             raise UnknownTopicError(f"unknown topic '{name}' (known topics: {known})") from None
 
+    @functools.cached_property
+    def _producers(self) -> dict[str, tuple[Topic, ...]]:
+        """Topics by destination, in topic order; built once, as a sensor tick asks per topic."""
+        out: dict[str, list[Topic]] = {}
+        for t in self.topics.values():
+            out.setdefault(t.spec.destination, []).append(t)
+        return {table: tuple(topics) for table, topics in out.items()}
+
     def producers(self, table: str) -> list[Topic]:
-        return [t for t in self.topics.values() if t.spec.destination == table]
+        return list(self._producers.get(table, ()))
 
     def destinations(self) -> dict[str, list[str]]:
         """Every destination table with the names of the topics that build it, in topic order."""
-        out: dict[str, list[str]] = {}
-        for t in self.topics.values():
-            out.setdefault(t.spec.destination, []).append(t.name)
-        return out
+        return {table: [t.name for t in topics] for table, topics in self._producers.items()}
 
     def block_key(self, topic: str, seq: int) -> str:
         """The Dagster partition key of block ``seq`` of ``topic``: topic-qualified only when

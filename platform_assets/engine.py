@@ -124,6 +124,23 @@ class LagRow:
     reason: str
 
 
+@dataclass(frozen=True)
+class _Look:
+    """A step topic's look at its base table: the record, the decision made on it and the base
+    snapshot it read. Taken by :meth:`Engine.plan_block` before the lock, and reused under the
+    lock if the record is unchanged."""
+
+    rec: OffsetRecord
+    decision: Decision
+    base: delta_meta.TableSnapshot
+
+
+def _pending(rec: OffsetRecord) -> Planned:
+    """The block planned in ``rec`` and not committed: the next run redoes exactly it."""
+    block = Block(rec.topic, rec.seq, rec.last, rec.next)  # type: ignore[arg-type]
+    return Planned(block, f"retry block {rec.seq}", retry=True, source_version=rec.source_version)
+
+
 class Engine:
     """Runs a validated lineage against a warehouse, an offset store and (lazily) Spark."""
 
@@ -259,19 +276,23 @@ class Engine:
         mark = delta_meta.table_mark(self.path(table), positions=False)
         return mark.max_position.pos if mark.max_position else None
 
-    def decide(self, topic: Topic, rec: OffsetRecord | None = None, now: dt.datetime | None = None) -> tuple[Decision, TableMark]:
+    def decide(self, topic: Topic, rec: OffsetRecord | None = None, now: dt.datetime | None = None,
+               mark: TableMark | None = None) -> tuple[Decision, TableMark]:
+        """``mark``: the base table's mark when the caller has it already."""
         rec = rec or self.ensure_offsets(topic)
         spec = topic.spec
-        base = delta_meta.table_mark(self.path(spec.base), positions=spec.processor is Processor.STEP)
+        if mark is None:
+            mark = delta_meta.table_mark(self.path(spec.base), positions=spec.processor is Processor.STEP)
         deps = {d: self.freshness(d) for d in spec.depends_on[1:]} if spec.processor is Processor.STEP else {}
         state = TopicState(rec.last, rec.next, rec.seq, rec.run, rec.source_version)
-        return plan_topic(spec, state, base, deps, now or self.clock()), base
+        return plan_topic(spec, state, mark, deps, now or self.clock()), mark
 
-    def block_end(self, topic: Topic, rec: OffsetRecord, decision: Decision) -> delta_meta.BlockEnd:
+    def block_end(self, topic: Topic, rec: OffsetRecord, decision: Decision,
+                  base: delta_meta.TableSnapshot | None = None) -> delta_meta.BlockEnd:
         """The end of the next block the data allows under ``decision``'s cutoff, and its rows."""
         if decision.cutoff is None:
             return delta_meta.BlockEnd(None, 0, None)
-        return delta_meta.find_block_end(self.path(topic.spec.base), rec.last, decision.cutoff, topic.spec.maxstep)
+        return delta_meta.find_block_end(base or self.path(topic.spec.base), rec.last, decision.cutoff, topic.spec.maxstep)
 
     def lag(self) -> list[LagRow]:
         out = []
@@ -352,36 +373,35 @@ class Engine:
                         break
         return results
 
-    def _quarantine(self, topic: Topic, rec: OffsetRecord) -> int:
-        """Quarantine base rows no block can take: null ``pos``/``id``, and rows added since the
-        last planned snapshot with a position at or before ``last`` (late, out of order).
-        Returns how many rows are newly quarantined."""
-        base, path = topic.spec.base, self.path(topic.spec.base)
+    def _quarantine(self, topic: Topic, rec: OffsetRecord, base: delta_meta.TableSnapshot) -> int:
+        """Quarantine rows of the ``base`` snapshot no block can take: null ``pos``/``id``, and
+        rows added since the last planned snapshot with a position at or before ``last`` (late,
+        out of order). Returns how many rows are newly quarantined."""
         added = 0
-        bad = delta_meta.bad_position_rows(path)
+        bad = delta_meta.bad_position_rows(base)
         if bad.num_rows:
-            added += quarantine_rows(self.settings, topic.name, base, bad, self.clock())
+            added += quarantine_rows(self.settings, topic.name, topic.spec.base, bad, self.clock())
         if rec.source_version is not None and not rec.last.is_zero():
-            late = delta_meta.late_rows(path, rec.source_version, rec.last)
+            late = delta_meta.late_rows(base, rec.source_version, rec.last)
             if late.num_rows:
-                added += quarantine_rows(self.settings, topic.name, base, late, self.clock(), after_version=rec.source_version)
+                added += quarantine_rows(self.settings, topic.name, topic.spec.base, late, self.clock(),
+                                         after_version=rec.source_version)
         return added
 
-    def _plan_locked(self, topic: Topic, rec: OffsetRecord, decided: tuple[OffsetRecord, Decision] | None = None) -> Planned:
-        """With the topic's lock held: the pending block, or plan the next one (JVM-free).
-        ``decided``: a decision made just before taking the lock, reused if the record is unchanged."""
+    def _plan_locked(self, topic: Topic, rec: OffsetRecord, look: _Look | None = None) -> Planned:
+        """With the topic's lock held: the pending block, or plan the next one (JVM-free) on one
+        snapshot of the base table, which the block then reads. ``look``: what was seen just
+        before taking the lock, reused if the record is unchanged."""
         spec = topic.spec
         if rec.pending:
-            block = Block(topic.name, rec.seq, rec.last, rec.next)  # type: ignore[arg-type]
-            return Planned(block, f"retry block {rec.seq}", retry=True, source_version=rec.source_version)
-        bad_rows = self._quarantine(topic, rec)
-        if decided is not None and (decided[0].last, decided[0].seq, decided[0].next) == (rec.last, rec.seq, rec.next):
-            decision = decided[1]
-        else:
-            decision, _ = self.decide(topic, rec)
+            return _pending(rec)
+        if look is None or (look.rec.last, look.rec.seq, look.rec.next) != (rec.last, rec.seq, rec.next):
+            look = self._look(topic, rec)
+        base, decision = look.base, look.decision
+        bad_rows = self._quarantine(topic, rec, base)
         if not decision.ready:
             return Planned(None, decision.reason, bad_rows=bad_rows)
-        found = self.block_end(topic, rec, decision)
+        found = self.block_end(topic, rec, decision, base)
         if found.end is None:
             return Planned(None, decision.limit, bad_rows=bad_rows)
         # The Delta log outranks the store: a lost or restored store must never reuse a
@@ -391,23 +411,32 @@ class Engine:
         return Planned(Block(topic.name, seq, rec.last, found.end), f"block {seq}", base_rows=found.rows,
                        bad_rows=bad_rows, source_version=found.version)
 
+    def _look(self, topic: Topic, rec: OffsetRecord) -> _Look:
+        """Open the base table once and decide whether a step topic may plan a block on it. Only
+        the decision needs the base's mark, so it is exact only where the decision depends on it."""
+        base = delta_meta.TableSnapshot.open(self.path(topic.spec.base))
+        decision, _ = self.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
+        return _Look(rec, decision, base)
+
     def plan_block(self, name: str) -> Planned:
         """Fix the next block of step topic ``name`` in the offset store without processing it
         (or return the block already pending). Never starts Spark."""
         topic = self.lineage.topic(name)
         if topic.spec.processor is not Processor.STEP:
             raise ProcessingError(f"topic '{name}' is a {topic.spec.processor.value} topic: only step topics have blocks")
-        # Read-only look first: a topic that waits (the common case on a sensor tick) costs no
-        # lock and no write; the decision is made again under the lock before planning.
+        # Read-only look first: a pending block is all in the record, and a topic that waits
+        # (the common cases on a sensor tick) costs no lock and no write. Only planning a new
+        # block takes the lock, and reuses the look if the record has not changed meanwhile.
         rec = self.ensure_offsets(topic)
-        decided = None
-        if not rec.pending and not rec.owner:
-            decision, _ = self.decide(topic, rec)
-            if not decision.ready:
-                return Planned(None, decision.reason)
-            decided = (rec, decision)
+        look = None
+        if not rec.owner:
+            if rec.pending:
+                return _pending(rec)
+            look = self._look(topic, rec)
+            if not look.decision.ready:
+                return Planned(None, look.decision.reason)
         with self.locked(topic, record_failure=False) as locked_rec:
-            return self._plan_locked(topic, locked_rec, decided)
+            return self._plan_locked(topic, locked_rec, look)
 
     def run_block(self, name: str, seq: int) -> StepResult:
         """Process block ``seq`` of topic ``name``: the pending block, exactly as planned. A block

@@ -104,6 +104,9 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
 
         engine = Engine(settings, lineage)
         blocked = _blocked_tables(context.instance, lineage)
+        # Dagster validates each run request's partition key through this same caching loader
+        # (with the keys this tick adds): asking it here saves Dagster a second query per key.
+        partitions = context.caching_dynamic_partitions_loader or context.instance
         requests: list[dg.RunRequest] = []
         adds: dict[str, list[str]] = {}
         deletes: dict[str, list[str]] = {}
@@ -145,7 +148,11 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                     deletes.setdefault(pname, []).extend(k for k in expired_block_keys([*existing, pkey], keep) if k != pkey)
                     present = pkey in existing
                 else:
-                    present = context.instance.has_dynamic_partition(pname, pkey)
+                    # A block planned in this tick is added without asking: its key is new
+                    # unless the offset store was restored, and the daemon skips existing keys
+                    # anyway. A pending block's key may be missing (a tick failed after planning,
+                    # or `tidemark run` crashed after planning): ask.
+                    present = planned.retry and partitions.has_dynamic_partition(pname, pkey)
                 if not present:
                     adds.setdefault(pname, []).append(pkey)
                 blocks.append((name, table, seq, pkey))

@@ -8,6 +8,7 @@ Planner sensors and ``tidemark lag`` use this, so they stay fast and never start
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,16 +39,44 @@ def open_table(path: str, version: int | None = None) -> Any | None:
         return None
 
 
-def _files(table: Any) -> pa.Table:
-    return pa.table(table.get_add_actions(flatten=True))
+class TableSnapshot:
+    """One version of a Delta table, opened once. Planning a block asks the base table for its
+    mark, its null and late rows and the block's end: one snapshot answers all of them, so the
+    table and its file list are read once and every answer describes the same version."""
+
+    def __init__(self, path: str, table: Any | None) -> None:
+        self.path = path
+        self.table = table  # deltalake.DeltaTable; None when there is no table at ``path``
+
+    @classmethod
+    def open(cls, path: str, version: int | None = None) -> TableSnapshot:
+        """``path`` at ``version`` (default the newest)."""
+        return cls(path, open_table(path, version))
+
+    @functools.cached_property
+    def version(self) -> int | None:
+        return None if self.table is None else int(self.table.version())
+
+    @functools.cached_property
+    def columns(self) -> frozenset[str]:
+        return frozenset() if self.table is None else frozenset(f.name for f in self.table.schema().fields)
+
+    @functools.cached_property
+    def files(self) -> pa.Table:
+        """The data files with their flattened statistics (one row per add action)."""
+        return pa.table({}) if self.table is None else pa.table(self.table.get_add_actions(flatten=True))
 
 
-def _check_position_columns(table: Any, path: str) -> None:
-    names = {f.name for f in table.schema().fields}
-    missing = [c for c in ("pos", "id") if c not in names]
+def _snapshot(source: str | TableSnapshot) -> TableSnapshot:
+    """``source`` if it is a snapshot already, else the newest version of the table at that path."""
+    return source if isinstance(source, TableSnapshot) else TableSnapshot.open(source)
+
+
+def _check_position_columns(snap: TableSnapshot) -> None:
+    missing = [c for c in ("pos", "id") if c not in snap.columns]
     if missing:
         raise ProcessingError(
-            f"{path}: base table has no {' and no '.join(missing)} column; a step topic's base table needs "
+            f"{snap.path}: base table has no {' and no '.join(missing)} column; a step topic's base table needs "
             "'pos TIMESTAMP' and 'id BIGINT' (the row's position)"
         )
 
@@ -60,27 +89,32 @@ def _ts(value: Any) -> dt.datetime | None:
     return None
 
 
-def table_mark(path: str, *, positions: bool = True) -> TableMark:
+def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_than: Position | None = None) -> TableMark:
     """Delta version and newest ``(pos, id)`` of a table (``positions=False``: version only,
-    or newest ``pos`` with id 0 when the table has a ``pos`` column)."""
-    table = open_table(path)
+    or newest ``pos`` with id 0 when the table has a ``pos`` column).
+
+    ``newer_than``: for a caller that only compares the newest position with this one. When
+    the statistics prove a row with an id more than :data:`STATS_SLACK` after it, no rows are
+    read and the position is the statistics' newest ``pos`` with id 0, which compares the same."""
+    snap = _snapshot(source)
+    table, version = snap.table, snap.version
     if table is None:
         return TableMark(None, None)
-    version = table.version()
-    names = {f.name for f in table.schema().fields}
-    if "pos" not in names:
+    if "pos" not in snap.columns:
         return TableMark(None, version)
-    files = _files(table)
+    files = snap.files
     if files.num_rows == 0 or "max.pos" not in files.column_names:
         return TableMark(None, version)
     max_pos = pc.max(files["max.pos"]).as_py()
     if max_pos is None:
         return TableMark(None, version)
-    if not positions or "id" not in names:
+    if not positions or "id" not in snap.columns:
         return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
-    # Statistics keep timestamps at millisecond precision: read the few rows at or after the
-    # newest statistic to find the exact newest (pos, id).
+    # Statistics keep timestamps at millisecond precision: the newest row is at or after floor.
     floor = _minus(_ts(max_pos) or dt.datetime.min, STATS_SLACK)
+    if newer_than is not None and floor > newer_than.pos and _ids_known_from(files, floor):
+        return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
+    # Read the few rows at or after floor to find the exact newest (pos, id).
     ds = table.to_pyarrow_dataset(file_pruning_predicate=[("pos", ">=", _utc(floor))])
     rows = ds.to_table(columns=["pos", "id"], filter=pc.field("pos") >= pa.scalar(floor, ds.schema.field("pos").type))
     rows = rows.filter(pc.is_valid(rows["id"])).sort_by([("pos", "descending"), ("id", "descending")])
@@ -89,15 +123,22 @@ def table_mark(path: str, *, positions: bool = True) -> TableMark:
     return TableMark(Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py())), version)
 
 
-def _rows_after(path: str, last: Position, cutoff: dt.datetime,
-                version: int | None = None) -> tuple[pa.Table, int] | None:
-    """``pos``/``id`` of the rows after ``last`` with ``pos <= cutoff``, in position order, and
-    the table version read (``version``, default the newest). Reads only the files whose
-    statistics overlap ``[last.pos, cutoff]``."""
-    table = open_table(path, version)
+def _ids_known_from(files: pa.Table, floor: dt.datetime) -> bool:
+    """Whether the statistics show no null ``id`` in the files that hold rows at or after
+    ``floor`` (a row with a null id has no position, so it cannot be the newest)."""
+    if "null_count.id" not in files.column_names:
+        return False
+    newest = files.filter(pc.greater_equal(files["max.pos"], pa.scalar(floor, files["max.pos"].type)))
+    return newest.num_rows > 0 and pc.max(pc.fill_null(newest["null_count.id"], 1)).as_py() == 0
+
+
+def _rows_after(snap: TableSnapshot, last: Position, cutoff: dt.datetime) -> pa.Table | None:
+    """``pos``/``id`` of the rows of ``snap`` after ``last`` with ``pos <= cutoff``, in position
+    order. Reads only the files whose statistics overlap ``[last.pos, cutoff]``."""
+    table = snap.table
     if table is None:
         return None
-    _check_position_columns(table, path)
+    _check_position_columns(snap)
     ds = table.to_pyarrow_dataset(
         file_pruning_predicate=[("pos", ">=", _utc(_minus(last.pos, STATS_SLACK))), ("pos", "<=", _utc(_plus(cutoff, STATS_SLACK)))]
     )
@@ -105,7 +146,7 @@ def _rows_after(path: str, last: Position, cutoff: dt.datetime,
     lp, cp = pa.scalar(last.pos, pos_type), pa.scalar(cutoff, pos_type)
     after_last = (pc.field("pos") > lp) | ((pc.field("pos") == lp) & (pc.field("id") > pa.scalar(last.id, pa.int64())))
     rows = ds.to_table(columns=["pos", "id"], filter=after_last & (pc.field("pos") <= cp))
-    return rows.sort_by([("pos", "ascending"), ("id", "ascending")]), table.version()
+    return rows.sort_by([("pos", "ascending"), ("id", "ascending")])
 
 
 @dataclass(frozen=True)
@@ -118,17 +159,17 @@ class BlockEnd:
     version: int | None
 
 
-def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int) -> BlockEnd:
+def find_block_end(source: str | TableSnapshot, last: Position, cutoff: dt.datetime, maxstep: int) -> BlockEnd:
     """The end of the next block: the ``maxstep``-th row after ``last`` with ``pos <= cutoff``
     in ``(pos, id)`` order (or the last eligible row if fewer), and the number of rows in
     ``(last, end]``; ``end`` is None when no row is eligible.
 
     The cost follows the new data, not the table's history (see :func:`_rows_after`).
     """
-    found = _rows_after(path, last, cutoff)
-    if found is None:
+    snap = _snapshot(source)
+    rows, version = _rows_after(snap, last, cutoff), snap.version
+    if rows is None:
         return BlockEnd(None, 0, None)
-    rows, version = found
     if rows.num_rows == 0:
         return BlockEnd(None, 0, version)
     take = min(maxstep, rows.num_rows)
@@ -143,21 +184,21 @@ def find_block_end(path: str, last: Position, cutoff: dt.datetime, maxstep: int)
 
 def count_block(path: str, last: Position, next_: Position, version: int | None = None) -> int:
     """Rows of the base table at ``path`` (at ``version``) inside ``(last, next]``."""
-    found = _rows_after(path, last, next_.pos, version)
-    if found is None or found[0].num_rows == 0:
+    rows = _rows_after(TableSnapshot.open(path, version), last, next_.pos)
+    if rows is None or rows.num_rows == 0:
         return 0
-    rows = found[0]
     at_end = pc.and_(pc.equal(rows["pos"], pa.scalar(next_.pos, rows.schema.field("pos").type)),
                      pc.greater(rows["id"], pa.scalar(next_.id, pa.int64())))
     return rows.num_rows - int(pc.sum(at_end).as_py() or 0)
 
 
-def bad_position_rows(path: str) -> pa.Table:
+def bad_position_rows(source: str | TableSnapshot) -> pa.Table:
     """Rows whose ``pos`` or ``id`` is null. Reads only files whose statistics count nulls."""
-    table = open_table(path)
+    snap = _snapshot(source)
+    table = snap.table
     if table is None:
         return pa.table({})
-    files = _files(table)
+    files = snap.files
     if files.num_rows == 0 or "null_count.pos" not in files.column_names:
         return pa.table({})
     nulls = pc.add(pc.fill_null(files["null_count.pos"], 0), pc.fill_null(files["null_count.id"], 0))
@@ -167,19 +208,21 @@ def bad_position_rows(path: str) -> pa.Table:
     return ds.to_table(filter=pc.field("pos").is_null() | pc.field("id").is_null())
 
 
-def late_rows(path: str, after_version: int, last: Position) -> pa.Table:
-    """Rows added to ``path`` after ``after_version`` whose position is at or before ``last``:
-    rows that arrived out of order, after their place was already processed.
+def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -> pa.Table:
+    """Rows added to the table after ``after_version`` (up to the snapshot's version) whose
+    position is at or before ``last``: rows that arrived out of order, after their place was
+    already processed.
 
     Reads only the commits after ``after_version`` and, of the files they added, only those
     whose statistics allow a position at or before ``last``."""
-    table = open_table(path)
-    if table is None or table.version() <= after_version:
+    snap = _snapshot(source)
+    if snap.version is None or snap.version <= after_version:
         return pa.table({})
+    path = snap.path
     fs, log = _log_fs(path)
     limit = _plus(last.pos, STATS_SLACK)
     files = []
-    for version in range(after_version + 1, table.version() + 1):
+    for version in range(after_version + 1, snap.version + 1):
         try:
             actions = _read_commit(fs, log, version)
         except (FileNotFoundError, OSError):

@@ -77,6 +77,26 @@ def test_sensor_waits_with_the_planners_reason_then_adds_partition_and_requests_
         assert [r.run_key for r in again.run_requests] == ["fact.events@1#1"] and not again.dynamic_partitions_requests
 
 
+def test_a_pending_block_is_requested_again_without_a_write_unless_a_run_holds_it(settings, tmp_path):
+    s, defs = _defs(settings, tmp_path, maxstep=30)
+    write_users(s)
+    write_rows(s, "stage.events", make_events(50, distinct_pos=50))
+    sensor = defs.get_sensor_def("tidemark_planner")
+    store = open_offset_store(s.offsets_url)
+    with dg.instance_for_test() as instance:
+        _tick(sensor, instance, defs)
+        planned = store.get("fact.events")
+        # The planned block's partition was never added (e.g. the tick's result was lost).
+        again = _tick(sensor, instance, defs)
+        assert [r.run_key for r in again.run_requests] == ["fact.events@1#1"]
+        assert [list(r.partition_keys) for r in again.dynamic_partitions_requests] == [["00000001"]]
+        # The pending block is read, not locked: the record (even updated_at) is unchanged.
+        assert store.get("fact.events") == planned and store.history("fact.events")[0].action == "plan"
+        store.acquire("fact.events", "elsewhere:1:abcd")  # a run of the block holds the topic
+        held = _tick(sensor, instance, defs)
+        assert not held.run_requests and "fact.events: running (elsewhere:1:abcd)" in held.skip_message
+
+
 @pytest.mark.spark
 def test_materializing_a_block_partition_writes_exactly_that_block(spark, settings, tmp_path):
     s, defs = _defs(settings, tmp_path, maxstep=30)

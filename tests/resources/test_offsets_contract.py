@@ -411,6 +411,37 @@ def test_open_sqlite_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert (tmp_path / "state" / "offsets.db").is_file()
 
 
+def test_sqlite_waits_for_the_disk_on_every_write_but_init_and_the_lock(tmp_path: Path) -> None:
+    """plan/commit/reset must survive a power cut; init/acquire/release need not (see
+    resources.offset_sql), and a refused one must not leave the connection relaxed."""
+    store = SqlOffsetStore.sqlite(tmp_path / "offsets.db")
+    relaxed: list[str] = []
+    store._conn.set_trace_callback(lambda sql: relaxed.append(sql) if sql == "PRAGMA synchronous=NORMAL" else None)
+
+    def relaxes(call: Callable[[], object]) -> bool:
+        relaxed.clear()
+        call()
+        assert store._conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL again
+        return bool(relaxed)
+
+    def refused_acquire() -> None:
+        with pytest.raises(TopicLockedError):
+            store.acquire(T, B)
+
+    try:
+        assert relaxes(lambda: store.init(T, P(0), "step", who="test"))
+        assert relaxes(lambda: store.acquire(T, A))
+        assert relaxes(refused_acquire)
+        assert not relaxes(lambda: store.plan(T, A, last=P(0), next=P(1), seq=1, source_version=None))
+        assert not relaxes(lambda: store.commit(T, A, seq=1, last=P(0), next=P(1), rows=0))
+        assert not relaxes(lambda: store.set_state(T, A, "x"))
+        assert relaxes(lambda: store.release(T, A))
+        assert not relaxes(lambda: store.reset(T, P(0), who="test", reason="test"))
+        assert not relaxes(lambda: store.unlock(T, who="test"))
+    finally:
+        store.close()
+
+
 @pytest.mark.postgres
 def test_open_postgres_alias(pg_url: str) -> None:
     s = open_offset_store(pg_url.replace("postgresql://", "postgres://"))
