@@ -614,7 +614,7 @@ class Engine:
         if version is not None:
             reader = reader.option("versionAsOf", version)
         df = (reader.load(self.path(base))
-              .where((pos >= lp) & (pos <= np_))
+              .where((pos >= lp) & (pos <= np_) & id_.isNotNull())  # a row without an id is quarantined instead
               .where(((pos > lp) | (id_ > li)) & ((pos < np_) | (id_ <= ni))))
         df.createOrReplaceTempView("block")
         return df

@@ -118,8 +118,11 @@ def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_tha
     ds = table.to_pyarrow_dataset(file_pruning_predicate=[("pos", ">=", _utc(floor))])
     rows = ds.to_table(columns=["pos", "id"], filter=pc.field("pos") >= pa.scalar(floor, ds.schema.field("pos").type))
     rows = rows.filter(pc.is_valid(rows["id"])).sort_by([("pos", "descending"), ("id", "descending")])
-    if rows.num_rows == 0:
-        return TableMark(None, version)
+    if rows.num_rows == 0:  # the newest rows have no id (bad rows): the newest valid row is older
+        rows = table.to_pyarrow_dataset().to_table(columns=["pos", "id"], filter=pc.field("id").is_valid() & pc.field("pos").is_valid())
+        rows = rows.sort_by([("pos", "descending"), ("id", "descending")])
+        if rows.num_rows == 0:
+            return TableMark(None, version)
     return TableMark(Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py())), version)
 
 
@@ -145,7 +148,8 @@ def _rows_after(snap: TableSnapshot, last: Position, cutoff: dt.datetime) -> pa.
     pos_type = ds.schema.field("pos").type
     lp, cp = pa.scalar(last.pos, pos_type), pa.scalar(cutoff, pos_type)
     after_last = (pc.field("pos") > lp) | ((pc.field("pos") == lp) & (pc.field("id") > pa.scalar(last.id, pa.int64())))
-    rows = ds.to_table(columns=["pos", "id"], filter=after_last & (pc.field("pos") <= cp))
+    # A row without an id has no position: it is quarantined, never part of a block.
+    rows = ds.to_table(columns=["pos", "id"], filter=after_last & (pc.field("pos") <= cp) & pc.field("id").is_valid())
     return rows.sort_by([("pos", "ascending"), ("id", "ascending")])
 
 

@@ -113,7 +113,11 @@ def test_null_positions_are_quarantined_and_counted(spark, settings, tmp_path):
     rows[20] = {**rows[20], "id": None}
     write_rows(eng.settings, "stage.events", rows)
     r = eng.run_topic("fact.events")
-    assert r.processed and r.bad_rows == 2
+    assert r.processed and r.bad_rows == 2 and r.base_rows == 48
+    written = spark.read.format("delta").load(eng.path("fact.events"))
+    assert written.where("id IS NULL").count() == 0  # quarantined, not also written
+    assert sorted(x.id for x in written.select("id").collect()) == sorted(
+        x["id"] for x in rows if x["id"] is not None and x["pos"] is not None and x["kind"] != "skip")
     q = spark.read.format("delta").load(eng.path("etl.quarantine")).collect()
     assert sorted(x.reason for x in q) == ["null position: null id", "null position: null pos"]
     assert {json.loads(x.row)["user_id"] for x in q} == {rows[10]["user_id"], rows[20]["user_id"]}
@@ -122,6 +126,13 @@ def test_null_positions_are_quarantined_and_counted(spark, settings, tmp_path):
     write_rows(eng.settings, "stage.events", make_events(10, start_id=100, start=T0 + dt.timedelta(hours=2)))
     assert eng.run_topic("fact.events").bad_rows == 0
     assert spark.read.format("delta").load(eng.path("etl.quarantine")).count() == 2
+    # The newest rows have no id: the rows before them still make a block, the bad ones are held.
+    more = make_events(10, start_id=200, start=T0 + dt.timedelta(hours=4), distinct_pos=10)
+    more[-1] = {**more[-1], "id": None}
+    write_rows(eng.settings, "stage.events", more)
+    r = eng.run_topic("fact.events")
+    assert r.processed and r.base_rows == 9 and r.bad_rows == 1
+    assert r.block.next == Position(more[-2]["pos"], more[-2]["id"])
 
 
 def test_second_run_of_a_topic_fails_naming_the_holder(spark, settings, tmp_path):
