@@ -172,8 +172,8 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
             else:
                 waits.append(f"{name} block {seq}: {why}")
         deletes = {n: keys for n, keys in deletes.items() if keys}
-        for reason in waits:  # the skip reason shows only on ticks that request nothing
-            context.log.info(f"waits: {reason}")
+        if waits:  # the skip reason shows only on ticks that request nothing; the log always
+            context.log.info(f"{len(waits)} waiting:\n" + "\n".join(waits))
         return dg.SensorResult(
             run_requests=requests,
             dynamic_partitions_requests=[
