@@ -103,7 +103,6 @@ class OpenBlock:
     out: DataFrame | None = None  # None: nothing to write (the data landed before a crash)
     landed: delta_meta.CommitStats | None = None
     base_mark: Position | None = None  # reload: the base's newest position (its new ``last``)
-    base_version: int | None = None  # reload: the base snapshot rebuilt from
     result: StepResult | None = None  # set by finish()
 
     @property
@@ -492,7 +491,7 @@ class Engine:
                 return StepResult(topic.name, False, planned.reason, bad_rows=planned.bad_rows)
             return self._open_step(topic, planned)
         if rec.pending and rec.seq == seq:
-            return self._open_step(topic, self._plan_locked(topic, rec))
+            return self._open_step(topic, _pending(rec))
         if not rec.pending and 0 < seq <= rec.seq:
             return StepResult(topic.name, False, f"block {seq} already committed (topic is at block {rec.seq})")
         state = f"block {rec.seq} pending" if rec.pending else f"last committed block {rec.seq}"
@@ -568,7 +567,7 @@ class Engine:
         self._run_sql(topic, "before", None)
         out = self._transform(topic, base_df)
         return OpenBlock(topic, Planned(None, f"reload {rec.seq + 1}", source_version=base.version), started, rec.seq + 1,
-                         out=out, base_mark=base.max_position or Position.zero(), base_version=base.version)
+                         out=out, base_mark=base.max_position or Position.zero())
 
     def _finish_reload(self, opened: OpenBlock) -> StepResult:
         topic, seq = opened.topic, opened.seq
@@ -576,7 +575,8 @@ class Engine:
         dest = self.path(spec.destination)
         if opened.out is None:
             raise ProcessingError(f"topic '{topic.name}': reload {seq} has no output to write")
-        meta = {"topic": topic.name, "seq": seq, "source_version": opened.base_version, "run_id": self.run_id}
+        source_version = opened.planned.source_version
+        meta = {"topic": topic.name, "seq": seq, "source_version": source_version, "run_id": self.run_id}
         # No idempotency token: a rebuild is idempotent by nature, and one after a crash must
         # rewrite from the current sources rather than be skipped.
         (opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
@@ -589,7 +589,7 @@ class Engine:
                                 time.monotonic() - opened.started)
         self._run_sql(topic, "after", None)
         self.store.commit_reload(topic.name, self.owner, seq=seq, mark=mark, rows=committed.rows,
-                                 source_version=opened.base_version, note=f"rows={committed.rows} delta_version={committed.version}")
+                                 source_version=source_version, note=f"rows={committed.rows} delta_version={committed.version}")
         write_etl_log(self.settings, entry)
         return StepResult(topic.name, True, f"reload {seq}", rows=committed.rows, delta_version=committed.version,
                           duration_s=time.monotonic() - opened.started, stats=_stats_dict(entry))
