@@ -297,6 +297,14 @@ class Lineage:
         table = self.topic(topic).spec.destination
         return block_key(topic, seq, qualified=len(self.producers(table)) > 1)
 
+    def block_of(self, table: str, key: str) -> tuple[str, int]:
+        """``(topic, seq)`` of block partition ``key`` of ``table`` (the inverse of
+        :meth:`block_key`: an unqualified key belongs to the table's only topic)."""
+        from lineage.partitions import parse_block_key
+
+        topic, seq = parse_block_key(key)
+        return topic or self._producers[table][0].name, seq
+
     def tables(self) -> list[str]:
         """Every table the lineage names: sources first, then destinations."""
         out = list(self.sources)

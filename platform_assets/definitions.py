@@ -27,7 +27,7 @@ import dagster as dg
 from lineage.checks import CHECK_NAMES, ChecksSpec, Severity, evaluate_block
 from lineage.errors import ProcessingError
 from lineage.loader import load_lineage
-from lineage.partitions import parse_block_key, partitions_name
+from lineage.partitions import partitions_name
 from lineage.spec import Lineage, Processor
 from platform_assets.alerts import RESOURCE_KEY, AlertNotifierResource, build_alert_sensor
 from platform_assets.sensors import build_planner_sensor
@@ -58,15 +58,14 @@ def _check_results(key: dg.AssetKey, spec: ChecksSpec, stats: dict[str, Any]) ->
     ]
 
 
-def _step_compute(lineage: Lineage, table: str, topics: list[str]) -> Any:
+def _step_compute(lineage: Lineage, table: str) -> Any:
     key = asset_key(table)
 
     def compute(context):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 - Dagster inspects the signature
         from platform_assets.engine import StepResult
         from resources.meta_tables import read_etl_log
 
-        topic, seq = parse_block_key(context.partition_key)
-        topic = topic or topics[0]
+        topic, seq = lineage.block_of(table, context.partition_key)
         spec = lineage.topic(topic).spec
         io: OffsetIOManager = getattr(context.resources, IO_MANAGER_KEY)
         # Take the lock and build the block's output; the IO manager writes it exactly once and
@@ -75,7 +74,7 @@ def _step_compute(lineage: Lineage, table: str, topics: list[str]) -> Any:
         yield dg.Output(opened)
         if isinstance(opened, StepResult):  # committed earlier: report that block's logged figures again
             context.log.info(f"{topic}: {opened.reason}")
-            logged = next((row for row in read_etl_log(io.settings(), topic, limit=100_000) if row["seq"] == seq), None)
+            logged = next((row for row in read_etl_log(io.engine().settings, topic, limit=100_000) if row["seq"] == seq), None)
             if logged:
                 yield from _check_results(key, spec.checks, {**logged, "nulls": dict(logged["nulls"] or [])})
             return
@@ -136,7 +135,7 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
                                   description=f"block {name}: the etl.log figures of each block against the spec's thresholds")
                 for name in CHECK_NAMES
             ] if step else None,
-        )(_step_compute(lineage, table, topics) if step else _reload_compute(topics[0])))
+        )(_step_compute(lineage, table) if step else _reload_compute(topics[0])))
     return dg.Definitions(
         assets=[*sources, *assets],
         sensors=[build_planner_sensor(settings, lineage), build_alert_sensor()],

@@ -30,7 +30,6 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from lineage.errors import ProcessingError
-from lineage.partitions import parse_block_key
 from resources import delta_meta
 from resources.settings import Settings
 
@@ -82,7 +81,7 @@ class OffsetIOManager(dg.ConfigurableIOManager):
 
     # ------------------------------------------------------------------ output
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
-        from platform_assets.engine import OpenBlock, StepResult
+        from platform_assets.engine import OpenBlock, StepResult  # the engine lives above resources/
 
         if isinstance(obj, StepResult):  # nothing to write: a committed block, or a reload that waits
             context.add_output_metadata({"topic": obj.topic, "note": obj.reason})
@@ -100,6 +99,8 @@ class OffsetIOManager(dg.ConfigurableIOManager):
     # ------------------------------------------------------------------ input
     def load_input(self, context: dg.InputContext) -> DataFrame:
         """The upstream block's rows (every mapped block's, if several), as a Spark DataFrame."""
+        from platform_assets.engine import data_app_id
+
         engine = self.engine()
         key = context.asset_key
         table = ".".join(key.path)
@@ -112,9 +113,8 @@ class OffsetIOManager(dg.ConfigurableIOManager):
         files: list[str] = []
         version = -1
         for pkey in context.asset_partition_keys:
-            topic, seq = parse_block_key(pkey)
-            topic = topic or engine.lineage.destinations()[table][0]
-            commit = delta_meta.find_txn_commit(path, f"tidemark:{topic}", seq, search=LOAD_SEARCH_VERSIONS)
+            topic, seq = engine.lineage.block_of(table, pkey)
+            commit = delta_meta.find_txn_commit(path, data_app_id(topic), seq, search=LOAD_SEARCH_VERSIONS)
             if commit is None:
                 raise ProcessingError(
                     f"asset {key.to_user_string()}: block {pkey} of topic '{topic}' has no commit in {path}/_delta_log "

@@ -344,6 +344,11 @@ def test_topic_names_with_tag_and_shard(lin: Path) -> None:
     ]
     assert list(lineage.topics)[-1] == "mart.orders"
     assert lineage.tables() == ["stage.web", "stage.app", "fact.orders", "mart.orders"]
+    # block keys: topic-qualified only where several topics build the table; block_of inverts
+    assert lineage.block_key("fact.orders#web", 7) == "fact.orders#web@00000007"
+    assert lineage.block_of("fact.orders", "fact.orders#web@00000007") == ("fact.orders#web", 7)
+    assert lineage.block_key("mart.orders", 12) == "00000012"
+    assert lineage.block_of("mart.orders", "00000012") == ("mart.orders", 12)
 
 
 def test_single_file_path_and_empty_files(lin: Path) -> None:
