@@ -116,13 +116,13 @@ def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_tha
         return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
     # Read the few rows at or after floor to find the exact newest (pos, id).
     ds = table.to_pyarrow_dataset(file_pruning_predicate=[("pos", ">=", _utc(floor))])
-    rows = ds.to_table(columns=["pos", "id"], filter=pc.field("pos") >= pa.scalar(floor, ds.schema.field("pos").type))
-    rows = rows.filter(pc.is_valid(rows["id"])).sort_by([("pos", "descending"), ("id", "descending")])
+    positioned = pc.field("pos").is_valid() & pc.field("id").is_valid()
+    rows = ds.to_table(columns=["pos", "id"], filter=positioned & (pc.field("pos") >= pa.scalar(floor, ds.schema.field("pos").type)))
     if rows.num_rows == 0:  # the newest rows have no id (bad rows): the newest valid row is older
-        rows = table.to_pyarrow_dataset().to_table(columns=["pos", "id"], filter=pc.field("id").is_valid() & pc.field("pos").is_valid())
-        rows = rows.sort_by([("pos", "descending"), ("id", "descending")])
-        if rows.num_rows == 0:
-            return TableMark(None, version)
+        rows = table.to_pyarrow_dataset().to_table(columns=["pos", "id"], filter=positioned)
+    if rows.num_rows == 0:
+        return TableMark(None, version)
+    rows = rows.sort_by([("pos", "descending"), ("id", "descending")])
     return TableMark(Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py())), version)
 
 
