@@ -4,7 +4,9 @@ a ``pos``, a small ``users`` dimension, and a step topic that joins them."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
+import sys
 import textwrap
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pyarrow as pa
 
 from resources.settings import Settings
 
+ROOT = Path(__file__).resolve().parents[2]
 T0 = dt.datetime(2026, 1, 1, 0, 0, 0)
 _TS = pa.timestamp("us", tz="UTC")
 EVENTS_SCHEMA = pa.schema([("pos", _TS), ("id", pa.int64()), ("user_id", pa.int64()), ("amount", pa.float64()),
@@ -73,3 +76,16 @@ def make_events(n: int, *, start_id: int = 1, start: dt.datetime = T0, distinct_
     pos = sorted(rng.choice(stamps) for _ in range(n))
     return [{"pos": p, "id": start_id + i, "user_id": rng.randint(0, 25), "amount": round(rng.uniform(0, 100), 2),
              "kind": rng.choice(["a", "b", "skip"])} for i, p in enumerate(pos)]
+
+
+def materialize_command(settings: Settings, dagster_home: Path, table_key: str, partition: str, *,
+                        master: str = "local[2]", **env: str) -> tuple[list[str], dict[str, str]]:
+    """``dagster asset materialize`` of one block partition in a fresh process (its own JVM),
+    on ``settings`` and the instance at ``dagster_home``: the command and its environment
+    (``env``: extra variables, e.g. ``TIDEMARK_CRASH_AT``)."""
+    cmd = [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "platform_assets.definitions",
+           "--select", table_key, "--partition", partition]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_HOME": str(settings.home),
+                "TIDEMARK_LINEAGE": str(settings.lineage), "TIDEMARK_SPARK_MASTER": master,
+                "TIDEMARK_DRIVER_MEMORY": "1g", "DAGSTER_HOME": str(dagster_home), **env}
+    return cmd, full_env

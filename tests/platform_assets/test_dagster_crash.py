@@ -18,19 +18,21 @@ from lineage.partitions import partitions_name
 from platform_assets.engine import data_app_id
 from resources.meta_tables import read_etl_log
 from resources.offset_sql import open_offset_store
-from tests.platform_assets.shop import make_events, write_lineage, write_rows, write_users
+from tests.platform_assets.shop import (
+    ROOT,
+    make_events,
+    materialize_command,
+    write_lineage,
+    write_rows,
+    write_users,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def _dagster(settings, dagster_home: Path, *args: str, crash: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_HOME": str(settings.home), "TIDEMARK_LINEAGE": str(settings.lineage),
-           "TIDEMARK_SPARK_MASTER": "local[2]", "TIDEMARK_DRIVER_MEMORY": "1g", "DAGSTER_HOME": str(dagster_home)}
-    if crash:
-        env["TIDEMARK_CRASH_AT"] = crash
-    return subprocess.run([str(Path(sys.executable).parent / "dagster"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=400)
+def _materialize(settings, dagster_home: Path, key: str, **env: str) -> subprocess.CompletedProcess:
+    cmd, full_env = materialize_command(settings, dagster_home, "fact/events", key, **env)
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=400)
 
 
 def test_killed_block_run_retried_through_dagster_lands_once(spark, settings, tmp_path):
@@ -48,8 +50,7 @@ def test_killed_block_run_retried_through_dagster_lands_once(spark, settings, tm
     key = plan.stdout.split()[-1]
     assert key == "00000001"
 
-    args = ("asset", "materialize", "-m", "platform_assets.definitions", "--select", "fact/events", "--partition", key)
-    killed = _dagster(s, dagster_home, *args, crash="written")
+    killed = _materialize(s, dagster_home, key, TIDEMARK_CRASH_AT="written")
     assert killed.returncode == -9, killed.stderr[-3000:]
     dest = s.table_path("fact.events")
     store = open_offset_store(s.offsets_url)
@@ -57,7 +58,7 @@ def test_killed_block_run_retried_through_dagster_lands_once(spark, settings, tm
     assert rec.pending and rec.seq == 1  # the offset did not move ...
     assert DeltaTable(dest).transaction_version(data_app_id("fact.events")) == 1  # ... but the data landed
 
-    retried = _dagster(s, dagster_home, *args)
+    retried = _materialize(s, dagster_home, key)
     assert retried.returncode == 0, retried.stderr[-3000:]
     out = retried.stderr + retried.stdout
     assert "RUN_SUCCESS" in out

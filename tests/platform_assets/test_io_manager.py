@@ -5,9 +5,7 @@ both write (the pool serialises them, the offset-store lock stops them if the po
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +20,15 @@ from platform_assets.engine import Engine
 from resources.io_manager import IO_MANAGER_KEY, OffsetIOManager
 from resources.meta_tables import read_etl_log
 from resources.offset_sql import open_offset_store
-from tests.platform_assets.shop import make_events, write_lineage, write_rows, write_users
+from tests.platform_assets.shop import (
+    ROOT,
+    make_events,
+    materialize_command,
+    write_lineage,
+    write_rows,
+    write_users,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 EVENTS = dg.AssetKey(["fact", "events"])
 RELOAD_TOPIC = """\
 - table: dim.user_count
@@ -146,14 +150,9 @@ def test_reload_asset_is_rebuilt_by_the_io_manager_and_loads_whole(spark, settin
 
 
 # --------------------------------------------------------------------- two concurrent runs
-def _materialize(s, dagster_home: Path, key: str, pause: str | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_HOME": str(s.home), "TIDEMARK_LINEAGE": str(s.lineage),
-           "TIDEMARK_SPARK_MASTER": "local[1]", "TIDEMARK_DRIVER_MEMORY": "1g", "DAGSTER_HOME": str(dagster_home)}
-    if pause:
-        env["TIDEMARK_PAUSE_AT"] = pause
-    cmd = [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "platform_assets.definitions",
-           "--select", "fact/events", "--partition", key]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _materialize(s, dagster_home: Path, key: str, **env: str) -> subprocess.Popen:
+    cmd, full_env = materialize_command(s, dagster_home, "fact/events", key, master="local[1]", **env)
+    return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _wait_for_lock(s, timeout: float = 120.0) -> str:
@@ -176,7 +175,7 @@ def _concurrent_runs(settings, tmp_path, dagster_yaml: str) -> tuple[str, subpro
     with dg.DagsterInstance.from_config(str(home)) as instance:
         key = _plan(s, instance)
     # The first run holds the lock (and its pool slot) while it sits paused before its write.
-    first = _materialize(s, home, key, pause="transformed:20")
+    first = _materialize(s, home, key, TIDEMARK_PAUSE_AT="transformed:20")
     _wait_for_lock(s)
     second = _materialize(s, home, key)
     out2 = second.communicate(timeout=400)[0]
