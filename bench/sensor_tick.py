@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lineage.loader import load_lineage  # noqa: E402
 from platform_assets.definitions import build_definitions  # noqa: E402
+from platform_assets.local_daemon import apply_partition_requests  # noqa: E402
 from platform_assets.sensors import build_planner_sensor  # noqa: E402
 from resources.offset_sql import open_offset_store  # noqa: E402
 from resources.settings import Settings  # noqa: E402
@@ -80,8 +81,7 @@ def main() -> None:
         sensor = build_planner_sensor(settings, load_lineage(settings.lineage))
         plan_s, data = tick(sensor, instance, defs)
         assert len(data.run_requests) == args.topics, data.skip_message
-        for req in data.dynamic_partitions_requests:
-            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        apply_partition_requests(instance, data.dynamic_partitions_requests)
         steady = [tick(sensor, instance, defs)[0] for _ in range(args.repeat)]
         # Commit every pending block in the store (as finished runs would), then tick idle.
         store = open_offset_store(settings.offsets_url)

@@ -48,7 +48,8 @@ def _summary(job: str, partition: str | None, result: dg.ExecuteInProcessResult)
     return RunSummary(result.run_id, job, partition, result.success, metadata, checks, error)
 
 
-def _apply_partition_requests(instance: dg.DagsterInstance, requests: Any) -> None:
+def apply_partition_requests(instance: dg.DagsterInstance, requests: Any) -> None:
+    """Add and delete the dynamic partitions a sensor tick asked for, as the daemon does."""
     for req in requests:
         if isinstance(req, dg.AddDynamicPartitionsRequest):
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
@@ -69,7 +70,7 @@ def run_until_idle(defs: dg.Definitions, instance: dg.DagsterInstance, *, max_ru
     while len(runs) < max_runs:
         ctx = dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(), definitions=defs)
         tick = sensor.evaluate_tick(ctx)
-        _apply_partition_requests(instance, tick.dynamic_partitions_requests or [])
+        apply_partition_requests(instance, tick.dynamic_partitions_requests or [])
         if not tick.run_requests:
             return runs, tick.skip_message or ""
         for req in tick.run_requests:
