@@ -52,6 +52,29 @@ def write_lineage(root: Path, *, maxstep: int = 100, delay: str = "0", repeat: s
     return lin
 
 
+def sorted_rows(df) -> list[tuple]:  # noqa: ANN001 - a Spark DataFrame
+    """A DataFrame's rows, columns in name order, sorted: comparable whatever the write order."""
+    return sorted((tuple(r) for r in df.select(*sorted(df.columns)).collect()), key=repr)
+
+
+def table_rows(spark, path: str) -> list[tuple]:  # noqa: ANN001 - a SparkSession
+    return sorted_rows(spark.read.format("delta").load(path))
+
+
+def full_recompute(spark, settings: Settings, exclude_ids: frozenset[int] | set[int] = frozenset()) -> list[tuple]:  # noqa: ANN001
+    """``fact.events`` as one run of the transform over every valid row of ``stage.events`` (less
+    ``exclude_ids``, e.g. late rows that are quarantined instead)."""
+    from lineage.loader import load_lineage
+    from platform_assets.engine import Engine
+
+    Engine(settings, load_lineage(settings.lineage), spark=spark).register_tables()
+    base = spark.read.format("delta").load(settings.table_path("stage.events")).where("pos IS NOT NULL AND id IS NOT NULL")
+    if exclude_ids:
+        base = base.where(~base.id.isin(sorted(exclude_ids)))
+    base.createOrReplaceTempView("block")
+    return sorted_rows(spark.sql(TRANSFORM_SQL))
+
+
 def write_rows(settings: Settings, table: str, rows: list[dict], schema: pa.Schema = EVENTS_SCHEMA) -> None:
     from deltalake import write_deltalake
 

@@ -12,12 +12,18 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lineage.loader import load_lineage
-from platform_assets.engine import Engine, data_app_id
+from platform_assets.engine import data_app_id
 from resources.meta_tables import read_etl_log
 from resources.offset_sql import open_offset_store
 from resources.settings import Settings
-from tests.platform_assets.shop import TRANSFORM_SQL, make_events, write_lineage, write_rows, write_users
+from tests.platform_assets.shop import (
+    full_recompute,
+    make_events,
+    sorted_rows,
+    write_lineage,
+    write_rows,
+    write_users,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,15 +39,11 @@ def _tidemark(settings: Settings, *args: str, env: dict[str, str] | None = None,
 
 
 def _sorted_rows(df) -> list[tuple]:
-    return sorted((tuple(r) for r in df.select(*sorted(df.columns)).collect()), key=repr)
+    return sorted_rows(df)
 
 
 def _expected(spark, settings: Settings) -> list[tuple]:
-    eng = Engine(settings, load_lineage(settings.lineage), spark=spark)
-    eng.register_tables()
-    spark.read.format("delta").load(settings.table_path("stage.events")).where("pos IS NOT NULL AND id IS NOT NULL") \
-        .createOrReplaceTempView("block")
-    return _sorted_rows(spark.sql(TRANSFORM_SQL))
+    return full_recompute(spark, settings)
 
 
 @pytest.fixture

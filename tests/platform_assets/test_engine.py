@@ -16,7 +16,15 @@ from platform_assets import engine as engine_mod
 from platform_assets.engine import Engine, data_app_id
 from resources.meta_tables import read_etl_log
 from resources.settings import Settings
-from tests.platform_assets.shop import T0, TRANSFORM_SQL, make_events, write_lineage, write_rows, write_users
+from tests.platform_assets.shop import (
+    T0,
+    full_recompute,
+    make_events,
+    table_rows,
+    write_lineage,
+    write_rows,
+    write_users,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -29,17 +37,12 @@ def _engine(spark, settings: Settings, root: Path, now: dt.datetime | None = Non
 
 
 def _rows(spark, path: str) -> list[tuple]:
-    df = spark.read.format("delta").load(path)
-    return sorted((tuple(r) for r in df.select(*sorted(df.columns)).collect()), key=repr)
+    return table_rows(spark, path)
 
 
 def _full_recompute(spark, eng: Engine) -> list[tuple]:
     """The transform applied once to every valid row of the base table."""
-    eng.register_tables()
-    spark.read.format("delta").load(eng.path("stage.events")).where("pos IS NOT NULL AND id IS NOT NULL") \
-        .createOrReplaceTempView("block")
-    df = spark.sql(TRANSFORM_SQL)
-    return sorted((tuple(r) for r in df.select(*sorted(df.columns)).collect()), key=repr)
+    return full_recompute(spark, eng.settings)
 
 
 def test_incremental_equals_full_recompute_with_ties(spark, settings, tmp_path):
