@@ -43,7 +43,7 @@ class ChecksSpec(BaseModel):
         return v
 
 
-CHECK_NAMES = ("rows", "lag", "nulls")
+CHECK_NAMES = ("rows", "lag", "nulls", "late_rows")
 
 
 @dataclass(frozen=True)
@@ -87,4 +87,11 @@ def evaluate_block(spec: ChecksSpec, stats: dict[str, Any]) -> list[CheckOutcome
             bad.append(f"{col} {actual:.1%} > {share:.1%}")
     desc = "null shares within limits" if not bad else "too many nulls: " + ", ".join(bad)
     out.append(CheckOutcome("nulls", not bad, spec.severity, desc, figures))
+
+    # Late rows are quarantined (counted in bad_rows); this check fails only when they could
+    # not all be looked for: a warning, whatever the topic's severity.
+    warnings = [str(w) for w in stats.get("warnings") or []]
+    out.append(CheckOutcome("late_rows", not warnings, Severity.WARN,
+                            "; ".join(warnings) or f"late-row detection complete ({int(stats.get('bad_rows') or 0)} bad rows quarantined)",
+                            {"bad_rows": stats.get("bad_rows"), "warnings": "; ".join(warnings) or None}))
     return out

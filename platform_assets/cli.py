@@ -79,8 +79,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def _lag_rows(eng: Any) -> str:
-    rows = [(r.topic, r.processor, r.last, r.next, r.source_max, r.lag_s, r.state, r.owner or "", r.reason) for r in eng.lag()]
-    return _table(rows, ["topic", "processor", "last", "next", "source max", "lag s", "state", "owner", "reason"])
+    lag = eng.lag()
+    rows = [(r.topic, r.processor, r.last, r.next, r.source_max, r.lag_s, r.state, r.owner or "", r.reason) for r in lag]
+    out = _table(rows, ["topic", "processor", "last", "next", "source max", "lag s", "state", "owner", "reason"])
+    warnings = [f"WARNING {r.topic}: {r.warning}" for r in lag if r.warning]
+    return "\n".join([out, *warnings])
 
 
 def cmd_lag(args: argparse.Namespace) -> int:
@@ -110,8 +113,7 @@ def cmd_offsets(args: argparse.Namespace) -> int:
     elif args.action == "reset":
         if not args.to or not args.reason:
             raise TidemarkError("tidemark offsets reset needs --to POSITION and --reason TEXT (it is logged)")
-        eng.ensure_offsets(topic)
-        rec = store.reset(topic.name, Position.parse(args.to), who=eng.owner, reason=args.reason)
+        rec = eng.reset_offsets(topic, Position.parse(args.to), args.reason)
         print(f"{rec.topic}: last reset to {_cell(rec.last)} (logged; seq stays {rec.seq})")
     elif args.action == "unlock":
         prev = store.unlock(topic.name, who=eng.owner)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,11 +28,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lineage.errors import OffsetError, ProcessingError, TidemarkError
+from lineage.errors import OffsetError, ProcessingError, TidemarkError, TopicLockedError
 from lineage.planner import Decision, TableMark, TopicState, lag_seconds, plan_topic
 from lineage.positions import Block, Position
 from lineage.spec import Lineage, Processor, Topic, Transform
+from platform_assets import protocol
 from platform_assets.faults import crashpoint
+from platform_assets.protocol import data_app_id
 from resources import delta_meta
 from resources.meta_tables import (
     META_TABLES,
@@ -50,9 +51,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
-def data_app_id(topic: str) -> str:
-    """The Delta ``txnAppId`` of a topic's data commits."""
-    return f"tidemark:{topic}"
+__all__ = ["Engine", "LagRow", "OpenBlock", "Planned", "StepResult", "data_app_id"]
 
 
 def utcnow() -> dt.datetime:
@@ -86,6 +85,7 @@ class Planned:
     base_rows: int = -1  # -1: not counted yet
     bad_rows: int = 0
     source_version: int | None = None  # the base snapshot the block reads
+    warnings: tuple[str, ...] = ()  # e.g. late-row detection could not read removed commits
 
 
 @dataclass
@@ -121,6 +121,7 @@ class LagRow:
     state: str
     owner: str
     reason: str
+    warning: str = ""  # e.g. late-row detection incomplete
 
 
 @dataclass(frozen=True)
@@ -228,37 +229,46 @@ class Engine:
 
     # ----------------------------------------------------------------- offsets and planning
     def ensure_offsets(self, topic: Topic, start: Position | None = None) -> OffsetRecord:
-        """The topic's offset record, created on first use: from ``start`` if given, else from
-        the destination's current newest position (so a rebuilt offset store does not reprocess
-        what is already there), else from the beginning."""
-        rec = self.store.get(topic.name)
-        if rec is not None:
-            return rec
-        note = "explicit start"
-        if start is None:
-            start, note = self._start_from_destination(topic)
-        try:
-            return self.store.init(topic.name, start, topic.spec.processor.value, who=self.owner, note=note)
-        except OffsetError:
-            existing = self.store.get(topic.name)  # another process initialised it first
-            if existing is None:
-                raise
-            return existing
+        """The topic's offset record, caught up with the destination's Delta log.
 
-    def _start_from_destination(self, topic: Topic) -> tuple[Position, str]:
-        """Where a topic without offsets starts: after the last block its Delta log records,
-        else after the destination's newest row, else at the beginning."""
-        if topic.spec.processor is Processor.STEP:
-            dest = self.path(topic.spec.destination)
-            app_id = data_app_id(topic.name)
-            seq = delta_meta.recorded_txn(dest, app_id)
-            commit = delta_meta.find_txn_commit(dest, app_id, seq, search=1000) if seq else None
-            if commit and commit.user_metadata.get("next"):
-                return Position.parse(commit.user_metadata["next"]), f"new offsets: after block {seq} in the destination's Delta log"
-            mark = delta_meta.table_mark(dest)
-            if mark.max_position is not None:
-                return mark.max_position, "new offsets: after the destination's newest row"
-        return Position.zero(), "new topic: from the beginning"
+        A topic without a record gets one: at ``start`` if given (block numbers still continue
+        above what the log records), else from the log (a lost store is rebuilt from the commit of
+        the topic's newest block: ``last``, ``seq``, base version), else from the beginning when
+        the destination holds nothing of anyone. Where the log cannot answer, ``OffsetError``
+        says what to run, and no record is created."""
+        rec = self.store.get(topic.name)
+        dest = self.path(topic.spec.destination)
+        if rec is None:
+            if start is not None:
+                seq = protocol.recorded_seq(dest, topic.name)
+                note = "explicit start" + (f"; block numbers continue above {seq}, recorded in the Delta log" if seq else "")
+            else:
+                protocol.landed(topic, dest, None)  # refuses before a record exists if the log cannot answer
+                start, seq, note = protocol.start_for_new_topic(topic, dest)
+            try:
+                rec = self.store.init(topic.name, start, topic.spec.processor.value, who=self.owner, note=note, seq=seq)
+            except OffsetError:
+                existing = self.store.get(topic.name)  # another process initialised it first
+                if existing is None:
+                    raise
+                rec = existing
+        return self.reconcile(topic, rec)
+
+    def reconcile(self, topic: Topic, rec: OffsetRecord) -> OffsetRecord:
+        """``rec`` caught up with the destination's Delta log (see :func:`protocol.reconcile`). A
+        topic locked by another run is left to that run, which reconciles under its lock."""
+        try:
+            return protocol.reconcile(self.store, topic, self.path(topic.spec.destination), rec, who=self.owner)
+        except TopicLockedError:
+            return rec
+
+    def reset_offsets(self, topic: Topic, to: Position, reason: str) -> OffsetRecord:
+        """Move the topic's ``last`` to ``to`` (the one explicit, logged way backwards); block
+        numbers continue above what the Delta log records, so a reset also settles a store whose
+        newest commit the log no longer holds."""
+        self.store.get(topic.name) or self.ensure_offsets(topic, to)
+        seq = protocol.recorded_seq(self.path(topic.spec.destination), topic.name)
+        return self.store.reset(topic.name, to, who=self.owner, reason=reason, seq=seq)
 
     def freshness(self, table: str) -> dt.datetime | None:
         """The position ``table`` is fresh up to: the least ``last`` of the topics producing it,
@@ -307,7 +317,12 @@ class Engine:
                 found = self.block_end(topic, rec, decision)
                 reason = f"ready: next block {found.rows} rows up to {found.end}" if found.end else decision.limit
             lag = None if rec.last.is_zero() else lag_seconds(rec.last, base.max_position)
-            out.append(LagRow(topic.name, rec.processor, rec.last, rec.next, base.max_position, lag, rec.state, rec.owner, reason))
+            warning = ""
+            if topic.spec.processor is Processor.STEP and rec.source_version is not None and base.version is not None:
+                missing = delta_meta.missing_commits(self.path(topic.spec.base), rec.source_version, base.version)
+                warning = delta_meta.late_detection_warning(topic.spec.base, missing)
+            out.append(LagRow(topic.name, rec.processor, rec.last, rec.next, base.max_position, lag, rec.state, rec.owner,
+                              reason, warning))
         return out
 
     # ----------------------------------------------------------------- locking
@@ -322,8 +337,15 @@ class Engine:
         self._release(topic, None)
 
     def _acquire(self, topic: Topic) -> OffsetRecord:
-        self.ensure_offsets(topic)
-        return self.store.acquire(topic.name, self.owner)
+        """Take the topic's lock, then catch the record up with the Delta log under it."""
+        if self.store.get(topic.name) is None:
+            self.ensure_offsets(topic)
+        rec = self.store.acquire(topic.name, self.owner)
+        try:
+            return protocol.reconcile(self.store, topic, self.path(topic.spec.destination), rec, who=self.owner)
+        except BaseException as exc:
+            self._release(topic, exc)  # the refusal shows in the topic's state (tidemark lag)
+            raise
 
     def _release(self, topic: Topic, failure: BaseException | None) -> None:
         """Release the topic's lock; a failure (an ``Exception``, not an interrupt) is recorded
@@ -372,20 +394,24 @@ class Engine:
                         break
         return results
 
-    def _quarantine(self, topic: Topic, rec: OffsetRecord, base: delta_meta.TableSnapshot) -> int:
+    def _quarantine(self, topic: Topic, rec: OffsetRecord, base: delta_meta.TableSnapshot) -> tuple[int, tuple[str, ...]]:
         """Quarantine rows of the ``base`` snapshot no block can take: null ``pos``/``id``, and
         rows added since the last planned snapshot with a position at or before ``last`` (late,
-        out of order). Returns how many rows are newly quarantined."""
+        out of order). Returns how many rows are newly quarantined, and a warning when late rows
+        could not be looked for in commits the log no longer holds."""
         added = 0
         bad = delta_meta.bad_position_rows(base)
         if bad.num_rows:
             added += quarantine_rows(self.settings, topic.name, topic.spec.base, bad, self.clock())
+        warnings: tuple[str, ...] = ()
         if rec.source_version is not None and not rec.last.is_zero():
             late = delta_meta.late_rows(base, rec.source_version, rec.last)
-            if late.num_rows:
-                added += quarantine_rows(self.settings, topic.name, topic.spec.base, late, self.clock(),
+            if late.rows.num_rows:
+                added += quarantine_rows(self.settings, topic.name, topic.spec.base, late.rows, self.clock(),
                                          after_version=rec.source_version)
-        return added
+            if late.unreadable:
+                warnings = (delta_meta.late_detection_warning(topic.spec.base, late.unreadable),)
+        return added, warnings
 
     def _plan_locked(self, topic: Topic, rec: OffsetRecord, look: _Look | None = None) -> Planned:
         """With the topic's lock held: the pending block, or plan the next one (JVM-free) on one
@@ -397,18 +423,18 @@ class Engine:
         if look is None or (look.rec.last, look.rec.seq, look.rec.next) != (rec.last, rec.seq, rec.next):
             look = self._look(topic, rec)
         base, decision = look.base, look.decision
-        bad_rows = self._quarantine(topic, rec, base)
+        bad_rows, warnings = self._quarantine(topic, rec, base)
         if not decision.ready:
-            return Planned(None, decision.reason, bad_rows=bad_rows)
+            return Planned(None, decision.reason, bad_rows=bad_rows, warnings=warnings)
         found = self.block_end(topic, rec, decision, base)
         if found.end is None:
-            return Planned(None, decision.limit, bad_rows=bad_rows)
+            return Planned(None, decision.limit, bad_rows=bad_rows, warnings=warnings)
         # The Delta log outranks the store: a lost or restored store must never reuse a
         # txnVersion that Delta has recorded (Delta would silently skip the write).
         seq = max(rec.seq, delta_meta.recorded_txn(self.path(spec.destination), data_app_id(topic.name))) + 1
         rec = self.store.plan(topic.name, self.owner, last=rec.last, next=found.end, seq=seq, source_version=found.version)
         return Planned(Block(topic.name, seq, rec.last, found.end), f"block {seq}", base_rows=found.rows,
-                       bad_rows=bad_rows, source_version=found.version)
+                       bad_rows=bad_rows, source_version=found.version, warnings=warnings)
 
     def _look(self, topic: Topic, rec: OffsetRecord) -> _Look:
         """Open the base table once and decide whether a step topic may plan a block on it. Only
@@ -426,7 +452,7 @@ class Engine:
         # Read-only look first: a pending block is all in the record, and a topic that waits
         # (the common cases on a sensor tick) costs no lock and no write. Only planning a new
         # block takes the lock, and reuses the look if the record has not changed meanwhile.
-        rec = self.ensure_offsets(topic)
+        rec = self.store.get(topic.name) or self.ensure_offsets(topic)
         look = None
         if not rec.owner:
             if rec.pending:
@@ -527,11 +553,11 @@ class Engine:
         if landed is None:
             if opened.out is None:
                 raise ProcessingError(f"topic '{topic.name}': block {block.seq} has no output to write")
-            meta = {"topic": topic.name, "seq": block.seq, "last": block.last.to_text(), "next": block.next.to_text(),
-                    "run_id": self.run_id, "owner": self.owner}
+            meta = protocol.commit_metadata(topic, block.seq, last=block.last, next_=block.next,
+                                            source_version=planned.source_version, run_id=self.run_id, owner=self.owner)
             (opened.out.write.format("delta").mode("append")
              .option("txnAppId", app_id).option("txnVersion", block.seq)
-             .option("mergeSchema", "true").option("userMetadata", json.dumps(meta))
+             .option("mergeSchema", "true").option("userMetadata", meta)
              .save(dest))
             self._register(spec.destination)
             landed = delta_meta.find_txn_commit(dest, app_id, block.seq)
@@ -550,11 +576,12 @@ class Engine:
             self._block_df(spec.base, block, planned.source_version)
             self._run_sql(topic, "after", block)
         note = f"rows={landed.rows} delta_version={landed.version}" + (" (recovered after crash)" if recovered else "")
-        self.store.commit(topic.name, self.owner, seq=block.seq, last=block.last, next=block.next, rows=landed.rows, note=note)
+        self.store.commit(topic.name, self.owner, seq=block.seq, last=block.last, next=block.next, rows=landed.rows, note=note,
+                          delta_version=landed.version)
         crashpoint("committed")
         return StepResult(topic.name, True, f"block {block.seq}", block=block, rows=landed.rows, base_rows=base_rows,
                           bad_rows=planned.bad_rows, delta_version=landed.version, duration_s=time.monotonic() - opened.started,
-                          recovered=recovered, stats=_stats_dict(entry))
+                          recovered=recovered, stats={**_stats_dict(entry), "warnings": list(planned.warnings)})
 
     def _open_reload(self, topic: Topic, rec: OffsetRecord) -> OpenBlock | StepResult:
         started = time.monotonic()
@@ -562,11 +589,16 @@ class Engine:
         if not decision.ready:
             return StepResult(topic.name, False, decision.reason)
         self.register_tables()
-        base_df = self.spark.read.format("delta").load(self.path(topic.spec.base))
+        # The rebuild reads the base at the version the decision was made on.
+        reader = self.spark.read.format("delta")
+        if base.version is not None:
+            reader = reader.option("versionAsOf", base.version)
+        base_df = reader.load(self.path(topic.spec.base))
         base_df.createOrReplaceTempView("block")
         self._run_sql(topic, "before", None)
         out = self._transform(topic, base_df)
-        return OpenBlock(topic, Planned(None, f"reload {rec.seq + 1}", source_version=base.version), started, rec.seq + 1,
+        seq = max(rec.seq, protocol.recorded_seq(self.path(topic.spec.destination), topic.name)) + 1
+        return OpenBlock(topic, Planned(None, f"reload {seq}", source_version=base.version), started, seq,
                          out=out, base_mark=base.max_position or Position.zero())
 
     def _finish_reload(self, opened: OpenBlock) -> StepResult:
@@ -576,21 +608,27 @@ class Engine:
         if opened.out is None:
             raise ProcessingError(f"topic '{topic.name}': reload {seq} has no output to write")
         source_version = opened.planned.source_version
-        meta = {"topic": topic.name, "seq": seq, "source_version": source_version, "run_id": self.run_id}
-        # No idempotency token: a rebuild is idempotent by nature, and one after a crash must
-        # rewrite from the current sources rather than be skipped.
-        (opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-         .option("userMetadata", json.dumps(meta)).save(dest))
-        self._register(spec.destination)
-        committed = delta_meta.last_commit_stats(dest)
-        crashpoint("written")
         mark = opened.base_mark or Position.zero()
+        # The rebuild's number is its txnVersion: never skipped (every rebuild gets a new number),
+        # but the log then says which rebuild of which base version the table holds, so a lost
+        # store is rebuilt from it like a step topic's.
+        meta = protocol.commit_metadata(topic, seq, next_=None if mark.is_zero() else mark, source_version=source_version,
+                                        run_id=self.run_id, owner=self.owner)
+        app_id = data_app_id(topic.name)
+        (opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+         .option("txnAppId", app_id).option("txnVersion", seq).option("userMetadata", meta).save(dest))
+        self._register(spec.destination)
+        committed = delta_meta.find_txn_commit(dest, app_id, seq)
+        if committed is None:
+            raise ProcessingError(f"topic '{topic.name}': reload {seq} was written but its commit is not in {dest}/_delta_log")
+        crashpoint("written")
         entry = self._log_entry(topic, seq, "", "" if mark.is_zero() else mark.to_text(), committed, -1, 0,
                                 time.monotonic() - opened.started)
+        write_etl_log(self.settings, entry)  # statistics before the offset commit, as a step's
         self._run_sql(topic, "after", None)
         self.store.commit_reload(topic.name, self.owner, seq=seq, mark=mark, rows=committed.rows,
-                                 source_version=source_version, note=f"rows={committed.rows} delta_version={committed.version}")
-        write_etl_log(self.settings, entry)
+                                 source_version=source_version, note=f"rows={committed.rows} delta_version={committed.version}",
+                                 delta_version=committed.version)
         return StepResult(topic.name, True, f"reload {seq}", rows=committed.rows, delta_version=committed.version,
                           duration_s=time.monotonic() - opened.started, stats=_stats_dict(entry))
 

@@ -212,25 +212,62 @@ def bad_position_rows(source: str | TableSnapshot) -> pa.Table:
     return ds.to_table(filter=pc.field("pos").is_null() | pc.field("id").is_null())
 
 
-def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -> pa.Table:
+@dataclass(frozen=True)
+class LateRows:
+    """Rows that arrived after their place was processed, and the commits that could not be
+    read to look for them (removed by log retention): when ``unreadable`` is not empty the
+    answer is incomplete, and callers must say so."""
+
+    rows: pa.Table
+    unreadable: tuple[int, ...] = ()
+
+
+def late_detection_warning(table: str, unreadable: tuple[int, ...]) -> str:
+    """What to tell the user when late rows could not be looked for in ``unreadable`` commits of
+    ``table`` ('' when there are none)."""
+    if not unreadable:
+        return ""
+    first, last = unreadable[0], unreadable[-1]
+    which = f"version {first}" if first == last else f"versions {first}..{last}"
+    return (f"late-row detection incomplete: {table} {which} no longer in its Delta log (log retention); rows "
+            f"added there at or before the topic's last position cannot be found (they are neither written nor quarantined)")
+
+
+def missing_commits(path: str, after_version: int, upto: int) -> tuple[int, ...]:
+    """Versions in ``(after_version, upto]`` whose commit file the table's log no longer holds."""
+    if upto <= after_version:
+        return ()
+    fs, log = _log_fs(path)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(log))
+    except (FileNotFoundError, OSError):
+        return tuple(range(after_version + 1, upto + 1))
+    present = {int(name[:-5]) for name in (i.base_name for i in infos) if name.endswith(".json") and name[:-5].isdigit()}
+    return tuple(v for v in range(after_version + 1, upto + 1) if v not in present)
+
+
+def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -> LateRows:
     """Rows added to the table after ``after_version`` (up to the snapshot's version) whose
     position is at or before ``last``: rows that arrived out of order, after their place was
     already processed.
 
     Reads only the commits after ``after_version`` and, of the files they added, only those
-    whose statistics allow a position at or before ``last``."""
+    whose statistics allow a position at or before ``last``. Commits the log no longer holds are
+    listed in ``unreadable``."""
     snap = _snapshot(source)
     if snap.version is None or snap.version <= after_version:
-        return pa.table({})
+        return LateRows(pa.table({}))
     path = snap.path
     fs, log = _log_fs(path)
     limit = _plus(last.pos, STATS_SLACK)
     files = []
+    unreadable: list[int] = []
     for version in range(after_version + 1, snap.version + 1):
         try:
             actions = _read_commit(fs, log, version)
         except (FileNotFoundError, OSError):
-            continue  # cleaned up by log retention: nothing more can be said
+            unreadable.append(version)
+            continue
         for a in actions:
             add = a.get("add")
             if not add or not add.get("dataChange", True):
@@ -240,14 +277,14 @@ def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -
             if low_ts is None or low_ts <= limit:
                 files.append(_join(path, unquote(add["path"])))
     if not files:
-        return pa.table({})
+        return LateRows(pa.table({}), tuple(unreadable))
     import pyarrow.dataset as pads
 
     ds = pads.dataset(files, format="parquet", filesystem=fs if "://" in path else None)
     pos_type = ds.schema.field("pos").type
     lp = pa.scalar(last.pos, pos_type)
     at_or_before = (pc.field("pos") < lp) | ((pc.field("pos") == lp) & (pc.field("id") <= pa.scalar(last.id, pa.int64())))
-    return ds.to_table(filter=at_or_before & pc.field("id").is_valid())
+    return LateRows(ds.to_table(filter=at_or_before & pc.field("id").is_valid()), tuple(unreadable))
 
 
 def _join(path: str, name: str) -> str:
@@ -280,6 +317,7 @@ class CommitStats:
     files: int = 0
     user_metadata: dict[str, Any] = field(default_factory=dict)
     paths: tuple[str, ...] = ()  # the data files the commit added, relative to the table root
+    timestamp: dt.datetime | None = None  # when the commit was made (commitInfo, naive UTC)
 
 
 def _log_fs(path: str) -> tuple[pafs.FileSystem, str]:
@@ -294,25 +332,87 @@ def _read_commit(fs: pafs.FileSystem, log: str, version: int) -> list[dict[str, 
         return [json.loads(line) for line in f.read().decode("utf-8").splitlines() if line.strip()]
 
 
-def find_txn_commit(path: str, app_id: str, txn_version: int, *, search: int = 100) -> CommitStats | None:
-    """The commit of ``path`` that recorded ``(app_id, txn_version)``, with its statistics;
-    None if the table has no such commit among its newest ``search`` versions (or never had
-    the transaction)."""
+class CommitUnavailableError(ProcessingError):
+    """The Delta log records a transaction, but the commit that recorded it (and the
+    ``userMetadata`` it carried) is no longer in the log: removed by log retention."""
+
+
+#: How many of the newest commits are read directly before searching the log by snapshot.
+RECENT_COMMITS = 20
+
+
+def _commit_has_txn(actions: list[dict[str, Any]], app_id: str, txn_version: int) -> bool:
+    return any(a.get("txn", {}).get("appId") == app_id and a["txn"].get("version") == txn_version for a in actions)
+
+
+def _txn_at(path: str, version: int, app_id: str) -> int | None:
+    """The txn version recorded for ``app_id`` as of table ``version`` (0 if none); None if the
+    log can no longer reconstruct that version (cleaned up)."""
+    from deltalake import DeltaTable
+
+    try:
+        table = DeltaTable(path, version=version)
+    except Exception:  # noqa: BLE001 - the version's log files are gone
+        return None
+    return int(table.transaction_version(app_id) or 0)
+
+
+def find_txn_commit(path: str, app_id: str, txn_version: int, *, hint: int | None = None) -> CommitStats | None:
+    """The commit of ``path`` that recorded ``(app_id, txn_version)``, with its statistics; None if
+    the table never recorded that transaction.
+
+    No lookup window: the newest few commits are read first (a block that just landed), then the
+    table version where the transaction first appears is found by binary search over snapshots
+    (Delta keeps ``txn`` in checkpoints, so this works after log cleanup too) and that one commit
+    is read. ``hint``: a version where the commit probably is (e.g. recorded in the offset store).
+
+    Raises :class:`CommitUnavailableError` when the transaction is recorded but its commit was
+    removed by log retention."""
     table = open_table(path)
     if table is None:
         return None
     recorded = table.transaction_version(app_id)
     if recorded is None or recorded < txn_version:
         return None
+    newest = int(table.version())
     fs, log = _log_fs(path)
-    for version in range(table.version(), max(-1, table.version() - search), -1):
+
+    def read(version: int) -> list[dict[str, Any]] | None:
         try:
-            actions = _read_commit(fs, log, version)
+            return _read_commit(fs, log, version)
         except (FileNotFoundError, OSError):
+            return None
+
+    if hint is not None and 0 <= hint <= newest:
+        actions = read(hint)
+        if actions is not None and _commit_has_txn(actions, app_id, txn_version):
+            return _stats(hint, actions)
+    for version in range(newest, max(-1, newest - RECENT_COMMITS), -1):
+        actions = read(version)
+        if actions is None:
             break
-        if any(a.get("txn", {}).get("appId") == app_id and a["txn"].get("version") == txn_version for a in actions):
+        if _commit_has_txn(actions, app_id, txn_version):
             return _stats(version, actions)
-    return None
+    # Binary search for the first version whose snapshot records txn >= txn_version. Versions the
+    # log cannot rebuild any more count as "before": the search then ends at the oldest version
+    # it can rebuild.
+    lo, hi = 0, newest
+    while lo < hi:
+        mid = (lo + hi) // 2
+        at = _txn_at(path, mid, app_id)
+        if at is not None and at >= txn_version:
+            hi = mid
+        else:
+            lo = mid + 1
+    actions = read(lo)
+    if actions is not None and _commit_has_txn(actions, app_id, txn_version):
+        return _stats(lo, actions)
+    if actions is None or (lo > 0 and _txn_at(path, lo - 1, app_id) is None):
+        raise CommitUnavailableError(
+            f"{path}: the Delta log records transaction {app_id!r} version {txn_version} (or later), but the commit "
+            f"that wrote it is no longer in the log (removed by log retention)"
+        )
+    return None  # the table went from below txn_version to above it: that transaction never landed
 
 
 def last_commit_stats(path: str) -> CommitStats:
@@ -331,8 +431,11 @@ def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
     paths: list[str] = []
+    at: dt.datetime | None = None
     for a in actions:
         info = a.get("commitInfo")
+        if info and isinstance(info.get("timestamp"), int):
+            at = dt.datetime.fromtimestamp(info["timestamp"] / 1000, dt.UTC).replace(tzinfo=None)
         if info and info.get("userMetadata"):
             try:
                 user = json.loads(info["userMetadata"])
@@ -355,7 +458,7 @@ def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
             if isinstance(v, int):
                 nulls[k] = nulls.get(k, 0) + v
     return CommitStats(version=version, rows=rows, min_values=mins, max_values=maxs, null_counts=nulls, files=nfiles,
-                       user_metadata=user if isinstance(user, dict) else {}, paths=tuple(paths))
+                       user_metadata=user if isinstance(user, dict) else {}, paths=tuple(paths), timestamp=at)
 
 
 def recorded_txn(path: str, app_id: str) -> int:

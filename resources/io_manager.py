@@ -41,9 +41,6 @@ if TYPE_CHECKING:
 #: The resource key Tidemark's assets use for this IO manager.
 IO_MANAGER_KEY = "tidemark_io_manager"
 
-#: How many Delta versions back ``load_input`` looks for a block's commit.
-LOAD_SEARCH_VERSIONS = 10_000
-
 
 class OffsetIOManager(dg.ConfigurableIOManager):
     """Writes each block once into its Delta table and commits its offsets; reads blocks back
@@ -114,7 +111,7 @@ class OffsetIOManager(dg.ConfigurableIOManager):
         version = -1
         for pkey in context.asset_partition_keys:
             topic, seq = engine.lineage.block_of(table, pkey)
-            commit = delta_meta.find_txn_commit(path, data_app_id(topic), seq, search=LOAD_SEARCH_VERSIONS)
+            commit = delta_meta.find_txn_commit(path, data_app_id(topic), seq)
             if commit is None:
                 raise ProcessingError(
                     f"asset {key.to_user_string()}: block {pkey} of topic '{topic}' has no commit in {path}/_delta_log "

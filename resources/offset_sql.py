@@ -55,7 +55,7 @@ from resources.offsets import (
 STATE_RESET = "reset"
 
 _COLUMNS = ("topic", "last_pos", "last_id", "next_pos", "next_id", "rows", "seq", "run", "processor",
-            "state", "owner", "owner_since", "source_version", "updated_at")
+            "state", "owner", "owner_since", "source_version", "updated_at", "delta_version")
 _LOG_COLUMNS = ("at", "topic", "action", "who", "old_last", "new_last", "note")
 
 
@@ -85,12 +85,16 @@ _DDL = (
         topic TEXT PRIMARY KEY, last_pos TEXT NOT NULL, last_id BIGINT NOT NULL,
         next_pos TEXT, next_id BIGINT, rows BIGINT NOT NULL, seq BIGINT NOT NULL, run TEXT,
         processor TEXT NOT NULL, state TEXT NOT NULL, owner TEXT NOT NULL, owner_since TEXT,
-        source_version BIGINT, updated_at TEXT NOT NULL)""",
+        source_version BIGINT, updated_at TEXT NOT NULL, delta_version BIGINT)""",
     """CREATE TABLE IF NOT EXISTS tidemark_offset_log (
         id {log_key}, at TEXT NOT NULL, topic TEXT NOT NULL, action TEXT NOT NULL, who TEXT NOT NULL,
         old_last TEXT, new_last TEXT, note TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS tidemark_offset_log_topic ON tidemark_offset_log (topic, id)",
 )
+
+#: Columns added to ``tidemark_offsets`` after its first release, with their DDL type: a store
+#: created by an older Tidemark gets them on open.
+_ADDED_COLUMNS = (("delta_version", "BIGINT"),)
 
 
 def _now() -> dt.datetime:
@@ -113,17 +117,18 @@ def _to_row(r: OffsetRecord) -> tuple[Any, ...]:
     nxt = r.next
     return (r.topic, format_ts(r.last.pos), r.last.id, _ts(nxt.pos if nxt else None), nxt.id if nxt else None,
             r.rows, r.seq, _ts(r.run), r.processor, r.state, r.owner, _ts(r.owner_since), r.source_version,
-            format_ts(r.updated_at))
+            format_ts(r.updated_at), r.delta_version)
 
 
 def _from_row(row: Sequence[Any]) -> OffsetRecord:
     (topic, last_pos, last_id, next_pos, next_id, rows, seq, run, processor, state, owner, owner_since,
-     source_version, updated_at) = row
+     source_version, updated_at, delta_version) = row
     return OffsetRecord(
         topic=topic, last=Position(parse_ts(last_pos), last_id),
         next=None if next_pos is None else Position(parse_ts(next_pos), next_id),
         rows=rows, seq=seq, run=_dt(run), processor=processor, state=state, owner=owner,
         owner_since=_dt(owner_since), source_version=source_version, updated_at=parse_ts(updated_at),
+        delta_version=delta_version,
     )
 
 
@@ -159,6 +164,7 @@ class SqlOffsetStore(OffsetStore):
                 self._sql(dialect.ddl_lock)
             for ddl in _DDL:
                 self._sql(ddl.format(log_key=dialect.log_key))
+            self._add_missing_columns()
 
     @classmethod
     def sqlite(cls, path: str | Path) -> SqlOffsetStore:
@@ -208,6 +214,17 @@ class SqlOffsetStore(OffsetStore):
                 if no_flush:
                     self._sql(no_flush[1])
 
+    def _add_missing_columns(self) -> None:
+        """Bring a store created by an older Tidemark up to :data:`_ADDED_COLUMNS`."""
+        if self._d.name == "sqlite":
+            have = {r[1] for r in self._sql("PRAGMA table_info(tidemark_offsets)").fetchall()}
+        else:
+            have = {r[0] for r in self._sql("SELECT column_name FROM information_schema.columns "
+                                             "WHERE table_name = 'tidemark_offsets' AND table_schema = current_schema()").fetchall()}
+        for name, ddl_type in _ADDED_COLUMNS:
+            if name not in have:
+                self._sql(f"ALTER TABLE tidemark_offsets ADD COLUMN {name} {ddl_type}")
+
     def _select(self, topic: str, *, lock: bool) -> OffsetRecord | None:
         row = self._sql(f"SELECT {', '.join(_COLUMNS)} FROM tidemark_offsets WHERE topic = ?"
                         + (self._d.lock_row if lock else ""), (topic,)).fetchone()
@@ -243,9 +260,9 @@ class SqlOffsetStore(OffsetStore):
         with self._tx(write=False):
             return self._select(topic, lock=False)
 
-    def init(self, topic: str, last: Position, processor: str, *, who: str, note: str = "") -> OffsetRecord:
+    def init(self, topic: str, last: Position, processor: str, *, who: str, note: str = "", seq: int = 0) -> OffsetRecord:
         now = _now()
-        rec = OffsetRecord(topic=topic, last=last, next=None, rows=0, seq=0, run=None, processor=processor,
+        rec = OffsetRecord(topic=topic, last=last, next=None, rows=0, seq=seq, run=None, processor=processor,
                            state=STATE_NEW, owner="", owner_since=None, source_version=None, updated_at=now)
         exists = OffsetError(f"topic '{topic}' already has an offset record in {self.where}; "
                              f"to move its last position use reset")
@@ -312,7 +329,7 @@ class SqlOffsetStore(OffsetStore):
                               state=STATE_PLANNED, source_version=source_version)
 
     def commit(self, topic: str, owner: str, *, seq: int, last: Position, next: Position, rows: int,
-               state: str = STATE_COMMITTED, note: str = "") -> OffsetRecord:
+               state: str = STATE_COMMITTED, note: str = "", delta_version: int | None = None) -> OffsetRecord:
         with self._tx(write=True):
             rec = self._current(topic)
             _check_holder(rec, owner, f"commit of block {seq}")
@@ -322,10 +339,10 @@ class SqlOffsetStore(OffsetStore):
                 raise OffsetError(f"topic '{topic}': expected block {seq} ({last}, {next}] pending but the "
                                   f"store has {found}; another run committed or reset it — re-plan")
             return self._save(rec, ("commit", owner, note or f"block {seq}, {rows} rows"), last=next,
-                              next=None, rows=rows, run=_now(), state=state)
+                              next=None, rows=rows, run=_now(), state=state, delta_version=delta_version)
 
     def commit_reload(self, topic: str, owner: str, *, seq: int, mark: Position, rows: int,
-                      source_version: int | None, note: str = "") -> OffsetRecord:
+                      source_version: int | None, note: str = "", delta_version: int | None = None) -> OffsetRecord:
         with self._tx(write=True):
             rec = self._current(topic)
             _check_holder(rec, owner, f"reload {seq}")
@@ -335,7 +352,23 @@ class SqlOffsetStore(OffsetStore):
             kept = f"; mark {mark} is below last {rec.last}, last kept" if mark < rec.last else ""
             return self._save(rec, ("reload", owner, (note or f"reload {seq}, {rows} rows") + kept),
                               last=max(rec.last, mark), next=None, seq=seq, rows=rows, run=_now(),
-                              state=STATE_RELOADED, source_version=source_version)
+                              state=STATE_RELOADED, source_version=source_version, delta_version=delta_version)
+
+    def recover(self, topic: str, *, who: str, expected_seq: int, seq: int, last: Position, rows: int,
+                run: dt.datetime | None, state: str, source_version: int | None, delta_version: int,
+                note: str) -> OffsetRecord:
+        with self._tx(write=True):
+            rec = self._current(topic)
+            if rec.owner not in ("", who):
+                raise TopicLockedError(topic, rec.owner, _ts(rec.owner_since))
+            if rec.seq != expected_seq:
+                raise OffsetError(f"topic '{topic}': expected block number {expected_seq} in the store but it has "
+                                  f"{rec.seq}; another run caught it up first — read the record again")
+            if seq <= rec.seq:
+                raise OffsetError(f"topic '{topic}': recover to block {seq} refused: the store is at block {rec.seq} "
+                                  f"already (recover only catches a store up)")
+            return self._save(rec, ("recover", who, note), last=last, next=None, seq=seq, rows=rows, run=run,
+                              state=state, source_version=source_version, delta_version=delta_version)
 
     def set_state(self, topic: str, owner: str, state: str) -> None:
         with self._tx(write=True):
@@ -343,12 +376,12 @@ class SqlOffsetStore(OffsetStore):
             _check_holder(rec, owner, "set_state")
             self._save(rec, state=state)
 
-    def reset(self, topic: str, last: Position, *, who: str, reason: str) -> OffsetRecord:
+    def reset(self, topic: str, last: Position, *, who: str, reason: str, seq: int = 0) -> OffsetRecord:
         with self._tx(write=True):
             rec = self._current(topic)
             if rec.owner not in ("", who):
                 raise TopicLockedError(topic, rec.owner, _ts(rec.owner_since))
-            return self._save(rec, ("reset", who, reason), last=last, next=None, state=STATE_RESET)
+            return self._save(rec, ("reset", who, reason), last=last, next=None, state=STATE_RESET, seq=max(rec.seq, seq))
 
     def history(self, topic: str | None = None, limit: int = 100) -> list[OffsetLogEntry]:
         where = "" if topic is None else " WHERE topic = ?"

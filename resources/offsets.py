@@ -44,6 +44,9 @@ class OffsetRecord:
     owner_since: dt.datetime | None
     source_version: int | None  # Delta version of the base table when the block was planned
     updated_at: dt.datetime
+    #: Delta version of the destination commit that landed the last committed block / reload:
+    #: where that commit is found in the log without searching.
+    delta_version: int | None = None
 
     @property
     def pending(self) -> bool:
@@ -55,7 +58,7 @@ class OffsetRecord:
 class OffsetLogEntry:
     at: dt.datetime
     topic: str
-    action: str  # init | plan | commit | reload | reset | unlock | steal | mark
+    action: str  # init | plan | commit | reload | recover | reset | unlock | steal | mark
     who: str
     old_last: Position | None
     new_last: Position | None
@@ -77,8 +80,9 @@ class OffsetStore(abc.ABC):
         """Every record, ordered by topic."""
 
     @abc.abstractmethod
-    def init(self, topic: str, last: Position, processor: str, *, who: str, note: str = "") -> OffsetRecord:
-        """Create the record of a new topic. ``OffsetError`` if it exists already."""
+    def init(self, topic: str, last: Position, processor: str, *, who: str, note: str = "", seq: int = 0) -> OffsetRecord:
+        """Create the record of a new topic (block numbers continue above ``seq``). ``OffsetError``
+        if it exists already."""
 
     @abc.abstractmethod
     def acquire(self, topic: str, owner: str) -> OffsetRecord:
@@ -104,24 +108,36 @@ class OffsetStore(abc.ABC):
 
     @abc.abstractmethod
     def commit(self, topic: str, owner: str, *, seq: int, last: Position, next: Position, rows: int,
-               state: str = STATE_COMMITTED, note: str = "") -> OffsetRecord:
+               state: str = STATE_COMMITTED, note: str = "", delta_version: int | None = None) -> OffsetRecord:
         """``last := next`` for the pending block ``seq``: compare-and-set on owner, seq, last
-        and next; clears ``next``, sets ``rows``, ``run=now``, ``state``."""
+        and next; clears ``next``, sets ``rows``, ``run=now``, ``state``, ``delta_version``."""
 
     @abc.abstractmethod
     def commit_reload(self, topic: str, owner: str, *, seq: int, mark: Position, rows: int,
-                      source_version: int | None, note: str = "") -> OffsetRecord:
+                      source_version: int | None, note: str = "", delta_version: int | None = None) -> OffsetRecord:
         """Record a finished reload: ``seq`` (> stored), ``last := max(last, mark)``, rows,
-        ``run=now``, ``state='reloaded'``, ``source_version``."""
+        ``run=now``, ``state='reloaded'``, ``source_version``, ``delta_version``."""
+
+    @abc.abstractmethod
+    def recover(self, topic: str, *, who: str, expected_seq: int, seq: int, last: Position, rows: int,
+                run: dt.datetime | None, state: str, source_version: int | None, delta_version: int,
+                note: str) -> OffsetRecord:
+        """Catch the record up with the destination's Delta log, which recorded block (or reload)
+        ``seq`` after the one the store knows (a store restored from a backup, behind, or lost):
+        sets ``last``, ``seq``, ``rows``, ``run``, ``state``, ``source_version``,
+        ``delta_version`` and clears ``next``; logged as ``recover``. Compare-and-set on
+        ``expected_seq`` (another process may have caught it up first: ``OffsetError``) and
+        ``seq > expected_seq``; refused (``TopicLockedError``) while another owner holds the lock."""
 
     @abc.abstractmethod
     def set_state(self, topic: str, owner: str, state: str) -> None:
         """Free-text state (e.g. ``failed: <error>``) written by the lock holder."""
 
     @abc.abstractmethod
-    def reset(self, topic: str, last: Position, *, who: str, reason: str) -> OffsetRecord:
+    def reset(self, topic: str, last: Position, *, who: str, reason: str, seq: int = 0) -> OffsetRecord:
         """The one way to move ``last`` backwards (or anywhere): sets ``last``, clears ``next``
-        and keeps ``seq``; refused while another owner holds the lock; logged."""
+        and keeps ``seq`` (raised to ``seq`` if that is higher: block numbers the Delta log has
+        recorded are never reused); refused while another owner holds the lock; logged."""
 
     @abc.abstractmethod
     def history(self, topic: str | None = None, limit: int = 100) -> builtins.list[OffsetLogEntry]:

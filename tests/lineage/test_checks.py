@@ -15,7 +15,7 @@ def _by_name(outcomes):
 
 def test_defaults_pass_a_healthy_block_and_carry_the_figures():
     out = _by_name(evaluate_block(ChecksSpec(), STATS))
-    assert [o.passed for o in out.values()] == [True, True, True]
+    assert [o.passed for o in out.values()] == [True, True, True, True]
     assert out["rows"].metadata["nulls"] == {"country": 12} and out["rows"].metadata["max_id"] == 7
     assert out["rows"].severity is Severity.WARN
 
@@ -41,6 +41,14 @@ def test_null_share_threshold_per_column():
     nulls = _by_name(evaluate_block(spec, STATS))["nulls"]
     assert not nulls.passed and nulls.description == "too many nulls: country 12.0% > 10.0%"
     assert _by_name(evaluate_block(ChecksSpec(max_null_share={"country": 0.12}), STATS))["nulls"].passed
+
+
+def test_incomplete_late_row_detection_fails_late_rows_as_a_warning():
+    gap = "late-row detection incomplete: stage.x versions 3..5 no longer in its Delta log (log retention)"
+    late = _by_name(evaluate_block(ChecksSpec(severity="error"), {**STATS, "warnings": [gap], "bad_rows": 2}))["late_rows"]
+    assert not late.passed and late.severity is Severity.WARN and late.description == gap
+    ok = _by_name(evaluate_block(ChecksSpec(), {**STATS, "bad_rows": 2}))["late_rows"]
+    assert ok.passed and "2 bad rows quarantined" in ok.description
 
 
 @pytest.mark.parametrize("bad", [{"max_null_share": {"x": 1.5}}, {"severity": "fatal"}, {"max_lag": "soon"}, {"nope": 1}])

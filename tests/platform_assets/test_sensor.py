@@ -138,7 +138,7 @@ def test_block_checks_record_etl_log_figures_and_fail_with_the_spec_severity(spa
         instance.add_dynamic_partitions(partitions_name("fact.events"), ["00000001"])
         result = dg.materialize([asset], partition_key="00000001", instance=instance, raise_on_error=False)
         evals = {e.check_name: e for e in result.get_asset_check_evaluations()}
-        assert set(evals) == {"rows", "lag", "nulls"}
+        assert set(evals) == {"rows", "lag", "nulls", "late_rows"}
         assert evals["rows"].passed and not evals["nulls"].passed and not evals["lag"].passed
         assert evals["nulls"].severity == dg.AssetCheckSeverity.ERROR
         assert evals["nulls"].description.startswith("too many nulls: country")

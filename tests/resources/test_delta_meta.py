@@ -6,15 +6,20 @@ import datetime as dt
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import write_deltalake
+import pytest
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from lineage.positions import Position
 from resources.delta_meta import (
+    RECENT_COMMITS,
     BlockEnd,
+    CommitUnavailableError,
     TableSnapshot,
     bad_position_rows,
     find_block_end,
+    late_detection_warning,
     late_rows,
+    missing_commits,
     table_mark,
 )
 
@@ -42,13 +47,13 @@ def test_a_snapshot_answers_every_question_for_its_own_version(tmp_path: Path) -
 
     assert old.version == 0 and table_mark(old).max_position == _at(10, 10)
     assert find_block_end(old, last, FAR, 100) == BlockEnd(_at(10, 10), 5, 0)
-    assert bad_position_rows(old).num_rows == 0 and late_rows(old, 0, last).num_rows == 0
+    assert bad_position_rows(old).num_rows == 0 and late_rows(old, 0, last).rows.num_rows == 0
 
     new = TableSnapshot.open(str(path))
     assert new.version == 1 and table_mark(new).max_position == _at(20, 102)
     assert find_block_end(new, last, FAR, 100) == BlockEnd(_at(20, 102), 6, 1)
     assert bad_position_rows(new)["id"].to_pylist() == [101]
-    assert late_rows(new, 0, last)["id"].to_pylist() == [100]
+    assert late_rows(new, 0, last).rows["id"].to_pylist() == [100]
     # A path reads the newest version, as a snapshot opened now does.
     assert table_mark(str(path)) == table_mark(new)
     assert find_block_end(str(path), last, FAR, 100) == find_block_end(new, last, FAR, 100)
@@ -74,4 +79,55 @@ def test_a_snapshot_of_a_missing_table_has_no_facts(tmp_path: Path) -> None:
     assert snap.version is None and snap.files.num_rows == 0
     assert table_mark(snap).max_position is None and table_mark(snap).version is None
     assert find_block_end(snap, Position.zero(), FAR, 10) == BlockEnd(None, 0, None)
-    assert bad_position_rows(snap).num_rows == 0 and late_rows(snap, 0, Position.zero()).num_rows == 0
+    assert bad_position_rows(snap).num_rows == 0 and late_rows(snap, 0, Position.zero()).rows.num_rows == 0
+
+
+def _txn_append(path: Path, app_id: str, version: int, n: int = 1) -> None:
+    data = pa.table({"pos": pa.array([T0.replace(tzinfo=dt.UTC)] * n, pa.timestamp("us", tz="UTC")),
+                     "id": pa.array(range(n), pa.int64())})
+    write_deltalake(str(path), data, mode="append",
+                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=version)],
+                                                       custom_metadata={"userMetadata": f"block {version}"}))
+
+
+def test_a_block_commit_is_found_however_far_back_without_reading_every_commit(tmp_path: Path) -> None:
+    from resources.delta_meta import find_txn_commit
+
+    path = tmp_path / "dest"
+    _txn_append(path, "tidemark:t", 1, n=3)
+    _txn_append(path, "tidemark:t", 2, n=2)
+    for _ in range(RECENT_COMMITS * 3):  # far more unrelated commits than the recent window
+        _append(path, [(1, 1)])
+    _txn_append(path, "tidemark:t", 4, n=5)  # block 3 never landed (planned, then reset)
+    found = find_txn_commit(str(path), "tidemark:t", 2)
+    assert found is not None and found.version == 1 and found.rows == 2
+    assert find_txn_commit(str(path), "tidemark:t", 1).version == 0
+    assert find_txn_commit(str(path), "tidemark:t", 3) is None
+    assert find_txn_commit(str(path), "tidemark:t", 4).rows == 5
+    assert find_txn_commit(str(path), "tidemark:t", 5) is None
+    assert find_txn_commit(str(path), "tidemark:other", 1) is None
+    # The hint is taken when right, and ignored when wrong.
+    assert find_txn_commit(str(path), "tidemark:t", 2, hint=1).version == 1
+    assert find_txn_commit(str(path), "tidemark:t", 2, hint=7).version == 1
+
+
+def test_a_commit_removed_by_log_retention_is_reported_not_guessed(tmp_path: Path) -> None:
+    from resources.delta_meta import find_txn_commit
+
+    path = tmp_path / "dest"
+    _txn_append(path, "tidemark:t", 1)
+    for _ in range(RECENT_COMMITS + 5):
+        _append(path, [(1, 1)])
+    table = DeltaTable(str(path))
+    table.create_checkpoint()
+    for f in (path / "_delta_log").glob("*.json"):
+        if int(f.stem) < table.version():
+            f.unlink()
+    assert DeltaTable(str(path)).transaction_version("tidemark:t") == 1  # the checkpoint keeps txn
+    with pytest.raises(CommitUnavailableError, match="removed by log retention"):
+        find_txn_commit(str(path), "tidemark:t", 1)
+    assert missing_commits(str(path), 0, table.version()) == tuple(range(1, table.version()))
+    gaps = late_rows(TableSnapshot.open(str(path)), 0, _at(1, 1))
+    assert gaps.unreadable == tuple(range(1, table.version()))
+    assert f"versions 1..{table.version() - 1} no longer in its Delta log" in late_detection_warning("stage.x", gaps.unreadable)
+    assert late_detection_warning("stage.x", ()) == ""

@@ -483,3 +483,65 @@ def test_local_owner_is_dead() -> None:
     assert not local_owner_is_dead(f"not-{host}:{child.pid}:00000000")
     for junk in ("", "x", f"{host}:abc:00", f"{host}:0:00", f"{host}:-1:00"):
         assert not local_owner_is_dead(junk)
+
+
+# -- catching up with the Delta log ---------------------------------------------------------------
+
+
+def _recover(store: OffsetStore, *, expected_seq: int, seq: int, last: Position, who: str = "engine") -> OffsetRecord:
+    return store.recover(T, who=who, expected_seq=expected_seq, seq=seq, last=last, rows=9, run=dt.datetime(2026, 2, 1),
+                         state=STATE_COMMITTED, source_version=11, delta_version=42, note="caught up from the Delta log")
+
+
+def test_recover_catches_a_stale_record_up_and_is_logged(store: OffsetStore) -> None:
+    planned(store)  # block 1 pending in the stale copy; the log has landed up to block 4
+    store.release(T, A)
+    rec = _recover(store, expected_seq=1, seq=4, last=P(9))
+    assert (rec.last, rec.next, rec.seq, rec.rows, rec.state, rec.source_version, rec.delta_version) == \
+        (P(9), None, 4, 9, STATE_COMMITTED, 11, 42)
+    assert current(store) == rec
+    entry = store.history(T, limit=1)[0]
+    assert (entry.action, entry.who, entry.old_last, entry.new_last, entry.note) == \
+        ("recover", "engine", P(0), P(9), "caught up from the Delta log")
+
+
+def test_recover_is_compare_and_set_and_never_goes_back(store: OffsetStore) -> None:
+    store.init(T, P(0), "step", who="test", seq=2)
+    assert current(store).seq == 2
+    with pytest.raises(OffsetError, match="another run caught it up first"):
+        _recover(store, expected_seq=1, seq=4, last=P(9))
+    with pytest.raises(OffsetError, match="only catches a store up"):
+        _recover(store, expected_seq=2, seq=2, last=P(9))
+    store.acquire(T, B)
+    with pytest.raises(TopicLockedError):
+        _recover(store, expected_seq=2, seq=4, last=P(9))
+    assert _recover(store, expected_seq=2, seq=4, last=P(9), who=B).seq == 4  # the holder may
+
+
+def test_commit_records_the_delta_version_and_reset_never_lowers_seq(store: OffsetStore) -> None:
+    planned(store)
+    rec = store.commit(T, A, seq=1, last=P(0), next=P(1), rows=3, delta_version=17)
+    assert rec.delta_version == 17 and current(store).delta_version == 17
+    store.release(T, A)
+    assert store.reset(T, P(0), who="op", reason="replay", seq=6).seq == 6
+    assert store.reset(T, P(0), who="op", reason="replay", seq=2).seq == 6
+
+
+def test_a_store_created_before_delta_version_existed_is_migrated(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    conn.execute("""CREATE TABLE tidemark_offsets (
+        topic TEXT PRIMARY KEY, last_pos TEXT NOT NULL, last_id BIGINT NOT NULL,
+        next_pos TEXT, next_id BIGINT, rows BIGINT NOT NULL, seq BIGINT NOT NULL, run TEXT,
+        processor TEXT NOT NULL, state TEXT NOT NULL, owner TEXT NOT NULL, owner_since TEXT,
+        source_version BIGINT, updated_at TEXT NOT NULL)""")
+    conn.execute("INSERT INTO tidemark_offsets VALUES ('fact.orders', '2026-01-31T12:00:00.000000', 5, NULL, NULL, 3, 2, "
+                 "NULL, 'step', 'committed', '', NULL, 4, '2026-01-31T12:00:00.000000')")
+    conn.commit()
+    conn.close()
+    store = open_offset_store(f"sqlite:///{db}")
+    rec = current(store)
+    assert (rec.seq, rec.source_version, rec.delta_version) == (2, 4, None)
+    store.close()

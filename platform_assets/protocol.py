@@ -1,0 +1,139 @@
+"""The commit protocol every processor lands its work through (DESIGN.md, "One commit protocol").
+
+1. A unit of work (a block, a rebuild) gets its sequence number and bounds in the offset store
+   before anything is written.
+2. The Delta commit that lands it describes itself: ``txnAppId=tidemark:<topic>``,
+   ``txnVersion=<seq>`` and ``userMetadata`` with every bound the next unit starts from
+   (:func:`commit_metadata`).
+3. The offset store is an index of the Delta log, never its master: :func:`reconcile` catches a
+   store that is behind, restored from a backup or lost up with what the log records, logged as
+   ``recover``; where the log cannot tell (the commit was removed by log retention, rows the
+   topic never wrote), it refuses and says what to run.
+4. Statistics go to ``etl.log`` before the offset commit.
+
+This module holds 2 and 3; the processors (``engine.py``: step and reload) call them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from lineage.errors import OffsetError
+from lineage.positions import Position
+from lineage.spec import Processor, Topic
+from resources import delta_meta
+from resources.offsets import STATE_COMMITTED, STATE_RELOADED, OffsetRecord, OffsetStore
+
+
+def data_app_id(topic: str) -> str:
+    """The Delta ``txnAppId`` of a topic's data commits."""
+    return f"tidemark:{topic}"
+
+
+def commit_metadata(topic: Topic, seq: int, *, next_: Position | None, source_version: int | None,
+                    run_id: str, owner: str, last: Position | None = None) -> str:
+    """The ``userMetadata`` of a unit's Delta commit: enough to rebuild the topic's offset record
+    from the log alone (``next`` = the topic's new ``last``, the base version it read)."""
+    meta: dict[str, Any] = {"topic": topic.name, "processor": topic.spec.processor.value, "seq": seq,
+                            "base": topic.spec.base, "source_version": source_version, "run_id": run_id, "owner": owner}
+    if last is not None:
+        meta["last"] = last.to_text()
+    if next_ is not None:
+        meta["next"] = next_.to_text()
+    return json.dumps(meta)
+
+
+@dataclass(frozen=True)
+class Landed:
+    """What the destination's Delta log says the topic landed last."""
+
+    seq: int  # the newest txnVersion recorded for the topic (0: none)
+    commit: delta_meta.CommitStats | None  # the commit that recorded it
+
+
+def recorded_seq(dest: str, topic: str) -> int:
+    return delta_meta.recorded_txn(dest, data_app_id(topic))
+
+
+def _retention_refusal(topic: Topic, dest: str, seq: int, rec: OffsetRecord | None) -> OffsetError:
+    where = "the offset store has no record" if rec is None else f"the offset store is at block {rec.seq}"
+    fix = (f"tidemark offsets init {topic.name} --start POSITION" if rec is None
+           else f"tidemark offsets reset {topic.name} --to POSITION --reason '...'")
+    return OffsetError(
+        f"topic '{topic.name}': {where}, but the Delta log of {topic.spec.destination} ({dest}) records block {seq} "
+        f"of this topic, and the commit that wrote it was removed by log retention, so where that block ended is "
+        f"unknown. Tidemark does not guess. Decide where the topic continues (the (pos, id) after which base rows "
+        f"are still to be processed) and run: {fix} (the block numbers continue above {seq})"
+    )
+
+
+def landed(topic: Topic, dest: str, rec: OffsetRecord | None) -> Landed:
+    """The topic's newest landed unit according to the Delta log, with its commit when the store
+    does not know it yet. Raises ``OffsetError`` when that commit is gone from the log."""
+    seq = recorded_seq(dest, topic.name)
+    if seq == 0 or (rec is not None and seq <= rec.seq):
+        return Landed(seq, None)
+    hint = rec.delta_version if rec is not None else None
+    try:
+        commit = delta_meta.find_txn_commit(dest, data_app_id(topic.name), seq, hint=hint)
+    except delta_meta.CommitUnavailableError:
+        raise _retention_refusal(topic, dest, seq, rec) from None
+    if commit is None:  # recorded but no commit carries it: not written by Tidemark's protocol
+        raise _retention_refusal(topic, dest, seq, rec)
+    return Landed(seq, commit)
+
+
+def reconcile(store: OffsetStore, topic: Topic, dest: str, rec: OffsetRecord, *, who: str) -> OffsetRecord:
+    """``rec`` caught up with the destination's Delta log: unchanged when the store knows the
+    newest landed unit (or is ahead: a block planned and not landed), else ``recover``ed from that
+    unit's commit. Never plans from a stale ``last``."""
+    found = landed(topic, dest, rec)
+    if found.commit is None:
+        return rec
+    commit = found.commit
+    meta = commit.user_metadata
+    step = topic.spec.processor is Processor.STEP
+    if step and not meta.get("next"):
+        raise _retention_refusal(topic, dest, found.seq, rec)
+    last = Position.parse(meta["next"]) if meta.get("next") else rec.last
+    if step and last < rec.last:
+        raise OffsetError(
+            f"topic '{topic.name}': the Delta log records block {found.seq} ending at {last}, before the store's last "
+            f"{rec.last} at block {rec.seq}; the store was reset past what landed. Reset it explicitly: "
+            f"tidemark offsets reset {topic.name} --to POSITION --reason '...'"
+        )
+    source_version = meta.get("source_version")
+    late = "" if source_version is not None or not step else "; the commit does not say which base version it read, so late rows are detected from the next block on"
+    note = (f"caught up from the Delta log: block {found.seq} landed in {topic.spec.destination} version {commit.version} "
+            f"(store was at block {rec.seq}{', with block ' + str(rec.seq) + ' pending' if rec.pending else ''}){late}")
+    try:
+        return store.recover(topic.name, who=who, expected_seq=rec.seq, seq=found.seq, last=max(last, rec.last),
+                             rows=commit.rows, run=commit.timestamp, state=STATE_COMMITTED if step else STATE_RELOADED,
+                             source_version=int(source_version) if source_version is not None else None,
+                             delta_version=commit.version, note=note)
+    except OffsetError:
+        fresh = store.get(topic.name)
+        if fresh is not None and fresh.seq >= found.seq:  # another process caught it up first
+            return fresh
+        raise
+
+
+def start_for_new_topic(topic: Topic, dest: str) -> tuple[Position, int, str]:
+    """Where a topic without an offset record starts when no start is given: ``(last, seq,
+    note)``. From the beginning when its destination holds nothing; a destination whose log
+    records blocks of the topic is recovered by :func:`reconcile` (this returns the start the
+    record is created with before that). Refuses when the destination has rows that no block
+    of this topic wrote: where the topic should continue would be a guess."""
+    if topic.spec.processor is Processor.STEP and recorded_seq(dest, topic.name) == 0:
+        mark = delta_meta.table_mark(dest)
+        if mark.max_position is not None:
+            raise OffsetError(
+                f"topic '{topic.name}': its destination {topic.spec.destination} ({dest}) has rows but its Delta log "
+                f"records no block of topic '{topic.name}' (written by another writer, or before Tidemark); where the "
+                f"topic should start would be a guess. Say where, e.g. after the destination's newest row: "
+                f"tidemark offsets init {topic.name} --start {mark.max_position.to_text()}  (or --start zero to process "
+                f"the whole base table into it)"
+            )
+    return Position.zero(), 0, "new topic: from the beginning"
