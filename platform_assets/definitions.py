@@ -7,7 +7,7 @@
   ``(last, next]`` of that block, and redoing a committed block is a no-op. Tables built by
   reload topics are unpartitioned;
 * an asset's compute takes its topic's lock and prepares the block's output; the offset IO
-  manager (``resources/io_manager.py``) writes it exactly once, commits the offsets and records
+  manager (``platform_assets/io_manager.py``) writes it exactly once, commits the offsets and records
   the block's figures; the compute then reports the block's checks;
 * the ``tidemark_planner`` sensor plans blocks and requests their runs; ``tidemark_alerts``
   sends one alert per failed run or failed check (webhook + log file);
@@ -30,8 +30,8 @@ from lineage.loader import load_lineage
 from lineage.partitions import partitions_name
 from lineage.spec import Lineage, Processor
 from platform_assets.alerts import RESOURCE_KEY, AlertNotifierResource, build_alert_sensor
+from platform_assets.io_manager import IO_MANAGER_KEY, OffsetIOManager
 from platform_assets.sensors import build_planner_sensor
-from resources.io_manager import IO_MANAGER_KEY, OffsetIOManager
 from resources.settings import Settings
 
 

@@ -27,7 +27,7 @@ import posixpath
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 
 from lineage.errors import ProcessingError
 from resources import delta_meta
@@ -49,11 +49,20 @@ class OffsetIOManager(dg.ConfigurableIOManager):
     """Writes each block once into its Delta table and commits its offsets; reads blocks back
     for downstream assets. Empty settings fall back to the ``TIDEMARK_*`` environment."""
 
-    home: str = ""
-    warehouse: str = ""
-    offsets_url: str = ""
-    lineage: str = ""
-    spark_master: str = ""
+    home: str = Field(default="", description=(
+        "Tidemark's state directory (offset store, Dagster home, Spark scratch). Empty: TIDEMARK_HOME, "
+        "else ./.tidemark."))
+    warehouse: str = Field(default="", description=(
+        "Root of the Delta tables (<root>/<schema>/<table>; a local path or an s3a:// / abfss:// URL). "
+        "Empty: TIDEMARK_WAREHOUSE, else <home>/warehouse."))
+    offsets_url: str = Field(default="", description=(
+        "Offset store: sqlite:///path/offsets.db or postgresql://user@host/db. Empty: TIDEMARK_OFFSETS_URL, "
+        "else sqlite:///<home>/offsets.db."))
+    lineage: str = Field(default="", description=(
+        "Lineage YAML file or directory. Empty: TIDEMARK_LINEAGE, else ./demo/lineage."))
+    spark_master: str = Field(default="", description=(
+        "Spark master URL (local[*], spark://host:7077, ...) or a Spark Connect sc://host:port URL. "
+        "Empty: TIDEMARK_SPARK_MASTER, else local[*]."))
 
     _engine: Any = PrivateAttr(default=None)
 
@@ -81,7 +90,7 @@ class OffsetIOManager(dg.ConfigurableIOManager):
 
     # ------------------------------------------------------------------ output
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
-        from platform_assets.engine import OpenBlock, StepResult  # the engine lives above resources/
+        from platform_assets.engine import OpenBlock, StepResult
 
         if isinstance(obj, StepResult):  # nothing to write: a committed block, or a reload that waits
             context.add_output_metadata({"topic": obj.topic, "note": obj.reason})
