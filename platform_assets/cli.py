@@ -34,7 +34,7 @@ def _cell(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, Position):
-        return "zero" if v.is_zero() else f"{format_ts(v.pos).replace('T', ' ')[:23]} #{v.id}"
+        return "start" if v.is_zero() else f"{format_ts(v.pos).replace('T', ' ')[:23]} #{v.id}"
     if isinstance(v, dt.datetime):
         return format_ts(v.replace(tzinfo=None) if v.tzinfo else v).replace("T", " ")[:23]
     if isinstance(v, float):
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     off = sub.add_parser("offsets", help="show, init, reset or unlock topic offsets")
     off.add_argument("action", choices=["show", "init", "reset", "unlock"])
     off.add_argument("topic", nargs="?")
-    off.add_argument("--start", help="init: start position, e.g. 2026-01-31T00:00:00[/id] or zero")
+    off.add_argument("--start", help="init: start position, e.g. 2026-01-31T00:00:00[/id] or start")
     off.add_argument("--to", help="reset: the new last position")
     off.add_argument("--reason", help="reset: why (kept in the offset log)")
     off.add_argument("--history", action="store_true", help="show: the offset log instead of the records")

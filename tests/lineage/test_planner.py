@@ -52,6 +52,13 @@ def test_pending_block_is_retried_as_it_is() -> None:
     assert d.topic == "fact.x"
 
 
+def test_a_first_block_retried_names_its_start_not_the_sentinel() -> None:
+    nxt = at(-30 * MIN, 9)
+    d = plan(spec(), TopicState(last=Position.zero(), next=nxt, seq=1))
+    assert d.reason == f"retry block 1 start..{nxt}"
+    assert "0001-01-01" not in d.reason and str(-(2**63)) not in d.reason
+
+
 def test_pending_block_is_retried_even_when_repeat_delay_deps_and_base_forbid() -> None:
     last, nxt = at(-10 * SEC, 1), at(-5 * SEC, 2)
     s = spec(depends_on=["stage.x", "dim.y"], delay="1h", repeat="1d")

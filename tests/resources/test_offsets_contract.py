@@ -228,6 +228,13 @@ def test_plan_while_pending_is_refused(store: OffsetStore) -> None:
     assert current(store).next == P(1)
 
 
+def test_messages_name_the_start_not_the_zero_sentinel(store: OffsetStore) -> None:
+    locked(store, Position.zero()).plan(T, A, last=Position.zero(), next=P(1), seq=1, source_version=None)
+    with pytest.raises(OffsetError, match=r"block 1 \(start, \(.*\)\] is planned and not committed") as exc:
+        store.plan(T, A, last=Position.zero(), next=P(2), seq=2, source_version=None)
+    assert "0001-01-01" not in str(exc.value) and str(-(2**63)) not in str(exc.value)
+
+
 def test_commit_moves_last(store: OffsetStore) -> None:
     rec = planned(store).commit(T, A, seq=1, last=P(0), next=P(1), rows=10, note="done")
     assert store.get(T) == rec
