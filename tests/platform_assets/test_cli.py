@@ -31,7 +31,7 @@ def test_validate_bad_lineage_exits_2_naming_file_topic_field(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text("topics:\n  - table: fact.x\n    depends_on: [stage.a]\n    transforms: [x.sql]\n    delay: soon\n")
     assert main(["--lineage", str(tmp_path), "lineage", "validate"]) == 2
     err = capsys.readouterr().err
-    assert "bad.yaml:2: topic 'fact.x': field 'delay': 'soon' is not a duration" in err
+    assert "bad.yaml:5: topic 'fact.x': field 'delay': 'soon' is not a duration" in err
 
 
 def test_offsets_init_show_reset_unlock_and_history(home_args, tmp_path, capsys):
