@@ -141,7 +141,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         for n in names or list(eng.lineage.topics):
             _print_result(eng.run_topic(n))
-    return 0
+    return _missing_sources(eng, names or list(eng.lineage.topics))
+
+
+def _missing_sources(eng: Any, names: list[str]) -> int:
+    """1 (after saying which) when a topic's base is a source table that does not exist: a wrong
+    name or path must not pass as "no new rows". A base some topic writes may not exist yet."""
+    from resources.delta_meta import open_table
+
+    bases = sorted({eng.lineage.topic(n).spec.base for n in names})
+    missing = [b for b in bases if not eng.lineage.producers(b) and open_table(eng.path(b)) is None]
+    for b in missing:
+        print(f"error: {b} does not exist at {eng.path(b)}; check the table name or the source's path", file=sys.stderr)
+    return 1 if missing else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -156,7 +156,7 @@ class Engine:
     ) -> None:
         self.settings = settings
         self.lineage = lineage
-        self.store = store or open_offset_store(settings.offsets_url)
+        self.store = store or open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
         self._spark = spark
         self._owns_spark = spark is None
         self._spark_factory = spark_factory
@@ -284,7 +284,7 @@ class Engine:
             mark = delta_meta.table_mark(self.path(spec.base), positions=spec.processor is Processor.STEP)
         deps = {d: self.freshness(d) for d in spec.depends_on[1:]} if spec.processor is Processor.STEP else {}
         state = TopicState(rec.last, rec.next, rec.seq, rec.run, rec.source_version)
-        return plan_topic(spec, state, mark, deps, now or self.clock()), mark
+        return plan_topic(spec, state, mark, deps, now or self.clock(), base_produced=bool(self.lineage.producers(spec.base))), mark
 
     def block_end(self, topic: Topic, rec: OffsetRecord, decision: Decision,
                   base: delta_meta.TableSnapshot | None = None) -> delta_meta.BlockEnd:

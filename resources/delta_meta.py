@@ -99,7 +99,7 @@ def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_tha
     snap = _snapshot(source)
     table, version = snap.table, snap.version
     if table is None:
-        return TableMark(None, None)
+        return TableMark(None, None, exists=False, location=snap.path)
     if "pos" not in snap.columns:
         return TableMark(None, version)
     files = snap.files

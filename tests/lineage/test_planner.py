@@ -121,11 +121,21 @@ def test_repeat_ignored_without_a_previous_run_or_without_repeat() -> None:
 # --- base table ----------------------------------------------------------------------------------
 
 
-def test_empty_or_missing_base_table() -> None:
-    d = plan(spec(), TopicState(last=Position.zero()), TableMark(None))
+def test_empty_base_table() -> None:
+    d = plan(spec(), TopicState(last=Position.zero()), TableMark(None, 0))
     assert d.ready is False
-    assert d.reason == "no new rows (stage.x is empty or missing)"
+    assert d.reason == "no new rows (stage.x is empty)"
     assert d.cutoff is None
+
+
+@pytest.mark.parametrize("processor", ["step", "reload"])
+def test_a_missing_base_table_is_not_an_empty_one(processor: str) -> None:
+    missing = TableMark(None, None, exists=False, location="/wh/stage/x")
+    d = plan(spec(processor=processor), TopicState(last=Position.zero()), missing)
+    assert (d.ready, d.reason) == (False, "stage.x does not exist at /wh/stage/x; check the table name or the source's path")
+    # A base some topic writes is simply not written yet.
+    d = plan_topic(spec(processor=processor), TopicState(last=Position.zero()), missing, {}, NOW, base_produced=True)
+    assert (d.ready, d.reason) == (False, "no new rows (stage.x not written yet by its topic; no Delta table at /wh/stage/x)")
 
 
 @pytest.mark.parametrize(

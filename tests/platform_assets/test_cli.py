@@ -74,3 +74,31 @@ def test_lag_without_a_jvm(home_args, tmp_path, capsys):
             "print('SPARK' if 'pyspark.sql.session' in sys.modules else 'NO-SPARK', rc)")
     proc = subprocess.run([sys.executable, "-c", code, *home_args, "lag"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.stdout.split()[-2:] == ["NO-SPARK", "0"], proc.stderr
+
+
+def test_run_on_a_missing_base_table_fails_and_an_empty_one_waits(home_args, tmp_path, capsys):
+    from resources.settings import Settings
+    from tests.platform_assets.shop import EVENTS_SCHEMA, write_rows
+
+    settings = Settings.from_env({}, home=tmp_path / "home")
+    path = settings.table_path("stage.events")
+    assert main([*home_args, "run"]) == 1
+    captured = capsys.readouterr()
+    assert f"waits: stage.events does not exist at {path}; check the table name or the source's path" in captured.out
+    assert f"error: stage.events does not exist at {path}" in captured.err
+    assert main([*home_args, "run", "fact.events"]) == 1
+    capsys.readouterr()
+    write_rows(settings, "stage.events", [], EVENTS_SCHEMA)  # an empty table: a normal wait
+    assert main([*home_args, "run"]) == 0
+    assert "waits: no new rows (stage.events is empty)" in capsys.readouterr().out
+
+
+def test_an_offsets_url_in_a_missing_folder_is_refused_not_created(tmp_path, capsys):
+    lin = write_lineage(tmp_path)
+    url = f"sqlite:///{tmp_path}/no/such/dir/x.db"
+    assert main(["--home", str(tmp_path / "home"), "--lineage", str(lin), "--offsets-url", url, "lag"]) == 1
+    assert f"error: offset store '{url}': the folder {tmp_path}/no/such/dir does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+    # The default store under a new state dir is created with its folder.
+    assert main(["--home", str(tmp_path / "new" / "home"), "--lineage", str(lin), "lag"]) == 0
+    assert (tmp_path / "new" / "home" / "offsets.db").is_file()

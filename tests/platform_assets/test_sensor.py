@@ -77,6 +77,15 @@ def test_sensor_waits_with_the_planners_reason_then_adds_partition_and_requests_
         assert [r.run_key for r in again.run_requests] == ["fact.events@1#1"] and not again.dynamic_partitions_requests
 
 
+def test_sensor_shows_a_missing_base_table_as_a_wait(settings, tmp_path):
+    s, defs = _defs(settings, tmp_path)
+    with dg.instance_for_test() as instance:
+        data = _tick(defs.get_sensor_def("tidemark_planner"), instance, defs)
+    assert not data.run_requests
+    assert (f"fact.events: stage.events does not exist at {s.table_path('stage.events')}; check the table name "
+            "or the source's path") in data.skip_message
+
+
 def test_a_pending_block_is_requested_again_without_a_write_unless_a_run_holds_it(settings, tmp_path):
     s, defs = _defs(settings, tmp_path, maxstep=30)
     write_users(s)
