@@ -68,7 +68,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
              t.spec.maxstep, t.where) for t in lineage.topics.values()]
     print(_table(rows, ["topic", "processor", "depends_on", "delay", "repeat", "maxstep", "declared at"]))
     print(f"\nOK: {len(lineage.topics)} topics, {len(lineage.sources)} sources in {len(lineage.files)} file(s) under {settings.lineage}")
+    for warning in _wait_warnings(settings, lineage):
+        print(f"warning: {warning}")
     return 0
+
+
+def _wait_warnings(settings: Settings, lineage: Any) -> list[str]:
+    """Rules that cannot be met as things stand (valid, but a topic would wait for ever): a
+    source table that does not exist, a step topic whose base is declared ``static``. Reads
+    only Delta metadata (no JVM)."""
+    from resources.delta_meta import open_table
+
+    out = []
+    for t in lineage.topics.values():
+        for i, dep in enumerate(t.spec.depends_on):
+            src = lineage.sources.get(dep)
+            if src is None:
+                continue  # produced by a topic: fresh once that topic runs
+            if i == 0 and src.spec.freshness == "static" and t.spec.processor.value == "step":
+                out.append(f"{t.where}: topic '{t.name}': its base {dep} is declared 'freshness: static' (never changes), "
+                           "so it never gets a block; use a reload topic or drop the declaration")
+            elif src.spec.freshness != "static" and open_table(settings.table_path(dep, src.spec.path)) is None:
+                role = "base" if i == 0 else "dependency"
+                out.append(f"{t.where}: topic '{t.name}': {role} {dep} does not exist at "
+                           f"{settings.table_path(dep, src.spec.path)}; the topic waits until it does (check the table "
+                           "name or the source's path)")
+    return out
 
 
 def cmd_publish(args: argparse.Namespace) -> int:

@@ -261,19 +261,25 @@ class Engine:
         return Position.zero(), "new topic: from the beginning"
 
     def freshness(self, table: str) -> dt.datetime | None:
-        """The position ``table`` is fresh up to: the least ``last`` of the topics producing it,
-        or for a source its newest ``pos``."""
+        """The position ``table`` is fresh up to: the least ``last`` of the topics producing it
+        (a rebuilt table without positions: as of its newest commit), or for a source its newest
+        ``pos`` (without a ``pos`` column: its newest commit; ``freshness: static``: always)."""
         producers = self.lineage.producers(table)
         if producers:
             lasts = []
             for p in producers:
                 rec = self.store.get(p.name)
+                if rec is not None and rec.last.is_zero() and rec.seq and p.spec.processor is Processor.RELOAD:
+                    lasts.append(delta_meta.freshness(self.path(table)) or rec.last.pos)
+                    continue
                 if rec is None or rec.last.is_zero():
                     return None
                 lasts.append(rec.last.pos)
             return min(lasts)
-        mark = delta_meta.table_mark(self.path(table), positions=False)
-        return mark.max_position.pos if mark.max_position else None
+        src = self.lineage.sources.get(table)
+        if src is not None and src.spec.freshness == "static":
+            return dt.datetime.max
+        return delta_meta.freshness(self.path(table))
 
     def decide(self, topic: Topic, rec: OffsetRecord | None = None, now: dt.datetime | None = None,
                mark: TableMark | None = None) -> tuple[Decision, TableMark]:

@@ -102,3 +102,23 @@ def test_an_offsets_url_in_a_missing_folder_is_refused_not_created(tmp_path, cap
     # The default store under a new state dir is created with its folder.
     assert main(["--home", str(tmp_path / "new" / "home"), "--lineage", str(lin), "lag"]) == 0
     assert (tmp_path / "new" / "home" / "offsets.db").is_file()
+
+
+def test_validate_warns_where_a_topic_would_wait_for_ever(tmp_path, capsys):
+    from resources.settings import Settings
+    from tests.platform_assets.shop import write_users
+
+    lin = write_lineage(tmp_path, deps="[stage.events, dim.users]")
+    args = ["--home", str(tmp_path / "home"), "--lineage", str(lin), "lineage", "validate"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    path = Settings.from_env({}, home=tmp_path / "home").table_path("dim.users")
+    assert f"topic 'fact.events': dependency dim.users does not exist at {path}; the topic waits until it does" in out
+    assert "topic 'fact.events': base stage.events does not exist at" in out
+    write_users(Settings.from_env({}, home=tmp_path / "home"))
+    assert main(args) == 0
+    assert "dependency dim.users" not in capsys.readouterr().out
+    (lin / "events.yaml").write_text((lin / "events.yaml").read_text().replace(
+        "  - table: stage.events\n", "  - table: stage.events\n    freshness: static\n"))
+    assert main(args) == 0
+    assert "its base stage.events is declared 'freshness: static' (never changes), so it never gets a block" in capsys.readouterr().out
