@@ -93,6 +93,11 @@ class OffsetIOManager(dg.ConfigurableIOManager):
         from platform_assets.engine import OpenBlock, StepResult
 
         if isinstance(obj, StepResult):  # nothing to write: a committed block, or a reload that waits
+            if context.has_asset_partitions:  # a block partition: only a committed block returns no OpenBlock
+                _, seq = self.engine().lineage.block_of(".".join(context.asset_key.path), context.partition_key)
+                context.add_output_metadata({"topic": obj.topic, "block": seq, "rows_written": 0, "already_committed": True,
+                                             "note": already_committed(seq)})
+                return
             context.add_output_metadata({"topic": obj.topic, "note": obj.reason})
             return
         if not isinstance(obj, OpenBlock):
@@ -135,6 +140,11 @@ class OffsetIOManager(dg.ConfigurableIOManager):
 
         df = reader.option("versionAsOf", version).load(path)
         return df.where(F.col("_metadata.file_name").isin(files))
+
+
+def already_committed(seq: int) -> str:
+    """What materializing a block that is already committed did."""
+    return f"block {seq} was already committed (nothing written)"
 
 
 def block_metadata(r: StepResult) -> dict[str, Any]:

@@ -128,7 +128,14 @@ def test_materializing_a_block_partition_writes_exactly_that_block(spark, settin
         # Materializing the committed block again changes nothing.
         again = dg.materialize([asset], partition_key="00000001", instance=instance)
         (mat2,) = again.asset_materializations_for_node(asset.node_def.name)
-        assert "already committed" in mat2.metadata["note"].value
+        meta2 = {k: v.value for k, v in mat2.metadata.items()}
+        assert meta2["note"] == "block 1 was already committed (nothing written)"
+        assert meta2["rows_written"] == 0 and meta2["already_committed"] is True and "rows" not in meta2
+        logs = [e.user_message for e in instance.all_logs(again.run_id)]
+        assert any("fact.events: block 1 was already committed (nothing written)" in m for m in logs)
+        checks = again.get_asset_check_evaluations()
+        assert checks and all(c.description.startswith("block 1 as committed earlier (") for c in checks)
+        assert all("nothing written now: " in c.description for c in checks)
         assert DeltaTable(s.table_path("fact.events")).version() == 0
         assert spark.active() is not None  # the test's shared session was not stopped by the run
 
