@@ -84,7 +84,7 @@ def main() -> None:
         apply_partition_requests(instance, data.dynamic_partitions_requests)
         steady = [tick(sensor, instance, defs)[0] for _ in range(args.repeat)]
         # Commit every pending block in the store (as finished runs would), then tick idle.
-        store = open_offset_store(settings.offsets_url)
+        store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
         for rec in store.list():
             if rec.pending:
                 store.acquire(rec.topic, "bench")

@@ -26,15 +26,48 @@ from lineage.errors import LineageError
 from lineage.spec import PYTHON_PREFIX, Lineage, Processor, Source, SourceSpec, Topic, TopicSpec, Transform
 
 _LINE = "__line__"
+_KEY_LINES = "__key_lines__"
 
 
 class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that records the line of every mapping under ``__line__``."""
+    """SafeLoader that records the line of every mapping under ``__line__`` and the line of each
+    of its keys under ``__key_lines__``, so a problem with a field names the field's line."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         mapping = super().construct_mapping(node, deep=deep)
         mapping[_LINE] = node.start_mark.line + 1
+        mapping[_KEY_LINES] = {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
         return mapping
+
+
+def _field_line(item: Any, loc: tuple[Any, ...] | list[Any]) -> int | None:
+    """The line of the field at ``loc`` (pydantic's path into ``item``), else of the deepest
+    mapping on that path that has one."""
+    line = item.get(_LINE) if isinstance(item, dict) else None
+    for part in loc:
+        if isinstance(item, dict):
+            line = item.get(_KEY_LINES, {}).get(part, line)
+            item = item.get(part)
+        elif isinstance(item, list) and isinstance(part, int) and 0 <= part < len(item):
+            item = item[part]
+            if isinstance(item, dict):
+                line = item.get(_LINE, line)
+        else:
+            break
+    return line
+
+
+def _yaml_problem(file: Path, exc: yaml.YAMLError) -> str:
+    """A YAML syntax error as ``file:line:column: not valid YAML: what`` (PyYAML's own text names
+    ``<unicode string>`` instead of the file)."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return f"{file}: not valid YAML: {exc}"
+    mark = exc.problem_mark
+    what = exc.problem or "syntax error"
+    if exc.context:
+        ctx = exc.context_mark
+        what += f" ({exc.context}" + (f" at line {ctx.line + 1}, column {ctx.column + 1}" if ctx else "") + ")"
+    return f"{file}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {what}"
 
 
 def lineage_files(path: Path) -> list[Path]:
@@ -57,11 +90,12 @@ def _where(file: Path, line: int | None, topic: str | None = None, field: str | 
     return out
 
 
-def _pydantic_problems(exc: ValidationError, file: Path, line: int | None, name: str | None,
+def _pydantic_problems(exc: ValidationError, file: Path, item: dict[str, Any], name: str | None,
                        model: type[TopicSpec] | type[SourceSpec]) -> list[str]:
     problems = []
-    where = _where(file, line, name) if model is TopicSpec else _where(file, line) + (f": source '{name}'" if name else "")
     for err in exc.errors():
+        line = _field_line(item, err["loc"])
+        where = _where(file, line, name) if model is TopicSpec else _where(file, line) + (f": source '{name}'" if name else "")
         field = ".".join(str(p) for p in err["loc"]) or None
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
@@ -74,13 +108,14 @@ def _pydantic_problems(exc: ValidationError, file: Path, line: int | None, name:
 
 def _strip_lines(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _strip_lines(v) for k, v in value.items() if k != _LINE}
+        return {k: _strip_lines(v) for k, v in value.items() if k not in (_LINE, _KEY_LINES)}
     if isinstance(value, list):
         return [_strip_lines(v) for v in value]
     return value
 
 
 def _resolve_transforms(spec: TopicSpec, file: Path, line: int | None, problems: list[str]) -> tuple[Transform, ...]:
+    """``line``: the line of the ``transforms`` field."""
     out = []
     for ref in spec.transforms:
         if ref.startswith(PYTHON_PREFIX):
@@ -159,11 +194,12 @@ def load_lineage(path: str | Path) -> Lineage:
     problems: list[str] = []
     topics: dict[str, Topic] = {}
     sources: dict[str, Source] = {}
+    field_lines: dict[str, dict[str, Any]] = {}  # topic -> its YAML mapping (for the lines of its fields)
     for file in files:
         try:
             doc = yaml.load(file.read_text(encoding="utf-8"), Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
         except yaml.YAMLError as exc:
-            problems.append(f"{file}: not valid YAML: {exc}")
+            problems.append(_yaml_problem(file, exc))
             continue
         if doc is None:
             continue
@@ -171,8 +207,8 @@ def load_lineage(path: str | Path) -> Lineage:
             problems.append(f"{file}: expected a mapping with 'topics:' and/or 'sources:' lists")
             continue
         for key in doc:
-            if key not in ("topics", "sources", _LINE):
-                problems.append(f"{_where(file, doc.get(_LINE))}: unknown top-level key '{key}' (allowed: topics, sources)")
+            if key not in ("topics", "sources", _LINE, _KEY_LINES):
+                problems.append(f"{_where(file, _field_line(doc, [key]))}: unknown top-level key '{key}' (allowed: topics, sources)")
         for kind in ("sources", "topics"):
             items = doc.get(kind) or []
             if not isinstance(items, list):
@@ -188,7 +224,7 @@ def load_lineage(path: str | Path) -> Lineage:
                 try:
                     spec: Any = model.model_validate(_strip_lines(item))
                 except ValidationError as exc:
-                    problems.extend(_pydantic_problems(exc, file, line, name, model))
+                    problems.extend(_pydantic_problems(exc, file, item, name, model))
                     continue
                 if kind == "sources":
                     if spec.table in sources:
@@ -200,17 +236,19 @@ def load_lineage(path: str | Path) -> Lineage:
                     if spec.name in topics:
                         problems.append(f"{_where(file, line, spec.name)}: duplicate topic (also at {topics[spec.name].where})")
                         continue
-                    topics[spec.name] = Topic(spec, file, line, _resolve_transforms(spec, file, line, problems))
+                    field_lines[spec.name] = item
+                    topics[spec.name] = Topic(spec, file, line, _resolve_transforms(spec, file, _field_line(item, ["transforms"]), problems))
 
     produced = {t.spec.destination for t in topics.values()}
     for t in topics.values():
+        deps_line = _field_line(field_lines.get(t.name, {}), ["depends_on"]) or t.line
         if t.spec.destination in t.spec.depends_on:
-            problems.append(f"{_where(t.file, t.line, t.name, 'depends_on')}: a topic cannot depend on its own table "
+            problems.append(f"{_where(t.file, deps_line, t.name, 'depends_on')}: a topic cannot depend on its own table "
                             f"'{t.spec.destination}' (it would wait for itself)")
         for dep in t.spec.depends_on:
             if dep not in produced and dep not in sources:
                 problems.append(
-                    f"{_where(t.file, t.line, t.name, 'depends_on')}: '{dep}' is produced by no topic and not declared "
+                    f"{_where(t.file, deps_line, t.name, 'depends_on')}: '{dep}' is produced by no topic and not declared "
                     f"as a source (add it under 'sources:' or fix the name)"
                 )
     for table in produced & set(sources):

@@ -34,6 +34,8 @@ class TableMark:
 
     max_position: Position | None  # None: the table is empty or does not exist
     version: int | None = None
+    exists: bool = True  # False: there is no Delta table at ``location``
+    location: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,11 +59,15 @@ def plan_topic(
     base: TableMark,
     dependencies: dict[str, dt.datetime | None],
     now: dt.datetime,
+    *,
+    base_produced: bool = False,
 ) -> Decision:
     """Decide whether ``spec`` may run now.
 
     ``dependencies`` maps every ``depends_on`` table except the base to the position that
     table is fresh up to (its producers' offsets or its source mark; ``None`` if nothing yet).
+    ``base_produced``: a topic of the lineage writes the base table (so a missing base is one
+    not written yet, not a wrong name or path).
     """
     name = spec.name
     if state.next is not None:
@@ -70,6 +76,8 @@ def plan_topic(
     if state.run is not None and spec.repeat and now < state.run + spec.repeat:
         return Decision(name, False, f"repeat: next run after {_ts(state.run + spec.repeat)}")
 
+    if not base.exists:
+        return Decision(name, False, missing_reason(spec.base, base, base_produced))
     if spec.processor is Processor.RELOAD:
         if base.version is None:
             return Decision(name, False, f"waiting for {spec.base} (table missing)")
@@ -80,7 +88,7 @@ def plan_topic(
         return Decision(name, False, f"no new rows ({spec.base} unchanged since version {state.source_version})")
 
     if base.max_position is None:
-        return Decision(name, False, f"no new rows ({spec.base} is empty or missing)")
+        return Decision(name, False, f"no new rows ({spec.base} is empty)")
     if base.max_position <= state.last:
         return Decision(name, False, "no new rows")
 
@@ -94,6 +102,14 @@ def plan_topic(
     if cutoff < state.last.pos:
         return Decision(name, False, limit or f"no eligible rows: last {state.last} is after the cutoff {_ts(cutoff)}")
     return Decision(name, True, "new rows", cutoff=cutoff, limit=limit or "no new rows")
+
+
+def missing_reason(table: str, mark: TableMark, produced: bool) -> str:
+    """Why a topic waits on a base table that does not exist."""
+    at = f" at {mark.location}" if mark.location else ""
+    if produced:
+        return f"no new rows ({table} not written yet by its topic; no Delta table{at})"
+    return f"{table} does not exist{at}; check the table name or the source's path"
 
 
 def lag_seconds(last: Position, source_max: Position | None) -> float:

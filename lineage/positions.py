@@ -56,7 +56,9 @@ class Position:
         return self == Position.zero()
 
     def __str__(self) -> str:
-        return f"({format_ts(self.pos)}, {self.id})"
+        """How messages show a position; :meth:`zero` shows as ``start`` (which :meth:`parse`
+        reads back), not as its internal sentinel values."""
+        return "start" if self.is_zero() else f"({format_ts(self.pos)}, {self.id})"
 
     def to_text(self) -> str:
         """Compact form used on the command line and in partition keys' metadata."""

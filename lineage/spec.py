@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -96,6 +96,9 @@ class SourceSpec(_Strict):
     path: str | None = Field(None, description="Delta table location; default <warehouse>/<schema>/<table>")
     comment: str = ""
     owner: str | None = None
+    freshness: Literal["auto", "static"] = Field(
+        "auto", description="as a dependency: auto = fresh up to its newest pos, or without a pos column as of its "
+                            "newest Delta commit; static = never changes, always fresh")
 
     @field_validator("table")
     @classmethod

@@ -34,7 +34,7 @@ def _cell(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, Position):
-        return "zero" if v.is_zero() else f"{format_ts(v.pos).replace('T', ' ')[:23]} #{v.id}"
+        return "start" if v.is_zero() else f"{format_ts(v.pos).replace('T', ' ')[:23]} #{v.id}"
     if isinstance(v, dt.datetime):
         return format_ts(v.replace(tzinfo=None) if v.tzinfo else v).replace("T", " ")[:23]
     if isinstance(v, float):
@@ -68,7 +68,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
              t.spec.maxstep, t.where) for t in lineage.topics.values()]
     print(_table(rows, ["topic", "processor", "depends_on", "delay", "repeat", "maxstep", "declared at"]))
     print(f"\nOK: {len(lineage.topics)} topics, {len(lineage.sources)} sources in {len(lineage.files)} file(s) under {settings.lineage}")
+    for warning in _wait_warnings(settings, lineage):
+        print(f"warning: {warning}")
     return 0
+
+
+def _wait_warnings(settings: Settings, lineage: Any) -> list[str]:
+    """Rules that cannot be met as things stand (valid, but a topic would wait for ever): a
+    source table that does not exist, a step topic whose base is declared ``static``. Reads
+    only Delta metadata (no JVM)."""
+    from resources.delta_meta import open_table
+
+    out = []
+    for t in lineage.topics.values():
+        for i, dep in enumerate(t.spec.depends_on):
+            src = lineage.sources.get(dep)
+            if src is None:
+                continue  # produced by a topic: fresh once that topic runs
+            if i == 0 and src.spec.freshness == "static" and t.spec.processor.value == "step":
+                out.append(f"{t.where}: topic '{t.name}': its base {dep} is declared 'freshness: static' (never changes), "
+                           "so it never gets a block; use a reload topic or drop the declaration")
+            elif src.spec.freshness != "static" and open_table(settings.table_path(dep, src.spec.path)) is None:
+                role = "base" if i == 0 else "dependency"
+                out.append(f"{t.where}: topic '{t.name}': {role} {dep} does not exist at "
+                           f"{settings.table_path(dep, src.spec.path)}; the topic waits until it does (check the table "
+                           "name or the source's path)")
+    return out
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -143,7 +168,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         for n in names or list(eng.lineage.topics):
             _print_result(eng.run_topic(n))
-    return 0
+    return _missing_sources(eng, names or list(eng.lineage.topics))
+
+
+def _missing_sources(eng: Any, names: list[str]) -> int:
+    """1 (after saying which) when a topic's base is a source table that does not exist: a wrong
+    name or path must not pass as "no new rows". A base some topic writes may not exist yet."""
+    from resources.delta_meta import open_table
+
+    bases = sorted({eng.lineage.topic(n).spec.base for n in names})
+    missing = [b for b in bases if not eng.lineage.producers(b) and open_table(eng.path(b)) is None]
+    for b in missing:
+        print(f"error: {b} does not exist at {eng.path(b)}; check the table name or the source's path", file=sys.stderr)
+    return 1 if missing else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -283,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     off = sub.add_parser("offsets", help="show, init, reset or unlock topic offsets")
     off.add_argument("action", choices=["show", "init", "reset", "unlock"])
     off.add_argument("topic", nargs="?")
-    off.add_argument("--start", help="init: start position, e.g. 2026-01-31T00:00:00[/id] or zero")
+    off.add_argument("--start", help="init: start position, e.g. 2026-01-31T00:00:00[/id] or start")
     off.add_argument("--to", help="reset: the new last position")
     off.add_argument("--reason", help="reset: why (kept in the offset log)")
     off.add_argument("--history", action="store_true", help="show: the offset log instead of the records")

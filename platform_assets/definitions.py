@@ -7,7 +7,7 @@
   ``(last, next]`` of that block, and redoing a committed block is a no-op. Tables built by
   reload topics are unpartitioned;
 * an asset's compute takes its topic's lock and prepares the block's output; the offset IO
-  manager (``resources/io_manager.py``) writes it exactly once, commits the offsets and records
+  manager (``platform_assets/io_manager.py``) writes it exactly once, commits the offsets and records
   the block's figures; the compute then reports the block's checks;
 * the ``tidemark_planner`` sensor plans blocks and requests their runs; ``tidemark_alerts``
   sends one alert per failed run or failed check (webhook + log file);
@@ -30,8 +30,8 @@ from lineage.loader import load_lineage
 from lineage.partitions import partitions_name
 from lineage.spec import Lineage, Processor
 from platform_assets.alerts import RESOURCE_KEY, AlertNotifierResource, build_alert_sensor
+from platform_assets.io_manager import IO_MANAGER_KEY, OffsetIOManager, already_committed
 from platform_assets.sensors import build_planner_sensor
-from resources.io_manager import IO_MANAGER_KEY, OffsetIOManager
 from resources.settings import Settings
 
 
@@ -47,12 +47,13 @@ def _meta_value(v: Any) -> Any:
     return v
 
 
-def _check_results(key: dg.AssetKey, spec: ChecksSpec, stats: dict[str, Any]) -> list[dg.AssetCheckResult]:
-    """The block's checks: its etl.log figures against the spec's thresholds."""
+def _check_results(key: dg.AssetKey, spec: ChecksSpec, stats: dict[str, Any], prefix: str = "") -> list[dg.AssetCheckResult]:
+    """The block's checks: its etl.log figures against the spec's thresholds (``prefix``: says
+    when the figures are those of an earlier commit)."""
     severity = {Severity.WARN: dg.AssetCheckSeverity.WARN, Severity.ERROR: dg.AssetCheckSeverity.ERROR}
     return [
         dg.AssetCheckResult(asset_key=key, check_name=o.name, passed=o.passed, severity=severity[o.severity],
-                            description=o.description,
+                            description=prefix + o.description,
                             metadata={k: _meta_value(v) for k, v in o.metadata.items() if v is not None})
         for o in evaluate_block(spec, stats)
     ]
@@ -73,10 +74,12 @@ def _step_compute(lineage: Lineage, table: str) -> Any:
         opened = io.engine().open_block(topic, seq)
         yield dg.Output(opened)
         if isinstance(opened, StepResult):  # committed earlier: report that block's logged figures again
-            context.log.info(f"{topic}: {opened.reason}")
+            context.log.info(f"{topic}: {already_committed(seq)}; the checks repeat the figures of that commit")
             logged = next((row for row in read_etl_log(io.engine().settings, topic, limit=100_000) if row["seq"] == seq), None)
             if logged:
-                yield from _check_results(key, spec.checks, {**logged, "nulls": dict(logged["nulls"] or [])})
+                when = logged["ts"].isoformat(sep=" ", timespec="seconds") if isinstance(logged["ts"], dt.datetime) else logged["ts"]
+                yield from _check_results(key, spec.checks, {**logged, "nulls": dict(logged["nulls"] or [])},
+                                          prefix=f"block {seq} as committed earlier ({when}), nothing written now: ")
             return
         if opened.result is None:
             raise ProcessingError(f"{topic}: block {seq} was not finished by the IO manager")

@@ -157,7 +157,7 @@ class Engine:
     ) -> None:
         self.settings = settings
         self.lineage = lineage
-        self.store = store or open_offset_store(settings.offsets_url)
+        self.store = store or open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
         self._spark = spark
         self._owns_spark = spark is None
         self._spark_factory = spark_factory
@@ -271,19 +271,25 @@ class Engine:
         return self.store.reset(topic.name, to, who=self.owner, reason=reason, seq=seq)
 
     def freshness(self, table: str) -> dt.datetime | None:
-        """The position ``table`` is fresh up to: the least ``last`` of the topics producing it,
-        or for a source its newest ``pos``."""
+        """The position ``table`` is fresh up to: the least ``last`` of the topics producing it
+        (a rebuilt table without positions: as of its newest commit), or for a source its newest
+        ``pos`` (without a ``pos`` column: its newest commit; ``freshness: static``: always)."""
         producers = self.lineage.producers(table)
         if producers:
             lasts = []
             for p in producers:
                 rec = self.store.get(p.name)
+                if rec is not None and rec.last.is_zero() and rec.seq and p.spec.processor is Processor.RELOAD:
+                    lasts.append(delta_meta.freshness(self.path(table)) or rec.last.pos)
+                    continue
                 if rec is None or rec.last.is_zero():
                     return None
                 lasts.append(rec.last.pos)
             return min(lasts)
-        mark = delta_meta.table_mark(self.path(table), positions=False)
-        return mark.max_position.pos if mark.max_position else None
+        src = self.lineage.sources.get(table)
+        if src is not None and src.spec.freshness == "static":
+            return dt.datetime.max
+        return delta_meta.freshness(self.path(table))
 
     def decide(self, topic: Topic, rec: OffsetRecord | None = None, now: dt.datetime | None = None,
                mark: TableMark | None = None) -> tuple[Decision, TableMark]:
@@ -294,7 +300,7 @@ class Engine:
             mark = delta_meta.table_mark(self.path(spec.base), positions=spec.processor is Processor.STEP)
         deps = {d: self.freshness(d) for d in spec.depends_on[1:]} if spec.processor is Processor.STEP else {}
         state = TopicState(rec.last, rec.next, rec.seq, rec.run, rec.source_version)
-        return plan_topic(spec, state, mark, deps, now or self.clock()), mark
+        return plan_topic(spec, state, mark, deps, now or self.clock(), base_produced=bool(self.lineage.producers(spec.base))), mark
 
     def block_end(self, topic: Topic, rec: OffsetRecord, decision: Decision,
                   base: delta_meta.TableSnapshot | None = None) -> delta_meta.BlockEnd:

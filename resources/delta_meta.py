@@ -99,7 +99,7 @@ def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_tha
     snap = _snapshot(source)
     table, version = snap.table, snap.version
     if table is None:
-        return TableMark(None, None)
+        return TableMark(None, None, exists=False, location=snap.path)
     if "pos" not in snap.columns:
         return TableMark(None, version)
     files = snap.files
@@ -124,6 +124,23 @@ def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_tha
         return TableMark(None, version)
     rows = rows.sort_by([("pos", "descending"), ("id", "descending")])
     return TableMark(Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py())), version)
+
+
+def freshness(source: str | TableSnapshot) -> dt.datetime | None:
+    """The position a dependency table is fresh up to: its newest ``pos``, or for a table
+    without a ``pos`` column (a reference table) the time of its newest Delta commit, since
+    every row it has was there then. None when there is no table or no row yet."""
+    snap = _snapshot(source)
+    if snap.table is None:
+        return None
+    if "pos" in snap.columns:
+        mark = table_mark(snap, positions=False)
+        return mark.max_position.pos if mark.max_position else None
+    (newest,) = snap.table.history(1) or [{}]
+    stamp = newest.get("timestamp")  # commitInfo timestamp, ms since the epoch (UTC)
+    if not isinstance(stamp, int | float):
+        return None
+    return dt.datetime.fromtimestamp(stamp / 1000, dt.UTC).replace(tzinfo=None)
 
 
 def _ids_known_from(files: pa.Table, floor: dt.datetime) -> bool:

@@ -418,16 +418,22 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
-def open_offset_store(url: str) -> OffsetStore:
+def open_offset_store(url: str, *, create_dir: bool = False) -> OffsetStore:
     """Open the offset store at ``url``; stale owners are those :func:`local_owner_is_dead` finds.
 
     ``sqlite:///`` is followed by the file's path (SQLAlchemy style): ``sqlite:///offsets.db`` is
-    relative to the working directory, ``sqlite:////var/lib/tidemark/offsets.db`` absolute.
+    relative to the working directory, ``sqlite:////var/lib/tidemark/offsets.db`` absolute. The
+    file is created if needed, its folder only with ``create_dir`` (the default store under the
+    state dir): a typo in a path the user gave must not pass unnoticed as a new, empty store.
     """
     store: SqlOffsetStore
     if url.startswith("sqlite:///") and url.removeprefix("sqlite:///").strip():
         path = Path(url.removeprefix("sqlite:///")).resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if create_dir:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif not path.parent.is_dir():
+            raise ConfigError(f"offset store {url!r}: the folder {path.parent} does not exist; create it, or fix "
+                              "TIDEMARK_OFFSETS_URL / --offsets-url")
         store = SqlOffsetStore.sqlite(path)
     elif url.startswith(("postgresql://", "postgres://")):
         store = SqlOffsetStore.postgres(url)

@@ -42,6 +42,15 @@ class Settings:
         conf = parse_spark_conf(env.get("TIDEMARK_SPARK_CONF", ""))
         return cls(home=home, warehouse=warehouse, offsets_url=offsets, lineage=lineage, spark_master=master, spark_conf=conf)
 
+    def default_offsets_url(self) -> str:
+        """The embedded offset store under the state dir (its folder may be created)."""
+        return f"sqlite:///{self.home / 'offsets.db'}"
+
+    def offsets_defaulted(self) -> bool:
+        """Whether the offset store is the default one, whose folder may be created (a folder
+        missing from a URL the user gave is an error, see ``open_offset_store``)."""
+        return self.offsets_url == self.default_offsets_url()
+
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
 

@@ -437,7 +437,7 @@ def test_python_transform_module_missing(lin: Path) -> None:
     err = load_error(lin)
     assert len(err.problems) == 1
     msg = err.problems[0]
-    assert msg.startswith(f"{f}:3: topic 'fact.py': field 'transforms': ")
+    assert msg.startswith(f"{f}:5: topic 'fact.py': field 'transforms': ")
     assert f"python module '{missing}' of 'python:{missing}:build' cannot be imported" in msg
     assert "PYTHONPATH" in msg
 
@@ -454,7 +454,7 @@ def test_python_transform_function_missing(lin: Path, pymod: Callable[..., str])
     f = write(lin / "l.yaml", PY_TOPIC.format(ref=f"python:{mod}:nope"))
     err = load_error(lin)
     assert err.problems == [
-        f"{f}:3: topic 'fact.py': field 'transforms': '{mod}' has no function 'nope' ('python:{mod}:nope')"
+        f"{f}:5: topic 'fact.py': field 'transforms': '{mod}' has no function 'nope' ('python:{mod}:nope')"
     ]
     write(lin / "l.yaml", PY_TOPIC.format(ref=f"python:{mod}:NOT_A_FUNCTION"))
     assert f"'{mod}' has no function 'NOT_A_FUNCTION'" in str(load_error(lin))
@@ -475,7 +475,7 @@ def test_badly_written_transform_refs(lin: Path, ref: str) -> None:
     f = write(lin / "l.yaml", PY_TOPIC.format(ref=ref))
     err = load_error(lin)
     msg = str(err)
-    assert f"{f}:3: topic 'fact.py': field 'transforms'" in msg
+    assert f"{f}:5: topic 'fact.py': field 'transforms'" in msg
     assert repr(ref) in msg
 
 
@@ -491,6 +491,8 @@ def one_topic(lin: Path, extra: str, name: str = "fact.x", file: str = "facts.ya
 
 
 TOPIC_LINE = 5  # line of "- table:" in one_topic()
+DEPS_LINE, TRANSFORMS_LINE = 6, 7  # lines of its depends_on and transforms
+EXTRA_LINE = 8  # line of the first ``extra`` field
 
 
 def test_one_topic_helper_is_valid(lin: Path) -> None:
@@ -513,7 +515,7 @@ def test_misspelled_field(lin: Path) -> None:
     )
     err = load_error(lin)
     msg = str(err)
-    assert f"{f}:3: topic 'fact.x': field 'dependson': unknown field (check the spelling; allowed: " in msg
+    assert f"{f}:4: topic 'fact.x': field 'dependson': unknown field (check the spelling; allowed: " in msg
     assert "depends_on" in msg.split("field 'dependson'")[1]
     # the real field is then missing: also reported
     assert f"{f}:3: topic 'fact.x': field 'depends_on': is required" in msg
@@ -537,7 +539,7 @@ def test_bad_duration(lin: Path, field: str, value: str, expected: str) -> None:
     err = load_error(lin)
     assert len(err.problems) == 1
     msg = err.problems[0]
-    assert msg.startswith(f"{f}:{TOPIC_LINE}: topic 'fact.x': field '{field}': ")
+    assert msg.startswith(f"{f}:{EXTRA_LINE}: topic 'fact.x': field '{field}': ")
     assert expected in msg
     assert f.name in str(err)
 
@@ -564,7 +566,7 @@ def test_bad_maxstep(lin: Path, value: str, expected: str) -> None:
     f = one_topic(lin, f"maxstep: {value}")
     err = load_error(lin)
     assert len(err.problems) == 1
-    assert err.problems[0].startswith(f"{f}:{TOPIC_LINE}: topic 'fact.x': field 'maxstep': ")
+    assert err.problems[0].startswith(f"{f}:{EXTRA_LINE}: topic 'fact.x': field 'maxstep': ")
     assert expected in err.problems[0]
 
 
@@ -573,7 +575,7 @@ def test_bad_processor(lin: Path, value: str) -> None:
     f = one_topic(lin, f"processor: {value}")
     err = load_error(lin)
     assert len(err.problems) == 1
-    assert err.problems[0].startswith(f"{f}:{TOPIC_LINE}: topic 'fact.x': field 'processor': ")
+    assert err.problems[0].startswith(f"{f}:{EXTRA_LINE}: topic 'fact.x': field 'processor': ")
     assert "'step' or 'reload'" in err.problems[0]
 
 
@@ -719,7 +721,7 @@ def test_missing_transform_file(lin: Path) -> None:
     msg = err.problems[0]
     expected_path = (lin.parent / "sql" / "nope.sql").resolve()
     assert msg == (
-        f"{f}:{TOPIC_LINE}: topic 'fact.x': field 'transforms': transform file '../sql/nope.sql' not found "
+        f"{f}:{TRANSFORMS_LINE}: topic 'fact.x': field 'transforms': transform file '../sql/nope.sql' not found "
         f"(looked at {expected_path})"
     )
 
@@ -731,7 +733,7 @@ def test_empty_transform_file(lin: Path, content: str) -> None:
     write(f, f.read_text().replace("[../sql/a.sql]", "[../sql/empty.sql]"))
     err = load_error(lin)
     assert err.problems == [
-        f"{f}:{TOPIC_LINE}: topic 'fact.x': field 'transforms': transform file '../sql/empty.sql' is empty"
+        f"{f}:{TRANSFORMS_LINE}: topic 'fact.x': field 'transforms': transform file '../sql/empty.sql' is empty"
     ]
 
 
@@ -740,7 +742,7 @@ def test_dependency_nobody_produces(lin: Path) -> None:
     write(f, f.read_text().replace("[stage.a]", "[stage.a, stage.nope]"))
     err = load_error(lin)
     assert err.problems == [
-        f"{f}:{TOPIC_LINE}: topic 'fact.x': field 'depends_on': 'stage.nope' is produced by no topic and not "
+        f"{f}:{DEPS_LINE}: topic 'fact.x': field 'depends_on': 'stage.nope' is produced by no topic and not "
         "declared as a source (add it under 'sources:' or fix the name)"
     ]
 
@@ -806,15 +808,33 @@ def test_two_reload_topics_on_one_table(lin: Path) -> None:
 def test_unknown_top_level_key(lin: Path) -> None:
     f = write(lin / "l.yaml", "sources: [{table: stage.a}]\ntopic:\n  - table: fact.x\n")
     err = load_error(lin)
-    assert err.problems == [f"{f}:1: unknown top-level key 'topic' (allowed: topics, sources)"]
+    assert err.problems == [f"{f}:2: unknown top-level key 'topic' (allowed: topics, sources)"]
 
 
 def test_invalid_yaml(lin: Path) -> None:
     f = write(lin / "bad.yaml", "topics:\n  - table: fact.x\n   depends_on: [stage.a\n")
     err = load_error(lin)
     assert len(err.problems) == 1
-    assert err.problems[0].startswith(f"{f}: not valid YAML: ")
-    assert "line 3" in err.problems[0]
+    assert err.problems[0].startswith(f"{f}:3:")
+    assert ": not valid YAML: " in err.problems[0]
+    assert "<unicode string>" not in err.problems[0]
+
+
+def test_yaml_syntax_error_names_the_file_line_and_column(lin: Path) -> None:
+    f = write(lin / "bad.yaml", "sources:\n  - table: stage.a\ntopics:\n  - table: fact.x\n    depends_on: [stage.a]\n"
+                                 "    transforms: [../sql/a.sql\n    delay: 5m\n")
+    err = load_error(lin)
+    assert err.problems == [
+        f"{f}:7:10: not valid YAML: expected ',' or ']', but got ':' "
+        "(while parsing a flow sequence at line 6, column 17)"
+    ]
+
+
+def test_a_field_error_names_the_line_of_the_field(lin: Path) -> None:
+    f = write(lin / "l.yaml", "sources: [{table: stage.a}]\ntopics:\n  - table: fact.x\n    depends_on: [stage.a]\n"
+                               "    transforms: [../sql/a.sql]\n    checks:\n      severity: error\n      max_lag: soon\n")
+    err = load_error(lin)
+    assert len(err.problems) == 1 and err.problems[0].startswith(f"{f}:8: topic 'fact.x': field 'checks.max_lag': "), err.problems
 
 
 @pytest.mark.parametrize(
@@ -910,11 +930,11 @@ def test_all_problems_are_reported_at_once(lin: Path) -> None:
     )
     err = load_error(lin)
     expected = [
-        f"{one}:4: topic 'fact.a': field 'delay': '5x' is not a duration",
-        f"{one}:8: topic 'fact.b': field 'maxstep': Input should be greater than 0",
-        f"{one}:12: topic 'fact.c': field 'transforms': transform file '../sql/missing.sql' not found",
+        f"{one}:7: topic 'fact.a': field 'delay': '5x' is not a duration",
+        f"{one}:11: topic 'fact.b': field 'maxstep': Input should be greater than 0",
+        f"{one}:14: topic 'fact.c': field 'transforms': transform file '../sql/missing.sql' not found",
         f"{two}:2: source 'stage.a' declared twice (also at {one}:2)",
-        f"{two}:4: topic 'fact.d': field 'procesor': unknown field",
+        f"{two}:7: topic 'fact.d': field 'procesor': unknown field",
         f"{two}:8: topic 'bad name': field 'table': 'bad name' is not a topic name",
     ]
     assert len(err.problems) == len(expected), err.problems

@@ -52,6 +52,13 @@ def test_pending_block_is_retried_as_it_is() -> None:
     assert d.topic == "fact.x"
 
 
+def test_a_first_block_retried_names_its_start_not_the_sentinel() -> None:
+    nxt = at(-30 * MIN, 9)
+    d = plan(spec(), TopicState(last=Position.zero(), next=nxt, seq=1))
+    assert d.reason == f"retry block 1 start..{nxt}"
+    assert "0001-01-01" not in d.reason and str(-(2**63)) not in d.reason
+
+
 def test_pending_block_is_retried_even_when_repeat_delay_deps_and_base_forbid() -> None:
     last, nxt = at(-10 * SEC, 1), at(-5 * SEC, 2)
     s = spec(depends_on=["stage.x", "dim.y"], delay="1h", repeat="1d")
@@ -114,11 +121,21 @@ def test_repeat_ignored_without_a_previous_run_or_without_repeat() -> None:
 # --- base table ----------------------------------------------------------------------------------
 
 
-def test_empty_or_missing_base_table() -> None:
-    d = plan(spec(), TopicState(last=Position.zero()), TableMark(None))
+def test_empty_base_table() -> None:
+    d = plan(spec(), TopicState(last=Position.zero()), TableMark(None, 0))
     assert d.ready is False
-    assert d.reason == "no new rows (stage.x is empty or missing)"
+    assert d.reason == "no new rows (stage.x is empty)"
     assert d.cutoff is None
+
+
+@pytest.mark.parametrize("processor", ["step", "reload"])
+def test_a_missing_base_table_is_not_an_empty_one(processor: str) -> None:
+    missing = TableMark(None, None, exists=False, location="/wh/stage/x")
+    d = plan(spec(processor=processor), TopicState(last=Position.zero()), missing)
+    assert (d.ready, d.reason) == (False, "stage.x does not exist at /wh/stage/x; check the table name or the source's path")
+    # A base some topic writes is simply not written yet.
+    d = plan_topic(spec(processor=processor), TopicState(last=Position.zero()), missing, {}, NOW, base_produced=True)
+    assert (d.ready, d.reason) == (False, "no new rows (stage.x not written yet by its topic; no Delta table at /wh/stage/x)")
 
 
 @pytest.mark.parametrize(

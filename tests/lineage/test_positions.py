@@ -119,6 +119,12 @@ def test_str_and_to_text() -> None:
     assert str(p) == "(2026-01-31T12:00:00.123456, 42)"
 
 
+def test_zero_shows_as_start_and_parses_back() -> None:
+    assert str(Position.zero()) == "start"
+    assert Position.parse(str(Position.zero())) == Position.zero()
+    assert Position.zero().to_text() == "0001-01-01T00:00:00.000000/-9223372036854775808"  # stored form unchanged
+
+
 @pytest.mark.parametrize(
     "p",
     [

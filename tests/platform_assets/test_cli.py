@@ -31,7 +31,7 @@ def test_validate_bad_lineage_exits_2_naming_file_topic_field(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text("topics:\n  - table: fact.x\n    depends_on: [stage.a]\n    transforms: [x.sql]\n    delay: soon\n")
     assert main(["--lineage", str(tmp_path), "lineage", "validate"]) == 2
     err = capsys.readouterr().err
-    assert "bad.yaml:2: topic 'fact.x': field 'delay': 'soon' is not a duration" in err
+    assert "bad.yaml:5: topic 'fact.x': field 'delay': 'soon' is not a duration" in err
 
 
 def test_offsets_init_show_reset_unlock_and_history(home_args, tmp_path, capsys):
@@ -74,3 +74,51 @@ def test_lag_without_a_jvm(home_args, tmp_path, capsys):
             "print('SPARK' if 'pyspark.sql.session' in sys.modules else 'NO-SPARK', rc)")
     proc = subprocess.run([sys.executable, "-c", code, *home_args, "lag"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.stdout.split()[-2:] == ["NO-SPARK", "0"], proc.stderr
+
+
+def test_run_on_a_missing_base_table_fails_and_an_empty_one_waits(home_args, tmp_path, capsys):
+    from resources.settings import Settings
+    from tests.platform_assets.shop import EVENTS_SCHEMA, write_rows
+
+    settings = Settings.from_env({}, home=tmp_path / "home")
+    path = settings.table_path("stage.events")
+    assert main([*home_args, "run"]) == 1
+    captured = capsys.readouterr()
+    assert f"waits: stage.events does not exist at {path}; check the table name or the source's path" in captured.out
+    assert f"error: stage.events does not exist at {path}" in captured.err
+    assert main([*home_args, "run", "fact.events"]) == 1
+    capsys.readouterr()
+    write_rows(settings, "stage.events", [], EVENTS_SCHEMA)  # an empty table: a normal wait
+    assert main([*home_args, "run"]) == 0
+    assert "waits: no new rows (stage.events is empty)" in capsys.readouterr().out
+
+
+def test_an_offsets_url_in_a_missing_folder_is_refused_not_created(tmp_path, capsys):
+    lin = write_lineage(tmp_path)
+    url = f"sqlite:///{tmp_path}/no/such/dir/x.db"
+    assert main(["--home", str(tmp_path / "home"), "--lineage", str(lin), "--offsets-url", url, "lag"]) == 1
+    assert f"error: offset store '{url}': the folder {tmp_path}/no/such/dir does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+    # The default store under a new state dir is created with its folder.
+    assert main(["--home", str(tmp_path / "new" / "home"), "--lineage", str(lin), "lag"]) == 0
+    assert (tmp_path / "new" / "home" / "offsets.db").is_file()
+
+
+def test_validate_warns_where_a_topic_would_wait_for_ever(tmp_path, capsys):
+    from resources.settings import Settings
+    from tests.platform_assets.shop import write_users
+
+    lin = write_lineage(tmp_path, deps="[stage.events, dim.users]")
+    args = ["--home", str(tmp_path / "home"), "--lineage", str(lin), "lineage", "validate"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    path = Settings.from_env({}, home=tmp_path / "home").table_path("dim.users")
+    assert f"topic 'fact.events': dependency dim.users does not exist at {path}; the topic waits until it does" in out
+    assert "topic 'fact.events': base stage.events does not exist at" in out
+    write_users(Settings.from_env({}, home=tmp_path / "home"))
+    assert main(args) == 0
+    assert "dependency dim.users" not in capsys.readouterr().out
+    (lin / "events.yaml").write_text((lin / "events.yaml").read_text().replace(
+        "  - table: stage.events\n", "  - table: stage.events\n    freshness: static\n"))
+    assert main(args) == 0
+    assert "its base stage.events is declared 'freshness: static' (never changes), so it never gets a block" in capsys.readouterr().out

@@ -58,7 +58,7 @@ def test_owner_and_freshness_follow_the_spec(tmp_path):
 
 def test_bad_lineage_fails_with_the_validators_message(tmp_path):
     (tmp_path / "x.yaml").write_text("topics:\n  - table: fact.x\n    depends_on: [stage.nope]\n    transforms: [x.sql]\n")
-    with pytest.raises(LineageError, match=r"x.yaml:2: topic 'fact.x': field 'depends_on'.*'stage.nope'"):
+    with pytest.raises(LineageError, match=r"x.yaml:3: topic 'fact.x': field 'depends_on'.*'stage.nope'"):
         build_definitions(Settings.from_env({}, home=tmp_path, lineage=tmp_path))
 
 

@@ -337,3 +337,31 @@ def test_plan_block_without_spark_then_run_exactly_that_block(spark, settings, t
             processor: reload
             transforms: [../sql/fact_events.sql]
         """)), spark=spark).plan_block("mart.x")
+
+
+def test_a_reference_table_without_pos_is_fresh_as_of_its_newest_commit(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path, deps="[stage.events, dim.users]", maxstep=1000)
+    write_users(eng.settings, n=1000)  # a reference table: no pos column
+    write_rows(eng.settings, "stage.events", make_events(300, distinct_pos=50))
+    committed = DeltaTable(eng.path("dim.users")).history(1)[0]["timestamp"]
+    assert eng.freshness("dim.users") == dt.datetime.fromtimestamp(committed / 1000, dt.UTC).replace(tzinfo=None)
+    r = eng.run_topic("fact.events")
+    assert r.processed and r.base_rows == 300, r.reason
+    assert {row[1] for row in _rows(spark, eng.path("fact.events"))} >= {"DE", "FR"}  # country, joined from dim.users
+    # Rows newer than the reference table's newest commit wait for it.
+    late = T0.replace(year=2100)
+    write_rows(eng.settings, "stage.events", make_events(5, start_id=301, start=late, distinct_pos=5))
+    r = eng.run_topic("fact.events")
+    assert not r.processed and r.reason.startswith("waiting for dim.users (at "), r.reason
+
+
+def test_a_static_source_is_always_fresh_and_a_missing_one_never(settings, tmp_path):
+    lin = write_lineage(tmp_path, deps="[stage.events, dim.users]")
+    text = (lin / "events.yaml").read_text().replace("  - table: dim.users\n", "  - table: dim.users\n    freshness: static\n")
+    (lin / "events.yaml").write_text(text)
+    eng = Engine(settings.with_(lineage=lin), load_lineage(lin))
+    try:
+        assert eng.freshness("dim.users") == dt.datetime.max  # no table at all, yet declared static
+        assert eng.freshness("stage.other") is None  # missing: nothing yet
+    finally:
+        eng.close()

@@ -17,7 +17,7 @@ from lineage.errors import ProcessingError
 from lineage.partitions import partitions_name
 from platform_assets.definitions import build_definitions
 from platform_assets.engine import Engine
-from resources.io_manager import IO_MANAGER_KEY, OffsetIOManager
+from platform_assets.io_manager import IO_MANAGER_KEY, OffsetIOManager
 from resources.meta_tables import read_etl_log
 from resources.offset_sql import open_offset_store
 from tests.platform_assets.shop import (
@@ -61,6 +61,13 @@ def _plan(s, instance) -> str:
     key = f"{planned.block.seq:08d}"
     instance.add_dynamic_partitions(partitions_name("fact.events"), [key])
     return key
+
+
+def test_every_io_manager_setting_is_described_with_its_environment_fallback():
+    fields = OffsetIOManager.to_config_schema().as_field().config_type.fields  # what the UI's Resources page shows
+    assert set(fields) == {"home", "warehouse", "offsets_url", "lineage", "spark_master"}
+    for name, field in fields.items():
+        assert field.description and "Empty: TIDEMARK_" in field.description, name
 
 
 def test_handle_output_refuses_what_is_not_an_opened_block(settings, tmp_path):

@@ -77,6 +77,15 @@ def test_sensor_waits_with_the_planners_reason_then_adds_partition_and_requests_
         assert [r.run_key for r in again.run_requests] == ["fact.events@1#1"] and not again.dynamic_partitions_requests
 
 
+def test_sensor_shows_a_missing_base_table_as_a_wait(settings, tmp_path):
+    s, defs = _defs(settings, tmp_path)
+    with dg.instance_for_test() as instance:
+        data = _tick(defs.get_sensor_def("tidemark_planner"), instance, defs)
+    assert not data.run_requests
+    assert (f"fact.events: stage.events does not exist at {s.table_path('stage.events')}; check the table name "
+            "or the source's path") in data.skip_message
+
+
 def test_a_pending_block_is_requested_again_without_a_write_unless_a_run_holds_it(settings, tmp_path):
     s, defs = _defs(settings, tmp_path, maxstep=30)
     write_users(s)
@@ -119,7 +128,14 @@ def test_materializing_a_block_partition_writes_exactly_that_block(spark, settin
         # Materializing the committed block again changes nothing.
         again = dg.materialize([asset], partition_key="00000001", instance=instance)
         (mat2,) = again.asset_materializations_for_node(asset.node_def.name)
-        assert "already committed" in mat2.metadata["note"].value
+        meta2 = {k: v.value for k, v in mat2.metadata.items()}
+        assert meta2["note"] == "block 1 was already committed (nothing written)"
+        assert meta2["rows_written"] == 0 and meta2["already_committed"] is True and "rows" not in meta2
+        logs = [e.user_message for e in instance.all_logs(again.run_id)]
+        assert any("fact.events: block 1 was already committed (nothing written)" in m for m in logs)
+        checks = again.get_asset_check_evaluations()
+        assert checks and all(c.description.startswith("block 1 as committed earlier (") for c in checks)
+        assert all("nothing written now: " in c.description for c in checks)
         assert DeltaTable(s.table_path("fact.events")).version() == 0
         assert spark.active() is not None  # the test's shared session was not stopped by the run
 

@@ -228,6 +228,13 @@ def test_plan_while_pending_is_refused(store: OffsetStore) -> None:
     assert current(store).next == P(1)
 
 
+def test_messages_name_the_start_not_the_zero_sentinel(store: OffsetStore) -> None:
+    locked(store, Position.zero()).plan(T, A, last=Position.zero(), next=P(1), seq=1, source_version=None)
+    with pytest.raises(OffsetError, match=r"block 1 \(start, \(.*\)\] is planned and not committed") as exc:
+        store.plan(T, A, last=Position.zero(), next=P(2), seq=2, source_version=None)
+    assert "0001-01-01" not in str(exc.value) and str(-(2**63)) not in str(exc.value)
+
+
 def test_commit_moves_last(store: OffsetStore) -> None:
     rec = planned(store).commit(T, A, seq=1, last=P(0), next=P(1), rows=10, note="done")
     assert store.get(T) == rec
@@ -395,9 +402,9 @@ def test_processes_create_and_use_one_store(store_url: str) -> None:
 # -- opening by URL ---------------------------------------------------------------------------------
 
 
-def test_open_sqlite_absolute_path_creates_the_directory(tmp_path: Path) -> None:
+def test_open_sqlite_absolute_path_creates_the_directory_when_asked(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "offsets.db"
-    s = open_offset_store(f"sqlite:///{path}")
+    s = open_offset_store(f"sqlite:///{path}", create_dir=True)
     try:
         assert isinstance(s, SqlOffsetStore) and path.is_file()
         assert s.is_stale_owner is local_owner_is_dead
@@ -407,8 +414,17 @@ def test_open_sqlite_absolute_path_creates_the_directory(tmp_path: Path) -> None
 
 def test_open_sqlite_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "state").mkdir()
     open_offset_store("sqlite:///state/offsets.db").close()
     assert (tmp_path / "state" / "offsets.db").is_file()
+
+
+def test_open_sqlite_in_a_missing_folder_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/no/such/dir/x.db"
+    with pytest.raises(ConfigError, match=rf"offset store '{url}': the folder {tmp_path}/no/such/dir does not exist; "
+                                          "create it, or fix TIDEMARK_OFFSETS_URL / --offsets-url"):
+        open_offset_store(url)
+    assert not (tmp_path / "no").exists()
 
 
 def test_sqlite_waits_for_the_disk_on_every_write_but_init_and_the_lock(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ import posixpath
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 
 from lineage.errors import ProcessingError
 from resources import delta_meta
@@ -46,11 +46,20 @@ class OffsetIOManager(dg.ConfigurableIOManager):
     """Writes each block once into its Delta table and commits its offsets; reads blocks back
     for downstream assets. Empty settings fall back to the ``TIDEMARK_*`` environment."""
 
-    home: str = ""
-    warehouse: str = ""
-    offsets_url: str = ""
-    lineage: str = ""
-    spark_master: str = ""
+    home: str = Field(default="", description=(
+        "Tidemark's state directory (offset store, Dagster home, Spark scratch). Empty: TIDEMARK_HOME, "
+        "else ./.tidemark."))
+    warehouse: str = Field(default="", description=(
+        "Root of the Delta tables (<root>/<schema>/<table>; a local path or an s3a:// / abfss:// URL). "
+        "Empty: TIDEMARK_WAREHOUSE, else <home>/warehouse."))
+    offsets_url: str = Field(default="", description=(
+        "Offset store: sqlite:///path/offsets.db or postgresql://user@host/db. Empty: TIDEMARK_OFFSETS_URL, "
+        "else sqlite:///<home>/offsets.db."))
+    lineage: str = Field(default="", description=(
+        "Lineage YAML file or directory. Empty: TIDEMARK_LINEAGE, else ./demo/lineage."))
+    spark_master: str = Field(default="", description=(
+        "Spark master URL (local[*], spark://host:7077, ...) or a Spark Connect sc://host:port URL. "
+        "Empty: TIDEMARK_SPARK_MASTER, else local[*]."))
 
     _engine: Any = PrivateAttr(default=None)
 
@@ -78,9 +87,14 @@ class OffsetIOManager(dg.ConfigurableIOManager):
 
     # ------------------------------------------------------------------ output
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
-        from platform_assets.engine import OpenBlock, StepResult  # the engine lives above resources/
+        from platform_assets.engine import OpenBlock, StepResult
 
         if isinstance(obj, StepResult):  # nothing to write: a committed block, or a reload that waits
+            if context.has_asset_partitions:  # a block partition: only a committed block returns no OpenBlock
+                _, seq = self.engine().lineage.block_of(".".join(context.asset_key.path), context.partition_key)
+                context.add_output_metadata({"topic": obj.topic, "block": seq, "rows_written": 0, "already_committed": True,
+                                             "note": already_committed(seq)})
+                return
             context.add_output_metadata({"topic": obj.topic, "note": obj.reason})
             return
         if not isinstance(obj, OpenBlock):
@@ -123,6 +137,11 @@ class OffsetIOManager(dg.ConfigurableIOManager):
 
         df = reader.option("versionAsOf", version).load(path)
         return df.where(F.col("_metadata.file_name").isin(files))
+
+
+def already_committed(seq: int) -> str:
+    """What materializing a block that is already committed did."""
+    return f"block {seq} was already committed (nothing written)"
 
 
 def block_metadata(r: StepResult) -> dict[str, Any]:
