@@ -77,7 +77,7 @@ class OffsetIOManager(dg.ConfigurableIOManager):
         return engine
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._run_id = context.run_id
+        self._run_id = context.run.run_id if context.run is not None else None
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         """End of the run: stop the SparkSession if this run started it; close the store."""
