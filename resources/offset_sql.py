@@ -19,6 +19,11 @@ by the next run; an undone ``acquire`` belonged to a process the power cut kille
 killed. A write that waits makes every earlier one durable too (the WAL is synced in order).
 Planning a block (acquire, plan, release) thus waits for the disk once instead of three times.
 PostgreSQL, whose lock holders may live on other hosts, waits on every write.
+
+Locks are leases: ``acquire`` and ``heartbeat`` set ``lease_until = now + lease``
+(``TIDEMARK_LOCK_LEASE``, default 5 minutes), and another owner's ``acquire`` takes an expired
+lock over. A holder is taken over before its lease expires only when :func:`local_owner_is_dead`
+proves it dead: a process of this host, pid namespace and boot that no longer exists.
 """
 
 from __future__ import annotations
