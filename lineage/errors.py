@@ -32,14 +32,17 @@ class OffsetError(TidemarkError):
 class TopicLockedError(OffsetError):
     """Another run holds the topic's lock (the seed's MUTEX exception)."""
 
-    def __init__(self, topic: str, holder: str, since: str | None = None) -> None:
+    def __init__(self, topic: str, holder: str, since: str | None = None, lease_until: str | None = None) -> None:
         self.topic = topic
         self.holder = holder
+        self.lease_until = lease_until
         when = f" since {since}" if since else ""
-        super().__init__(
-            f"topic '{topic}' is being processed by '{holder}'{when}; one run per topic at a time. "
-            f"If that run is dead, clear the lock with: tidemark offsets unlock {topic}"
-        )
+        if lease_until:
+            fix = (f"Its lease expires at {lease_until} UTC; if that run is dead the lock is taken over then, "
+                   f"or clear it now with: tidemark offsets unlock {topic}")
+        else:
+            fix = f"If that run is dead, clear the lock with: tidemark offsets unlock {topic}"
+        super().__init__(f"topic '{topic}' is being processed by '{holder}'{when}; one run per topic at a time. {fix}")
 
 
 class UnknownTopicError(TidemarkError):

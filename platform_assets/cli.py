@@ -126,8 +126,9 @@ def cmd_offsets(args: argparse.Namespace) -> int:
                          ["at", "topic", "action", "who", "old last", "new last", "note"]))
             return 0
         recs = [r for r in store.list() if args.topic in (None, r.topic)]
-        print(_table([(r.topic, r.last, r.next, r.rows, r.seq, r.run, r.processor, r.state, r.owner) for r in recs],
-                     ["topic", "last", "next", "rows", "seq", "run", "processor", "state", "owner"]))
+        print(_table([(r.topic, r.last, r.next, r.rows, r.seq, r.run, r.processor, r.state, r.owner,
+                       r.lease_until if r.owner else None) for r in recs],
+                     ["topic", "last", "next", "rows", "seq", "run", "processor", "state", "owner", "lease until"]))
         return 0
     if not args.topic:
         raise TidemarkError(f"tidemark offsets {args.action}: name the topic")

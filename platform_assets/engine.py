@@ -36,6 +36,7 @@ from platform_assets import protocol
 from platform_assets.faults import crashpoint
 from platform_assets.protocol import data_app_id
 from resources import delta_meta
+from resources.lease import LeaseKeeper
 from resources.meta_tables import (
     META_TABLES,
     LogEntry,
@@ -166,6 +167,7 @@ class Engine:
         self.run_id = uuid.uuid4().hex[:12]
         self._registered: set[str] = set()
         self._open: dict[str, OpenBlock] = {}  # opened blocks not finished yet, by topic
+        self._leases: dict[str, LeaseKeeper] = {}  # heartbeats of the locks open_block took, by topic
 
     # ----------------------------------------------------------------- resources
     @property
@@ -363,7 +365,9 @@ class Engine:
                 except TidemarkError:
                     pass
         finally:
-            self.store.release(topic.name, self.owner)
+            keeper = self._leases.pop(topic.name, None)
+            if keeper is None or keeper.stop():  # a lock taken over is not ours to release
+                self.store.release(topic.name, self.owner)
 
     # ----------------------------------------------------------------- processing
     def run_topic(self, name: str) -> StepResult:
@@ -483,6 +487,7 @@ class Engine:
         (or :meth:`abandon`)."""
         topic = self.lineage.topic(name)
         rec = self._acquire(topic)
+        self._leases[topic.name] = LeaseKeeper(self.store, topic.name, self.owner).start()
         try:
             opened = self._open_locked(topic, rec, seq)
         except BaseException as exc:
@@ -499,6 +504,7 @@ class Engine:
         if self._open.pop(opened.topic.name, None) is not opened:
             raise ProcessingError(f"topic '{opened.topic.name}': block {opened.seq} is not open in this engine")
         try:
+            self._leases[opened.topic.name].check()  # never write once another run took the topic over
             block = opened.block
             result = self._finish_reload(opened) if block is None else self._finish_step(opened, block)
         except BaseException as exc:

@@ -62,6 +62,7 @@ class OffsetIOManager(dg.ConfigurableIOManager):
         "Empty: TIDEMARK_SPARK_MASTER, else local[*]."))
 
     _engine: Any = PrivateAttr(default=None)
+    _run_id: str | None = PrivateAttr(default=None)
 
     def settings(self) -> Settings:
         return Settings.from_env(home=self.home or None, warehouse=self.warehouse or None,
@@ -73,11 +74,16 @@ class OffsetIOManager(dg.ConfigurableIOManager):
         if self._engine is None:
             from lineage.loader import load_lineage
             from platform_assets.engine import Engine
+            from resources.offset_sql import make_owner
 
             settings = self.settings()
-            self._engine = Engine(settings, load_lineage(settings.lineage))
+            # The lock owner names the Dagster run: the planner sensor frees it once the run ended.
+            self._engine = Engine(settings, load_lineage(settings.lineage), owner=make_owner(run_id=self._run_id))
         engine: Engine = self._engine
         return engine
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._run_id = context.run.run_id if context.run is not None else None
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         """End of the run: stop the SparkSession if this run started it; close the store."""

@@ -8,6 +8,10 @@ topic that may not run reports why (the planner's reason) in the tick's skip rea
 A failed block keeps its partition key (the same ``(last, next]``) and is retried with
 exponential backoff up to ``max_attempts``; each attempt has its own ``run_key``, because
 Dagster never relaunches a run key it has seen.
+
+A lock held by a Dagster run that Dagster reports as ended (failed or canceled, e.g. its container
+was killed) is freed at the start of the tick, logged in the offset store as ``release-dead``, so
+its block is retried without waiting for the lock's lease to expire.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from lineage.checks import CHECK_NAMES
 from lineage.errors import TidemarkError, TopicLockedError
 from lineage.partitions import expired_block_keys, partitions_name
 from lineage.spec import Lineage, Processor
+from resources.offsets import OffsetStore
 from resources.settings import Settings
 
 BLOCK_TAG = "tidemark/block"
@@ -85,6 +90,30 @@ def _blocked_tables(instance: dg.DagsterInstance, lineage: Lineage) -> dict[str,
     return out
 
 
+def release_ended_runs(instance: dg.DagsterInstance, store: OffsetStore) -> list[str]:
+    """Free the locks whose owner names a Dagster run that ended as failed or canceled; returns
+    what was freed. One store query, and one run query for the runs that hold locks."""
+    from resources.offset_sql import OwnerId
+
+    held: dict[str, list[tuple[str, str]]] = {}  # run id -> [(topic, owner)]
+    for rec in store.list():
+        parsed = OwnerId.parse(rec.owner) if rec.owner else None
+        if parsed is not None and parsed.run_id:
+            held.setdefault(parsed.run_id, []).append((rec.topic, rec.owner))
+    if not held:
+        return []
+    freed = []
+    for record in instance.get_run_records(dg.RunsFilter(run_ids=list(held))):
+        run = record.dagster_run
+        if run.status not in _FAILED:  # alive, or succeeded (a successful run releases its locks)
+            continue
+        for topic, owner in held[run.run_id]:
+            reason = f"Dagster run {run.run_id} ended as {run.status.value}"
+            if store.release_dead(topic, owner, who="tidemark_planner", reason=reason):
+                freed.append(f"{topic}: freed the lock of '{owner}': {reason}")
+    return freed
+
+
 def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: int = 3, backoff_s: float = 60.0,
                          interval_s: int = 30, retention: int | None = None) -> dg.SensorDefinition:
     """``retention``: block partitions kept per topic (default ``$TIDEMARK_PARTITION_RETENTION``
@@ -114,6 +143,8 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         waits: list[str] = []
         now = dt.datetime.now(dt.UTC).timestamp()
         try:
+            for line in release_ended_runs(context.instance, engine.store):
+                context.log.info(line)
             for topic in lineage.topics.values():
                 name, table = topic.name, topic.spec.destination
                 held = [f"{d} ({blocked[d]})" for d in topic.spec.depends_on if d in blocked]

@@ -19,6 +19,11 @@ by the next run; an undone ``acquire`` belonged to a process the power cut kille
 killed. A write that waits makes every earlier one durable too (the WAL is synced in order).
 Planning a block (acquire, plan, release) thus waits for the disk once instead of three times.
 PostgreSQL, whose lock holders may live on other hosts, waits on every write.
+
+Locks are leases: ``acquire`` and ``heartbeat`` set ``lease_until = now + lease``
+(``TIDEMARK_LOCK_LEASE``, default 5 minutes), and another owner's ``acquire`` takes an expired
+lock over. A holder is taken over before its lease expires only when :func:`local_owner_is_dead`
+proves it dead: a process of this host, pid namespace and boot that no longer exists.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ import contextlib
 import dataclasses
 import datetime as dt
 import os
+import re
 import secrets
 import socket
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,9 +45,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
+from lineage.durations import format_duration, parse_duration
 from lineage.errors import ConfigError, OffsetError, TopicLockedError, UnknownTopicError
 from lineage.positions import Position, format_ts, parse_ts
 from resources.offsets import (
+    DEFAULT_LEASE,
     STATE_COMMITTED,
     STATE_NEW,
     STATE_PLANNED,
@@ -55,7 +63,7 @@ from resources.offsets import (
 STATE_RESET = "reset"
 
 _COLUMNS = ("topic", "last_pos", "last_id", "next_pos", "next_id", "rows", "seq", "run", "processor",
-            "state", "owner", "owner_since", "source_version", "updated_at", "delta_version")
+            "state", "owner", "owner_since", "source_version", "updated_at", "lease_until", "delta_version")
 _LOG_COLUMNS = ("at", "topic", "action", "who", "old_last", "new_last", "note")
 
 
@@ -85,16 +93,19 @@ _DDL = (
         topic TEXT PRIMARY KEY, last_pos TEXT NOT NULL, last_id BIGINT NOT NULL,
         next_pos TEXT, next_id BIGINT, rows BIGINT NOT NULL, seq BIGINT NOT NULL, run TEXT,
         processor TEXT NOT NULL, state TEXT NOT NULL, owner TEXT NOT NULL, owner_since TEXT,
-        source_version BIGINT, updated_at TEXT NOT NULL, delta_version BIGINT)""",
+        source_version BIGINT, updated_at TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS tidemark_offset_log (
         id {log_key}, at TEXT NOT NULL, topic TEXT NOT NULL, action TEXT NOT NULL, who TEXT NOT NULL,
         old_last TEXT, new_last TEXT, note TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS tidemark_offset_log_topic ON tidemark_offset_log (topic, id)",
 )
 
-#: Columns added to ``tidemark_offsets`` after its first release, with their DDL type: a store
-#: created by an older Tidemark gets them on open.
-_ADDED_COLUMNS = (("delta_version", "BIGINT"),)
+#: Columns of ``tidemark_offsets`` newer than its CREATE TABLE, as (name, SQL type). Opening a
+#: store adds the missing ones, to new and existing stores alike (one path, tested everywhere).
+_ADDED_COLUMNS = (
+    ("lease_until", "TEXT"),
+    ("delta_version", "BIGINT"),
+)
 
 
 def _now() -> dt.datetime:
@@ -117,24 +128,36 @@ def _to_row(r: OffsetRecord) -> tuple[Any, ...]:
     nxt = r.next
     return (r.topic, format_ts(r.last.pos), r.last.id, _ts(nxt.pos if nxt else None), nxt.id if nxt else None,
             r.rows, r.seq, _ts(r.run), r.processor, r.state, r.owner, _ts(r.owner_since), r.source_version,
-            format_ts(r.updated_at), r.delta_version)
+            format_ts(r.updated_at), _ts(r.lease_until), r.delta_version)
 
 
 def _from_row(row: Sequence[Any]) -> OffsetRecord:
     (topic, last_pos, last_id, next_pos, next_id, rows, seq, run, processor, state, owner, owner_since,
-     source_version, updated_at, delta_version) = row
+     source_version, updated_at, lease_until, delta_version) = row
     return OffsetRecord(
         topic=topic, last=Position(parse_ts(last_pos), last_id),
         next=None if next_pos is None else Position(parse_ts(next_pos), next_id),
         rows=rows, seq=seq, run=_dt(run), processor=processor, state=state, owner=owner,
         owner_since=_dt(owner_since), source_version=source_version, updated_at=parse_ts(updated_at),
-        delta_version=delta_version,
+        lease_until=_dt(lease_until), delta_version=delta_version,
     )
 
 
 def _held(rec: OffsetRecord) -> str:
     since = f" since {format_ts(rec.owner_since)}" if rec.owner_since else ""
     return f"'{rec.owner}'{since}"
+
+
+def _lease_end(rec: OffsetRecord, lease: dt.timedelta) -> dt.datetime:
+    """When the lock of ``rec`` expires. A lock taken by a Tidemark without leases (no
+    ``lease_until``) gets one lease from when it was taken."""
+    if rec.lease_until is not None:
+        return rec.lease_until
+    return rec.owner_since + lease if rec.owner_since else dt.datetime.min
+
+
+def _ago(delta: dt.timedelta) -> str:
+    return format_duration(dt.timedelta(seconds=max(1, round(delta.total_seconds()))))
 
 
 def _check_holder(rec: OffsetRecord, owner: str, action: str) -> None:
@@ -164,7 +187,7 @@ class SqlOffsetStore(OffsetStore):
                 self._sql(dialect.ddl_lock)
             for ddl in _DDL:
                 self._sql(ddl.format(log_key=dialect.log_key))
-            self._add_missing_columns()
+            self._add_missing_columns("tidemark_offsets", _ADDED_COLUMNS)
 
     @classmethod
     def sqlite(cls, path: str | Path) -> SqlOffsetStore:
@@ -214,16 +237,13 @@ class SqlOffsetStore(OffsetStore):
                 if no_flush:
                     self._sql(no_flush[1])
 
-    def _add_missing_columns(self) -> None:
-        """Bring a store created by an older Tidemark up to :data:`_ADDED_COLUMNS`."""
-        if self._d.name == "sqlite":
-            have = {r[1] for r in self._sql("PRAGMA table_info(tidemark_offsets)").fetchall()}
-        else:
-            have = {r[0] for r in self._sql("SELECT column_name FROM information_schema.columns "
-                                             "WHERE table_name = 'tidemark_offsets' AND table_schema = current_schema()").fetchall()}
-        for name, ddl_type in _ADDED_COLUMNS:
+    def _add_missing_columns(self, table: str, columns: Sequence[tuple[str, str]]) -> None:
+        """Migrate a store written by an older Tidemark: add the ``columns`` ``table`` lacks.
+        Runs inside the opening write transaction, so concurrent openers add each column once."""
+        have = {d[0].lower() for d in self._sql(f"SELECT * FROM {table} WHERE 1 = 0").description}
+        for name, sql_type in columns:
             if name not in have:
-                self._sql(f"ALTER TABLE tidemark_offsets ADD COLUMN {name} {ddl_type}")
+                self._sql(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}")
 
     def _select(self, topic: str, *, lock: bool) -> OffsetRecord | None:
         row = self._sql(f"SELECT {', '.join(_COLUMNS)} FROM tidemark_offsets WHERE topic = ?"
@@ -245,7 +265,7 @@ class SqlOffsetStore(OffsetStore):
 
     def _save(self, old: OffsetRecord, log: tuple[str, str, str] | None = None, **changes: Any) -> OffsetRecord:
         """Write ``old`` with ``changes`` (and ``updated_at=now``); log ``(action, who, note)``."""
-        new = dataclasses.replace(old, updated_at=_now(), **changes)
+        new = dataclasses.replace(old, updated_at=self.clock(), **changes)
         row = _to_row(new)
         self._sql(f"UPDATE tidemark_offsets SET {', '.join(c + ' = ?' for c in _COLUMNS[1:])} WHERE topic = ?",
                   (*row[1:], new.topic))
@@ -282,14 +302,37 @@ class SqlOffsetStore(OffsetStore):
             raise OffsetError(f"topic '{topic}': acquire needs a non-empty owner (see make_owner())")
         with self._tx(write=True, flush=False):
             rec = self._current(topic)
+            now = self.clock()
+            lease = now + self.lease
             if rec.owner == owner:
-                return rec
+                return self._save(rec, lease_until=lease)
             if rec.owner == "":
-                return self._save(rec, owner=owner, owner_since=_now())
-            if not self.is_stale_owner(rec.owner):
-                raise TopicLockedError(topic, rec.owner, _ts(rec.owner_since))
-            return self._save(rec, ("steal", owner, f"took the lock from dead owner {_held(rec)}"),
-                              owner=owner, owner_since=_now())
+                return self._save(rec, owner=owner, owner_since=now, lease_until=lease)
+            expires = _lease_end(rec, self.lease)
+            if expires <= now:
+                why = f"its lease expired at {format_ts(expires)} ({_ago(now - expires)} ago)"
+            elif self.is_stale_owner(rec.owner):
+                why = "its process is dead"
+            else:
+                raise TopicLockedError(topic, rec.owner, _ts(rec.owner_since), format_ts(expires))
+            return self._save(rec, ("steal", owner, f"took the lock from {_held(rec)}: {why}"),
+                              owner=owner, owner_since=now, lease_until=lease)
+
+    def heartbeat(self, topic: str, owner: str) -> OffsetRecord:
+        # No wait for the disk: a heartbeat lost in a power cut belonged to a process it killed.
+        with self._tx(write=True, flush=False):
+            rec = self._current(topic)
+            _check_holder(rec, owner, "heartbeat")
+            return self._save(rec, lease_until=self.clock() + self.lease)
+
+    def release_dead(self, topic: str, owner: str, *, who: str, reason: str) -> bool:
+        with self._tx(write=True):
+            rec = self._current(topic)
+            if not owner or rec.owner != owner:
+                return False
+            self._save(rec, ("release-dead", who, f"cleared the lock held by {_held(rec)}: {reason}"),
+                       owner="", owner_since=None, lease_until=None)
+            return True
 
     def release(self, topic: str, owner: str) -> None:
         with self._tx(write=True, flush=False):
@@ -299,13 +342,13 @@ class SqlOffsetStore(OffsetStore):
             if rec.owner != owner:
                 raise OffsetError(f"topic '{topic}': '{owner}' cannot release the lock held by {_held(rec)}; "
                                   f"if that run is dead use unlock")
-            self._save(rec, owner="", owner_since=None)
+            self._save(rec, owner="", owner_since=None, lease_until=None)
 
     def unlock(self, topic: str, *, who: str) -> str:
         with self._tx(write=True):
             rec = self._current(topic)
             note = f"cleared the lock held by {_held(rec)}" if rec.owner else "was not locked"
-            self._save(rec, ("unlock", who, note), owner="", owner_since=None)
+            self._save(rec, ("unlock", who, note), owner="", owner_since=None, lease_until=None)
             return rec.owner
 
     def plan(self, topic: str, owner: str, *, last: Position, next: Position, seq: int,
@@ -380,7 +423,7 @@ class SqlOffsetStore(OffsetStore):
         with self._tx(write=True):
             rec = self._current(topic)
             if rec.owner not in ("", who):
-                raise TopicLockedError(topic, rec.owner, _ts(rec.owner_since))
+                raise TopicLockedError(topic, rec.owner, _ts(rec.owner_since), format_ts(_lease_end(rec, self.lease)))
             return self._save(rec, ("reset", who, reason), last=last, next=None, state=STATE_RESET, seq=max(rec.seq, seq))
 
     def history(self, topic: str | None = None, limit: int = 100) -> list[OffsetLogEntry]:
@@ -418,14 +461,16 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
-def open_offset_store(url: str, *, create_dir: bool = False) -> OffsetStore:
+def open_offset_store(url: str, *, create_dir: bool = False, lease: dt.timedelta | None = None) -> OffsetStore:
     """Open the offset store at ``url``; stale owners are those :func:`local_owner_is_dead` finds.
 
     ``sqlite:///`` is followed by the file's path (SQLAlchemy style): ``sqlite:///offsets.db`` is
     relative to the working directory, ``sqlite:////var/lib/tidemark/offsets.db`` absolute. The
     file is created if needed, its folder only with ``create_dir`` (the default store under the
     state dir): a typo in a path the user gave must not pass unnoticed as a new, empty store.
+    ``lease``: how long a lock lives without a heartbeat (default :func:`lock_lease_from_env`).
     """
+    lease = lock_lease_from_env() if lease is None else lease
     store: SqlOffsetStore
     if url.startswith("sqlite:///") and url.removeprefix("sqlite:///").strip():
         path = Path(url.removeprefix("sqlite:///")).resolve()
@@ -440,25 +485,106 @@ def open_offset_store(url: str, *, create_dir: bool = False) -> OffsetStore:
     else:
         raise ConfigError(f"offset store URL {_redact(url)!r} is not supported; accepted forms: {_ACCEPTED}")
     store.is_stale_owner = local_owner_is_dead
+    store.lease = lease
     return store
+
+
+def lock_lease_from_env(env: Mapping[str, str] | None = None) -> dt.timedelta:
+    """``TIDEMARK_LOCK_LEASE`` (a duration such as ``90s`` or ``5m``), else 5 minutes."""
+    text = (os.environ if env is None else env).get(LEASE_ENV, "").strip()
+    if not text:
+        return DEFAULT_LEASE
+    try:
+        lease = parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(f"{LEASE_ENV}: {exc}") from None
+    if lease <= dt.timedelta(0):
+        raise ConfigError(f"{LEASE_ENV}: {text!r} is no lease; give how long a lock lives without a heartbeat, "
+                          f"e.g. 5m (unset: {format_duration(DEFAULT_LEASE)})")
+    return lease
 
 
 # -- lock owners --------------------------------------------------------------------------------
 
 
-def make_owner() -> str:
-    """A lock owner id for this process: ``<hostname>:<pid>:<8 hex>``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+@dataclass(frozen=True)
+class OwnerId:
+    """What a lock owner id says about its process.
+
+    Format: ``<host>:<pid>@<pid namespace>.<boot id>:<8 hex>[:run=<Dagster run id>]``, e.g.
+    ``web-1:4242@4026531836.5f3e2a1b:9c0ffee0:run=6f1d…``. The pid namespace (the inode of
+    ``/proc/self/ns/pid``) and the boot id tell whether a pid can be checked here: two
+    containers may share a hostname but not a pid namespace. Ids of older Tidemarks
+    (``<host>:<pid>:<8 hex>``) parse with no namespace: their holder is never provably dead, only
+    the lease frees their lock.
+    """
+
+    host: str
+    pid: int
+    token: str
+    pid_ns: str | None = None  # None: unknown (older id, or no /proc here)
+    boot_id: str | None = None
+    run_id: str | None = None  # the Dagster run holding the lock, if any
+
+    def __str__(self) -> str:
+        where = f"@{self.pid_ns}.{self.boot_id}" if self.pid_ns and self.boot_id else ""
+        run = f":run={self.run_id}" if self.run_id else ""
+        return f"{self.host}:{self.pid}{where}:{self.token}{run}"
+
+    @classmethod
+    def parse(cls, owner: str) -> OwnerId | None:
+        """The parts of an owner id from :func:`make_owner` (or an older Tidemark); None if
+        ``owner`` is not one."""
+        m = _OWNER_RE.fullmatch(owner)
+        if m is None:
+            return None
+        return cls(m["host"], int(m["pid"]), m["token"], m["ns"], m["boot"], m["run"])
+
+
+_OWNER_RE = re.compile(r"(?P<host>[^:@]+):(?P<pid>\d+)(?:@(?P<ns>\d+)\.(?P<boot>[0-9a-f]+))?:(?P<token>[0-9a-f]+)"
+                       r"(?::run=(?P<run>[A-Za-z0-9_.-]+))?")
+
+#: Environment variable that replaces the hostname in owner ids (e.g. a pod or node name).
+OWNER_HOST_ENV = "TIDEMARK_OWNER_HOST"
+#: Environment variable holding the lock lease (a duration).
+LEASE_ENV = "TIDEMARK_LOCK_LEASE"
+
+
+def _owner_host() -> str:
+    return os.environ.get(OWNER_HOST_ENV, "").strip() or socket.gethostname()
+
+
+def _process_namespace() -> tuple[str, str] | None:
+    """(pid namespace inode, first 8 hex digits of the boot id) of this process, None where
+    ``/proc`` does not tell (not Linux)."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:8]
+    except OSError:
+        return None
+    return (str(ns), boot) if boot else None
+
+
+def make_owner(run_id: str | None = None) -> str:
+    """A lock owner id for this process (see :class:`OwnerId`); ``run_id``: the Dagster run
+    this process executes, so the planner sensor can free the lock once that run has ended."""
+    ns = _process_namespace()
+    return str(OwnerId(_owner_host(), os.getpid(), secrets.token_hex(4), ns[0] if ns else None,
+                       ns[1] if ns else None, run_id or None))
 
 
 def local_owner_is_dead(owner: str) -> bool:
-    """True only if ``owner`` (from :func:`make_owner`) is a process of this host that no longer
-    exists; owners of other hosts, or that cannot be parsed, are never considered dead."""
-    host, _, pid = owner.rpartition(":")[0].rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit() or int(pid) <= 0:
+    """True only if ``owner`` (from :func:`make_owner`) is a process of this host, pid namespace
+    and boot that no longer exists. Owners elsewhere, of older Tidemarks, or that cannot be
+    parsed are never considered dead here: only their lease expiring frees their lock."""
+    parsed = OwnerId.parse(owner)
+    here = _process_namespace()
+    if parsed is None or here is None or parsed.pid <= 0:
+        return False
+    if (parsed.host, parsed.pid_ns, parsed.boot_id) != (_owner_host(), *here):
         return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(parsed.pid, 0)
     except ProcessLookupError:
         return True
     except OSError:  # e.g. PermissionError: the process exists but belongs to someone else

@@ -9,7 +9,10 @@ runs the same tests on SQLite and on a real PostgreSQL):
   reset, because Delta skips a write whose txnVersion is not above the recorded one;
 * every update names the owner that holds the topic's lock and the state it expects, and
   fails with :class:`OffsetError` when another writer got there first;
-* a second owner trying to lock a held topic gets :class:`TopicLockedError` naming the holder.
+* a second owner trying to lock a held topic gets :class:`TopicLockedError` naming the holder;
+* a lock is a lease: it expires ``lease`` after its last ``acquire`` or ``heartbeat``, and an
+  expired lock is taken over by the next ``acquire`` (logged as ``steal``), so a killed process
+  or a lost container never needs a manual ``unlock``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lineage.positions import Position
+
+#: Lock lease when ``TIDEMARK_LOCK_LEASE`` is not set.
+DEFAULT_LEASE = dt.timedelta(minutes=5)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 #: ``state`` values the engine writes.
 STATE_NEW = "new"
@@ -44,6 +54,7 @@ class OffsetRecord:
     owner_since: dt.datetime | None
     source_version: int | None  # Delta version of the base table when the block was planned
     updated_at: dt.datetime
+    lease_until: dt.datetime | None = None  # the lock expires then unless its holder heartbeats
     #: Delta version of the destination commit that landed the last committed block / reload:
     #: where that commit is found in the log without searching.
     delta_version: int | None = None
@@ -58,7 +69,7 @@ class OffsetRecord:
 class OffsetLogEntry:
     at: dt.datetime
     topic: str
-    action: str  # init | plan | commit | reload | recover | reset | unlock | steal | mark
+    action: str  # init | plan | commit | reload | recover | reset | unlock | steal | release-dead | mark
     who: str
     old_last: Position | None
     new_last: Position | None
@@ -71,6 +82,10 @@ class OffsetStore(abc.ABC):
     #: Decides whether a lock holder is dead (e.g. a process on this host that no longer
     #: exists) so that :meth:`acquire` may take the lock over, logging a ``steal``.
     is_stale_owner: Callable[[str], bool] = staticmethod(lambda owner: False)
+    #: How long a lock lives after its last acquire or heartbeat.
+    lease: dt.timedelta = DEFAULT_LEASE
+    #: The store's clock (naive UTC); tests replace it to let leases expire without sleeping.
+    clock: Callable[[], dt.datetime] = staticmethod(utcnow)
 
     @abc.abstractmethod
     def get(self, topic: str) -> OffsetRecord | None: ...
@@ -88,7 +103,19 @@ class OffsetStore(abc.ABC):
     def acquire(self, topic: str, owner: str) -> OffsetRecord:
         """Take the topic's lock. Re-entrant for the same owner. ``UnknownTopicError`` if the
         topic has no record; ``TopicLockedError`` naming the holder if another owner holds it
-        (unless ``is_stale_owner(holder)``: then the lock is taken over and a ``steal`` logged)."""
+        (unless the holder's lease expired or ``is_stale_owner(holder)``: then the lock is taken
+        over and a ``steal`` logged). Sets ``lease_until = clock() + lease``, also on re-entry."""
+
+    @abc.abstractmethod
+    def heartbeat(self, topic: str, owner: str) -> OffsetRecord:
+        """Extend the lease of the lock ``owner`` holds to ``clock() + lease``. ``OffsetError`` if
+        ``owner`` no longer holds it (taken over or unlocked): the run must stop writing."""
+
+    @abc.abstractmethod
+    def release_dead(self, topic: str, owner: str, *, who: str, reason: str) -> bool:
+        """Clear the lock if ``owner`` still holds it, because ``who`` knows that owner is dead
+        (e.g. its Dagster run ended); logged as ``release-dead`` with ``reason``. Returns whether
+        it was cleared (False: the lock is free or another owner holds it now)."""
 
     @abc.abstractmethod
     def release(self, topic: str, owner: str) -> None:

@@ -8,6 +8,8 @@
 | ``TIDEMARK_LINEAGE`` | ``./demo/lineage`` | lineage YAML file or directory |
 | ``TIDEMARK_SPARK_MASTER`` | ``local[*]`` | Spark master URL, or ``sc://host:port`` for Spark Connect |
 | ``TIDEMARK_SPARK_CONF`` | (none) | extra Spark settings, ``key=value`` pairs separated by ``;`` |
+| ``TIDEMARK_LOCK_LEASE`` | ``5m`` | a topic lock expires this long after its holder's last heartbeat (``resources.offset_sql``) |
+| ``TIDEMARK_OWNER_HOST`` | the hostname | host part of lock owner ids (e.g. a pod name) |
 """
 
 from __future__ import annotations

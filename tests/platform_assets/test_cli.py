@@ -38,9 +38,15 @@ def test_offsets_init_show_reset_unlock_and_history(home_args, tmp_path, capsys)
     assert main([*home_args, "offsets", "init", "fact.events", "--start", "2026-01-01T00:10:00/5"]) == 0
     assert "last = 2026-01-01 00:10:00.000 #5" in capsys.readouterr().out
     store = open_offset_store(f"sqlite:///{tmp_path / 'home' / 'offsets.db'}")
-    store.acquire("fact.events", "elsewhere:1:abcd")
+    lease = store.acquire("fact.events", "elsewhere:1:abcd").lease_until
+    assert main([*home_args, "offsets", "show"]) == 0
+    header, _, row = capsys.readouterr().out.splitlines()
+    assert header.split()[-2:] == ["lease", "until"]
+    assert row.endswith(f"elsewhere:1:abcd  {lease:%Y-%m-%d %H:%M:%S.%f}"[:-3])
     assert main([*home_args, "offsets", "reset", "fact.events", "--to", "zero", "--reason", "rebuild"]) == 1
-    assert "being processed by 'elsewhere:1:abcd'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "being processed by 'elsewhere:1:abcd'" in err
+    assert f"Its lease expires at {lease:%Y-%m-%dT%H:%M:%S.%f} UTC; if that run is dead the lock is taken over then" in err
     assert main([*home_args, "offsets", "unlock", "fact.events"]) == 0
     assert "was held by elsewhere:1:abcd" in capsys.readouterr().out
     assert main([*home_args, "offsets", "reset", "fact.events", "--to", "zero"]) == 1  # a reason is required

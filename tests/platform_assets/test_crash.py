@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
+from lineage.errors import TopicLockedError
 from platform_assets.engine import data_app_id
 from resources.meta_tables import read_etl_log
-from resources.offset_sql import open_offset_store
+from resources.offset_sql import local_owner_is_dead, make_owner, open_offset_store
+from resources.offsets import utcnow
 from resources.settings import Settings
 from tests.platform_assets.shop import (
     full_recompute,
@@ -89,6 +91,38 @@ def test_sigkill_at_every_point_then_resume_lands_each_row_once(spark, crash_set
     # skipped the write; the first was killed at "logged" before committing, the second
     # committed (then was killed at "committed"): one recovered commit, no second data commit.
     assert sum("recovered after crash" in h.note for h in history if h.action == "commit") == 1
+
+
+def test_a_killed_run_that_cannot_be_proven_dead_is_taken_over_when_its_lease_expires(spark, crash_settings):
+    """"Container gone": the killed run's owner names another host (as a run in a container that
+    no longer exists does), so no pid check can prove it dead. Its heartbeats kept a 3 s lease
+    alive through the JVM's start; after the kill the lease runs out and the next run takes the
+    topic over by itself (no `offsets unlock`), logged as a steal."""
+    s = crash_settings
+    store = open_offset_store(s.offsets_url)
+    proc = _tidemark(s, "run", "fact.events", "--until-caught-up",
+                     env={"TIDEMARK_CRASH_AT": "written", "TIDEMARK_OWNER_HOST": "gone-container", "TIDEMARK_LOCK_LEASE": "3s"})
+    assert proc.returncode == -9, f"expected SIGKILL: rc={proc.returncode}\n{proc.stderr[-3000:]}"
+    rec = store.get("fact.events")
+    assert rec is not None and rec.pending and rec.owner.startswith("gone-container:") and not local_owner_is_dead(rec.owner)
+    # Spark took far longer than 3 s to start: only heartbeats can have kept the lease alive.
+    with pytest.raises(TopicLockedError, match="Its lease expires at"):
+        store.acquire("fact.events", make_owner())
+    dead = rec.owner
+    time.sleep(max(0.0, (rec.lease_until - utcnow()).total_seconds()) + 0.5)
+    proc = _tidemark(s, "run", "fact.events", "--until-caught-up")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = _sorted_rows(spark.read.format("delta").load(s.table_path("fact.events")))
+    assert got == _expected(spark, s)
+    history = store.history("fact.events", limit=1000)
+    [steal] = [h for h in history if h.action == "steal"]
+    assert dead in steal.note and "its lease expired at" in steal.note
+    assert not any(h.action == "unlock" for h in history)
+    assert sum("recovered after crash" in h.note for h in history if h.action == "commit") == 1  # landed once
+    log = read_etl_log(s, "fact.events", limit=1000)
+    assert sorted(r["seq"] for r in log) == list(range(1, len(log) + 1)) and sum(r["base_rows"] for r in log) == 600
+    rec = store.get("fact.events")
+    assert (rec.owner, rec.lease_until, rec.pending) == ("", None, False)
 
 
 def test_two_processes_one_topic_the_second_fails_naming_the_holder(spark, crash_settings):

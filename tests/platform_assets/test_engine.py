@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
-from lineage.errors import ProcessingError, TopicLockedError
+from lineage.errors import OffsetError, ProcessingError, TopicLockedError
 from lineage.loader import load_lineage
 from lineage.positions import Position
 from platform_assets import engine as engine_mod
 from platform_assets.engine import Engine, data_app_id
 from resources.meta_tables import read_etl_log
+from resources.offset_sql import open_offset_store
 from resources.settings import Settings
 from tests.platform_assets.shop import (
     T0,
@@ -149,6 +151,49 @@ def test_second_run_of_a_topic_fails_naming_the_holder(spark, settings, tmp_path
     assert "tidemark offsets unlock fact.events" in str(exc.value)
     assert eng.store.unlock("fact.events", who="test") == "otherhost:4242:cafe0001"
     assert eng.run_topic("fact.events").processed
+
+
+def test_an_open_block_keeps_its_lease_alive_until_finished(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path)
+    eng.store.lease = dt.timedelta(seconds=1.5)  # heartbeat every 0.5 s
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(20))
+    other = open_offset_store(eng.settings.offsets_url)
+    try:
+        opened = eng.open_block("fact.events")
+        first = other.get("fact.events").lease_until
+        time.sleep(3)  # two leases: without heartbeats the lock would have expired
+        with pytest.raises(TopicLockedError, match="Its lease expires at"):
+            other.acquire("fact.events", "elsewhere:1:cafe0001")
+        assert other.get("fact.events").lease_until > first
+        assert eng.finish(opened).processed
+        rec = other.get("fact.events")
+        assert (rec.owner, rec.lease_until) == ("", None)
+        time.sleep(1)  # the keeper stopped: nothing writes the lease again
+        assert other.get("fact.events") == rec and not eng._leases
+    finally:
+        other.close()
+
+
+def test_a_block_whose_lock_was_taken_over_is_not_written(spark, settings, tmp_path):
+    eng = _engine(spark, settings, tmp_path)
+    eng.store.lease = dt.timedelta(seconds=0.6)  # heartbeat every 0.2 s
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(20))
+    other = open_offset_store(eng.settings.offsets_url)
+    try:
+        opened = eng.open_block("fact.events")
+        later = engine_mod.utcnow() + dt.timedelta(hours=1)
+        other.clock = lambda: later  # for `other`, the lease ran out long ago: one atomic takeover
+        other.acquire("fact.events", "elsewhere:1:cafe0001")
+        assert other.history("fact.events")[0].action == "steal"
+        time.sleep(1)  # the next heartbeat finds the lock taken over
+        with pytest.raises(OffsetError, match="heartbeat by .* refused: the lock is held by 'elsewhere:1:cafe0001'"):
+            eng.finish(opened)
+        assert not DeltaTable.is_deltatable(eng.path("fact.events"))  # nothing written
+        assert other.get("fact.events").owner == "elsewhere:1:cafe0001"  # and the new holder keeps it
+    finally:
+        other.close()
 
 
 def test_crash_after_delta_commit_is_recovered_without_duplicates(spark, settings, tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ for the materialization)."""
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 
 import dagster as dg
 import pytest
@@ -14,7 +15,7 @@ from lineage.partitions import partitions_name
 from lineage.positions import Position
 from platform_assets.definitions import build_definitions
 from platform_assets.sensors import PastRun, launch_decision
-from resources.offset_sql import open_offset_store
+from resources.offset_sql import OwnerId, make_owner, open_offset_store
 from tests.platform_assets.shop import T0, make_events, write_lineage, write_rows, write_users
 
 S = dg.DagsterRunStatus
@@ -106,6 +107,46 @@ def test_a_pending_block_is_requested_again_without_a_write_unless_a_run_holds_i
         assert not held.run_requests and "fact.events: running (elsewhere:1:abcd)" in held.skip_message
 
 
+def test_sensor_frees_the_lock_of_a_failed_or_canceled_run_but_not_of_a_live_one(settings, tmp_path):
+    s, defs = _defs(settings, tmp_path, maxstep=30)
+    write_users(s)
+    write_rows(s, "stage.events", make_events(50, distinct_pos=50))
+    sensor = defs.get_sensor_def("tidemark_planner")
+    store = open_offset_store(s.offsets_url)
+    with dg.instance_for_test() as instance:
+        _tick(sensor, instance, defs)  # plans block 1
+        instance.add_dynamic_partitions(partitions_name("fact.events"), ["00000001"])
+
+        def run_holding_the_lock(status: dg.DagsterRunStatus) -> tuple[dg.DagsterRun, str]:
+            run = instance.add_run(dg.DagsterRun(job_name="tidemark__fact__events", run_id=str(uuid.uuid4()), status=status))
+            owner = make_owner(run_id=run.run_id)  # as the IO manager builds it inside a run
+            store.acquire("fact.events", owner)
+            return run, owner
+
+        live, owner = run_holding_the_lock(S.STARTED)
+        held = _tick(sensor, instance, defs)
+        assert not held.run_requests and f"fact.events: running ({owner})" in held.skip_message
+        assert store.get("fact.events").owner == owner
+        instance.report_run_failed(live)  # e.g. run monitoring found its container gone
+        freed = _tick(sensor, instance, defs)
+        assert store.get("fact.events").owner == ""
+        entry = store.history("fact.events")[0]
+        assert (entry.action, entry.who) == ("release-dead", "tidemark_planner")
+        assert owner in entry.note and entry.note.endswith(f"Dagster run {live.run_id} ended as FAILURE")
+        assert [r.partition_key for r in freed.run_requests] == ["00000001"]  # the pending block runs again
+        store.unlock("fact.events", who="test")
+
+        canceled, owner = run_holding_the_lock(S.STARTED)
+        instance.report_run_canceled(canceled)
+        _tick(sensor, instance, defs)
+        assert store.get("fact.events").owner == ""
+        assert store.history("fact.events")[0].note.endswith("ended as CANCELED")
+        # A lock whose owner names no run (a `tidemark run` process) is the lease's business.
+        store.acquire("fact.events", make_owner())
+        _tick(sensor, instance, defs)
+        assert store.get("fact.events").owner != ""
+
+
 @pytest.mark.spark
 def test_materializing_a_block_partition_writes_exactly_that_block(spark, settings, tmp_path):
     s, defs = _defs(settings, tmp_path, maxstep=30)
@@ -125,6 +166,8 @@ def test_materializing_a_block_partition_writes_exactly_that_block(spark, settin
         rec = open_offset_store(s.offsets_url).get("fact.events")
         assert not rec.pending and rec.seq == 1
         assert meta["next"] == rec.last.to_text()
+        commit = open_offset_store(s.offsets_url).history("fact.events")[0]
+        assert commit.action == "commit" and OwnerId.parse(commit.who).run_id == result.run_id  # the lock names the run
         # Materializing the committed block again changes nothing.
         again = dg.materialize([asset], partition_key="00000001", instance=instance)
         (mat2,) = again.asset_materializations_for_node(asset.node_def.name)

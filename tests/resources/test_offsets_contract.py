@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,9 +21,14 @@ import pytest
 
 from lineage.errors import ConfigError, OffsetError, TopicLockedError, UnknownTopicError
 from lineage.positions import Position
+from resources.lease import LeaseKeeper
 from resources.offset_sql import (
+    LEASE_ENV,
+    OWNER_HOST_ENV,
+    OwnerId,
     SqlOffsetStore,
     local_owner_is_dead,
+    lock_lease_from_env,
     make_owner,
     open_offset_store,
 )
@@ -485,20 +493,54 @@ def test_open_hides_the_password() -> None:
 
 def test_make_owner() -> None:
     owner = make_owner()
-    assert re.fullmatch(rf"{re.escape(socket.gethostname())}:{os.getpid()}:[0-9a-f]{{8}}", owner)
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:8]
+    assert re.fullmatch(rf"{re.escape(socket.gethostname())}:{os.getpid()}@{ns}\.{boot}:[0-9a-f]{{8}}", owner)
     assert make_owner() != owner
+    with_run = make_owner(run_id="6f1d2c3b-aaaa-4bbb-8ccc-0123456789ab")
+    parsed = OwnerId.parse(with_run)
+    assert parsed is not None and str(parsed) == with_run
+    assert (parsed.pid, parsed.pid_ns, parsed.boot_id, parsed.run_id) == (
+        os.getpid(), str(ns), boot, "6f1d2c3b-aaaa-4bbb-8ccc-0123456789ab")
+    old = OwnerId.parse("host-a:1:aaaaaaaa")  # an id written by a Tidemark without namespaces
+    assert old is not None and (old.host, old.pid, old.pid_ns, old.run_id) == ("host-a", 1, None, None)
+    assert OwnerId.parse("not an owner") is None
 
 
-def test_local_owner_is_dead() -> None:
-    host = socket.gethostname()
+def _dead_pid() -> int:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    assert local_owner_is_dead(f"{host}:{child.pid}:00000000")
+    return child.pid
+
+
+def _owner_here(pid: int, *, host: str | None = None, ns: str | None = None, boot: str | None = None) -> str:
+    """An owner id of this host, pid namespace and boot, but for ``pid`` (and what is overridden)."""
+    here = OwnerId.parse(make_owner())
+    assert here is not None and here.pid_ns and here.boot_id
+    return str(OwnerId(host or here.host, pid, "00000000", ns or here.pid_ns, boot or here.boot_id))
+
+
+def test_local_owner_is_dead_only_in_this_pid_namespace_and_boot(monkeypatch: pytest.MonkeyPatch) -> None:
+    dead = _dead_pid()
+    here = OwnerId.parse(make_owner())
+    assert here is not None and here.pid_ns is not None
+    assert local_owner_is_dead(_owner_here(dead))
     assert not local_owner_is_dead(make_owner())
-    assert not local_owner_is_dead(f"{host}:1:00000000")  # exists (init), maybe not ours
-    assert not local_owner_is_dead(f"not-{host}:{child.pid}:00000000")
-    for junk in ("", "x", f"{host}:abc:00", f"{host}:0:00", f"{host}:-1:00"):
+    assert not local_owner_is_dead(_owner_here(1))  # exists (init), maybe not ours
+    # Same hostname, another pid namespace (a container sharing the host's UTS namespace, a pod
+    # sibling): its pids mean nothing here. Another boot: the pid is from before a reboot.
+    assert not local_owner_is_dead(_owner_here(dead, ns=str(int(here.pid_ns) + 1)))
+    assert not local_owner_is_dead(_owner_here(dead, boot="00000000"))
+    assert not local_owner_is_dead(_owner_here(dead, host=f"not-{socket.gethostname()}"))
+    # Ids of older Tidemarks carry no namespace: never provably dead, only the lease frees them.
+    assert not local_owner_is_dead(f"{socket.gethostname()}:{dead}:00000000")
+    for junk in ("", "x", f"{socket.gethostname()}:abc:00", _owner_here(0)):
         assert not local_owner_is_dead(junk)
+    # TIDEMARK_OWNER_HOST replaces the hostname in new ids and in the comparison.
+    monkeypatch.setenv(OWNER_HOST_ENV, "pod-7")
+    assert make_owner().startswith(f"pod-7:{os.getpid()}@")
+    assert local_owner_is_dead(_owner_here(dead, host="pod-7"))
+    assert not local_owner_is_dead(_owner_here(dead, host=socket.gethostname()))
 
 
 # -- catching up with the Delta log ---------------------------------------------------------------
@@ -561,3 +603,212 @@ def test_a_store_created_before_delta_version_existed_is_migrated(tmp_path: Path
     rec = current(store)
     assert (rec.seq, rec.source_version, rec.delta_version) == (2, 4, None)
     store.close()
+
+
+# -- leases -------------------------------------------------------------------------------------------
+
+
+class Clock:
+    """A store clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = dt.datetime(2026, 3, 1, 12, 0, 0)
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+    def advance(self, **kwargs: float) -> None:
+        self.now += dt.timedelta(**kwargs)
+
+
+@pytest.fixture
+def clock(store: OffsetStore) -> Clock:
+    """A hand-moved clock on ``store``, whose lease is one minute."""
+    c = Clock()
+    store.clock = c
+    store.lease = dt.timedelta(minutes=1)
+    return c
+
+
+def test_acquire_writes_the_lease_and_reentry_extends_it(store: OffsetStore, clock: Clock) -> None:
+    store.init(T, P(0), "step", who="me")
+    rec = store.acquire(T, A)
+    assert rec.lease_until == clock.now + dt.timedelta(minutes=1) and current(store) == rec
+    clock.advance(seconds=40)
+    again = store.acquire(T, A)
+    assert again.lease_until == clock.now + dt.timedelta(minutes=1) and again.owner_since == rec.owner_since
+    store.release(T, A)
+    assert current(store).lease_until is None
+
+
+def test_expired_lease_is_taken_over_and_logged_as_steal(store: OffsetStore, clock: Clock) -> None:
+    locked(store)
+    since = clock.now
+    clock.advance(seconds=59)
+    with pytest.raises(TopicLockedError, match=re.escape("Its lease expires at 2026-03-01T12:01:00.000000 UTC; if that run is dead")) as err:
+        store.acquire(T, B)
+    assert "taken over then, or clear it now with: tidemark offsets unlock fact.orders" in str(err.value)
+    assert err.value.holder == A and current(store).owner == A
+    clock.advance(seconds=31)
+    rec = store.acquire(T, B)
+    assert (rec.owner, rec.owner_since, rec.lease_until) == (B, clock.now, clock.now + dt.timedelta(minutes=1))
+    entry = store.history(T)[0]
+    assert (entry.action, entry.who) == ("steal", B)
+    assert entry.note == (f"took the lock from '{A}' since {since.isoformat(timespec='microseconds')}: "
+                          f"its lease expired at 2026-03-01T12:01:00.000000 (30s ago)")
+
+
+def test_heartbeat_keeps_the_lock(store: OffsetStore, clock: Clock) -> None:
+    locked(store)
+    for _ in range(5):
+        clock.advance(seconds=50)
+        assert store.heartbeat(T, A).lease_until == clock.now + dt.timedelta(minutes=1)
+        with pytest.raises(TopicLockedError):
+            store.acquire(T, B)
+    assert current(store).owner == A
+    assert [e.action for e in store.history(T)] == ["init"]  # heartbeats are not logged
+    clock.advance(seconds=61)
+    assert store.acquire(T, B).owner == B
+
+
+def test_heartbeat_after_takeover_or_unlock_raises(store: OffsetStore, clock: Clock) -> None:
+    locked(store)
+    clock.advance(minutes=2)
+    store.acquire(T, B)
+    with pytest.raises(OffsetError, match=re.escape(f"heartbeat by '{A}' refused: the lock is held by '{B}'")) as err:
+        store.heartbeat(T, A)
+    assert "stop this run" in str(err.value)
+    assert current(store).owner == B
+    store.unlock(T, who="admin")
+    with pytest.raises(OffsetError, match="nobody holds the lock"):
+        store.heartbeat(T, B)
+    with pytest.raises(UnknownTopicError):
+        store.heartbeat("fact.other", A)
+
+
+def test_other_pid_namespace_is_not_stolen_while_its_lease_lives(store: OffsetStore, clock: Clock) -> None:
+    """Same hostname, a pid that does not exist here, but another pid namespace (or an id of an
+    older Tidemark): only the lease may free the lock."""
+    here = OwnerId.parse(make_owner())
+    assert here is not None and here.pid_ns is not None
+    dead = _dead_pid()
+    store.init(T, P(0), "step", who="me")
+    for holder in (_owner_here(dead, ns=str(int(here.pid_ns) + 1)), f"{socket.gethostname()}:{dead}:00000000"):
+        store.unlock(T, who="test")
+        store.acquire(T, holder)
+        clock.advance(seconds=59)
+        with pytest.raises(TopicLockedError):
+            store.acquire(T, B)
+        clock.advance(seconds=2)
+        assert store.acquire(T, B).owner == B
+    # The same dead pid in this namespace is provably dead: taken over at once.
+    store.unlock(T, who="test")
+    store.acquire(T, _owner_here(dead))
+    assert store.acquire(T, B).owner == B
+    assert store.history(T)[0].note.endswith("its process is dead")
+
+
+def test_release_dead_is_compare_and_set_on_the_owner(store: OffsetStore) -> None:
+    locked(store)
+    assert not store.release_dead(T, B, who="sensor", reason="run x failed")
+    assert current(store).owner == A
+    assert store.release_dead(T, A, who="sensor", reason="Dagster run r1 ended as FAILURE")
+    rec = current(store)
+    assert (rec.owner, rec.owner_since, rec.lease_until) == ("", None, None)
+    entry = store.history(T)[0]
+    assert (entry.action, entry.who) == ("release-dead", "sensor")
+    assert A in entry.note and entry.note.endswith("Dagster run r1 ended as FAILURE")
+    assert not store.release_dead(T, A, who="sensor", reason="again")  # free already: nothing logged
+    assert store.history(T)[0] == entry
+
+
+_OLD_DDL = """CREATE TABLE tidemark_offsets (
+    topic TEXT PRIMARY KEY, last_pos TEXT NOT NULL, last_id BIGINT NOT NULL,
+    next_pos TEXT, next_id BIGINT, rows BIGINT NOT NULL, seq BIGINT NOT NULL, run TEXT,
+    processor TEXT NOT NULL, state TEXT NOT NULL, owner TEXT NOT NULL, owner_since TEXT,
+    source_version BIGINT, updated_at TEXT NOT NULL)"""
+
+
+def test_a_store_without_leases_is_migrated_on_open(store_url: str) -> None:
+    """A store written before leases: the column is added; a lock it holds gets one lease from
+    when it was taken."""
+    row = ("fact.orders", "2026-01-31T12:00:00.000000", 0, None, None, 0, 0, None, "step", "new", A,
+           "2026-01-31T12:00:00.000000", None, "2026-01-31T12:00:00.000000")
+    insert = f"INSERT INTO tidemark_offsets VALUES ({', '.join(['?'] * len(row))})"
+    if store_url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(store_url.removeprefix("sqlite:///"))) as conn, conn:
+            conn.execute(_OLD_DDL)
+            conn.execute(insert, row)
+    else:
+        with psycopg.connect(store_url, autocommit=True) as pg:
+            pg.execute(_OLD_DDL)
+            pg.execute(insert.replace("?", "%s"), row)
+    stores = [open_offset_store(store_url) for _ in range(2)]  # the second finds the column there
+    try:
+        s = stores[0]
+        rec = current(s)
+        assert (rec.owner, rec.lease_until, rec.last) == (A, None, Position(dt.datetime(2026, 1, 31, 12), 0))
+        s.lease = dt.timedelta(minutes=5)
+        s.clock = lambda: dt.datetime(2026, 1, 31, 12, 4, 59)
+        with pytest.raises(TopicLockedError, match="Its lease expires at 2026-01-31T12:05:00"):
+            s.acquire(T, B)
+        s.clock = lambda: dt.datetime(2026, 1, 31, 12, 5, 1)
+        assert s.acquire(T, B).lease_until == dt.datetime(2026, 1, 31, 12, 10, 1)
+        assert current(stores[1]).owner == B
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_lease_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert lock_lease_from_env({}) == dt.timedelta(minutes=5)
+    assert lock_lease_from_env({LEASE_ENV: " 90s "}) == dt.timedelta(seconds=90)
+    for bad in ("soon", "0", "-5m"):
+        with pytest.raises(ConfigError, match=f"^{LEASE_ENV}: .*{re.escape(repr(bad))}"):
+            lock_lease_from_env({LEASE_ENV: bad})
+    monkeypatch.setenv(LEASE_ENV, "2m")
+    s = open_offset_store(f"sqlite:///{tmp_path / 'o.db'}")
+    try:
+        assert s.lease == dt.timedelta(minutes=2)
+    finally:
+        s.close()
+    monkeypatch.setenv(LEASE_ENV, "five minutes")
+    with pytest.raises(ConfigError, match=LEASE_ENV):
+        open_offset_store(f"sqlite:///{tmp_path / 'o.db'}")
+
+
+def test_lease_keeper_heartbeats_from_its_thread_until_stopped(open_store: Callable[[], OffsetStore]) -> None:
+    """The keeper shares the store object with the thread doing the block's writes."""
+    store, other = open_store(), open_store()
+    for s in (store, other):
+        s.lease = dt.timedelta(seconds=1.5)
+    locked(store)
+    keeper = LeaseKeeper(store, T, A, interval_s=0.1).start()
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:  # the main thread writes while the keeper beats
+            store.set_state(T, A, "working")
+            with pytest.raises(TopicLockedError):
+                other.acquire(T, B)
+            time.sleep(0.05)
+        keeper.check()
+    finally:
+        assert keeper.stop()
+    lease = current(store).lease_until
+    assert lease is not None and lease > dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    time.sleep(1.6)  # no heartbeat any more: the lease runs out
+    assert other.acquire(T, B).owner == B
+
+
+def test_lease_keeper_notices_a_takeover(open_store: Callable[[], OffsetStore]) -> None:
+    store, other = open_store(), open_store()
+    locked(store)
+    keeper = LeaseKeeper(store, T, A, interval_s=0.05).start()
+    other.unlock(T, who="admin")
+    other.acquire(T, B)
+    deadline = time.monotonic() + 10
+    while keeper.lost is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not keeper.stop()
+    with pytest.raises(OffsetError, match=f"held by '{B}'"):
+        keeper.check()
