@@ -21,7 +21,7 @@ def test_runs_every_block_through_dagster_until_every_topic_waits(spark, setting
     with dg.instance_for_test() as instance:
         runs, waiting = run_until_idle(build_definitions(s), instance, on_run=seen.append, log_level="WARNING")
         assert [r.partition for r in runs] == ["00000001", "00000002", "00000003"] and seen == runs
-        assert all(r.success and r.checks == {"rows": True, "lag": True, "nulls": True} for r in runs)
+        assert all(r.success and r.checks == {"rows": True, "lag": True, "nulls": True, "late_rows": True} for r in runs)
         assert [r.metadata["base_rows"] for r in runs] == [30, 30, 10]
         assert waiting == "fact.events: no new rows"
         records = instance.fetch_materializations(dg.AssetKey(["fact", "events"]), limit=10).records
