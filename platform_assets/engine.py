@@ -33,6 +33,7 @@ from lineage.errors import OffsetError, ProcessingError, TidemarkError
 from lineage.planner import Decision, TableMark, TopicState, lag_seconds, plan_topic
 from lineage.positions import Block, Position
 from lineage.spec import Lineage, Processor, Topic, Transform
+from platform_assets import spark_io
 from platform_assets.faults import crashpoint
 from resources import delta_meta
 from resources.meta_tables import (
@@ -605,10 +606,9 @@ class Engine:
         from pyspark.sql import functions as F
 
         spark = self.spark  # F.lit needs an active session
-        # Timestamps go in as text read in the session's time zone (UTC): a Python datetime
-        # literal would be converted through the driver's local zone.
-        lp, li = F.lit(_spark_ts(block.last.pos)).cast("timestamp"), F.lit(block.last.id).cast("bigint")
-        np_, ni = F.lit(_spark_ts(block.next.pos)).cast("timestamp"), F.lit(block.next.id).cast("bigint")
+        # Bounds as epoch microseconds: the same instants whatever the session's time zone.
+        lp, li = spark_io.ts_literal(block.last.pos), F.lit(block.last.id).cast("bigint")
+        np_, ni = spark_io.ts_literal(block.next.pos), F.lit(block.next.id).cast("bigint")
         pos, id_ = F.col("pos"), F.col("id")
         reader = spark.read.format("delta")
         if version is not None:
@@ -666,10 +666,6 @@ class Engine:
 def _stats_dict(entry: LogEntry) -> dict[str, Any]:
     return {"rows": entry.rows, "max_id": entry.max_id, "min_ts": entry.min_ts, "max_ts": entry.max_ts,
             "max_lag": entry.max_lag, "nulls": entry.nulls, "delta_version": entry.delta_version}
-
-
-def _spark_ts(value: dt.datetime) -> str:
-    return f"{value.year:04d}-{value:%m-%d %H:%M:%S.%f}"
 
 
 def _same_location(a: str, b: str) -> bool:

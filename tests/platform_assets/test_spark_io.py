@@ -1,0 +1,72 @@
+"""Where values cross into Spark: time zones, the session catalog, and a block's figures (real
+Spark + Delta, the session-scoped ``spark``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from lineage.loader import load_lineage
+from platform_assets.engine import Engine
+from platform_assets.spark_io import epoch_micros
+from resources.meta_tables import read_etl_log
+from resources.settings import Settings
+from tests.platform_assets.shop import make_events, write_lineage, write_rows, write_users
+
+pytestmark = pytest.mark.spark
+
+
+@contextmanager
+def session_zone(spark, zone: str) -> Iterator[None]:
+    """The shared session's time zone set to ``zone`` (as a user's TIDEMARK_SPARK_CONF or a host
+    session would), restored afterwards."""
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+
+
+def _run_in_zone(spark, settings: Settings, root: Path, zone: str) -> tuple[list[tuple], list[tuple]]:
+    """Process the same source in ``zone`` on a fresh warehouse: the destination's rows (``pos``
+    as epoch microseconds, i.e. as a UTC instant) and each block's bounds and rows in etl.log."""
+    from pyspark.sql import functions as F
+
+    lin = write_lineage(root, maxstep=41)
+    settings = settings.with_(home=root / "home", warehouse=str(root / "warehouse"), lineage=lin,
+                              offsets_url=f"sqlite:///{root / 'offsets.db'}")
+    write_users(settings)
+    # Many rows share a pos (ties at block edges), with microseconds.
+    write_rows(settings, "stage.events", make_events(240, distinct_pos=15, seed=11))
+    eng = Engine(settings, load_lineage(lin), spark=spark)
+    try:
+        with session_zone(spark, zone):
+            eng.run_until_caught_up()
+            df = spark.read.format("delta").load(eng.path("fact.events"))
+            rows = sorted(tuple(r) for r in df.select(F.unix_micros("pos"), "id", "user_id", "amount2", "kind", "country").collect())
+    finally:
+        eng.close()
+    log = sorted((r["seq"], r["last"], r["next"], r["base_rows"], r["rows"]) for r in read_etl_log(settings, "fact.events", limit=1000))
+    return rows, log
+
+
+def test_block_bounds_select_the_same_rows_in_any_session_time_zone(spark, settings, tmp_path):
+    utc_rows, utc_log = _run_in_zone(spark, settings, tmp_path / "utc", "UTC")
+    assert len(utc_log) >= 240 // 41 and len(utc_rows) == sum(r[4] for r in utc_log) > 0
+    assert sum(r[3] for r in utc_log) == 240  # every base row in exactly one block
+    for zone in ("America/New_York", "Asia/Tokyo"):
+        rows, log = _run_in_zone(spark, settings, tmp_path / zone.replace("/", "_"), zone)
+        assert log == utc_log, zone
+        assert rows == utc_rows, zone
+
+
+def test_epoch_micros_is_utc_and_exact():
+    assert epoch_micros(dt.datetime(1970, 1, 1)) == 0
+    assert epoch_micros(dt.datetime(2026, 1, 1, 0, 0, 0, 7)) == 1_767_225_600_000_007
+    assert epoch_micros(dt.datetime(2026, 1, 1, 9, tzinfo=dt.timezone(dt.timedelta(hours=9)))) == 1_767_225_600_000_000
+    assert epoch_micros(dt.datetime(1, 1, 1)) == -62_135_596_800_000_000
