@@ -200,29 +200,20 @@ class Engine:
 
     def register_tables(self) -> None:
         """Make every existing table of the lineage readable by name (``stage.orders``) in
-        Spark SQL, as external tables over their Delta locations."""
+        Spark SQL, as external tables over their Delta locations. A name taken in the catalog by a
+        table Tidemark did not register is a :class:`ProcessingError`, never dropped."""
         for table in (*self.lineage.tables(), *META_TABLES):
             self._register(table)
 
     def _register(self, table: str) -> None:
-        if table in self._registered or delta_meta.open_table(self.path(table)) is None:
+        if table in self._registered:
             return
-        schema, _, name = table.partition(".")
-        ident = f"`{schema}`.`{name}`"
-        self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
+        # Never drops a table Tidemark did not register (see spark_io.register_table).
         path = self.path(table)
-        if self.spark.catalog.tableExists(f"{schema}.{name}"):
-            # The session's catalog may point the name at another warehouse (another engine
-            # in this process): re-point it. Dropping an external table keeps its files.
-            rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {ident}").collect()
-            current = next((r.data_type for r in rows if r.col_name == "Location"), "")
-            if _same_location(current, path):
-                self._registered.add(table)
-                return
-            self.spark.sql(f"DROP TABLE {ident}")
-        location = path.replace("'", "\\'")
-        self.spark.sql(f"CREATE TABLE {ident} USING delta LOCATION '{location}'")
-        self._registered.add(table)
+        exists = delta_meta.open_table(path) is not None
+        spark_io.register_table(self.spark, table, path if exists else None)
+        if exists:
+            self._registered.add(table)
 
     def publish_lineage(self) -> bool:
         return publish_lineage(self.settings, self.lineage)
@@ -666,13 +657,6 @@ class Engine:
 def _stats_dict(entry: LogEntry) -> dict[str, Any]:
     return {"rows": entry.rows, "max_id": entry.max_id, "min_ts": entry.min_ts, "max_ts": entry.max_ts,
             "max_lag": entry.max_lag, "nulls": entry.nulls, "delta_version": entry.delta_version}
-
-
-def _same_location(a: str, b: str) -> bool:
-    def norm(x: str) -> str:
-        return x.removeprefix("file:").lstrip("/").rstrip("/")
-
-    return norm(a) == norm(b)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -70,3 +70,67 @@ def test_epoch_micros_is_utc_and_exact():
     assert epoch_micros(dt.datetime(2026, 1, 1, 0, 0, 0, 7)) == 1_767_225_600_000_007
     assert epoch_micros(dt.datetime(2026, 1, 1, 9, tzinfo=dt.timezone(dt.timedelta(hours=9)))) == 1_767_225_600_000_000
     assert epoch_micros(dt.datetime(1, 1, 1)) == -62_135_596_800_000_000
+
+
+def _shop_engine(spark, settings: Settings, root: Path, **lineage_kw) -> Engine:
+    lin = write_lineage(root, **lineage_kw)
+    return Engine(settings.with_(lineage=lin), load_lineage(lin), spark=spark)
+
+
+def test_a_managed_table_with_a_lineage_tables_name_survives_a_run(spark, settings, tmp_path):
+    from lineage.errors import ProcessingError
+
+    eng = _shop_engine(spark, settings, tmp_path)
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(50, seed=2))
+    spark.sql("DROP TABLE IF EXISTS dim.users")  # an earlier test's registration (this test owns the name now)
+    spark.sql("CREATE SCHEMA IF NOT EXISTS dim")
+    spark.sql("CREATE TABLE dim.users (user_id BIGINT, country STRING) USING delta")  # managed: DROP deletes its data
+    spark.sql("INSERT INTO dim.users VALUES (1, 'user data')")
+    try:
+        # The transform reads dim.users by name: the run must not read the user's table in place
+        # of the lineage's, nor drop it; it stops and says what to do.
+        with pytest.raises(ProcessingError, match=r"dim\.users.*MANAGED.*never drops.*RENAME") as err:
+            eng.run_topic("fact.events")
+        assert eng.path("dim.users") in str(err.value)
+        assert spark.catalog.getTable("dim.users").tableType == "MANAGED"
+        assert [tuple(r) for r in spark.table("dim.users").collect()] == [(1, "user data")]
+        assert eng.store.get("fact.events").state.startswith("failed")
+    finally:
+        spark.sql("DROP TABLE IF EXISTS dim.users")
+        eng.close()
+
+
+def test_an_external_table_tidemark_did_not_register_is_not_repointed(spark, settings, tmp_path):
+    from lineage.errors import ProcessingError
+
+    eng = _shop_engine(spark, settings, tmp_path)
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(50, seed=2))
+    elsewhere = str(tmp_path / "elsewhere" / "users")
+    spark.createDataFrame([(7, "kept")], "user_id BIGINT, country STRING").write.format("delta").save(elsewhere)
+    spark.sql("DROP TABLE IF EXISTS dim.users")
+    spark.sql("CREATE SCHEMA IF NOT EXISTS dim")
+    spark.sql(f"CREATE TABLE dim.users USING delta LOCATION '{elsewhere}'")
+    try:
+        with pytest.raises(ProcessingError, match=r"dim\.users.*EXTERNAL.*Tidemark did not register it"):
+            eng.run_topic("fact.events")
+        assert [tuple(r) for r in spark.table("dim.users").collect()] == [(7, "kept")]
+    finally:
+        spark.sql("DROP TABLE IF EXISTS dim.users")
+        eng.close()
+
+
+def test_tables_tidemark_registered_follow_the_engine_to_another_warehouse(spark, settings, tmp_path):
+    """Two engines in one process on two warehouses (as the tests do): the names are re-pointed."""
+    counts = []
+    for name in ("one", "two"):
+        root = tmp_path / name
+        eng = _shop_engine(spark, settings.with_(warehouse=str(root / "warehouse")), root)
+        write_users(eng.settings, n=3 if name == "one" else 5)
+        try:
+            eng.register_tables()
+            counts.append(spark.table("dim.users").count())
+        finally:
+            eng.close()
+    assert counts == [3, 5]
