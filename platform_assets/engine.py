@@ -516,12 +516,14 @@ class Engine:
         app_id = data_app_id(topic.name)
         landed = opened.landed
         recovered = landed is not None  # written before a crash: only the offset must catch up
+        observed = None
         if landed is None:
             if opened.out is None:
                 raise ProcessingError(f"topic '{topic.name}': block {block.seq} has no output to write")
+            out, observed = spark_io.observe_output(opened.out)
             meta = {"topic": topic.name, "seq": block.seq, "last": block.last.to_text(), "next": block.next.to_text(),
                     "run_id": self.run_id, "owner": self.owner}
-            (opened.out.write.format("delta").mode("append")
+            (out.write.format("delta").mode("append")
              .option("txnAppId", app_id).option("txnVersion", block.seq)
              .option("mergeSchema", "true").option("userMetadata", json.dumps(meta))
              .save(dest))
@@ -534,7 +536,8 @@ class Engine:
         if base_rows < 0:
             base_rows = delta_meta.count_block(self.path(spec.base), block.last, block.next, planned.source_version)
         entry = self._log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed, base_rows,
-                                planned.bad_rows, time.monotonic() - opened.started)
+                                planned.bad_rows, time.monotonic() - opened.started,
+                                figures=self._block_figures(dest, landed, observed))
         write_etl_log(self.settings, entry)
         crashpoint("logged")
         if spec.after:
@@ -571,14 +574,15 @@ class Engine:
         meta = {"topic": topic.name, "seq": seq, "source_version": source_version, "run_id": self.run_id}
         # No idempotency token: a rebuild is idempotent by nature, and one after a crash must
         # rewrite from the current sources rather than be skipped.
-        (opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        out, observed = spark_io.observe_output(opened.out)
+        (out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
          .option("userMetadata", json.dumps(meta)).save(dest))
         self._register(spec.destination)
         committed = delta_meta.last_commit_stats(dest)
         crashpoint("written")
         mark = opened.base_mark or Position.zero()
         entry = self._log_entry(topic, seq, "", "" if mark.is_zero() else mark.to_text(), committed, -1, 0,
-                                time.monotonic() - opened.started)
+                                time.monotonic() - opened.started, figures=self._block_figures(dest, committed, observed))
         self._run_sql(topic, "after", None)
         self.store.commit_reload(topic.name, self.owner, seq=seq, mark=mark, rows=committed.rows,
                                  source_version=source_version, note=f"rows={committed.rows} delta_version={committed.version}")
@@ -640,15 +644,26 @@ class Engine:
         except Exception as exc:
             raise ProcessingError(f"topic '{topic.name}' ({topic.where}): transform {t.ref} failed: {_first_line(exc)}") from exc
 
+    def _block_figures(self, dest: str, commit: delta_meta.CommitStats,
+                       observed: spark_io.BlockObservation | None) -> spark_io.BlockFigures:
+        """Rows and every column's null count of what ``commit`` added: observed during this
+        engine's write, else (the data landed before a crash, or another writer's commit) read
+        from the commit's Parquet footers. Never the commit's statistics: Delta collects those
+        for the first 32 columns only, so a check on a later column could never fail."""
+        if observed is not None and commit.user_metadata.get("run_id") == self.run_id:
+            return observed.figures()
+        rows, nulls = delta_meta.commit_null_counts(dest, commit)
+        return spark_io.BlockFigures(rows, nulls)
+
     def _log_entry(self, topic: Topic, seq: int, last: str, next_: str, stats: delta_meta.CommitStats,
-                   base_rows: int, bad_rows: int, duration: float) -> LogEntry:
+                   base_rows: int, bad_rows: int, duration: float, *, figures: spark_io.BlockFigures) -> LogEntry:
         max_id = stats.max_values.get("id")
         return LogEntry(
-            topic=topic.name, ts=self.clock(), rows=stats.rows,
+            topic=topic.name, ts=self.clock(), rows=figures.rows,
             max_id=int(max_id) if isinstance(max_id, int | float) else None,
             min_ts=delta_meta.parse_stat_ts(stats.min_values.get("pos")),
             max_ts=delta_meta.parse_stat_ts(stats.max_values.get("pos")),
-            nulls={k: v for k, v in sorted(stats.null_counts.items()) if v}, run_id=self.run_id,
+            nulls=dict(sorted(figures.nulls.items())), run_id=self.run_id,  # zeros too: a column here was counted
             processor=topic.spec.processor.value, seq=seq, last=last, next=next_,
             base_rows=base_rows, bad_rows=bad_rows, delta_version=stats.version, duration_s=round(duration, 3),
         )

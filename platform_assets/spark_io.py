@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -118,24 +119,29 @@ class BlockFigures:
     nulls: dict[str, int]
 
 
-def observe_output(out: DataFrame) -> tuple[DataFrame, Any]:
+@dataclass(frozen=True)
+class BlockObservation:
+    """An observation attached to a block's output (see :func:`observe_output`)."""
+
+    observation: Any  # pyspark.sql.Observation (classic or Spark Connect)
+    columns: tuple[str, ...]
+
+    def figures(self) -> BlockFigures:
+        """The figures, once the write has run (call only then: a classic session's observation
+        waits for its action, and Delta skips a write whose transaction is already recorded)."""
+        got = self.observation.get
+        if "rows" not in got:
+            raise ProcessingError("the block's write reported no observed figures")
+        return BlockFigures(int(got["rows"]), {c: int(got.get(f"n{i}") or 0) for i, c in enumerate(self.columns)})
+
+
+def observe_output(out: DataFrame) -> tuple[DataFrame, BlockObservation]:
     """``out`` with an observation of its row count and every column's null count attached: the
-    figures are computed while the write runs (no extra scan). Returns the DataFrame to write and
-    the ``pyspark.sql.Observation``; read it with :func:`observed_figures` after the write."""
+    figures are computed while the write runs (no extra scan). Write the returned DataFrame."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    obs = Observation(f"tidemark_{id(out):x}")
+    obs = Observation(f"tidemark_{uuid.uuid4().hex}")
     exprs = [F.count(F.lit(1)).alias("rows")]
-    exprs += [F.count_if(F.col(f"`{c}`").isNull()).alias(f"n{i}") for i, c in enumerate(out.columns)]
-    return out.observe(obs, *exprs), obs
-
-
-def observed_figures(obs: Any, columns: list[str]) -> BlockFigures:
-    """The figures of an observed DataFrame whose write has run (call only then: a classic
-    session's observation waits for its action, and Delta skips a write whose transaction is
-    already recorded)."""
-    got = obs.get
-    if "rows" not in got:
-        raise ProcessingError("the block's write reported no observed figures")
-    return BlockFigures(int(got["rows"]), {c: int(got.get(f"n{i}") or 0) for i, c in enumerate(columns)})
+    exprs += [F.count_if(F.col(f"`{c.replace('`', '``')}`").isNull()).alias(f"n{i}") for i, c in enumerate(out.columns)]
+    return out.observe(obs, *exprs), BlockObservation(obs, tuple(out.columns))

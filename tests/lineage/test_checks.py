@@ -38,9 +38,20 @@ def test_lag_threshold():
 
 def test_null_share_threshold_per_column():
     spec = ChecksSpec(max_null_share={"country": 0.1, "segment": 0.5})
-    nulls = _by_name(evaluate_block(spec, STATS))["nulls"]
+    nulls = _by_name(evaluate_block(spec, {**STATS, "nulls": {"country": 12, "segment": 0}}))["nulls"]
     assert not nulls.passed and nulls.description == "too many nulls: country 12.0% > 10.0%"
     assert _by_name(evaluate_block(ChecksSpec(max_null_share={"country": 0.12}), STATS))["nulls"].passed
+
+
+def test_null_share_of_a_column_nobody_counted_fails():
+    """Null counts list every output column (zeros too): a threshold on a column missing from
+    them (a typo, or a figure the block could not count) must not pass silently."""
+    spec = ChecksSpec(max_null_share={"country": 0.5, "c38": 0.1})
+    nulls = _by_name(evaluate_block(spec, STATS))["nulls"]
+    assert not nulls.passed and nulls.description.startswith("no null count for c38")
+    both = _by_name(evaluate_block(ChecksSpec(max_null_share={"country": 0.1, "c38": 0.1}), STATS))["nulls"]
+    assert both.description == "too many nulls: country 12.0% > 10.0%; no null count for c38 (not a column of the block's output; fix max_null_share)"
+    assert _by_name(evaluate_block(spec, {**STATS, "rows": 0}))["nulls"].passed  # no rows: no nulls to count
 
 
 @pytest.mark.parametrize("bad", [{"max_null_share": {"x": 1.5}}, {"severity": "fatal"}, {"max_lag": "soon"}, {"nope": 1}])

@@ -134,3 +134,64 @@ def test_tables_tidemark_registered_follow_the_engine_to_another_warehouse(spark
         finally:
             eng.close()
     assert counts == [3, 5]
+
+
+WIDE_SQL = "SELECT pos, id, " + ", ".join(
+    "CASE WHEN id % 10 = 0 THEN id END AS c38" if i == 38 else f"id + {i} AS c{i}" for i in range(2, 40)
+) + " FROM block"
+
+
+def _wide_engine(spark, settings: Settings, root: Path) -> Engine:
+    """A step topic whose destination has 40 columns; column 39 (``c38``) is null in 90% of rows."""
+    import textwrap
+
+    lin = root / "lineage"
+    lin.mkdir(parents=True)
+    (root / "wide.sql").write_text(WIDE_SQL)
+    (lin / "wide.yaml").write_text(textwrap.dedent("""\
+        sources:
+          - table: stage.events
+        topics:
+          - table: fact.wide
+            depends_on: [stage.events]
+            transforms: [../wide.sql]
+            maxstep: 100
+            checks: {max_null_share: {c38: 0.1}}
+        """))
+    return Engine(settings.with_(lineage=lin), load_lineage(lin), spark=spark)
+
+
+def test_null_check_on_the_40th_column_can_fail(spark, settings, tmp_path, monkeypatch):
+    from lineage.checks import evaluate_block
+    from platform_assets import engine as engine_mod
+
+    eng = _wide_engine(spark, settings, tmp_path)
+    write_rows(eng.settings, "stage.events", make_events(200, distinct_pos=200, seed=4))
+    checks = eng.lineage.topic("fact.wide").spec.checks
+    try:
+        r = eng.run_topic("fact.wide")
+        assert r.processed and r.rows == 100
+        assert len(spark.read.format("delta").load(eng.path("fact.wide")).columns) == 40
+        # Delta's file statistics stop at the 32nd column: the count comes from the write itself.
+        assert r.stats["nulls"]["c38"] == 90 and r.stats["nulls"]["c2"] == 0
+        (entry,) = read_etl_log(eng.settings, "fact.wide")
+        assert dict(entry["nulls"])["c38"] == 90 and len(entry["nulls"]) == 40
+        nulls = {o.name: o for o in evaluate_block(checks, {**r.stats, "base_rows": r.base_rows})}["nulls"]
+        assert not nulls.passed and nulls.description == "too many nulls: c38 90.0% > 10.0%"
+
+        # A block whose data landed before a crash is not written again: no observation, so its
+        # figures are read from the commit's Parquet footers, just as exact.
+        def crash(point: str) -> None:
+            if point == "written":
+                raise RuntimeError("simulated crash after the Delta commit")
+
+        monkeypatch.setattr(engine_mod, "crashpoint", crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            eng.run_topic("fact.wide")
+        monkeypatch.undo()
+        again = eng.run_topic("fact.wide")
+        assert again.recovered and again.rows == 100
+        assert again.stats["nulls"] == {**{f"c{i}": 0 for i in range(2, 40)}, "pos": 0, "id": 0, "c38": 90}
+        assert not {o.name: o for o in evaluate_block(checks, {**again.stats, "base_rows": 100})}["nulls"].passed
+    finally:
+        eng.close()
