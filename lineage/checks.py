@@ -57,7 +57,10 @@ class CheckOutcome:
 
 def evaluate_block(spec: ChecksSpec, stats: dict[str, Any]) -> list[CheckOutcome]:
     """Judge one block. ``stats`` holds the etl.log figures: rows, base_rows, max_id, min_ts,
-    max_ts, max_lag (seconds), nulls (column -> count)."""
+    max_ts, max_lag (seconds), nulls (column -> count, every column of the output, zeros too).
+
+    A ``max_null_share`` column missing from ``nulls`` fails the check (unless the block wrote no
+    rows): a threshold on a column nobody counted must not pass silently."""
     rows = int(stats.get("rows") or 0)
     base_rows = int(stats.get("base_rows") or 0)
     nulls: dict[str, int] = dict(stats.get("nulls") or {})
@@ -79,14 +82,21 @@ def evaluate_block(spec: ChecksSpec, stats: dict[str, Any]) -> list[CheckOutcome
         out.append(CheckOutcome("lag", ok, spec.severity,
                                 f"max_lag {float(lag):.0f} s {'<=' if ok else '>'} {format_duration(spec.max_lag)}", figures))
 
-    bad = []
+    bad, unknown = [], []
     for col, share in sorted(spec.max_null_share.items()):
-        n = nulls.get(col, 0)
-        actual = n / rows if rows else 0.0
+        if col not in nulls:
+            # Every column of the output is counted (zeros too): a missing one is not in the
+            # output, or its figure is unknown. Either way the check cannot pass on it.
+            if rows:
+                unknown.append(col)
+            continue
+        actual = nulls[col] / rows if rows else 0.0
         if actual > share:
             bad.append(f"{col} {actual:.1%} > {share:.1%}")
-    desc = "null shares within limits" if not bad else "too many nulls: " + ", ".join(bad)
-    out.append(CheckOutcome("nulls", not bad, spec.severity, desc, figures))
+    problems = (["too many nulls: " + ", ".join(bad)] if bad else []) + (
+        [f"no null count for {', '.join(unknown)} (not a column of the block's output; fix max_null_share)"] if unknown else [])
+    desc = "; ".join(problems) or "null shares within limits"
+    out.append(CheckOutcome("nulls", not problems, spec.severity, desc, figures))
 
     # Late rows are quarantined (counted in bad_rows); this check fails only when they could
     # not all be looked for: a warning, whatever the topic's severity.

@@ -32,7 +32,7 @@ from lineage.errors import OffsetError, ProcessingError, TidemarkError, TopicLoc
 from lineage.planner import Decision, TableMark, TopicState, lag_seconds, plan_topic
 from lineage.positions import Block, Position
 from lineage.spec import Lineage, Processor, Topic, Transform
-from platform_assets import protocol
+from platform_assets import protocol, spark_io
 from platform_assets.faults import crashpoint
 from platform_assets.protocol import data_app_id
 from resources import delta_meta
@@ -202,29 +202,20 @@ class Engine:
 
     def register_tables(self) -> None:
         """Make every existing table of the lineage readable by name (``stage.orders``) in
-        Spark SQL, as external tables over their Delta locations."""
+        Spark SQL, as external tables over their Delta locations. A name taken in the catalog by a
+        table Tidemark did not register is a :class:`ProcessingError`, never dropped."""
         for table in (*self.lineage.tables(), *META_TABLES):
             self._register(table)
 
     def _register(self, table: str) -> None:
-        if table in self._registered or delta_meta.open_table(self.path(table)) is None:
+        if table in self._registered:
             return
-        schema, _, name = table.partition(".")
-        ident = f"`{schema}`.`{name}`"
-        self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
+        # Never drops a table Tidemark did not register (see spark_io.register_table).
         path = self.path(table)
-        if self.spark.catalog.tableExists(f"{schema}.{name}"):
-            # The session's catalog may point the name at another warehouse (another engine
-            # in this process): re-point it. Dropping an external table keeps its files.
-            rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {ident}").collect()
-            current = next((r.data_type for r in rows if r.col_name == "Location"), "")
-            if _same_location(current, path):
-                self._registered.add(table)
-                return
-            self.spark.sql(f"DROP TABLE {ident}")
-        location = path.replace("'", "\\'")
-        self.spark.sql(f"CREATE TABLE {ident} USING delta LOCATION '{location}'")
-        self._registered.add(table)
+        exists = delta_meta.open_table(path) is not None
+        spark_io.register_table(self.spark, table, path if exists else None)
+        if exists:
+            self._registered.add(table)
 
     def publish_lineage(self) -> bool:
         return publish_lineage(self.settings, self.lineage)
@@ -562,12 +553,14 @@ class Engine:
         app_id = data_app_id(topic.name)
         landed = opened.landed
         recovered = landed is not None  # written before a crash: only the offset must catch up
+        observed = None
         if landed is None:
             if opened.out is None:
                 raise ProcessingError(f"topic '{topic.name}': block {block.seq} has no output to write")
+            out, observed = spark_io.observe_output(opened.out)
             meta = protocol.commit_metadata(topic, block.seq, last=block.last, next_=block.next,
                                             source_version=planned.source_version, run_id=self.run_id, owner=self.owner)
-            (opened.out.write.format("delta").mode("append")
+            (out.write.format("delta").mode("append")
              .option("txnAppId", app_id).option("txnVersion", block.seq)
              .option("mergeSchema", "true").option("userMetadata", meta)
              .save(dest))
@@ -580,7 +573,8 @@ class Engine:
         if base_rows < 0:
             base_rows = delta_meta.count_block(self.path(spec.base), block.last, block.next, planned.source_version)
         entry = self._log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed, base_rows,
-                                planned.bad_rows, time.monotonic() - opened.started)
+                                planned.bad_rows, time.monotonic() - opened.started,
+                                figures=self._block_figures(dest, landed, observed))
         write_etl_log(self.settings, entry)
         crashpoint("logged")
         if spec.after:
@@ -627,7 +621,8 @@ class Engine:
         meta = protocol.commit_metadata(topic, seq, next_=None if mark.is_zero() else mark, source_version=source_version,
                                         run_id=self.run_id, owner=self.owner)
         app_id = data_app_id(topic.name)
-        (opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        out, observed = spark_io.observe_output(opened.out)
+        (out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
          .option("txnAppId", app_id).option("txnVersion", seq).option("userMetadata", meta).save(dest))
         self._register(spec.destination)
         committed = delta_meta.find_txn_commit(dest, app_id, seq)
@@ -635,7 +630,7 @@ class Engine:
             raise ProcessingError(f"topic '{topic.name}': reload {seq} was written but its commit is not in {dest}/_delta_log")
         crashpoint("written")
         entry = self._log_entry(topic, seq, "", "" if mark.is_zero() else mark.to_text(), committed, -1, 0,
-                                time.monotonic() - opened.started)
+                                time.monotonic() - opened.started, figures=self._block_figures(dest, committed, observed))
         write_etl_log(self.settings, entry)  # statistics before the offset commit, as a step's
         self._run_sql(topic, "after", None)
         self.store.commit_reload(topic.name, self.owner, seq=seq, mark=mark, rows=committed.rows,
@@ -655,10 +650,9 @@ class Engine:
         from pyspark.sql import functions as F
 
         spark = self.spark  # F.lit needs an active session
-        # Timestamps go in as text read in the session's time zone (UTC): a Python datetime
-        # literal would be converted through the driver's local zone.
-        lp, li = F.lit(_spark_ts(block.last.pos)).cast("timestamp"), F.lit(block.last.id).cast("bigint")
-        np_, ni = F.lit(_spark_ts(block.next.pos)).cast("timestamp"), F.lit(block.next.id).cast("bigint")
+        # Bounds as epoch microseconds: the same instants whatever the session's time zone.
+        lp, li = spark_io.ts_literal(block.last.pos), F.lit(block.last.id).cast("bigint")
+        np_, ni = spark_io.ts_literal(block.next.pos), F.lit(block.next.id).cast("bigint")
         pos, id_ = F.col("pos"), F.col("id")
         reader = spark.read.format("delta")
         if version is not None:
@@ -699,15 +693,26 @@ class Engine:
         except Exception as exc:
             raise ProcessingError(f"topic '{topic.name}' ({topic.where}): transform {t.ref} failed: {_first_line(exc)}") from exc
 
+    def _block_figures(self, dest: str, commit: delta_meta.CommitStats,
+                       observed: spark_io.BlockObservation | None) -> spark_io.BlockFigures:
+        """Rows and every column's null count of what ``commit`` added: observed during this
+        engine's write, else (the data landed before a crash, or another writer's commit) read
+        from the commit's Parquet footers. Never the commit's statistics: Delta collects those
+        for the first 32 columns only, so a check on a later column could never fail."""
+        if observed is not None and commit.user_metadata.get("run_id") == self.run_id:
+            return observed.figures()
+        rows, nulls = delta_meta.commit_null_counts(dest, commit)
+        return spark_io.BlockFigures(rows, nulls)
+
     def _log_entry(self, topic: Topic, seq: int, last: str, next_: str, stats: delta_meta.CommitStats,
-                   base_rows: int, bad_rows: int, duration: float) -> LogEntry:
+                   base_rows: int, bad_rows: int, duration: float, *, figures: spark_io.BlockFigures) -> LogEntry:
         max_id = stats.max_values.get("id")
         return LogEntry(
-            topic=topic.name, ts=self.clock(), rows=stats.rows,
+            topic=topic.name, ts=self.clock(), rows=figures.rows,
             max_id=int(max_id) if isinstance(max_id, int | float) else None,
             min_ts=delta_meta.parse_stat_ts(stats.min_values.get("pos")),
             max_ts=delta_meta.parse_stat_ts(stats.max_values.get("pos")),
-            nulls={k: v for k, v in sorted(stats.null_counts.items()) if v}, run_id=self.run_id,
+            nulls=dict(sorted(figures.nulls.items())), run_id=self.run_id,  # zeros too: a column here was counted
             processor=topic.spec.processor.value, seq=seq, last=last, next=next_,
             base_rows=base_rows, bad_rows=bad_rows, delta_version=stats.version, duration_s=round(duration, 3),
         )
@@ -716,17 +721,6 @@ class Engine:
 def _stats_dict(entry: LogEntry) -> dict[str, Any]:
     return {"rows": entry.rows, "max_id": entry.max_id, "min_ts": entry.min_ts, "max_ts": entry.max_ts,
             "max_lag": entry.max_lag, "nulls": entry.nulls, "delta_version": entry.delta_version}
-
-
-def _spark_ts(value: dt.datetime) -> str:
-    return f"{value.year:04d}-{value:%m-%d %H:%M:%S.%f}"
-
-
-def _same_location(a: str, b: str) -> bool:
-    def norm(x: str) -> str:
-        return x.removeprefix("file:").lstrip("/").rstrip("/")
-
-    return norm(a) == norm(b)
 
 
 def _first_line(exc: BaseException) -> str:

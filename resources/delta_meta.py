@@ -478,6 +478,32 @@ def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
                        user_metadata=user if isinstance(user, dict) else {}, paths=tuple(paths), timestamp=at)
 
 
+def commit_null_counts(path: str, commit: CommitStats) -> tuple[int, dict[str, int]]:
+    """Rows and the null count of every top-level column of the files ``commit`` added to the
+    table at ``path``: exact for all columns, unlike the commit's statistics (Delta collects those
+    for the first 32 columns only). From the Parquet footers; a column whose footers lack a null
+    count is read."""
+    import pyarrow.parquet as pq
+
+    fs = pafs.FileSystem.from_uri(path)[0] if "://" in path else pafs.LocalFileSystem()
+    rows, nulls = 0, dict[str, int]()
+    for rel in commit.paths:
+        with fs.open_input_file(_join(path, rel)) as f:
+            pf = pq.ParquetFile(f)
+            md = pf.metadata
+            rows += md.num_rows
+            leaves = {md.schema.column(j).path: j for j in range(md.num_columns)}
+            for name in pf.schema_arrow.names:
+                j = leaves.get(name)  # None: a nested column (its footers count leaves, not the column)
+                stats = [md.row_group(g).column(j).statistics for g in range(md.num_row_groups)] if j is not None else None
+                if stats is not None and all(s is not None and s.has_null_count for s in stats):
+                    n = sum(s.null_count for s in stats)  # type: ignore[union-attr]
+                else:
+                    n = pf.read(columns=[name]).column(0).null_count
+                nulls[name] = nulls.get(name, 0) + int(n)
+    return rows, nulls
+
+
 def recorded_txn(path: str, app_id: str) -> int:
     """The highest ``txnVersion`` the table at ``path`` recorded for ``app_id`` (0 if none)."""
     table = open_table(path)

@@ -38,7 +38,7 @@ def test_lag_threshold():
 
 def test_null_share_threshold_per_column():
     spec = ChecksSpec(max_null_share={"country": 0.1, "segment": 0.5})
-    nulls = _by_name(evaluate_block(spec, STATS))["nulls"]
+    nulls = _by_name(evaluate_block(spec, {**STATS, "nulls": {"country": 12, "segment": 0}}))["nulls"]
     assert not nulls.passed and nulls.description == "too many nulls: country 12.0% > 10.0%"
     assert _by_name(evaluate_block(ChecksSpec(max_null_share={"country": 0.12}), STATS))["nulls"].passed
 
@@ -49,6 +49,17 @@ def test_incomplete_late_row_detection_fails_late_rows_as_a_warning():
     assert not late.passed and late.severity is Severity.WARN and late.description == gap
     ok = _by_name(evaluate_block(ChecksSpec(), {**STATS, "bad_rows": 2}))["late_rows"]
     assert ok.passed and "2 bad rows quarantined" in ok.description
+
+
+def test_null_share_of_a_column_nobody_counted_fails():
+    """Null counts list every output column (zeros too): a threshold on a column missing from
+    them (a typo, or a figure the block could not count) must not pass silently."""
+    spec = ChecksSpec(max_null_share={"country": 0.5, "c38": 0.1})
+    nulls = _by_name(evaluate_block(spec, STATS))["nulls"]
+    assert not nulls.passed and nulls.description.startswith("no null count for c38")
+    both = _by_name(evaluate_block(ChecksSpec(max_null_share={"country": 0.1, "c38": 0.1}), STATS))["nulls"]
+    assert both.description == "too many nulls: country 12.0% > 10.0%; no null count for c38 (not a column of the block's output; fix max_null_share)"
+    assert _by_name(evaluate_block(spec, {**STATS, "rows": 0}))["nulls"].passed  # no rows: no nulls to count
 
 
 @pytest.mark.parametrize("bad", [{"max_null_share": {"x": 1.5}}, {"severity": "fatal"}, {"max_lag": "soon"}, {"nope": 1}])

@@ -1,0 +1,147 @@
+"""Where Tidemark's values cross into Spark and back, kept independent of the session's settings:
+
+* :func:`ts_literal`: a position's timestamp as a Spark literal that denotes the same instant
+  whatever ``spark.sql.session.timeZone`` a user or a host session sets;
+* :func:`register_table`: a lineage table made readable by name in the session catalog without
+  ever dropping a table Tidemark did not register itself (nor anything in a shared catalog);
+* :func:`observe_output` / :func:`observed_figures`: a block's row count and the null count of
+  every column, computed by the write itself (no second scan, no 32-column limit).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lineage.errors import ProcessingError
+from lineage.positions import to_naive_utc
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+def epoch_micros(value: dt.datetime) -> int:
+    """Microseconds since the Unix epoch of a naive-UTC (or aware) datetime."""
+    return (to_naive_utc(value) - _EPOCH) // dt.timedelta(microseconds=1)
+
+
+def ts_literal(value: dt.datetime) -> Column:
+    """``value`` (naive UTC) as a Spark ``TIMESTAMP`` literal. Built from epoch microseconds, so
+    neither the session's time zone (text cast) nor the driver's (Python datetime literal) can
+    shift it. Constant-folded, so Delta still skips files by statistics."""
+    from pyspark.sql import functions as F
+
+    return F.timestamp_micros(F.lit(epoch_micros(value)))
+
+
+# --------------------------------------------------------------------- catalog
+
+#: Tables this process registered: ``schema.name`` -> the location it gave the table. Only these
+#: may be re-pointed (dropped and created again), and only in a private catalog.
+_REGISTERED: dict[str, str] = {}
+
+
+def shared_catalog(spark: SparkSession) -> str | None:
+    """Why ``spark``'s catalog is shared with others (None if it is this process's own in-memory
+    catalog): a Spark Connect server's catalog serves every client, a Hive metastore (or any other
+    persistent catalog) outlives the process."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return "a Spark Connect server's catalog, shared by every client"
+    impl = spark.conf.get("spark.sql.catalogImplementation", "in-memory")
+    return None if impl == "in-memory" else f"the {impl} catalog (spark.sql.catalogImplementation={impl}), shared and persistent"
+
+
+def register_table(spark: SparkSession, table: str, path: str | None) -> None:
+    """Make ``table`` (``schema.name``) name the Delta table at ``path`` in the session catalog, as
+    an external table (``path=None``: the lineage table does not exist yet; only a stale name this
+    process registered is removed, so it cannot be read by mistake).
+
+    A name already taken by anything else (a managed table, a view, a table someone else created
+    over another location, or any table in a shared catalog) is never dropped: a
+    :class:`ProcessingError` names it and says how to fix."""
+    schema, _, name = table.partition(".")
+    ident = f"`{schema}`.`{name}`"
+    exists = spark.catalog.tableExists(f"{schema}.{name}")
+    if exists:
+        kind, current = _describe(spark, ident)
+        if path is not None and _same_location(current, path):
+            return
+        mine = kind == "EXTERNAL" and table in _REGISTERED and _same_location(_REGISTERED[table], current)
+        shared = shared_catalog(spark)
+        if not mine or shared:
+            where = f"{kind or 'unknown type'} table" + (f" at {current}" if current else "")
+            why = (f"the catalog is {shared}" if shared else "Tidemark did not register it")
+            want = f"the lineage's {table} is at {path}" if path else f"the lineage's {table} is not created yet"
+            raise ProcessingError(
+                f"table {table}: the session catalog already has {table}, a {where}; {want}. Tidemark never drops "
+                f"that table ({why}), and the transforms would read the wrong data under this name. Fix: rename or "
+                f"drop that table (ALTER TABLE {table} RENAME TO ...), or rename {table} in the lineage"
+            )
+        # A table this process registered over another warehouse (another engine in this process):
+        # re-point it. Dropping an external table keeps its files.
+        spark.sql(f"DROP TABLE {ident}")
+        _REGISTERED.pop(table, None)
+    if path is None:
+        return
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
+    location = path.replace("\\", "\\\\").replace("'", "\\'")
+    spark.sql(f"CREATE TABLE {ident} USING delta LOCATION '{location}'")
+    _REGISTERED[table] = _describe(spark, ident)[1] or path
+
+
+def _describe(spark: SparkSession, ident: str) -> tuple[str, str]:
+    """The table's type (``MANAGED``, ``EXTERNAL``, ``VIEW``) and location ('' if none)."""
+    rows = spark.sql(f"DESCRIBE TABLE EXTENDED {ident}").collect()
+    info = {r.col_name: r.data_type for r in rows}
+    return str(info.get("Type") or "").upper(), str(info.get("Location") or "")
+
+
+def _same_location(a: str, b: str) -> bool:
+    def norm(x: str) -> str:
+        return x.removeprefix("file:").lstrip("/").rstrip("/")
+
+    return bool(a) and norm(a) == norm(b)
+
+
+# --------------------------------------------------------------------- block figures
+
+
+@dataclass(frozen=True)
+class BlockFigures:
+    """Exact figures of the rows a block wrote: their number and the null count of every
+    top-level column (zeros included, so a column missing here is one that was not counted)."""
+
+    rows: int
+    nulls: dict[str, int]
+
+
+@dataclass(frozen=True)
+class BlockObservation:
+    """An observation attached to a block's output (see :func:`observe_output`)."""
+
+    observation: Any  # pyspark.sql.Observation (classic or Spark Connect)
+    columns: tuple[str, ...]
+
+    def figures(self) -> BlockFigures:
+        """The figures, once the write has run (call only then: a classic session's observation
+        waits for its action, and Delta skips a write whose transaction is already recorded)."""
+        got = self.observation.get
+        if "rows" not in got:
+            raise ProcessingError("the block's write reported no observed figures")
+        return BlockFigures(int(got["rows"]), {c: int(got.get(f"n{i}") or 0) for i, c in enumerate(self.columns)})
+
+
+def observe_output(out: DataFrame) -> tuple[DataFrame, BlockObservation]:
+    """``out`` with an observation of its row count and every column's null count attached: the
+    figures are computed while the write runs (no extra scan). Write the returned DataFrame."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    obs = Observation(f"tidemark_{uuid.uuid4().hex}")
+    exprs = [F.count(F.lit(1)).alias("rows")]
+    exprs += [F.count_if(F.col(f"`{c.replace('`', '``')}`").isNull()).alias(f"n{i}") for i, c in enumerate(out.columns)]
+    return out.observe(obs, *exprs), BlockObservation(obs, tuple(out.columns))

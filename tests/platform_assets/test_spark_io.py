@@ -1,0 +1,197 @@
+"""Where values cross into Spark: time zones, the session catalog, and a block's figures (real
+Spark + Delta, the session-scoped ``spark``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from lineage.loader import load_lineage
+from platform_assets.engine import Engine
+from platform_assets.spark_io import epoch_micros
+from resources.meta_tables import read_etl_log
+from resources.settings import Settings
+from tests.platform_assets.shop import make_events, write_lineage, write_rows, write_users
+
+pytestmark = pytest.mark.spark
+
+
+@contextmanager
+def session_zone(spark, zone: str) -> Iterator[None]:
+    """The shared session's time zone set to ``zone`` (as a user's TIDEMARK_SPARK_CONF or a host
+    session would), restored afterwards."""
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+
+
+def _run_in_zone(spark, settings: Settings, root: Path, zone: str) -> tuple[list[tuple], list[tuple]]:
+    """Process the same source in ``zone`` on a fresh warehouse: the destination's rows (``pos``
+    as epoch microseconds, i.e. as a UTC instant) and each block's bounds and rows in etl.log."""
+    from pyspark.sql import functions as F
+
+    lin = write_lineage(root, maxstep=41)
+    settings = settings.with_(home=root / "home", warehouse=str(root / "warehouse"), lineage=lin,
+                              offsets_url=f"sqlite:///{root / 'offsets.db'}")
+    write_users(settings)
+    # Many rows share a pos (ties at block edges), with microseconds.
+    write_rows(settings, "stage.events", make_events(240, distinct_pos=15, seed=11))
+    eng = Engine(settings, load_lineage(lin), spark=spark)
+    try:
+        with session_zone(spark, zone):
+            eng.run_until_caught_up()
+            df = spark.read.format("delta").load(eng.path("fact.events"))
+            rows = sorted(tuple(r) for r in df.select(F.unix_micros("pos"), "id", "user_id", "amount2", "kind", "country").collect())
+    finally:
+        eng.close()
+    log = sorted((r["seq"], r["last"], r["next"], r["base_rows"], r["rows"]) for r in read_etl_log(settings, "fact.events", limit=1000))
+    return rows, log
+
+
+def test_block_bounds_select_the_same_rows_in_any_session_time_zone(spark, settings, tmp_path):
+    utc_rows, utc_log = _run_in_zone(spark, settings, tmp_path / "utc", "UTC")
+    assert len(utc_log) >= 240 // 41 and len(utc_rows) == sum(r[4] for r in utc_log) > 0
+    assert sum(r[3] for r in utc_log) == 240  # every base row in exactly one block
+    for zone in ("America/New_York", "Asia/Tokyo"):
+        rows, log = _run_in_zone(spark, settings, tmp_path / zone.replace("/", "_"), zone)
+        assert log == utc_log, zone
+        assert rows == utc_rows, zone
+
+
+def test_epoch_micros_is_utc_and_exact():
+    assert epoch_micros(dt.datetime(1970, 1, 1)) == 0
+    assert epoch_micros(dt.datetime(2026, 1, 1, 0, 0, 0, 7)) == 1_767_225_600_000_007
+    assert epoch_micros(dt.datetime(2026, 1, 1, 9, tzinfo=dt.timezone(dt.timedelta(hours=9)))) == 1_767_225_600_000_000
+    assert epoch_micros(dt.datetime(1, 1, 1)) == -62_135_596_800_000_000
+
+
+def _shop_engine(spark, settings: Settings, root: Path, **lineage_kw) -> Engine:
+    lin = write_lineage(root, **lineage_kw)
+    return Engine(settings.with_(lineage=lin), load_lineage(lin), spark=spark)
+
+
+def test_a_managed_table_with_a_lineage_tables_name_survives_a_run(spark, settings, tmp_path):
+    from lineage.errors import ProcessingError
+
+    eng = _shop_engine(spark, settings, tmp_path)
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(50, seed=2))
+    spark.sql("DROP TABLE IF EXISTS dim.users")  # an earlier test's registration (this test owns the name now)
+    spark.sql("CREATE SCHEMA IF NOT EXISTS dim")
+    spark.sql("CREATE TABLE dim.users (user_id BIGINT, country STRING) USING delta")  # managed: DROP deletes its data
+    spark.sql("INSERT INTO dim.users VALUES (1, 'user data')")
+    try:
+        # The transform reads dim.users by name: the run must not read the user's table in place
+        # of the lineage's, nor drop it; it stops and says what to do.
+        with pytest.raises(ProcessingError, match=r"dim\.users.*MANAGED.*never drops.*RENAME") as err:
+            eng.run_topic("fact.events")
+        assert eng.path("dim.users") in str(err.value)
+        assert spark.catalog.getTable("dim.users").tableType == "MANAGED"
+        assert [tuple(r) for r in spark.table("dim.users").collect()] == [(1, "user data")]
+        assert eng.store.get("fact.events").state.startswith("failed")
+    finally:
+        spark.sql("DROP TABLE IF EXISTS dim.users")
+        eng.close()
+
+
+def test_an_external_table_tidemark_did_not_register_is_not_repointed(spark, settings, tmp_path):
+    from lineage.errors import ProcessingError
+
+    eng = _shop_engine(spark, settings, tmp_path)
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(50, seed=2))
+    elsewhere = str(tmp_path / "elsewhere" / "users")
+    spark.createDataFrame([(7, "kept")], "user_id BIGINT, country STRING").write.format("delta").save(elsewhere)
+    spark.sql("DROP TABLE IF EXISTS dim.users")
+    spark.sql("CREATE SCHEMA IF NOT EXISTS dim")
+    spark.sql(f"CREATE TABLE dim.users USING delta LOCATION '{elsewhere}'")
+    try:
+        with pytest.raises(ProcessingError, match=r"dim\.users.*EXTERNAL.*Tidemark did not register it"):
+            eng.run_topic("fact.events")
+        assert [tuple(r) for r in spark.table("dim.users").collect()] == [(7, "kept")]
+    finally:
+        spark.sql("DROP TABLE IF EXISTS dim.users")
+        eng.close()
+
+
+def test_tables_tidemark_registered_follow_the_engine_to_another_warehouse(spark, settings, tmp_path):
+    """Two engines in one process on two warehouses (as the tests do): the names are re-pointed."""
+    counts = []
+    for name in ("one", "two"):
+        root = tmp_path / name
+        eng = _shop_engine(spark, settings.with_(warehouse=str(root / "warehouse")), root)
+        write_users(eng.settings, n=3 if name == "one" else 5)
+        try:
+            eng.register_tables()
+            counts.append(spark.table("dim.users").count())
+        finally:
+            eng.close()
+    assert counts == [3, 5]
+
+
+WIDE_SQL = "SELECT pos, id, " + ", ".join(
+    "CASE WHEN id % 10 = 0 THEN id END AS c38" if i == 38 else f"id + {i} AS c{i}" for i in range(2, 40)
+) + " FROM block"
+
+
+def _wide_engine(spark, settings: Settings, root: Path) -> Engine:
+    """A step topic whose destination has 40 columns; column 39 (``c38``) is null in 90% of rows."""
+    import textwrap
+
+    lin = root / "lineage"
+    lin.mkdir(parents=True)
+    (root / "wide.sql").write_text(WIDE_SQL)
+    (lin / "wide.yaml").write_text(textwrap.dedent("""\
+        sources:
+          - table: stage.events
+        topics:
+          - table: fact.wide
+            depends_on: [stage.events]
+            transforms: [../wide.sql]
+            maxstep: 100
+            checks: {max_null_share: {c38: 0.1}}
+        """))
+    return Engine(settings.with_(lineage=lin), load_lineage(lin), spark=spark)
+
+
+def test_null_check_on_the_40th_column_can_fail(spark, settings, tmp_path, monkeypatch):
+    from lineage.checks import evaluate_block
+    from platform_assets import engine as engine_mod
+
+    eng = _wide_engine(spark, settings, tmp_path)
+    write_rows(eng.settings, "stage.events", make_events(200, distinct_pos=200, seed=4))
+    checks = eng.lineage.topic("fact.wide").spec.checks
+    try:
+        r = eng.run_topic("fact.wide")
+        assert r.processed and r.rows == 100
+        assert len(spark.read.format("delta").load(eng.path("fact.wide")).columns) == 40
+        # Delta's file statistics stop at the 32nd column: the count comes from the write itself.
+        assert r.stats["nulls"]["c38"] == 90 and r.stats["nulls"]["c2"] == 0
+        (entry,) = read_etl_log(eng.settings, "fact.wide")
+        assert dict(entry["nulls"])["c38"] == 90 and len(entry["nulls"]) == 40
+        nulls = {o.name: o for o in evaluate_block(checks, {**r.stats, "base_rows": r.base_rows})}["nulls"]
+        assert not nulls.passed and nulls.description == "too many nulls: c38 90.0% > 10.0%"
+
+        # A block whose data landed before a crash is not written again: no observation, so its
+        # figures are read from the commit's Parquet footers, just as exact.
+        def crash(point: str) -> None:
+            if point == "written":
+                raise RuntimeError("simulated crash after the Delta commit")
+
+        monkeypatch.setattr(engine_mod, "crashpoint", crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            eng.run_topic("fact.wide")
+        monkeypatch.undo()
+        again = eng.run_topic("fact.wide")
+        assert again.recovered and again.rows == 100
+        assert again.stats["nulls"] == {**{f"c{i}": 0 for i in range(2, 40)}, "pos": 0, "id": 0, "c38": 90}
+        assert not {o.name: o for o in evaluate_block(checks, {**again.stats, "base_rows": 100})}["nulls"].passed
+    finally:
+        eng.close()
