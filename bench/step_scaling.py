@@ -176,20 +176,24 @@ def instrument(engine: Any, profile: Profile) -> None:
     """Wrap the engine's collaborators with timers (this process only)."""
     from pyspark.sql.readwriter import DataFrameWriter
 
-    import platform_assets.engine as engine_mod
+    import platform_assets.reload as reload_mod
+    import platform_assets.spark_io as spark_io
+    import platform_assets.step as step_mod
     import resources.meta_tables as meta_tables
 
     store = engine.store
     for name in ("get", "init", "acquire", "release", "plan", "commit", "set_state"):
         setattr(store, name, profile.wrap("offset store", getattr(store, name)))
     engine.decide = profile.wrap("decide", engine.decide)
-    engine._register = profile.wrap("register tables", engine._register)
-    for name in ("_block_df", "_transform", "_run_sql"):
-        setattr(engine, name, profile.wrap("block+transform", getattr(engine, name)))
+    engine.register = profile.wrap("register tables", engine.register)
+    engine.step.block_df = profile.wrap("block+transform", engine.step.block_df)
+    for name in ("transform", "run_statements"):
+        setattr(spark_io, name, profile.wrap("block+transform", getattr(spark_io, name)))
     for name, label in (("find_block_end", "find_block_end"), ("bad_position_rows", "quarantine check"),
                         ("find_txn_commit", "find_txn_commit")):
         setattr(delta_meta, name, profile.wrap(label, getattr(delta_meta, name)))
-    engine_mod.write_etl_log = profile.wrap("etl.log write", engine_mod.write_etl_log)
+    for mod in (step_mod, reload_mod):
+        mod.write_etl_log = profile.wrap("etl.log write", mod.write_etl_log)
     DataFrameWriter.save = profile.wrap("spark write", DataFrameWriter.save)  # type: ignore[method-assign]
     opener = delta_meta.open_table
     counted = profile.wrap("deltalake opens", opener)

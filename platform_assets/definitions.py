@@ -63,7 +63,7 @@ def _step_compute(lineage: Lineage, table: str) -> Any:
     key = asset_key(table)
 
     def compute(context):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 - Dagster inspects the signature
-        from platform_assets.engine import StepResult
+        from platform_assets.protocol import StepResult
         from resources.meta_tables import read_etl_log
 
         topic, seq = lineage.block_of(table, context.partition_key)

@@ -93,7 +93,7 @@ class OffsetIOManager(dg.ConfigurableIOManager):
 
     # ------------------------------------------------------------------ output
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
-        from platform_assets.engine import OpenBlock, StepResult
+        from platform_assets.protocol import OpenBlock, StepResult
 
         if isinstance(obj, StepResult):  # nothing to write: a committed block, or a reload that waits
             if context.has_asset_partitions:  # a block partition: only a committed block returns no OpenBlock
@@ -116,7 +116,7 @@ class OffsetIOManager(dg.ConfigurableIOManager):
     # ------------------------------------------------------------------ input
     def load_input(self, context: dg.InputContext) -> DataFrame:
         """The upstream block's rows (every mapped block's, if several), as a Spark DataFrame."""
-        from platform_assets.engine import data_app_id
+        from platform_assets.protocol import data_app_id
 
         engine = self.engine()
         key = context.asset_key

@@ -9,22 +9,96 @@
    store that is behind, restored from a backup or lost up with what the log records, logged as
    ``recover``; where the log cannot tell (the commit was removed by log retention, rows the
    topic never wrote), it refuses and says what to run.
-4. Statistics go to ``etl.log`` before the offset commit.
+4. Statistics go to ``etl.log`` before the offset commit (:func:`log_entry`, from
+   :func:`block_figures`).
 
-This module holds 2 and 3; the processors (``engine.py``: step and reload) call them.
+This module holds the units' types (:class:`Planned`, :class:`OpenBlock`, :class:`StepResult`),
+2, 3 and 4; a processor (``step.py``, ``reload.py``) plugs in through :class:`UnitProcessor`, and
+the engine (``engine.py``) takes the lock, reconciles and dispatches.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lineage.errors import OffsetError
-from lineage.positions import Position
+from lineage.positions import Block, Position
 from lineage.spec import Processor, Topic
+from platform_assets import spark_io
 from resources import delta_meta
+from resources.meta_tables import LogEntry
 from resources.offsets import STATE_COMMITTED, STATE_RELOADED, OffsetRecord, OffsetStore
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one call of :meth:`Engine.run_topic` did."""
+
+    topic: str
+    processed: bool
+    reason: str  # why it waited, or what it did
+    block: Block | None = None
+    rows: int = 0  # rows written to the destination by this block
+    base_rows: int = 0
+    bad_rows: int = 0
+    delta_version: int | None = None
+    duration_s: float = 0.0
+    recovered: bool = False  # the data had landed before a crash; only the offset caught up
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A unit fixed in the offset store before anything is written (or why there is none)."""
+
+    block: Block | None
+    reason: str
+    retry: bool = False  # planned earlier: its data may already have landed
+    base_rows: int = -1  # -1: not counted yet
+    bad_rows: int = 0
+    source_version: int | None = None  # the base snapshot the unit reads
+    warnings: tuple[str, ...] = ()  # e.g. late-row detection could not read removed commits
+
+
+@dataclass
+class OpenBlock:
+    """A unit (a block, a rebuild) prepared under its topic's lock and not yet written: the output
+    DataFrame is built (lazily, nothing computed yet) or the data is known to have landed
+    before a crash. :meth:`Engine.finish` writes it, logs it, commits the offsets and releases
+    the lock; :meth:`Engine.abandon` only releases. The offset IO manager receives this object
+    as the asset's output."""
+
+    topic: Topic
+    planned: Planned
+    started: float
+    seq: int
+    out: DataFrame | None = None  # None: nothing to write (the data landed before a crash)
+    landed: delta_meta.CommitStats | None = None
+    base_mark: Position | None = None  # reload: the base's newest position (its new ``last``)
+    result: StepResult | None = None  # set by finish()
+
+    @property
+    def block(self) -> Block | None:
+        return self.planned.block
+
+
+class UnitProcessor(Protocol):
+    """What a processor implements; the engine holds the lock around both calls."""
+
+    def open(self, topic: Topic, rec: OffsetRecord, seq: int | None) -> OpenBlock | StepResult:
+        """Plan (or find the pending) unit and build its output; a :class:`StepResult` when there is
+        nothing to do."""
+        ...
+
+    def finish(self, opened: OpenBlock) -> StepResult:
+        """Land the unit exactly once, log its statistics, commit its offsets."""
+        ...
 
 
 def data_app_id(topic: str) -> str:
@@ -137,3 +211,39 @@ def start_for_new_topic(topic: Topic, dest: str) -> tuple[Position, int, str]:
                 f"the whole base table into it)"
             )
     return Position.zero(), 0, "new topic: from the beginning"
+
+
+# ------------------------------------------------------------------ 4. statistics
+
+
+def block_figures(dest: str, commit: delta_meta.CommitStats, observed: spark_io.BlockObservation | None,
+                  run_id: str) -> spark_io.BlockFigures:
+    """Rows and every column's null count of what ``commit`` added: observed during this run's
+    write (``run_id`` wrote the commit), else (the data landed before a crash, or another writer's
+    commit) read from the commit's Parquet footers. Never the commit's statistics: Delta collects
+    those for the first 32 columns only, so a check on a later column could never fail."""
+    if observed is not None and commit.user_metadata.get("run_id") == run_id:
+        return observed.figures()
+    rows, nulls = delta_meta.commit_null_counts(dest, commit)
+    return spark_io.BlockFigures(rows, nulls)
+
+
+def log_entry(topic: Topic, seq: int, last: str, next_: str, stats: delta_meta.CommitStats, *, base_rows: int,
+              bad_rows: int, duration: float, figures: spark_io.BlockFigures, run_id: str, now: dt.datetime) -> LogEntry:
+    """The ``etl.log`` row of a landed unit."""
+    max_id = stats.max_values.get("id")
+    return LogEntry(
+        topic=topic.name, ts=now, rows=figures.rows,
+        max_id=int(max_id) if isinstance(max_id, int | float) else None,
+        min_ts=delta_meta.parse_stat_ts(stats.min_values.get("pos")),
+        max_ts=delta_meta.parse_stat_ts(stats.max_values.get("pos")),
+        nulls=dict(sorted(figures.nulls.items())), run_id=run_id,  # zeros too: a column here was counted
+        processor=topic.spec.processor.value, seq=seq, last=last, next=next_,
+        base_rows=base_rows, bad_rows=bad_rows, delta_version=stats.version, duration_s=round(duration, 3),
+    )
+
+
+def stats_dict(entry: LogEntry) -> dict[str, Any]:
+    """A unit's figures as the checks and the materialization metadata read them."""
+    return {"rows": entry.rows, "max_id": entry.max_id, "min_ts": entry.min_ts, "max_ts": entry.max_ts,
+            "max_lag": entry.max_lag, "nulls": entry.nulls, "delta_version": entry.delta_version}

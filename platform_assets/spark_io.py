@@ -5,12 +5,15 @@
 * :func:`register_table`: a lineage table made readable by name in the session catalog without
   ever dropping a table Tidemark did not register itself (nor anything in a shared catalog);
 * :func:`observe_output` / :func:`observed_figures`: a block's row count and the null count of
-  every column, computed by the write itself (no second scan, no 32-column limit).
+  every column, computed by the write itself (no second scan, no 32-column limit);
+* :func:`run_statements` / :func:`transform`: a topic's ``before``/``after`` SQL and its
+  transforms, each failure named by topic, file and statement.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +23,8 @@ from lineage.positions import to_naive_utc
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+
+    from lineage.spec import Topic, Transform
 
 _EPOCH = dt.datetime(1970, 1, 1)
 
@@ -145,3 +150,46 @@ def observe_output(out: DataFrame) -> tuple[DataFrame, BlockObservation]:
     exprs = [F.count(F.lit(1)).alias("rows")]
     exprs += [F.count_if(F.col(f"`{c.replace('`', '``')}`").isNull()).alias(f"n{i}") for i, c in enumerate(out.columns)]
     return out.observe(obs, *exprs), BlockObservation(obs, tuple(out.columns))
+
+
+# --------------------------------------------------------------------- a topic's SQL and transforms
+
+
+def run_statements(spark: SparkSession, topic: Topic, which: str) -> None:
+    """Run the topic's ``before`` or ``after`` statements (``which``), in order."""
+    for i, stmt in enumerate(getattr(topic.spec, which), 1):
+        try:
+            spark.sql(stmt)
+        except Exception as exc:
+            raise ProcessingError(f"topic '{topic.name}' ({topic.where}): {which} statement {i} failed: {first_line(exc)}\n  {stmt}") from exc
+
+
+def transform(spark: SparkSession, topic: Topic, block_df: DataFrame) -> DataFrame:
+    """The topic's output over ``block_df`` (the view ``block``): its transforms' results, unioned by name."""
+    outs = [_one_transform(spark, topic, t, block_df) for t in topic.transforms]
+    out = outs[0]
+    for other in outs[1:]:
+        out = out.unionByName(other, allowMissingColumns=True)
+    return out
+
+
+def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: DataFrame) -> DataFrame:
+    from pyspark.sql import DataFrame as SparkDataFrame
+
+    try:
+        if t.python is not None:
+            module, func = t.python
+            result = getattr(importlib.import_module(module), func)(block_df)
+            if not isinstance(result, SparkDataFrame) and not hasattr(result, "write"):
+                raise ProcessingError(f"{t.ref} returned {type(result).__name__}, not a Spark DataFrame")
+            return result
+        return spark.sql(t.sql)  # type: ignore[arg-type]
+    except ProcessingError:
+        raise
+    except Exception as exc:
+        raise ProcessingError(f"topic '{topic.name}' ({topic.where}): transform {t.ref} failed: {first_line(exc)}") from exc
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

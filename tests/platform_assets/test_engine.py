@@ -14,6 +14,7 @@ from lineage.errors import OffsetError, ProcessingError, TopicLockedError
 from lineage.loader import load_lineage
 from lineage.positions import Position
 from platform_assets import engine as engine_mod
+from platform_assets import faults
 from platform_assets.engine import Engine, data_app_id
 from resources.meta_tables import read_etl_log
 from resources.offset_sql import open_offset_store
@@ -205,7 +206,7 @@ def test_crash_after_delta_commit_is_recovered_without_duplicates(spark, setting
         if point == "written":
             raise RuntimeError("simulated crash after the Delta commit")
 
-    monkeypatch.setattr(engine_mod, "crashpoint", boom)
+    monkeypatch.setattr(faults, "crashpoint", boom)
     with pytest.raises(RuntimeError, match="simulated crash"):
         eng.run_topic("fact.events")
     rec = eng.store.get("fact.events")
@@ -213,7 +214,7 @@ def test_crash_after_delta_commit_is_recovered_without_duplicates(spark, setting
     assert DeltaTable(eng.path("fact.events")).transaction_version(data_app_id("fact.events")) == 1
     planned = (rec.last, rec.next)
 
-    monkeypatch.setattr(engine_mod, "crashpoint", lambda point: None)
+    monkeypatch.setattr(faults, "crashpoint", lambda point: None)
     r = eng.run_topic("fact.events")
     assert r.recovered and (r.block.last, r.block.next) == planned
     assert DeltaTable(eng.path("fact.events")).version() == 0  # no second data commit
@@ -344,14 +345,14 @@ def test_a_retried_block_reads_the_snapshot_it_was_planned_on(spark, settings, t
         if point == "planned":
             raise RuntimeError("simulated crash after planning")
 
-    monkeypatch.setattr(engine_mod, "crashpoint", boom)
+    monkeypatch.setattr(faults, "crashpoint", boom)
     with pytest.raises(RuntimeError):
         eng.run_topic("fact.events")
     planned = eng.store.get("fact.events")
     # A row lands inside the planned range before the retry: it is late, not part of the block.
     intruder = {"pos": events[50]["pos"], "id": 5000, "user_id": 1, "amount": 1.0, "kind": "a"}
     write_rows(eng.settings, "stage.events", [intruder])
-    monkeypatch.setattr(engine_mod, "crashpoint", lambda point: None)
+    monkeypatch.setattr(faults, "crashpoint", lambda point: None)
     r = eng.run_topic("fact.events")
     assert r.processed and (r.block.last, r.block.next) == (planned.last, planned.next) and r.base_rows == 100
     ids = {row.id for row in spark.read.format("delta").load(eng.path("fact.events")).select("id").collect()}

@@ -163,7 +163,7 @@ def _wide_engine(spark, settings: Settings, root: Path) -> Engine:
 
 def test_null_check_on_the_40th_column_can_fail(spark, settings, tmp_path, monkeypatch):
     from lineage.checks import evaluate_block
-    from platform_assets import engine as engine_mod
+    from platform_assets import faults
 
     eng = _wide_engine(spark, settings, tmp_path)
     write_rows(eng.settings, "stage.events", make_events(200, distinct_pos=200, seed=4))
@@ -185,7 +185,7 @@ def test_null_check_on_the_40th_column_can_fail(spark, settings, tmp_path, monke
             if point == "written":
                 raise RuntimeError("simulated crash after the Delta commit")
 
-        monkeypatch.setattr(engine_mod, "crashpoint", crash)
+        monkeypatch.setattr(faults, "crashpoint", crash)
         with pytest.raises(RuntimeError, match="simulated crash"):
             eng.run_topic("fact.wide")
         monkeypatch.undo()
