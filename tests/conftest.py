@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from resources.settings import Settings
+from tests.pg import PostgresUnavailable, find_bindir, running_postgres
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -40,3 +41,15 @@ def settings(tmp_path: Path) -> Settings:
     """Settings on a fresh temporary home, warehouse and SQLite offset store."""
     home = tmp_path / "home"
     return Settings.from_env({}, home=home, lineage=tmp_path / "lineage", spark_master="local[2]")
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """URL of a throw-away PostgreSQL server with an empty database ``tidemark``. Fails (never
+    skips) when PostgreSQL is not installed."""
+    try:
+        bindir = find_bindir()
+    except PostgresUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with running_postgres(bindir) as url:
+        yield url

@@ -148,6 +148,44 @@ def test_store_some_blocks_behind_is_caught_up_and_continues(spark, s, tmp_path)
     assert _rows(spark, eng.path("fact.events")) == _full_recompute(spark, eng)
 
 
+@pytest.mark.postgres
+def test_failover_to_a_postgresql_replica_that_lags_is_caught_up(spark, s, pg_url):
+    """The offset store in PostgreSQL fails over to a replica that missed the last blocks (here:
+    the table's rows put back as a lagging replica held them, a block pending in that copy)."""
+    import uuid
+
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    st = s.with_(offsets_url=f"{pg_url}?options=-csearch_path%3D{schema}")
+    eng = _engine(spark, st)
+    assert eng.run_topic("fact.events").processed
+    eng.plan_block("fact.events")  # block 2 planned when the replica stopped replaying
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {schema}.replica AS SELECT * FROM {schema}.tidemark_offsets")
+    eng.run_until_caught_up()
+    primary = eng.store.get("fact.events")
+    eng.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the failover
+        conn.execute(f"DELETE FROM {schema}.tidemark_offsets")
+        conn.execute(f"INSERT INTO {schema}.tidemark_offsets SELECT * FROM {schema}.replica")
+    _append_after_newest(st, 250, start_id=50_000, seed=27)
+
+    eng = _engine(spark, st)
+    stale = eng.store.get("fact.events")
+    assert stale.pending and stale.seq == 2 < primary.seq
+    eng.run_until_caught_up()
+    rec = eng.store.get("fact.events")
+    assert rec.seq > primary.seq and not rec.pending
+    assert [h.action for h in eng.store.history("fact.events") if h.action == "recover"]
+    log = sorted(read_etl_log(st, "fact.events", limit=1000), key=lambda r: r["seq"])
+    assert [r["seq"] for r in log] == list(range(1, rec.seq + 1))
+    assert _rows(spark, eng.path("fact.events")) == _full_recompute(spark, eng)
+    eng.close()
+
+
 def test_lost_store_rebuilds_every_field_and_keeps_detecting_late_rows(spark, s):
     """The reported reproduction: delete the store, append rows of which some lie at or before the
     destination's newest block end. Before: the late ones were neither written nor quarantined."""
