@@ -397,13 +397,18 @@ class SqlOffsetStore(OffsetStore):
                               last=max(rec.last, mark), next=None, seq=seq, rows=rows, run=_now(),
                               state=STATE_RELOADED, source_version=source_version, delta_version=delta_version)
 
+    def _refuse_if_held(self, rec: OffsetRecord, who: str) -> None:
+        """An operation that any process may do (reset, recover) is refused while a lock holder
+        other than ``who`` is at work."""
+        if rec.owner not in ("", who):
+            raise TopicLockedError(rec.topic, rec.owner, _ts(rec.owner_since), format_ts(_lease_end(rec, self.lease)))
+
     def recover(self, topic: str, *, who: str, expected_seq: int, seq: int, last: Position, rows: int,
                 run: dt.datetime | None, state: str, source_version: int | None, delta_version: int,
                 note: str) -> OffsetRecord:
         with self._tx(write=True):
             rec = self._current(topic)
-            if rec.owner not in ("", who):
-                raise TopicLockedError(topic, rec.owner, _ts(rec.owner_since))
+            self._refuse_if_held(rec, who)
             if rec.seq != expected_seq:
                 raise OffsetError(f"topic '{topic}': expected block number {expected_seq} in the store but it has "
                                   f"{rec.seq}; another run caught it up first — read the record again")
@@ -422,8 +427,7 @@ class SqlOffsetStore(OffsetStore):
     def reset(self, topic: str, last: Position, *, who: str, reason: str, seq: int = 0) -> OffsetRecord:
         with self._tx(write=True):
             rec = self._current(topic)
-            if rec.owner not in ("", who):
-                raise TopicLockedError(topic, rec.owner, _ts(rec.owner_since), format_ts(_lease_end(rec, self.lease)))
+            self._refuse_if_held(rec, who)
             return self._save(rec, ("reset", who, reason), last=last, next=None, state=STATE_RESET, seq=max(rec.seq, seq))
 
     def history(self, topic: str | None = None, limit: int = 100) -> list[OffsetLogEntry]:
