@@ -214,7 +214,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 
     rows = read_etl_log(_settings(args), args.topic, args.limit)
     print(_table([(r["ts"], r["topic"], r["seq"], r["rows"], r["max_id"], r["min_ts"], r["max_ts"], r["max_lag"],
-                   dict(r["nulls"] or []), r["bad_rows"], r["delta_version"], r["duration_s"]) for r in rows],
+                   {k: n for k, n in (r["nulls"] or []) if n}, r["bad_rows"], r["delta_version"], r["duration_s"]) for r in rows],
                  ["ts", "topic", "seq", "rows", "max_id", "min_ts", "max_ts", "max_lag s", "nulls", "bad", "delta v", "secs"]))
     return 0
 

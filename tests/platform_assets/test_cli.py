@@ -128,3 +128,20 @@ def test_validate_warns_where_a_topic_would_wait_for_ever(tmp_path, capsys):
         "  - table: stage.events\n", "  - table: stage.events\n    freshness: static\n"))
     assert main(args) == 0
     assert "its base stage.events is declared 'freshness: static' (never changes), so it never gets a block" in capsys.readouterr().out
+
+
+def test_log_shows_the_columns_that_have_nulls(home_args, tmp_path, capsys):
+    """etl.log counts every column's nulls (zeros too, so a missing column reads as unknown); the
+    table a person reads lists only the columns that have some."""
+    import datetime as dt
+
+    from resources.meta_tables import LogEntry, write_etl_log
+    from resources.settings import Settings
+
+    settings = Settings.from_env({}, home=tmp_path / "home")
+    write_etl_log(settings, LogEntry(topic="fact.events", ts=dt.datetime(2026, 1, 1), rows=5, max_id=9, min_ts=None,
+                                     max_ts=None, nulls={"amount": 0, "country": 3, "id": 0}, run_id="r", processor="step",
+                                     seq=1, last="", next="", base_rows=5, bad_rows=0, delta_version=0, duration_s=1.0))
+    assert main([*home_args, "log"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert "country=3" in row and "amount" not in row and "id=0" not in row
