@@ -305,6 +305,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok and exact else 1
 
 
+def cmd_spark(args: argparse.Namespace) -> int:
+    """``spark up|down|status``: the local Spark Connect server under the state dir."""
+    from resources import spark_server
+
+    home = _settings(args).home
+    if args.action == "up":
+        t0 = time.monotonic()
+        server = spark_server.start(home, port=args.port, master=args.master)
+        print(f"Spark Connect server running (pid {server.pid}, log {server.log}, {time.monotonic() - t0:.0f}s)")
+        print(f"export TIDEMARK_SPARK_MASTER={server.url}")
+    elif args.action == "down":
+        stopped = spark_server.stop(home)
+        print(f"stopped the Spark Connect server (pid {stopped.pid}, port {stopped.port})" if stopped
+              else f"no Spark Connect server runs under {home}")
+    else:
+        found = spark_server.status(home)
+        if found is None:
+            print(f"no Spark Connect server runs under {home}; start one with: tidemark spark up")
+            return 1
+        print(f"running: pid {found.pid}, log {found.log}")
+        print(f"export TIDEMARK_SPARK_MASTER={found.url}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidemark", description="Incremental Delta tables, block by block.")
     p.add_argument("--lineage", help="lineage YAML file or directory (env TIDEMARK_LINEAGE; default demo/lineage)")
@@ -343,6 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--topic")
     log.add_argument("--limit", type=int, default=20)
     log.set_defaults(func=cmd_log)
+
+    spark = sub.add_parser("spark", help="start, stop or show the local Spark Connect server (a warm JVM for every run)")
+    spark.add_argument("action", choices=["up", "down", "status"])
+    spark.add_argument("--port", type=int, default=15002, help="up: port on 127.0.0.1 (default 15002)")
+    spark.add_argument("--master", default="local[*]", help="up: the server's Spark master (default local[*])")
+    spark.set_defaults(func=cmd_spark)
 
     demo = sub.add_parser("demo", help="generate the demo shop data and run the demo lineage twice")
     demo.add_argument("--orders", type=int, default=3000)

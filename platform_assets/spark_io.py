@@ -3,7 +3,7 @@
 * :func:`ts_literal`: a position's timestamp as a Spark literal that denotes the same instant
   whatever ``spark.sql.session.timeZone`` a user or a host session sets;
 * :func:`register_table`: a lineage table made readable by name in the session catalog without
-  ever dropping a table Tidemark did not register itself (nor anything in a shared catalog);
+  ever dropping a table Tidemark did not register itself (nor anything in a persistent catalog);
 * :func:`observe_output` / :func:`observed_figures`: a block's row count and the null count of
   every column, computed by the write itself (no second scan, no 32-column limit);
 * :func:`run_statements` / :func:`transform`: a topic's ``before``/``after`` SQL and its
@@ -46,15 +46,20 @@ def ts_literal(value: dt.datetime) -> Column:
 # --------------------------------------------------------------------- catalog
 
 #: Tables this process registered: ``schema.name`` -> the location it gave the table. Only these
-#: may be re-pointed (dropped and created again), and only in a private catalog.
+#: may be re-pointed (dropped and created again), and never in a persistent catalog.
 _REGISTERED: dict[str, str] = {}
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (its catalog is the server's)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def shared_catalog(spark: SparkSession) -> str | None:
     """Why ``spark``'s catalog is shared with others (None if it is this process's own in-memory
     catalog): a Spark Connect server's catalog serves every client, a Hive metastore (or any other
     persistent catalog) outlives the process."""
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
+    if is_connect(spark):
         return "a Spark Connect server's catalog, shared by every client"
     impl = spark.conf.get("spark.sql.catalogImplementation", "in-memory")
     return None if impl == "in-memory" else f"the {impl} catalog (spark.sql.catalogImplementation={impl}), shared and persistent"
@@ -66,8 +71,10 @@ def register_table(spark: SparkSession, table: str, path: str | None) -> None:
     process registered is removed, so it cannot be read by mistake).
 
     A name already taken by anything else (a managed table, a view, a table someone else created
-    over another location, or any table in a shared catalog) is never dropped: a
-    :class:`ProcessingError` names it and says how to fix."""
+    over another location, or any table in a persistent catalog) is never dropped: a
+    :class:`ProcessingError` names it and says how to fix. A Spark Connect server's catalog is
+    shared by its clients, but in memory: there a name this process registered may be re-pointed
+    (another client's registration never is: it is not in this process's record)."""
     schema, _, name = table.partition(".")
     ident = f"`{schema}`.`{name}`"
     exists = spark.catalog.tableExists(f"{schema}.{name}")
@@ -77,9 +84,10 @@ def register_table(spark: SparkSession, table: str, path: str | None) -> None:
             return
         mine = kind == "EXTERNAL" and table in _REGISTERED and _same_location(_REGISTERED[table], current)
         shared = shared_catalog(spark)
-        if not mine or shared:
+        if not mine or (shared and not is_connect(spark)):
             where = f"{kind or 'unknown type'} table" + (f" at {current}" if current else "")
-            why = (f"the catalog is {shared}" if shared else "Tidemark did not register it")
+            why = ("Tidemark did not register it" + (f"; the catalog is {shared}" if shared else "") if not mine
+                   else f"the catalog is {shared}")
             want = f"the lineage's {table} is at {path}" if path else f"the lineage's {table} is not created yet"
             raise ProcessingError(
                 f"table {table}: the session catalog already has {table}, a {where}; {want}. Tidemark never drops "

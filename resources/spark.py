@@ -43,7 +43,9 @@ def build_spark_session(settings: Settings, *, app_name: str = "tidemark", ui: b
     scratch.mkdir(parents=True, exist_ok=True)
     if settings.spark_master.startswith("sc://"):
         builder = SparkSession.builder.remote(settings.spark_master).appName(app_name)
-        for k, v in {**LOCAL_CONF, **settings.spark_conf}.items():
+        # Only session (SQL) settings can be set by a client; the server was started with the rest.
+        session_conf = {k: v for k, v in LOCAL_CONF.items() if k.startswith(("spark.sql.", "spark.databricks."))}
+        for k, v in {**session_conf, **settings.spark_conf}.items():
             builder = builder.config(k, v)
         return builder.getOrCreate()
 

@@ -2,9 +2,22 @@
 # Set up (if needed) and run the whole test suite: unit tests, real Spark + Delta, a real
 # PostgreSQL started by the tests, and the SIGKILL crash tests (marked slow).
 # Pass pytest arguments through, e.g.  ./scripts/test.sh -m "not slow"
+# Then the engine's tests run once more against a local Spark Connect server
+# (TIDEMARK_TEST_SPARK=connect): skipped when the arguments select tests (a path, -k) or with
+# TIDEMARK_TEST_CONNECT=0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --with-browser
 .venv/bin/ruff check lineage resources platform_assets tests bench
 .venv/bin/mypy lineage resources platform_assets
-exec .venv/bin/pytest "$@"
+.venv/bin/pytest "$@"
+
+selective=0
+for arg in "$@"; do
+  if [ "$arg" = "-k" ] || [ -e "${arg%%::*}" ]; then selective=1; fi
+done
+if [ "${TIDEMARK_TEST_CONNECT:-1}" != "0" ] && [ "$selective" = "0" ]; then
+  echo "test: the engine's tests again, over Spark Connect (TIDEMARK_TEST_SPARK=connect)"
+  TIDEMARK_TEST_SPARK=connect .venv/bin/pytest -m "not slow" --durations=10 \
+    tests/platform_assets/test_engine.py tests/platform_assets/test_recovery.py tests/platform_assets/test_spark_io.py
+fi

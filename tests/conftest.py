@@ -26,14 +26,32 @@ def spark_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def spark(spark_home: Path) -> Iterator[SparkSession]:
-    """The one SparkSession of the test run: local[2], Delta enabled, UI off, UTC."""
+    """The one SparkSession of the test run: local[2], Delta enabled, UI off, UTC.
+
+    ``TIDEMARK_TEST_SPARK=connect``: a Spark Connect session instead, to a local server (with
+    Delta, local[2]) started for the run under the session's temp home and stopped at its end."""
     from resources.spark import build_spark_session
 
     os.environ.setdefault("TIDEMARK_DRIVER_MEMORY", "2g")
-    settings = Settings.from_env({}, home=spark_home, spark_master="local[2]")
-    session = build_spark_session(settings, app_name="tidemark-tests")
-    yield session
-    session.stop()
+    mode = os.environ.get("TIDEMARK_TEST_SPARK", "local")
+    if mode not in ("local", "connect"):
+        pytest.fail(f"TIDEMARK_TEST_SPARK={mode!r}: use 'local' (default) or 'connect'", pytrace=False)
+    if mode == "local":
+        settings = Settings.from_env({}, home=spark_home, spark_master="local[2]")
+        session = build_spark_session(settings, app_name="tidemark-tests")
+        yield session
+        session.stop()
+        return
+    from resources import spark_server
+
+    server = spark_server.start(spark_home, port=spark_server.free_port(), master="local[2]")
+    try:
+        settings = Settings.from_env({}, home=spark_home, spark_master=server.url)
+        session = build_spark_session(settings, app_name="tidemark-tests")
+        yield session
+        session.stop()
+    finally:
+        spark_server.stop(spark_home)
 
 
 @pytest.fixture

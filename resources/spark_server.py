@@ -1,0 +1,252 @@
+"""A long-lived local Spark Connect server with Delta, so runs, the CLI and tests connect with
+``sc://127.0.0.1:PORT`` instead of starting (and warming) a JVM each.
+
+Started from the installed ``pyspark`` distribution (``bin/spark-submit --class
+...SparkConnectServer``) with the Delta jars ``resources.spark`` cached, detached in its own
+process group; its pid file and log live under ``$TIDEMARK_HOME/spark-connect/``.
+``tidemark spark up|down|status`` is the command-line face of this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lineage.errors import TidemarkError
+from resources.settings import Settings
+from resources.spark import DELTA_CONF, LOCAL_CONF, _cached_delta_jars
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+DEFAULT_PORT = 15002
+
+
+class SparkServerError(TidemarkError):
+    """The local Spark Connect server could not be started, reached or stopped."""
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """A running server: its process (group leader) id, port and log."""
+
+    pid: int
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        """What to export as ``TIDEMARK_SPARK_MASTER``."""
+        return f"sc://127.0.0.1:{self.port}"
+
+
+def server_dir(home: Path) -> Path:
+    """Where the server's pid file, log and catalog live: ``<home>/spark-connect``."""
+    return home / "spark-connect"
+
+
+def status(home: Path) -> ServerInfo | None:
+    """The server started under ``home`` if it is still running (a stale pid file is removed)."""
+    pid_file = server_dir(home) / "server.json"
+    try:
+        info = json.loads(pid_file.read_text())
+        server = ServerInfo(int(info["pid"]), int(info["port"]), Path(info["log"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if _alive(server.pid):
+        return server
+    pid_file.unlink(missing_ok=True)
+    return None
+
+
+def start(home: Path, *, port: int = DEFAULT_PORT, master: str = "local[*]", driver_memory: str | None = None,
+          extra_conf: dict[str, str] | None = None, timeout: float = 180.0) -> ServerInfo:
+    """Start the server under ``home`` on ``127.0.0.1:port`` and wait until it serves a Connect
+    session. A server already running under ``home`` on that port is returned as is."""
+    running = status(home)
+    if running is not None:
+        if running.port == port:
+            return running
+        raise SparkServerError(f"a Spark Connect server of {home} already runs on port {running.port} (pid {running.pid}); "
+                               f"use {running.url}, or stop it first: tidemark spark down")
+    java = _java()
+    _check_port_free(port)
+    jars = _delta_jars(home)
+    folder = server_dir(home)
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "server.log"
+    conf = {
+        **DELTA_CONF,
+        **LOCAL_CONF,
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.ui.enabled": "false",
+        "spark.sql.warehouse.dir": str(folder / "catalog"),
+        **(extra_conf or {}),
+    }
+    memory = driver_memory or os.environ.get("TIDEMARK_DRIVER_MEMORY", "4g")
+    cmd = [str(_pyspark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--name", "tidemark-connect",
+           "--master", master, "--driver-memory", memory, "--jars", ",".join(jars)]
+    for k, v in conf.items():
+        cmd += ["--conf", f"{k}={v}"]
+    env = {**os.environ, "SPARK_HOME": str(_pyspark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+           "JAVA_HOME": os.environ.get("JAVA_HOME") or str(Path(java).resolve().parents[1])}
+    with open(log, "ab") as out:
+        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
+        out.flush()
+        # Its own session (process group): Ctrl-C in the caller's terminal does not reach it,
+        # and stop() can end the JVM together with anything it forked.
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=folder, start_new_session=True)
+    server = ServerInfo(proc.pid, port, log)
+    (folder / "server.json").write_text(json.dumps({"pid": proc.pid, "port": port, "log": str(log)}))
+    try:
+        _wait_ready(proc, server, timeout)
+    except BaseException:
+        stop(home)
+        raise
+    return server
+
+
+def stop(home: Path, *, timeout: float = 20.0) -> ServerInfo | None:
+    """Stop the server under ``home``: SIGTERM to its process group, SIGKILL after ``timeout``
+    seconds. Returns what was stopped (None if nothing ran)."""
+    server = status(home)
+    if server is None:
+        return None
+    _signal_group(server.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(server.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(server.pid):
+        _signal_group(server.pid, signal.SIGKILL)
+        while _alive(server.pid) and time.monotonic() < deadline + 10:
+            time.sleep(0.2)
+    (server_dir(home) / "server.json").unlink(missing_ok=True)
+    return server
+
+
+def log_tail(log: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of the server's log (for error messages)."""
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], server: ServerInfo, timeout: float) -> None:
+    """Until the port serves a Connect session: the port opens only after the server's
+    SparkContext is up, and one query proves the session works."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            raise SparkServerError(f"the Spark Connect server exited with code {code} while starting; "
+                                   f"log {server.log}, last lines:\n{log_tail(server.log)}")
+        if _port_open(server.port):
+            _probe(server.url)
+            return
+        time.sleep(0.5)
+    raise SparkServerError(f"the Spark Connect server did not accept connections on port {server.port} within "
+                           f"{timeout:.0f}s; stopped it. Log {server.log}, last lines:\n{log_tail(server.log)}")
+
+
+def _probe(url: str) -> None:
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.builder.remote(url).create()
+    try:
+        session.sql("SELECT 1").collect()
+    finally:
+        session.stop()
+
+
+def _delta_jars(home: Path) -> list[str]:
+    """The cached Delta jars; resolved once through a local session build (Ivy, Maven Central)
+    when the cache is missing."""
+    jars = _cached_delta_jars()
+    if jars:
+        return jars
+    from resources.spark import build_spark_session
+
+    session = build_spark_session(Settings.from_env({}, home=home, spark_master="local[1]"), app_name="tidemark-resolve-delta")
+    session.stop()
+    jars = _cached_delta_jars()
+    if not jars:
+        raise SparkServerError("could not resolve the Delta jars (io.delta:delta-spark) through a local Spark session; "
+                               "check network access to Maven Central, or set spark.jars.packages in TIDEMARK_SPARK_CONF")
+    return jars
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if not java or not Path(java).is_file():
+        where = f"JAVA_HOME={java_home} has no bin/java" if java_home else "no `java` on PATH"
+        raise SparkServerError(f"Java is needed for the Spark Connect server ({where}). Fix: install Java 17 "
+                               "(./scripts/setup.sh does) or set JAVA_HOME")
+    return java
+
+
+def _pyspark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def _check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise SparkServerError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}); another program (or "
+                                   f"another Spark Connect server) listens there. Fix: pick a free port with "
+                                   f"--port, or stop that program") from exc
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 free right now (for tests and benchmarks)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs and is a Spark Connect server (not a reused pid). A dead child of
+    this process is reaped here, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc: trust the pid
+    return SERVER_CLASS.encode() in cmdline or b"spark-submit" in cmdline
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
