@@ -52,6 +52,15 @@ def write_lineage(root: Path, *, maxstep: int = 100, delay: str = "0", repeat: s
     return lin
 
 
+def seeded(settings: Settings, root: Path, *, maxstep: int, events: int, distinct_pos: int, seed: int) -> Settings:
+    """``settings`` on the events lineage under ``root``, with ``dim.users`` and ``events`` rows
+    in ``stage.events``."""
+    out = settings.with_(lineage=write_lineage(root, maxstep=maxstep))
+    write_users(out)
+    write_rows(out, "stage.events", make_events(events, distinct_pos=distinct_pos, seed=seed))
+    return out
+
+
 def sorted_rows(df) -> list[tuple]:  # noqa: ANN001 - a Spark DataFrame
     """A DataFrame's rows, columns in name order, sorted: comparable whatever the write order."""
     return sorted((tuple(r) for r in df.select(*sorted(df.columns)).collect()), key=repr)

@@ -20,11 +20,8 @@ from resources.offsets import utcnow
 from resources.settings import Settings
 from tests.platform_assets.shop import (
     full_recompute,
-    make_events,
+    seeded,
     sorted_rows,
-    write_lineage,
-    write_rows,
-    write_users,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -50,10 +47,7 @@ def _expected(spark, settings: Settings) -> list[tuple]:
 
 @pytest.fixture
 def crash_settings(settings: Settings, tmp_path: Path) -> Settings:
-    s = settings.with_(lineage=write_lineage(tmp_path, maxstep=120))
-    write_users(s)
-    write_rows(s, "stage.events", make_events(600, distinct_pos=25, seed=11))
-    return s
+    return seeded(settings, tmp_path, maxstep=120, events=600, distinct_pos=25, seed=11)
 
 
 def test_sigkill_at_every_point_then_resume_lands_each_row_once(spark, crash_settings):

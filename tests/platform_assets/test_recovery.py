@@ -25,6 +25,7 @@ from tests.platform_assets.shop import (
     TRANSFORM_SQL,
     full_recompute,
     make_events,
+    seeded,
     table_rows,
     write_lineage,
     write_rows,
@@ -70,10 +71,7 @@ def _late_ids(spark, eng: Engine) -> set[int]:
 
 @pytest.fixture
 def s(settings: Settings, tmp_path: Path) -> Settings:
-    out = settings.with_(lineage=write_lineage(tmp_path, maxstep=120))
-    write_users(out)
-    write_rows(out, "stage.events", make_events(600, distinct_pos=200, seed=21))
-    return out
+    return seeded(settings, tmp_path, maxstep=120, events=600, distinct_pos=200, seed=21)
 
 
 def _db(settings: Settings) -> Path:
