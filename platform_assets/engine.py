@@ -226,12 +226,20 @@ class Engine:
         return delta_meta.find_block_end(base or self.path(topic.spec.base), rec.last, decision.cutoff, topic.spec.maxstep)
 
     def lag(self) -> list[LagRow]:
+        """Every topic's position, lag and why it waits; read-only (a store behind the Delta log is
+        reported, not caught up)."""
         out = []
         now = self.clock()
         for topic in self.lineage.topics.values():
             rec = self.store.get(topic.name)
             if rec is None:
                 out.append(LagRow(topic.name, topic.spec.processor.value, None, None, None, None, "not started", "", "no offsets yet (first run initialises them)"))
+                continue
+            landed = protocol.recorded_seq(self.path(topic.spec.destination), topic.name)
+            if landed > rec.seq:  # read-only: say it; the next run under the lock catches the store up
+                out.append(LagRow(topic.name, rec.processor, rec.last, rec.next, None, None, rec.state, rec.owner,
+                                  f"offset store behind the Delta log: block {landed} landed, the store is at block "
+                                  f"{rec.seq}; the next run catches it up (recover)"))
                 continue
             decision, base = self.decide(topic, rec, now)
             reason = decision.reason

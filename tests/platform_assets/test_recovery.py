@@ -105,6 +105,10 @@ def test_restored_store_does_not_land_a_block_twice(spark, s, tmp_path):
     _restore(tmp_path / "nightly.db", _db(s))
     eng = _engine(spark, s)
     assert eng.store.get("fact.events").seq == before.seq  # the stale record is really back
+    lag = {r.topic: r for r in eng.lag()}["fact.events"]
+    assert lag.reason == (f"offset store behind the Delta log: block {ahead.seq} landed, the store is at block "
+                          f"{before.seq}; the next run catches it up (recover)")
+    assert eng.store.get("fact.events").seq == before.seq  # lag only reads
     results = eng.run_until_caught_up()
     assert not [r for r in results if r.processed]  # nothing to do: every block had landed
     rec = eng.store.get("fact.events")
