@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Local Dagster for Tidemark: set up (if needed), seed the demo sources once if they are empty,
-# keep appending rows in the background (platform_assets.feeder), and run `dagster dev`
-# (webserver + daemon) on http://127.0.0.1:${PORT:-3000}. Ctrl-C stops both.
+# Local Dagster for Tidemark: set up (if needed), start a warm Spark Connect server (so a block
+# run does not start its own JVM), seed the demo sources once if they are empty, keep appending
+# rows in the background (platform_assets.feeder), and run `dagster dev` (webserver + daemon) on
+# http://127.0.0.1:${PORT:-3000}. Ctrl-C or SIGTERM stops all of it within seconds.
 #
 #   ./scripts/dev.sh                    # state in ./.tidemark, Dagster's in ./.tidemark/dagster
 #   PORT=3001 FEED_INTERVAL=10 FEED_ORDERS=20 ./scripts/dev.sh
 #   FEED=0 ./scripts/dev.sh             # no background feeder
+#   SPARK=local ./scripts/dev.sh        # every run starts its own local JVM (no Connect server)
+#   SPARK_PORT=15010 ./scripts/dev.sh   # the Connect server's port (default 15002)
 #
 # Nothing is ever wiped: remove $TIDEMARK_HOME yourself to start over.
 set -euo pipefail
@@ -24,16 +27,42 @@ echo "dev: TIDEMARK_HOME=$TIDEMARK_HOME DAGSTER_HOME=$DAGSTER_HOME"
 .venv/bin/python -m platform_assets.feeder --seed "${SEED_ORDERS:-3000}" --iterations 0
 
 feeder_pid=""
-stop_feeder() {
+dagster_pid=""
+spark_started=0
+cleanup() {
+  trap - INT TERM EXIT
+  # Ctrl-C also ends a `| tee` reading this output: a write to it must not kill the cleanup.
+  trap '' PIPE
+  if [ -n "$dagster_pid" ] && kill -0 "$dagster_pid" 2>/dev/null; then
+    echo "dev: stopping dagster dev (pid $dagster_pid)" 2>/dev/null || true
+    kill -TERM "$dagster_pid" 2>/dev/null || true
+    for _ in $(seq 1 25); do kill -0 "$dagster_pid" 2>/dev/null || break; sleep 0.2; done  # 5 s to shut down
+    # Its process group: the webserver, the daemon, code servers and any run still going.
+    kill -KILL -- "-$dagster_pid" 2>/dev/null || true
+  fi
   if [ -n "$feeder_pid" ] && kill -0 "$feeder_pid" 2>/dev/null; then
     kill "$feeder_pid" 2>/dev/null || true
     wait "$feeder_pid" 2>/dev/null || true
   fi
-  feeder_pid=""
+  if [ "$spark_started" = 1 ]; then
+    .venv/bin/tidemark spark down 2>/dev/null || true
+  fi
 }
-trap stop_feeder EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+
+if [ "${SPARK:-connect}" = "connect" ]; then
+  # A server already running under this state dir (tidemark spark up) is used and left running.
+  url=$(.venv/bin/tidemark spark status 2>/dev/null | sed -n 's/^export TIDEMARK_SPARK_MASTER=//p' || true)
+  if [ -z "$url" ]; then
+    echo "dev: starting the Spark Connect server (a warm JVM for every run; SPARK=local to skip)"
+    spark_started=1
+    url=$(.venv/bin/tidemark spark up --port "${SPARK_PORT:-15002}" | sed -n 's/^export TIDEMARK_SPARK_MASTER=//p')
+  fi
+  export TIDEMARK_SPARK_MASTER="$url"
+  echo "dev: runs use the Spark Connect server at $TIDEMARK_SPARK_MASTER"
+fi
 
 if [ "${FEED:-1}" != "0" ]; then
   .venv/bin/python -m platform_assets.feeder --interval "${FEED_INTERVAL:-5}" --orders "${FEED_ORDERS:-50}" &
@@ -41,5 +70,8 @@ if [ "${FEED:-1}" != "0" ]; then
   echo "dev: feeder running (pid $feeder_pid), one line per append"
 fi
 
-# In the foreground (Ctrl-C reaches it), not exec: the EXIT trap stops the feeder afterwards.
-.venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p "${PORT:-3000}"
+# In the background in its own process group, and waited for: a signal to this script runs the
+# traps at once (bash defers traps while a foreground child runs) and they stop the whole group.
+setsid .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p "${PORT:-3000}" &
+dagster_pid=$!
+wait "$dagster_pid"
