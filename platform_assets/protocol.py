@@ -131,6 +131,13 @@ def recorded_seq(dest: str, topic: str) -> int:
     return delta_meta.recorded_txn(dest, data_app_id(topic))
 
 
+def next_seq(rec: OffsetRecord, dest: str, topic: str) -> int:
+    """The number of a topic's next unit: above the store's and above what the Delta log records
+    (Delta silently skips a write whose txnVersion it has recorded). Reconciliation under the lock
+    makes them equal; reading the log again here guards the write itself."""
+    return max(rec.seq, recorded_seq(dest, topic)) + 1
+
+
 def _retention_refusal(topic: Topic, dest: str, seq: int, rec: OffsetRecord | None) -> OffsetError:
     where = "the offset store has no record" if rec is None else f"the offset store is at block {rec.seq}"
     fix = (f"tidemark offsets init {topic.name} --start POSITION" if rec is None

@@ -47,7 +47,7 @@ class ReloadProcessor:
         base_df.createOrReplaceTempView("block")
         spark_io.run_statements(eng.spark, topic, "before")
         out = spark_io.transform(eng.spark, topic, base_df)
-        number = max(rec.seq, protocol.recorded_seq(eng.path(topic.spec.destination), topic.name)) + 1
+        number = protocol.next_seq(rec, eng.path(topic.spec.destination), topic.name)
         return OpenBlock(topic, Planned(None, f"reload {number}", source_version=base.version), started, number,
                          out=out, base_mark=base.max_position or Position.zero())
 

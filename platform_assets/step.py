@@ -101,9 +101,7 @@ class StepProcessor:
         found = eng.block_end(topic, rec, decision, base)
         if found.end is None:
             return Planned(None, decision.limit, bad_rows=bad_rows, warnings=warnings)
-        # The Delta log outranks the store: never reuse a txnVersion Delta has recorded (Delta
-        # would silently skip the write). Reconciliation makes this the store's seq already.
-        seq = max(rec.seq, protocol.recorded_seq(eng.path(topic.spec.destination), topic.name)) + 1
+        seq = protocol.next_seq(rec, eng.path(topic.spec.destination), topic.name)
         rec = eng.store.plan(topic.name, eng.owner, last=rec.last, next=found.end, seq=seq, source_version=found.version)
         return Planned(Block(topic.name, seq, rec.last, found.end), f"block {seq}", base_rows=found.rows,
                        bad_rows=bad_rows, source_version=found.version, warnings=warnings)

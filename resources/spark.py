@@ -54,14 +54,11 @@ def build_spark_session(settings: Settings, *, app_name: str = "tidemark", ui: b
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(settings.spark_master).appName(app_name)
     conf = {
-        **DELTA_CONF,
-        **LOCAL_CONF,
-        "spark.ui.enabled": "true" if ui else "false",
-        "spark.sql.warehouse.dir": str(scratch / "catalog"),
-        "spark.driver.memory": os.environ.get("TIDEMARK_DRIVER_MEMORY", "4g"),
+        **driver_conf(scratch / "catalog", ui=ui),
+        "spark.driver.memory": driver_memory(),
         **settings.spark_conf,
     }
-    cached = _cached_delta_jars()
+    cached = cached_delta_jars()
     if cached and "spark.jars.packages" not in conf:
         conf["spark.jars"] = ",".join([*cached, *filter(None, [conf.get("spark.jars")])])
     for k, v in conf.items():
@@ -79,6 +76,17 @@ def build_spark_session(settings: Settings, *, app_name: str = "tidemark", ui: b
     return spark
 
 
+def driver_conf(catalog: Path, *, ui: bool) -> dict[str, str]:
+    """The settings of a Spark driver Tidemark starts (in-process or a Connect server): Delta, UTC,
+    small shuffles, the catalog under ``catalog``."""
+    return {**DELTA_CONF, **LOCAL_CONF, "spark.ui.enabled": "true" if ui else "false",
+            "spark.sql.warehouse.dir": str(catalog)}
+
+
+def driver_memory() -> str:
+    return os.environ.get("TIDEMARK_DRIVER_MEMORY", "4g")
+
+
 def _jar_cache_file() -> Path:
     """Where the Delta jars Ivy resolved are remembered, per pyspark/delta-spark versions."""
     from importlib.metadata import version
@@ -87,7 +95,7 @@ def _jar_cache_file() -> Path:
     return base / f"delta-jars-spark{version('pyspark')}-delta{version('delta-spark')}.txt"
 
 
-def _cached_delta_jars() -> list[str]:
+def cached_delta_jars() -> list[str]:
     """Jars of an earlier Ivy resolution, if all still exist: later sessions start without
     Ivy (quiet, and without reaching Maven Central again)."""
     try:

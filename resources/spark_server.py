@@ -23,7 +23,8 @@ from pathlib import Path
 
 from lineage.errors import TidemarkError
 from resources.settings import Settings
-from resources.spark import DELTA_CONF, LOCAL_CONF, _cached_delta_jars
+from resources.spark import cached_delta_jars, driver_conf
+from resources.spark import driver_memory as default_driver_memory
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_PORT = 15002
@@ -83,15 +84,12 @@ def start(home: Path, *, port: int = DEFAULT_PORT, master: str = "local[*]", dri
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / "server.log"
     conf = {
-        **DELTA_CONF,
-        **LOCAL_CONF,
+        **driver_conf(folder / "catalog", ui=False),
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
-        "spark.ui.enabled": "false",
-        "spark.sql.warehouse.dir": str(folder / "catalog"),
         **(extra_conf or {}),
     }
-    memory = driver_memory or os.environ.get("TIDEMARK_DRIVER_MEMORY", "4g")
+    memory = driver_memory or default_driver_memory()
     cmd = [str(_pyspark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--name", "tidemark-connect",
            "--master", master, "--driver-memory", memory, "--jars", ",".join(jars)]
     for k, v in conf.items():
@@ -176,14 +174,14 @@ def _probe(url: str) -> None:
 def _delta_jars(home: Path) -> list[str]:
     """The cached Delta jars; resolved once through a local session build (Ivy, Maven Central)
     when the cache is missing."""
-    jars = _cached_delta_jars()
+    jars = cached_delta_jars()
     if jars:
         return jars
     from resources.spark import build_spark_session
 
     session = build_spark_session(Settings.from_env({}, home=home, spark_master="local[1]"), app_name="tidemark-resolve-delta")
     session.stop()
-    jars = _cached_delta_jars()
+    jars = cached_delta_jars()
     if not jars:
         raise SparkServerError("could not resolve the Delta jars (io.delta:delta-spark) through a local Spark session; "
                                "check network access to Maven Central, or set spark.jars.packages in TIDEMARK_SPARK_CONF")
