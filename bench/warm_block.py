@@ -61,9 +61,33 @@ def plan(settings: Settings, dagster_home: Path) -> str:
     return out.stdout.split()[-1]
 
 
-def materialize(settings: Settings, dagster_home: Path, key: str, master: str) -> float:
-    """Seconds from process start to the RUN_SUCCESS line of one block's materialization."""
+PHASES = ("process", "dagster", "spark", "lock", "plan", "transform", "write", "log", "after", "commit")
+
+
+def breakdown(dagster_home: Path, started: float, took: float) -> dict[str, float]:
+    """Where the newest run's ``took`` seconds (from ``started``, unix time) went."""
+    import dagster as dg
+
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
+    with dg.DagsterInstance.get() as instance:
+        run = instance.get_runs(limit=1)[0]
+        records = instance.all_logs(run.run_id)
+    first = records[0].timestamp
+    kinds = {r.dagster_event.event_type_value: r for r in records if r.dagster_event}
+    step = kinds["STEP_SUCCESS"].timestamp - kinds["STEP_START"].timestamp
+    mat = kinds["ASSET_MATERIALIZATION"].dagster_event.event_specific_data.materialization  # type: ignore[union-attr]
+    phases = {k: float(v) for k, v in mat.metadata["phases_s"].value.items()}
+    out = {"process": first - started, **phases}
+    out["dagster"] = took - out["process"] - sum(phases.values())
+    assert step >= sum(phases.values()) - 0.05, (step, phases)
+    return out
+
+
+def materialize(settings: Settings, dagster_home: Path, key: str, master: str) -> tuple[float, dict[str, float]]:
+    """Seconds from process start to the RUN_SUCCESS line of one block's materialization, and where
+    they went."""
     cmd, env = materialize_command(settings, dagster_home, "fact/events", key, master=master)
+    started = time.time()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
@@ -76,11 +100,12 @@ def materialize(settings: Settings, dagster_home: Path, key: str, master: str) -
     proc.wait()
     if seen is None or proc.returncode != 0:
         raise SystemExit(f"block {key} with master {master} failed (exit {proc.returncode}):\n{''.join(tail)}")
-    return seen
+    return seen, breakdown(dagster_home, started, seen)
 
 
-def run_mode(name: str, base: Path, master: str | None, args: argparse.Namespace) -> tuple[list[float], float | None]:
-    """The timed blocks of one mode, and the server's start time (Connect only)."""
+def run_mode(name: str, base: Path, master: str | None,
+             args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]], float | None]:
+    """The timed blocks of one mode, where their time went, and the server's start time (Connect only)."""
     settings, dagster_home = prepare(base / name, args.warmup + args.repeat, args.rows)
     started: float | None = None
     if master is None:  # Connect: a warm server of our own for this mode
@@ -89,14 +114,16 @@ def run_mode(name: str, base: Path, master: str | None, args: argparse.Namespace
         started = time.monotonic() - t0
         master = server.url
     try:
-        times = []
+        times, parts = [], []
         for i in range(args.warmup + args.repeat):
-            took = materialize(settings, dagster_home, plan(settings, dagster_home), master)
+            took, where = materialize(settings, dagster_home, plan(settings, dagster_home), master)
             label = "warmup" if i < args.warmup else "timed"
-            print(f"  {name:8} block {i + 1}: {took:6.2f} s ({label})", flush=True)
+            print(f"  {name:8} block {i + 1}: {took:6.2f} s ({label}; "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in where.items() if v >= 0.005) + ")", flush=True)
             if i >= args.warmup:
                 times.append(took)
-        return times, started
+                parts.append(where)
+        return times, parts, started
     finally:
         spark_server.stop(base / name / "server")
 
@@ -113,8 +140,8 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="tidemark-warm-"))
     os.environ.setdefault("TIDEMARK_DRIVER_MEMORY", "1g")
     try:
-        local, _ = run_mode("local", base, args.local_master, args)
-        connect, started = run_mode("connect", base, None, args)
+        local, local_parts, _ = run_mode("local", base, args.local_master, args)
+        connect, connect_parts, started = run_mode("connect", base, None, args)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
@@ -124,6 +151,13 @@ def main() -> int:
     print(f"{'mode':10} {'median s':>9} {'min s':>7} {'max s':>7} {'vs local':>9}")
     for name, t in (("local", local), ("connect", connect)):
         print(f"{name:10} {statistics.median(t):9.2f} {min(t):7.2f} {max(t):7.2f} {statistics.median(t) / lm:9.2f}")
+    print("\nwhere a block's time goes (median s of the timed blocks; the medians need not add up to the total)")
+    print(f"{'part':10} {'local':>8} {'connect':>8}")
+    for part in PHASES:
+        lv = [p.get(part, 0.0) for p in local_parts]
+        cv = [p.get(part, 0.0) for p in connect_parts]
+        if max(lv + cv) >= 0.005:
+            print(f"{part:10} {statistics.median(lv):8.2f} {statistics.median(cv):8.2f}")
     verdict = "PASS" if cm <= TARGET_S else "MISS"
     print(f"\nwarm Connect block {cm:.2f} s vs target <= {TARGET_S:.0f} s: {verdict}  (local / connect = {lm / cm:.1f}x)")
     return 0

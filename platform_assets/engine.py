@@ -85,6 +85,7 @@ class Engine:
         self._registered: set[str] = set()
         self._open: dict[str, OpenBlock] = {}  # opened blocks not finished yet, by topic
         self._leases: dict[str, LeaseKeeper] = {}  # heartbeats of the locks open_block took, by topic
+        self.phases = protocol.Phases()  # of the unit being processed (reset by open_block)
         self.step = StepProcessor(self)
         self._processors: dict[Processor, UnitProcessor] = {Processor.STEP: self.step, Processor.RELOAD: ReloadProcessor(self)}
 
@@ -98,11 +99,13 @@ class Engine:
             if active is not None:  # e.g. a host process's session: use it, never stop it
                 self._spark, self._owns_spark = active, False
             elif self._spark_factory is not None:
-                self._spark = self._spark_factory()
+                with self.phases.timed("spark"):
+                    self._spark = self._spark_factory()
             else:
                 from resources.spark import build_spark_session
 
-                self._spark = build_spark_session(self.settings)
+                with self.phases.timed("spark"):
+                    self._spark = build_spark_session(self.settings)
         return self._spark
 
     def close(self) -> None:
@@ -119,11 +122,17 @@ class Engine:
         src = self.lineage.sources.get(table)
         return self.settings.table_path(table, src.spec.path if src else None)
 
-    def register_tables(self) -> None:
-        """Make every existing table of the lineage readable by name (``stage.orders``) in
-        Spark SQL, as external tables over their Delta locations. A name taken in the catalog by a
-        table Tidemark did not register is a :class:`ProcessingError`, never dropped."""
-        for table in (*self.lineage.tables(), *META_TABLES):
+    def register_tables(self, topic: Topic | None = None) -> None:
+        """Make the existing tables of the lineage readable by name (``stage.orders``) in
+        Spark SQL, as external tables over their Delta locations: every table, or with ``topic``
+        those its SQL names (all of them when it has a Python transform, which may read any). A
+        name taken in the catalog by a table Tidemark did not register is a
+        :class:`ProcessingError`, never dropped. Registering costs catalog round trips per table
+        (a few hundred ms each over Spark Connect), so a block registers only what it reads."""
+        tables = [*self.lineage.tables(), *META_TABLES]
+        if topic is not None:
+            tables = spark_io.tables_read(topic, tables)
+        for table in tables:
             self.register(table)
 
     def register(self, table: str) -> None:
@@ -347,7 +356,9 @@ class Engine:
         to do, else an :class:`OpenBlock` that still holds the lock: pass it to :meth:`finish`
         (or :meth:`abandon`)."""
         topic = self.lineage.topic(name)
-        rec = self._acquire(topic)
+        self.phases = protocol.Phases()
+        with self.phases.timed("lock"):
+            rec = self._acquire(topic)
         self._leases[topic.name] = LeaseKeeper(self.store, topic.name, self.owner).start()
         try:
             opened = self.processor(topic).open(topic, rec, seq)
@@ -370,7 +381,9 @@ class Engine:
         except BaseException as exc:
             self._release(opened.topic, exc)
             raise
-        self._release(opened.topic, None)
+        with self.phases.timed("commit"):
+            self._release(opened.topic, None)
+        result.stats["phases_s"] = self.phases.rounded()
         opened.result = result
         return result
 

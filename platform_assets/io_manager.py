@@ -164,4 +164,6 @@ def block_metadata(r: StepResult) -> dict[str, Any]:
             meta[k.replace("ts", "pos")] = stats[k].isoformat()
     if stats.get("max_lag") is not None:
         meta["lag_s"] = float(stats["max_lag"])
+    if stats.get("phases_s"):  # where the block's time went (lock, plan, spark, transform, write, log, commit)
+        meta["phases_s"] = dg.MetadataValue.json(stats["phases_s"])
     return meta

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -86,6 +89,33 @@ class OpenBlock:
     @property
     def block(self) -> Block | None:
         return self.planned.block
+
+
+class Phases:
+    """Where a unit's time goes, in seconds per phase (``lock``, ``plan``, ``spark``, ``transform``,
+    ``write``, ``log``, ``after``, ``commit``), recorded in the unit's result and materialization
+    metadata so a slow block shows which part was slow. Phases nest; each counts only its own
+    time (a Spark session started inside ``transform`` counts as ``spark``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._inner: list[float] = []  # per open phase: time spent in phases nested inside it
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        self._inner.append(0.0)
+        try:
+            yield
+        finally:
+            took = time.monotonic() - t0
+            inner = self._inner.pop()
+            self.seconds[name] = self.seconds.get(name, 0.0) + took - inner
+            if self._inner:
+                self._inner[-1] += took
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in self.seconds.items()}
 
 
 class UnitProcessor(Protocol):

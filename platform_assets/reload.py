@@ -39,14 +39,15 @@ class ReloadProcessor:
         decision, base = eng.decide(topic, rec)
         if not decision.ready:
             return StepResult(topic.name, False, decision.reason)
-        eng.register_tables()
-        reader = eng.spark.read.format("delta")
-        if base.version is not None:
-            reader = reader.option("versionAsOf", base.version)
-        base_df = reader.load(eng.path(topic.spec.base))
-        base_df.createOrReplaceTempView("block")
-        spark_io.run_statements(eng.spark, topic, "before")
-        out = spark_io.transform(eng.spark, topic, base_df)
+        with eng.phases.timed("transform"):
+            eng.register_tables(topic)
+            reader = eng.spark.read.format("delta")
+            if base.version is not None:
+                reader = reader.option("versionAsOf", base.version)
+            base_df = reader.load(eng.path(topic.spec.base))
+            base_df.createOrReplaceTempView("block")
+            spark_io.run_statements(eng.spark, topic, "before")
+            out = spark_io.transform(eng.spark, topic, base_df)
         number = protocol.next_seq(rec, eng.path(topic.spec.destination), topic.name)
         return OpenBlock(topic, Planned(None, f"reload {number}", source_version=base.version), started, number,
                          out=out, base_mark=base.max_position or Position.zero())
@@ -63,21 +64,27 @@ class ReloadProcessor:
                                         run_id=eng.run_id, owner=eng.owner)
         app_id = data_app_id(topic.name)
         out, observed = spark_io.observe_output(opened.out)
-        (out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-         .option("txnAppId", app_id).option("txnVersion", seq).option("userMetadata", meta).save(dest))
-        eng.register(topic.spec.destination)
-        committed = delta_meta.find_txn_commit(dest, app_id, seq)
+        with eng.phases.timed("write"):
+            (out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+             .option("txnAppId", app_id).option("txnVersion", seq).option("userMetadata", meta).save(dest))
+            eng.register(topic.spec.destination)
+            committed = delta_meta.find_txn_commit(dest, app_id, seq)
         if committed is None:
             raise ProcessingError(f"topic '{topic.name}': reload {seq} was written but its commit is not in {dest}/_delta_log")
         faults.crashpoint("written")
-        entry = protocol.log_entry(topic, seq, "", "" if mark.is_zero() else mark.to_text(), committed, base_rows=-1,
-                                   bad_rows=0, duration=time.monotonic() - opened.started,
-                                   figures=protocol.block_figures(dest, committed, observed, eng.run_id), run_id=eng.run_id,
-                                   now=eng.clock())
-        write_etl_log(eng.settings, entry)  # statistics before the offset commit, as a step's
-        spark_io.run_statements(eng.spark, topic, "after")
-        eng.store.commit_reload(topic.name, eng.owner, seq=seq, mark=mark, rows=committed.rows,
-                                source_version=source_version, note=f"rows={committed.rows} delta_version={committed.version}",
-                                delta_version=committed.version)
+        with eng.phases.timed("log"):
+            entry = protocol.log_entry(topic, seq, "", "" if mark.is_zero() else mark.to_text(), committed, base_rows=-1,
+                                       bad_rows=0, duration=time.monotonic() - opened.started,
+                                       figures=protocol.block_figures(dest, committed, observed, eng.run_id),
+                                       run_id=eng.run_id, now=eng.clock())
+            write_etl_log(eng.settings, entry)  # statistics before the offset commit, as a step's
+        if topic.spec.after:
+            with eng.phases.timed("after"):
+                spark_io.run_statements(eng.spark, topic, "after")
+        with eng.phases.timed("commit"):
+            eng.store.commit_reload(topic.name, eng.owner, seq=seq, mark=mark, rows=committed.rows,
+                                    source_version=source_version,
+                                    note=f"rows={committed.rows} delta_version={committed.version}",
+                                    delta_version=committed.version)
         return StepResult(topic.name, True, f"reload {seq}", rows=committed.rows, delta_version=committed.version,
                           duration_s=time.monotonic() - opened.started, stats=protocol.stats_dict(entry))

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib
+import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -170,6 +172,24 @@ def run_statements(spark: SparkSession, topic: Topic, which: str) -> None:
             spark.sql(stmt)
         except Exception as exc:
             raise ProcessingError(f"topic '{topic.name}' ({topic.where}): {which} statement {i} failed: {first_line(exc)}\n  {stmt}") from exc
+
+
+def tables_read(topic: Topic, tables: Iterable[str]) -> list[str]:
+    """Those of ``tables`` (``schema.name``) that ``topic``'s SQL (transforms, ``before``,
+    ``after``) names, plain or back-quoted, in any case; all of them when a transform is Python
+    code (it may read any table)."""
+    tables = list(tables)
+    if any(t.python is not None for t in topic.transforms):
+        return tables
+    text = "\n".join([*(t.sql or "" for t in topic.transforms), *topic.spec.before, *topic.spec.after])
+    found = []
+    for table in tables:
+        schema, _, name = table.partition(".")
+        part = r"(?:`{0}`|(?<![\w`]){0}(?![\w`]))"
+        pattern = part.format(re.escape(schema)) + r"\s*\.\s*" + part.format(re.escape(name))
+        if re.search(pattern, text, flags=re.IGNORECASE):
+            found.append(table)
+    return found
 
 
 def transform(spark: SparkSession, topic: Topic, block_df: DataFrame) -> DataFrame:

@@ -131,7 +131,8 @@ class StepProcessor:
         """Block ``seq`` (it must be the pending block), or with ``seq=None`` the pending block or a
         newly planned one, prepared up to the write."""
         if seq is None:
-            planned = self.plan_locked(topic, rec)
+            with self.engine.phases.timed("plan"):
+                planned = self.plan_locked(topic, rec)
             if planned.block is None:
                 return StepResult(topic.name, False, planned.reason, bad_rows=planned.bad_rows)
             return self._open(topic, planned)
@@ -157,10 +158,11 @@ class StepProcessor:
                   if planned.retry else None)
         out = None
         if landed is None:
-            eng.register_tables()
-            block_df = self.block_df(topic.spec.base, block, planned.source_version)
-            spark_io.run_statements(eng.spark, topic, "before")
-            out = spark_io.transform(eng.spark, topic, block_df)
+            with eng.phases.timed("transform"):
+                eng.register_tables(topic)
+                block_df = self.block_df(topic.spec.base, block, planned.source_version)
+                spark_io.run_statements(eng.spark, topic, "before")
+                out = spark_io.transform(eng.spark, topic, block_df)
             faults.crashpoint("transformed")
         return OpenBlock(topic, planned, started, block.seq, out=out, landed=landed)
 
@@ -181,31 +183,35 @@ class StepProcessor:
             out, observed = spark_io.observe_output(opened.out)
             meta = protocol.commit_metadata(topic, block.seq, last=block.last, next_=block.next,
                                             source_version=planned.source_version, run_id=eng.run_id, owner=eng.owner)
-            (out.write.format("delta").mode("append")
-             .option("txnAppId", app_id).option("txnVersion", block.seq)
-             .option("mergeSchema", "true").option("userMetadata", meta)
-             .save(dest))
-            eng.register(spec.destination)
-            landed = delta_meta.find_txn_commit(dest, app_id, block.seq)
+            with eng.phases.timed("write"):
+                (out.write.format("delta").mode("append")
+                 .option("txnAppId", app_id).option("txnVersion", block.seq)
+                 .option("mergeSchema", "true").option("userMetadata", meta)
+                 .save(dest))
+                eng.register(spec.destination)
+                landed = delta_meta.find_txn_commit(dest, app_id, block.seq)
             if landed is None:
                 raise ProcessingError(f"topic '{topic.name}': block {block.seq} was written but its commit is not in {dest}/_delta_log")
         faults.crashpoint("written")
-        base_rows = planned.base_rows
-        if base_rows < 0:
-            base_rows = delta_meta.count_block(eng.path(spec.base), block.last, block.next, planned.source_version)
-        entry = protocol.log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed, base_rows=base_rows,
-                                   bad_rows=planned.bad_rows, duration=time.monotonic() - opened.started,
-                                   figures=protocol.block_figures(dest, landed, observed, eng.run_id), run_id=eng.run_id,
-                                   now=eng.clock())
-        write_etl_log(eng.settings, entry)
+        with eng.phases.timed("log"):
+            base_rows = planned.base_rows
+            if base_rows < 0:
+                base_rows = delta_meta.count_block(eng.path(spec.base), block.last, block.next, planned.source_version)
+            entry = protocol.log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed, base_rows=base_rows,
+                                       bad_rows=planned.bad_rows, duration=time.monotonic() - opened.started,
+                                       figures=protocol.block_figures(dest, landed, observed, eng.run_id), run_id=eng.run_id,
+                                       now=eng.clock())
+            write_etl_log(eng.settings, entry)
         faults.crashpoint("logged")
         if spec.after:
-            eng.register_tables()
-            self.block_df(spec.base, block, planned.source_version)
-            spark_io.run_statements(eng.spark, topic, "after")
+            with eng.phases.timed("after"):
+                eng.register_tables(topic)
+                self.block_df(spec.base, block, planned.source_version)
+                spark_io.run_statements(eng.spark, topic, "after")
         note = f"rows={landed.rows} delta_version={landed.version}" + (" (recovered after crash)" if recovered else "")
-        eng.store.commit(topic.name, eng.owner, seq=block.seq, last=block.last, next=block.next, rows=landed.rows, note=note,
-                         delta_version=landed.version)
+        with eng.phases.timed("commit"):
+            eng.store.commit(topic.name, eng.owner, seq=block.seq, last=block.last, next=block.next, rows=landed.rows,
+                             note=note, delta_version=landed.version)
         faults.crashpoint("committed")
         return StepResult(topic.name, True, f"block {block.seq}", block=block, rows=landed.rows, base_rows=base_rows,
                           bad_rows=planned.bad_rows, delta_version=landed.version, duration_s=time.monotonic() - opened.started,

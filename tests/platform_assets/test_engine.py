@@ -109,6 +109,7 @@ def test_etl_log_carries_block_statistics(spark, settings, tmp_path):
     assert dict(entry["nulls"])["country"] == null_country > 0
     assert entry["max_lag"] > 0 and entry["run_id"] == eng.run_id and entry["delta_version"] == 0
     assert entry["base_rows"] == 300
+    assert set(r.stats["phases_s"]) >= {"lock", "plan", "transform", "write", "log", "commit"}
 
 
 def test_null_positions_are_quarantined_and_counted(spark, settings, tmp_path):

@@ -107,6 +107,10 @@ def test_blocks_written_through_the_io_manager_and_read_back_by_a_downstream_ass
             assert meta["block"] == int(key) and meta["base_rows"] == 30 and meta["delta_version"] == int(key) - 1
             assert meta["rows"] > 0 and meta["min_pos"] <= meta["max_pos"]
             assert isinstance(meta["lag_s"], float) and isinstance(meta["duration_s"], float)
+            # where the block's time went, each phase once, adding up to no more than the block took
+            phases = meta["phases_s"]
+            assert {"lock", "transform", "write", "log", "commit"} <= set(phases)  # planned by the sensor: no "plan"
+            assert all(v >= 0 for v in phases.values()) and sum(phases.values()) <= meta["duration_s"] + 1.0
             (log,) = [r for r in read_etl_log(s, "fact.events") if r["seq"] == int(key)]
             assert log["rows"] == meta["rows"] and log["delta_version"] == meta["delta_version"]
 

@@ -195,3 +195,23 @@ def test_null_check_on_the_40th_column_can_fail(spark, settings, tmp_path, monke
         assert not {o.name: o for o in evaluate_block(checks, {**again.stats, "base_rows": 100})}["nulls"].passed
     finally:
         eng.close()
+
+
+def test_a_block_registers_only_the_tables_its_sql_names(tmp_path):
+    from platform_assets.spark_io import tables_read
+
+    extra = """\
+        - table: fact.other
+          depends_on: [stage.other]
+          transforms: [../sql/other.sql]
+          before: "DELETE FROM `FACT`.`Events` WHERE false"
+        """
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "other.sql").write_text(
+        "SELECT o.* FROM block o JOIN Dim.Users u ON u.user_id = o.user_id  -- stage.events_old is no table\n")
+    lineage = load_lineage(write_lineage(tmp_path, extra_topic=extra))
+    every = ["stage.events", "dim.users", "stage.other", "fact.events", "fact.other", "etl.log"]
+    # the base is read as the view `block`, not by name
+    assert tables_read(lineage.topic("fact.events"), every) == ["dim.users"]
+    # any case, back-quoted, in before/after too; a longer name is not a match
+    assert tables_read(lineage.topic("fact.other"), every) == ["dim.users", "fact.events"]
