@@ -19,6 +19,7 @@ from lineage.durations import format_duration
 from lineage.errors import LineageError, TidemarkError
 from lineage.positions import Position, format_ts
 from resources.settings import Settings
+from resources.storage import check_warehouse
 
 
 def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
@@ -254,6 +255,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from platform_assets.demo import ShopFeeder
 
     settings = _settings(args)
+    check_warehouse(settings.warehouse)  # before the sources are written
     own_dagster_home = "DAGSTER_HOME" not in os.environ
     if not args.keep:
         inside = Path(settings.warehouse).is_relative_to(settings.home) if "://" not in settings.warehouse else False
