@@ -222,7 +222,7 @@ def check_warehouse(uri: str, settings: S3Settings | None = None) -> None:
 
 def _explain(uri: str, s: S3Settings, error: str) -> str:
     low = error.lower()
-    if any(w in low for w in ("accessdenied", "access denied", "invalidaccesskeyid", "signaturedoesnotmatch", "forbidden",
+    if any(w in low for w in ("accessdenied", "access denied", "access_denied", "invalidaccesskeyid", "signaturedoesnotmatch", "forbidden",
                               "403", "credentials")):
         fix = ("the store refused the credentials. Fix: TIDEMARK_S3_ACCESS_KEY / TIDEMARK_S3_SECRET_KEY "
                "(or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)")
