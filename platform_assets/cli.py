@@ -311,10 +311,12 @@ def cmd_spark(args: argparse.Namespace) -> int:
     """``spark up|down|status``: the local Spark Connect server under the state dir."""
     from resources import spark_server
 
-    home = _settings(args).home
+    settings = _settings(args)
+    home = settings.home
     if args.action == "up":
         t0 = time.monotonic()
-        server = spark_server.start(home, port=args.port, master=args.master)
+        check_warehouse(settings.warehouse)  # a wrong store setting fails here, not in the first run
+        server = spark_server.start(home, port=args.port, master=args.master, warehouse=settings.warehouse)
         print(f"Spark Connect server running (pid {server.pid}, log {server.log}, {time.monotonic() - t0:.0f}s)")
         print(f"export TIDEMARK_SPARK_MASTER={server.url}")
     elif args.action == "down":

@@ -51,13 +51,30 @@ def _run_demo(settings: Settings, spark_url: str) -> None:
         session.stop()
 
 
-@pytest.mark.slow
-def test_demo_lineage_on_object_store_equals_local_run(s3_server, tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """The process environment pointing at the test server (and at nothing else)."""
     for k in list(os.environ):
         if k.startswith(("TIDEMARK_S3_", "AWS_")):
             monkeypatch.delenv(k)
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
+    return s3_server
+
+
+def test_spark_up_refuses_a_missing_bucket_before_a_jvm_starts(s3_env, tmp_path, capsys):
+    from platform_assets.cli import main
+
+    port = spark_server.free_port()
+    code = main(["--home", str(tmp_path), "--warehouse", "s3://no-such-bucket/wh", "spark", "up", "--port", str(port)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "s3://no-such-bucket/wh" in err and "does not exist" in err and "TIDEMARK_WAREHOUSE" in err
+    assert spark_server.status(tmp_path) is None
+
+
+@pytest.mark.slow
+def test_demo_lineage_on_object_store_equals_local_run(s3_env, tmp_path, capsys):
     lineage = ROOT / "demo" / "lineage"
     remote = Settings.from_env({}, home=tmp_path / "s3", warehouse="s3://tidemark/demo-wh", lineage=lineage)
     local = Settings.from_env({}, home=tmp_path / "local", lineage=lineage)
