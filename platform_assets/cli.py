@@ -19,6 +19,7 @@ from lineage.durations import format_duration
 from lineage.errors import LineageError, TidemarkError
 from lineage.positions import Position, format_ts
 from resources.settings import Settings
+from resources.storage import check_warehouse
 
 
 def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
@@ -254,6 +255,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from platform_assets.demo import ShopFeeder
 
     settings = _settings(args)
+    check_warehouse(settings.warehouse)  # before the sources are written
     own_dagster_home = "DAGSTER_HOME" not in os.environ
     if not args.keep:
         inside = Path(settings.warehouse).is_relative_to(settings.home) if "://" not in settings.warehouse else False
@@ -309,10 +311,12 @@ def cmd_spark(args: argparse.Namespace) -> int:
     """``spark up|down|status``: the local Spark Connect server under the state dir."""
     from resources import spark_server
 
-    home = _settings(args).home
+    settings = _settings(args)
+    home = settings.home
     if args.action == "up":
         t0 = time.monotonic()
-        server = spark_server.start(home, port=args.port, master=args.master)
+        check_warehouse(settings.warehouse)  # a wrong store setting fails here, not in the first run
+        server = spark_server.start(home, port=args.port, master=args.master, warehouse=settings.warehouse)
         print(f"Spark Connect server running (pid {server.pid}, log {server.log}, {time.monotonic() - t0:.0f}s)")
         print(f"export TIDEMARK_SPARK_MASTER={server.url}")
     elif args.action == "down":

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from resources.delta_meta import open_table
 from resources.settings import Settings
+from resources.storage import storage_options
 
 COUNTRIES = ["DE", "FR", "NL", "PL", "ES", "IT", "SE"]
 SEGMENTS = ["consumer", "business", "vip"]
@@ -43,7 +44,8 @@ class ShopFeeder:
         for r in rows:
             if r["pos"] is not None:
                 r["pos"] = r["pos"].replace(tzinfo=dt.UTC)
-        write_deltalake(self.settings.table_path(table), pa.Table.from_pylist(rows, schema=schema), mode="append")
+        path = self.settings.table_path(table)
+        write_deltalake(path, pa.Table.from_pylist(rows, schema=schema), mode="append", storage_options=storage_options(path))
 
     def append(self, *, orders: int, start: dt.datetime, end: dt.datetime, new_customers: int = 0,
                bad_rows: int = 0, late: int = 0) -> dict[str, int]:

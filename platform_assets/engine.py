@@ -33,6 +33,7 @@ from resources.meta_tables import (
 from resources.offset_sql import make_owner, open_offset_store
 from resources.offsets import STATE_FAILED, OffsetRecord, OffsetStore
 from resources.settings import Settings
+from resources.storage import check_warehouse
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,6 +76,7 @@ class Engine:
     ) -> None:
         self.settings = settings
         self.lineage = lineage
+        check_warehouse(settings.warehouse)  # an object store that cannot be reached fails here, naming the fix
         self.store = store or open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
         self._spark = spark
         self._owns_spark = spark is None

@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 from lineage.errors import ProcessingError
 from lineage.planner import TableMark
 from lineage.positions import Position, to_naive_utc
+from resources.storage import arrow_filesystem, storage_options
 
 #: Delta truncates timestamp statistics to milliseconds; widen pruning ranges by this much.
 STATS_SLACK = dt.timedelta(milliseconds=2)
@@ -32,9 +33,10 @@ def open_table(path: str, version: int | None = None) -> Any | None:
     from deltalake import DeltaTable
 
     try:
-        if not DeltaTable.is_deltatable(path):
+        options = storage_options(path)
+        if not DeltaTable.is_deltatable(path, storage_options=options):
             return None
-        return DeltaTable(path, version=version)
+        return DeltaTable(path, version=version, storage_options=options)
     except Exception:  # noqa: BLE001 - a missing or half-created table reads as "no table yet"
         return None
 
@@ -307,7 +309,7 @@ def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -
 def _join(path: str, name: str) -> str:
     if name.startswith("/") or "://" in name:
         return name
-    root = pafs.FileSystem.from_uri(path)[1] if "://" in path else path
+    root = arrow_filesystem(path)[1]
     return root.rstrip("/") + "/" + name
 
 
@@ -338,10 +340,8 @@ class CommitStats:
 
 
 def _log_fs(path: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in path:
-        fs, root = pafs.FileSystem.from_uri(path)
-        return fs, root.rstrip("/") + "/_delta_log"
-    return pafs.LocalFileSystem(), path.rstrip("/") + "/_delta_log"
+    fs, root = arrow_filesystem(path)
+    return fs, root.rstrip("/") + "/_delta_log"
 
 
 def _read_commit(fs: pafs.FileSystem, log: str, version: int) -> list[dict[str, Any]]:
@@ -368,7 +368,7 @@ def _txn_at(path: str, version: int, app_id: str) -> int | None:
     from deltalake import DeltaTable
 
     try:
-        table = DeltaTable(path, version=version)
+        table = DeltaTable(path, version=version, storage_options=storage_options(path))
     except Exception:  # noqa: BLE001 - the version's log files are gone
         return None
     return int(table.transaction_version(app_id) or 0)
@@ -485,7 +485,7 @@ def commit_null_counts(path: str, commit: CommitStats) -> tuple[int, dict[str, i
     count is read."""
     import pyarrow.parquet as pq
 
-    fs = pafs.FileSystem.from_uri(path)[0] if "://" in path else pafs.LocalFileSystem()
+    fs = arrow_filesystem(path)[0]
     rows, nulls = 0, dict[str, int]()
     for rel in commit.paths:
         with fs.open_input_file(_join(path, rel)) as f:

@@ -21,6 +21,7 @@ from lineage.durations import format_duration
 from lineage.spec import Lineage
 from resources.delta_meta import open_table
 from resources.settings import Settings
+from resources.storage import storage_options
 
 ETL_LOG = "etl.log"
 LINEAGE = "sch.lineage"
@@ -106,6 +107,7 @@ def write_etl_log(settings: Settings, entry: LogEntry) -> bool:
         mode="append",
         schema_mode="merge",
         commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=entry.seq)]),
+        storage_options=storage_options(path),
     )
     return True
 
@@ -168,7 +170,8 @@ def publish_lineage(settings: Settings, lineage: Lineage, *, now: dt.datetime | 
         ("comment", pa.string()), ("owner", pa.string()), ("source_file", pa.string()),
         ("spec_hash", pa.string()), ("user", pa.string()), ("updated_at", _TS),
     ])
-    write_deltalake(path, pa.Table.from_pylist(rows, schema=schema), mode="overwrite", schema_mode="overwrite")
+    write_deltalake(path, pa.Table.from_pylist(rows, schema=schema), mode="overwrite", schema_mode="overwrite",
+                    storage_options=storage_options(path))
     return True
 
 
@@ -227,7 +230,8 @@ def quarantine_rows(settings: Settings, topic: str, source: str, bad: pa.Table, 
     data = pa.Table.from_pylist(rows, schema=QUARANTINE_SCHEMA)
     path = settings.table_path(QUARANTINE)
     if open_table(path) is None:
-        write_deltalake(path, data, mode="append")
+        write_deltalake(path, data, mode="append", storage_options=storage_options(path))
     else:
-        write_deltalake(path, data, mode="overwrite", predicate=_quarantine_key(topic, after_version), schema_mode="merge")
+        write_deltalake(path, data, mode="overwrite", predicate=_quarantine_key(topic, after_version), schema_mode="merge",
+                        storage_options=storage_options(path))
     return bad.num_rows - before

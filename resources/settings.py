@@ -10,6 +10,7 @@
 | ``TIDEMARK_SPARK_CONF`` | (none) | extra Spark settings, ``key=value`` pairs separated by ``;`` |
 | ``TIDEMARK_LOCK_LEASE`` | ``5m`` | a topic lock expires this long after its holder's last heartbeat (``resources.offset_sql``) |
 | ``TIDEMARK_OWNER_HOST`` | the hostname | host part of lock owner ids (e.g. a pod name) |
+| ``TIDEMARK_S3_*`` | the ``AWS_*`` variables | object store of an ``s3://`` warehouse: see ``resources.storage`` |
 """
 
 from __future__ import annotations

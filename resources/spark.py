@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resources.settings import Settings
+from resources.storage import S3Settings, StorageError, is_object_store, s3_packages
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -58,6 +59,12 @@ def build_spark_session(settings: Settings, *, app_name: str = "tidemark", ui: b
         "spark.driver.memory": driver_memory(),
         **settings.spark_conf,
     }
+    s3_jars: list[str] = []
+    if is_object_store(settings.warehouse):
+        # The warehouse's store settings and the hadoop-aws jars, only when the warehouse is there.
+        conf = {**S3Settings.from_env().spark_conf(), **conf}
+        s3_jars = cached_s3_jars() or resolve_s3_jars()
+        conf["spark.jars"] = ",".join([*s3_jars, *filter(None, [conf.get("spark.jars")])])
     cached = cached_delta_jars()
     if cached and "spark.jars.packages" not in conf:
         conf["spark.jars"] = ",".join([*cached, *filter(None, [conf.get("spark.jars")])])
@@ -69,7 +76,8 @@ def build_spark_session(settings: Settings, *, app_name: str = "tidemark", ui: b
         builder = configure_spark_with_delta_pip(builder)
     spark = builder.getOrCreate()
     if not cached:
-        _remember_delta_jars(spark.sparkContext.getConf().get("spark.jars", ""))
+        jars = spark.sparkContext.getConf().get("spark.jars", "")
+        _remember_delta_jars(",".join(j for j in jars.split(",") if j not in s3_jars))
     spark.sparkContext.setLogLevel("ERROR")
     # PySpark logs every failed query as a JSON blob; Tidemark reports failures itself.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
@@ -113,6 +121,58 @@ def _remember_delta_jars(spark_jars: str) -> None:
     path = _jar_cache_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(jars) + "\n")
+
+
+def _s3_jar_cache_file() -> Path:
+    """Where the hadoop-aws jars Ivy resolved are remembered, per pyspark version."""
+    from importlib.metadata import version
+
+    return _jar_cache_file().parent / f"s3a-jars-spark{version('pyspark')}.txt"
+
+
+def cached_s3_jars() -> list[str]:
+    """The hadoop-aws (S3A) jars of an earlier resolution, if all still exist; else []."""
+    try:
+        jars = [j for j in _s3_jar_cache_file().read_text().split() if j]
+    except OSError:
+        return []
+    ok = jars and all(Path(j.removeprefix("file:")).is_file() for j in jars)
+    return jars if ok else []
+
+
+def resolve_s3_jars(timeout: float = 900.0) -> list[str]:
+    """Resolve the S3A jars matching pyspark's Hadoop (:func:`resources.storage.s3_packages`)
+    from Maven Central through Spark's Ivy, remember them, and return their paths.
+
+    In a child process: Spark resolves ``spark.jars.packages`` only when a JVM is launched, and
+    this process may already run one (a session without the S3A jars)."""
+    import json
+    import subprocess
+    import sys
+
+    packages, excludes = s3_packages()
+    code = ("import json,sys\nfrom pyspark import SparkConf\nfrom pyspark.java_gateway import launch_gateway\n"
+            "conf = SparkConf().set('spark.jars.packages', sys.argv[1]).set('spark.jars.excludes', sys.argv[2])\n"
+            "gw = launch_gateway(conf)\nprint('JARS=' + json.dumps(gw.jvm.System.getProperty('spark.jars')))\n"
+            "gw.shutdown()\n")
+    env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")}
+    try:
+        out = subprocess.run([sys.executable, "-c", code, ",".join(packages), ",".join(excludes)], env=env,
+                             capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise StorageError(f"resolving the S3A jars ({', '.join(packages)}) took over {timeout:.0f}s; check network "
+                           "access to Maven Central") from exc
+    line = next((x for x in out.stdout.splitlines() if x.startswith("JARS=")), "")
+    jars = [j for j in (json.loads(line[5:]) or "").split(",") if j.endswith(".jar")] if line else []
+    if out.returncode != 0 or not jars:
+        tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-15:])
+        raise StorageError(f"could not resolve the S3A jars ({', '.join(packages)}) from Maven Central (the warehouse "
+                           f"is on object storage). Check network access to Maven Central, or put the jars in "
+                           f"spark.jars via TIDEMARK_SPARK_CONF. Spark said:\n{tail}")
+    path = _s3_jar_cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(jars) + "\n")
+    return jars
 
 
 def _python() -> str:

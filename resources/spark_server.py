@@ -23,8 +23,9 @@ from pathlib import Path
 
 from lineage.errors import TidemarkError
 from resources.settings import Settings
-from resources.spark import cached_delta_jars, driver_conf
+from resources.spark import cached_delta_jars, cached_s3_jars, driver_conf, resolve_s3_jars
 from resources.spark import driver_memory as default_driver_memory
+from resources.storage import S3Settings, is_object_store
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_PORT = 15002
@@ -68,9 +69,12 @@ def status(home: Path) -> ServerInfo | None:
 
 
 def start(home: Path, *, port: int = DEFAULT_PORT, master: str = "local[*]", driver_memory: str | None = None,
-          extra_conf: dict[str, str] | None = None, timeout: float = 180.0) -> ServerInfo:
+          extra_conf: dict[str, str] | None = None, timeout: float = 180.0, warehouse: str | None = None) -> ServerInfo:
     """Start the server under ``home`` on ``127.0.0.1:port`` and wait until it serves a Connect
-    session. A server already running under ``home`` on that port is returned as is."""
+    session. A server already running under ``home`` on that port is returned as is.
+
+    ``warehouse`` (default: ``TIDEMARK_WAREHOUSE``): on object storage, the server gets the S3A
+    jars and the store's settings (``resources.storage``), as an in-process session would."""
     running = status(home)
     if running is not None:
         if running.port == port:
@@ -80,6 +84,11 @@ def start(home: Path, *, port: int = DEFAULT_PORT, master: str = "local[*]", dri
     java = _java()
     _check_port_free(port)
     jars = _delta_jars(home)
+    warehouse = warehouse or Settings.from_env(home=home).warehouse
+    store_conf: dict[str, str] = {}
+    if is_object_store(warehouse):
+        jars = [*jars, *(cached_s3_jars() or resolve_s3_jars())]
+        store_conf = S3Settings.from_env().spark_conf()
     folder = server_dir(home)
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / "server.log"
@@ -94,6 +103,13 @@ def start(home: Path, *, port: int = DEFAULT_PORT, master: str = "local[*]", dri
            "--master", master, "--driver-memory", memory, "--jars", ",".join(jars)]
     for k, v in conf.items():
         cmd += ["--conf", f"{k}={v}"]
+    if store_conf:
+        # In a file only its owner reads: the store's keys stay off the command line and the log.
+        props = folder / "object-store.properties"
+        props.touch(mode=0o600)
+        props.chmod(0o600)
+        props.write_text("".join(f"{k}={_escape_property(v)}\n" for k, v in store_conf.items()))
+        cmd += ["--properties-file", str(props)]
     env = {**os.environ, "SPARK_HOME": str(_pyspark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
            "JAVA_HOME": os.environ.get("JAVA_HOME") or str(Path(java).resolve().parents[1])}
@@ -186,6 +202,11 @@ def _delta_jars(home: Path) -> list[str]:
         raise SparkServerError("could not resolve the Delta jars (io.delta:delta-spark) through a local Spark session; "
                                "check network access to Maven Central, or set spark.jars.packages in TIDEMARK_SPARK_CONF")
     return jars
+
+
+def _escape_property(value: str) -> str:
+    """``value`` as a Java properties value (backslash, newline, `:` and `=` escaped)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\:").replace("=", "\\=")
 
 
 def _java() -> str:

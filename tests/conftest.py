@@ -16,6 +16,8 @@ from tests.pg import PostgresUnavailable, find_bindir, running_postgres
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from tests.s3 import S3Server
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -71,3 +73,17 @@ def pg_url() -> Iterator[str]:
         pytest.fail(str(exc), pytrace=False)
     with running_postgres(bindir) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3-compatible server (versitygw, built into ~/.cache/tidemark/bin on first use) on a
+    free loopback port, with an empty bucket ``tidemark``. Fails (never skips) when it cannot start."""
+    from tests.s3 import S3Unavailable, running_s3
+
+    try:
+        with running_s3(tmp_path_factory.mktemp("s3")) as server:
+            server.create_bucket("tidemark")
+            yield server
+    except S3Unavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
