@@ -333,6 +333,36 @@ def cmd_spark(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_postgres(args: argparse.Namespace) -> int:
+    """``postgres up|down|status``: the local PostgreSQL server under the state dir (the prod
+    profile's Dagster instance and offset store on one machine)."""
+    from resources import local_pg
+
+    # Only the state dir matters here: `up` is how a prod profile without its URL gets one.
+    env = {**os.environ, "TIDEMARK_PROFILE": "embedded", "TIDEMARK_DAGSTER_PG_URL": ""}
+    home = Settings.from_env(env, home=args.home).home
+    if args.action == "up":
+        t0 = time.monotonic()
+        server = local_pg.start(home, port=args.port)
+        print(f"PostgreSQL running (pid {server.pid}, data {server.folder / 'data'}, log {server.log}, "
+              f"{time.monotonic() - t0:.1f}s)")
+    elif args.action == "down":
+        stopped = local_pg.stop(home)
+        print(f"stopped PostgreSQL (pid {stopped.pid}, port {stopped.port}); its data stays in {stopped.folder}"
+              if stopped else f"no PostgreSQL runs under {home}")
+        return 0
+    else:
+        found = local_pg.status(home)
+        if found is None:
+            print(f"no PostgreSQL runs under {home}; start one with: tidemark postgres up")
+            return 1
+        server = found
+        print(f"running: pid {server.pid}, data {server.folder / 'data'}, log {server.log}")
+    print(f"export TIDEMARK_DAGSTER_PG_URL={server.dagster_url}")
+    print(f"export TIDEMARK_OFFSETS_URL={server.url}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidemark", description="Incremental Delta tables, block by block.")
     p.add_argument("--lineage", help="lineage YAML file or directory (env TIDEMARK_LINEAGE; default demo/lineage)")
@@ -377,6 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     spark.add_argument("--port", type=int, default=15002, help="up: port on 127.0.0.1 (default 15002)")
     spark.add_argument("--master", default="local[*]", help="up: the server's Spark master (default local[*])")
     spark.set_defaults(func=cmd_spark)
+
+    pg = sub.add_parser("postgres", help="start, stop or show the local PostgreSQL of the prod profile (under the state dir)")
+    pg.add_argument("action", choices=["up", "down", "status"])
+    pg.add_argument("--port", type=int, default=None, help="up: port on 127.0.0.1 (default 15432)")
+    pg.set_defaults(func=cmd_postgres)
 
     demo = sub.add_parser("demo", help="generate the demo shop data and run the demo lineage twice")
     demo.add_argument("--orders", type=int, default=3000)

@@ -9,26 +9,44 @@
 #   FEED=0 ./scripts/dev.sh             # no background feeder
 #   SPARK=local ./scripts/dev.sh        # every run starts its own local JVM (no Connect server)
 #   SPARK_PORT=15010 ./scripts/dev.sh   # the Connect server's port (default 15002)
+#   ./scripts/dev.sh --profile prod     # (or PROFILE=prod) Dagster's instance and the offsets in
+#                                       # PostgreSQL: a local server under $TIDEMARK_HOME/postgres
+#                                       # (port PG_PORT, default 15432), stopped on exit; or your own
+#                                       # with TIDEMARK_DAGSTER_PG_URL=postgresql+psycopg2://... set
 #
 # Nothing is ever wiped: remove $TIDEMARK_HOME yourself to start over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+profile="${PROFILE:-embedded}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --profile) profile="${2:-}"; shift 2 || shift ;;
+    --profile=*) profile="${1#--profile=}"; shift ;;
+    *) echo "dev: unknown argument '$1' (usage: ./scripts/dev.sh [--profile embedded|prod])" >&2; exit 2 ;;
+  esac
+done
+if [ "$profile" != embedded ] && [ "$profile" != prod ]; then
+  echo "dev: --profile '$profile': use embedded (SQLite, the default) or prod (PostgreSQL)" >&2; exit 2
+fi
 ./scripts/setup.sh
 
 export TIDEMARK_HOME="${TIDEMARK_HOME:-$PWD/.tidemark}"
+instance_yaml=dagster.yaml
+if [ "$profile" = prod ]; then
+  instance_yaml=dagster.prod.yaml  # the same settings, storage in PostgreSQL; a Dagster home of its own
+  export DAGSTER_HOME="${DAGSTER_HOME:-$TIDEMARK_HOME/dagster-prod}"
+fi
 export DAGSTER_HOME="${DAGSTER_HOME:-$TIDEMARK_HOME/dagster}"
 mkdir -p "$DAGSTER_HOME"
 if [ ! -f "$DAGSTER_HOME/dagster.yaml" ]; then
-  cp dagster.yaml "$DAGSTER_HOME/dagster.yaml"
+  cp "$instance_yaml" "$DAGSTER_HOME/dagster.yaml"
 fi
 echo "dev: TIDEMARK_HOME=$TIDEMARK_HOME DAGSTER_HOME=$DAGSTER_HOME"
-
-# Seed the demo's history once (only if stage.orders is empty; never removes anything).
-.venv/bin/python -m platform_assets.feeder --seed "${SEED_ORDERS:-3000}" --iterations 0
 
 feeder_pid=""
 dagster_pid=""
 spark_started=0
+pg_started=0
 cleanup() {
   trap - INT TERM EXIT
   # Ctrl-C also ends a `| tee` reading this output: a write to it must not kill the cleanup.
@@ -47,10 +65,32 @@ cleanup() {
   if [ "$spark_started" = 1 ]; then
     .venv/bin/tidemark spark down 2>/dev/null || true
   fi
+  if [ "$pg_started" = 1 ]; then  # after Dagster: its processes write to it until they stop
+    .venv/bin/tidemark postgres down 2>/dev/null || true
+  fi
 }
 trap cleanup EXIT
 trap 'cleanup; exit 130' INT
 trap 'cleanup; exit 143' TERM
+
+if [ "$profile" = prod ]; then
+  if [ -z "${TIDEMARK_DAGSTER_PG_URL:-}" ]; then
+    # A server already running under this state dir (tidemark postgres up) is used and left running.
+    pg=$(.venv/bin/tidemark postgres status 2>/dev/null || true)
+    if [ -z "$(sed -n 's/^export TIDEMARK_DAGSTER_PG_URL=//p' <<<"$pg")" ]; then
+      echo "dev: starting PostgreSQL under $TIDEMARK_HOME/postgres (the Dagster instance and the offsets)"
+      pg_started=1
+      pg=$(.venv/bin/tidemark postgres up --port "${PG_PORT:-15432}")
+    fi
+    TIDEMARK_DAGSTER_PG_URL=$(sed -n 's/^export TIDEMARK_DAGSTER_PG_URL=//p' <<<"$pg")
+    export TIDEMARK_DAGSTER_PG_URL  # the offsets default to the same database (resources/settings.py)
+  fi
+  export TIDEMARK_PROFILE=prod
+  echo "dev: prod profile: Dagster instance in PostgreSQL at ${TIDEMARK_DAGSTER_PG_URL#*@} (offsets: the same database unless TIDEMARK_OFFSETS_URL says otherwise)"
+fi
+
+# Seed the demo's history once (only if stage.orders is empty; never removes anything).
+.venv/bin/python -m platform_assets.feeder --seed "${SEED_ORDERS:-3000}" --iterations 0
 
 if [ "${SPARK:-connect}" = "connect" ]; then
   # A server already running under this state dir (tidemark spark up) is used and left running.

@@ -4,7 +4,9 @@
 # Pass pytest arguments through, e.g.  ./scripts/test.sh -m "not slow"
 # Then the engine's tests run once more against a local Spark Connect server
 # (TIDEMARK_TEST_SPARK=connect): skipped when the arguments select tests (a path, -k) or with
-# TIDEMARK_TEST_CONNECT=0.
+# TIDEMARK_TEST_CONNECT=0. Likewise the Dagster tests that use its storage (sensor ticks and
+# partitions, runs and their events, the crash retry, the pools' concurrency slots) run once more
+# on a PostgreSQL-backed instance (TIDEMARK_TEST_DAGSTER=postgres; TIDEMARK_TEST_PG_DAGSTER=0 skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --with-browser
@@ -20,4 +22,11 @@ if [ "${TIDEMARK_TEST_CONNECT:-1}" != "0" ] && [ "$selective" = "0" ]; then
   echo "test: the engine's tests again, over Spark Connect (TIDEMARK_TEST_SPARK=connect)"
   TIDEMARK_TEST_SPARK=connect .venv/bin/pytest -m "not slow" --durations=10 \
     tests/platform_assets/test_engine.py tests/platform_assets/test_recovery.py tests/platform_assets/test_spark_io.py
+fi
+if [ "${TIDEMARK_TEST_PG_DAGSTER:-1}" != "0" ] && [ "$selective" = "0" ]; then
+  echo "test: the Dagster storage tests again, on PostgreSQL (TIDEMARK_TEST_DAGSTER=postgres)"
+  # "$@": e.g. -m "not slow" leaves out the crash and pool tests (each starts JVMs) here too
+  TIDEMARK_TEST_DAGSTER=postgres .venv/bin/pytest --durations=10 "$@" tests/platform_assets/test_sensor.py \
+    tests/platform_assets/test_dagster_crash.py \
+    tests/platform_assets/test_io_manager.py::test_two_concurrent_runs_of_a_topic_wait_for_its_pool
 fi

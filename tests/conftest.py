@@ -4,6 +4,7 @@ to build settings and engines on temporary warehouses."""
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,3 +88,46 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             yield server
     except S3Unavailable as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+def dagster_pg_template(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A database ``dagster_template`` on the session's PostgreSQL holding Dagster's schema
+    (created once, ~3 s): each test's instance database is a copy of it."""
+    import dagster as dg
+    import psycopg
+    import yaml
+
+    from resources.local_pg import dagster_url
+
+    base = pg_url.rsplit("/", 1)[0]
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute("CREATE DATABASE dagster_template")
+    home = tmp_path_factory.mktemp("dagster-template")
+    storage = {"storage": {"postgres": {"postgres_url": dagster_url(f"{base}/dagster_template")}}}
+    (home / "dagster.yaml").write_text(yaml.safe_dump({**storage, "telemetry": {"enabled": False}}))
+    with dg.DagsterInstance.from_config(str(home)):
+        pass  # opening it creates the tables
+    return base
+
+
+@pytest.fixture
+def dagster_storage(request: pytest.FixtureRequest) -> dict[str, object]:
+    """Instance settings of the test's Dagster storage, to merge into its dagster.yaml or pass
+    to ``dg.instance_for_test(overrides=...)``: ``{}`` (SQLite in the instance's folder) by
+    default; with ``TIDEMARK_TEST_DAGSTER=postgres`` a fresh PostgreSQL database (dagster-postgres,
+    as the prod profile) on the session's server."""
+    import psycopg
+
+    from resources.local_pg import dagster_url
+
+    mode = os.environ.get("TIDEMARK_TEST_DAGSTER", "sqlite")
+    if mode not in ("sqlite", "postgres"):
+        pytest.fail(f"TIDEMARK_TEST_DAGSTER={mode!r}: use 'sqlite' (default) or 'postgres'", pytrace=False)
+    if mode == "sqlite":
+        return {}
+    base = request.getfixturevalue("dagster_pg_template")
+    name = f"dagster_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE dagster_template")
+    return {"storage": {"postgres": {"postgres_url": dagster_url(f"{base}/{name}")}}}
+

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pyarrow as pa
+import yaml
 
 from resources.settings import Settings
 
@@ -121,3 +122,8 @@ def materialize_command(settings: Settings, dagster_home: Path, table_key: str, 
                 "TIDEMARK_LINEAGE": str(settings.lineage), "TIDEMARK_SPARK_MASTER": master,
                 "TIDEMARK_DRIVER_MEMORY": "1g", "DAGSTER_HOME": str(dagster_home), **env}
     return cmd, full_env
+
+
+def dagster_yaml(storage: dict[str, object], text: str = "telemetry:\n  enabled: false\n") -> str:
+    """``text`` (a dagster.yaml) with the test's Dagster storage (fixture ``dagster_storage``) added."""
+    return text + ("\n" + yaml.safe_dump(storage) if storage else "")

@@ -20,6 +20,7 @@ from resources.meta_tables import read_etl_log
 from resources.offset_sql import open_offset_store
 from tests.platform_assets.shop import (
     ROOT,
+    dagster_yaml,
     make_events,
     materialize_command,
     write_lineage,
@@ -35,13 +36,13 @@ def _materialize(settings, dagster_home: Path, key: str, **env: str) -> subproce
     return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=400)
 
 
-def test_killed_block_run_retried_through_dagster_lands_once(spark, settings, tmp_path):
+def test_killed_block_run_retried_through_dagster_lands_once(spark, settings, tmp_path, dagster_storage):
     s = settings.with_(lineage=write_lineage(tmp_path, maxstep=40))
     write_users(s)
     write_rows(s, "stage.events", make_events(100, distinct_pos=100, seed=21))
     dagster_home = tmp_path / "dagster"
     dagster_home.mkdir()
-    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    (dagster_home / "dagster.yaml").write_text(dagster_yaml(dagster_storage))
     # Plan block 1 and add its partition, as the sensor or `tidemark plan` would.
     plan = subprocess.run([sys.executable, "-m", "platform_assets.cli", "--home", str(s.home), "--lineage", str(s.lineage),
                            "plan", "fact.events"], cwd=ROOT, env={**os.environ, "DAGSTER_HOME": str(dagster_home)},

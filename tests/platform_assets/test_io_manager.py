@@ -22,6 +22,7 @@ from resources.meta_tables import read_etl_log
 from resources.offset_sql import open_offset_store
 from tests.platform_assets.shop import (
     ROOT,
+    dagster_yaml,
     make_events,
     materialize_command,
     write_lineage,
@@ -78,7 +79,7 @@ def test_handle_output_refuses_what_is_not_an_opened_block(settings, tmp_path):
 
 
 @pytest.mark.spark
-def test_blocks_written_through_the_io_manager_and_read_back_by_a_downstream_asset(spark, settings, tmp_path):
+def test_blocks_written_through_the_io_manager_and_read_back_by_a_downstream_asset(spark, settings, tmp_path, dagster_storage):
     s = _setup(settings, tmp_path, maxstep=30)
     write_rows(s, "stage.events", make_events(70, distinct_pos=70, seed=5))
     defs = build_definitions(s)
@@ -93,7 +94,7 @@ def test_blocks_written_through_the_io_manager_and_read_back_by_a_downstream_ass
     # A user's own asset downstream of a Tidemark table, in the same code location.
     with_user_asset = dg.Definitions.merge(defs, dg.Definitions(assets=[block_ids]))
     job = with_user_asset.resolve_implicit_global_asset_job_def()
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         keys = []
         for _ in range(2):
             key = _plan(s, instance)
@@ -126,10 +127,10 @@ def test_blocks_written_through_the_io_manager_and_read_back_by_a_downstream_ass
 
 
 @pytest.mark.spark
-def test_load_input_of_a_block_not_materialized_names_it(spark, settings, tmp_path):
+def test_load_input_of_a_block_not_materialized_names_it(spark, settings, tmp_path, dagster_storage):
     s = _setup(settings, tmp_path, maxstep=30)
     write_rows(s, "stage.events", make_events(40, distinct_pos=40))
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         key = _plan(s, instance)
         dg.materialize([build_definitions(s).resolve_assets_def(EVENTS)], partition_key=key, instance=instance)
         instance.add_dynamic_partitions(partitions_name("fact.events"), ["00000002"])  # a key never materialized
@@ -144,12 +145,12 @@ def test_load_input_of_a_block_not_materialized_names_it(spark, settings, tmp_pa
 
 
 @pytest.mark.spark
-def test_reload_asset_is_rebuilt_by_the_io_manager_and_loads_whole(spark, settings, tmp_path):
+def test_reload_asset_is_rebuilt_by_the_io_manager_and_loads_whole(spark, settings, tmp_path, dagster_storage):
     s = _setup(settings, tmp_path, extra_topic=RELOAD_TOPIC)
     (tmp_path / "sql" / "user_count.sql").write_text("SELECT country, count(*) AS users FROM block GROUP BY country")
     defs = build_definitions(s)
     reload_asset = defs.resolve_assets_def(dg.AssetKey(["dim", "user_count"]))
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         result = dg.materialize([reload_asset], instance=instance)
         (mat,) = result.asset_materializations_for_node(reload_asset.node_def.name)
         assert mat.metadata["rows"].value == 3 and mat.metadata["delta_version"].value == 0
@@ -201,11 +202,11 @@ def _concurrent_runs(settings, tmp_path, dagster_yaml: str) -> tuple[str, subpro
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_two_concurrent_runs_of_a_topic_wait_for_its_pool(settings, tmp_path):
+def test_two_concurrent_runs_of_a_topic_wait_for_its_pool(settings, tmp_path, dagster_storage):
     """With the shipped pool limit (one per table), the second run waits for the first's slot
     and then finds the block committed: no lock error, no second write."""
     shipped = (ROOT / "dagster.yaml").read_text()
-    _, first, second = _concurrent_runs(settings, tmp_path, shipped)
+    _, first, second = _concurrent_runs(settings, tmp_path, dagster_yaml(dagster_storage, shipped))
     assert first.returncode == 0, first.stdout[-3000:]
     assert second.returncode == 0, second.stdout[-3000:]
     assert "already committed" in second.stdout
@@ -214,8 +215,8 @@ def test_two_concurrent_runs_of_a_topic_wait_for_its_pool(settings, tmp_path):
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_without_a_pool_the_offset_lock_stops_the_second_run(settings, tmp_path):
-    _, first, second = _concurrent_runs(settings, tmp_path, "telemetry:\n  enabled: false\n")
+def test_without_a_pool_the_offset_lock_stops_the_second_run(settings, tmp_path, dagster_storage):
+    _, first, second = _concurrent_runs(settings, tmp_path, dagster_yaml(dagster_storage))
     assert first.returncode == 0, first.stdout[-3000:]
     assert second.returncode != 0
     assert "TopicLockedError" in second.stdout and "is being processed by" in second.stdout

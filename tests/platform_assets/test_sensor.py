@@ -47,14 +47,14 @@ def _defs(settings, tmp_path, **kw):
     return s, build_definitions(s)
 
 
-def test_sensor_waits_with_the_planners_reason_then_adds_partition_and_requests_run(settings, tmp_path):
+def test_sensor_waits_with_the_planners_reason_then_adds_partition_and_requests_run(settings, tmp_path, dagster_storage):
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     s, defs = _defs(settings, tmp_path, delay="1h", maxstep=30)
     write_users(s)
     write_rows(s, "stage.events", make_events(50, start=now - dt.timedelta(minutes=30), distinct_pos=50))
     sensor = defs.get_sensor_def("tidemark_planner")
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         data = _tick(sensor, instance, defs)
         assert not data.run_requests
         assert "fact.events: delay 1h: newest eligible row at" in data.skip_message
@@ -63,7 +63,7 @@ def test_sensor_waits_with_the_planners_reason_then_adds_partition_and_requests_
     write_users(s)
     write_rows(s, "stage.events", make_events(50, distinct_pos=50))
     sensor = defs.get_sensor_def("tidemark_planner")
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         data = _tick(sensor, instance, defs)
         (req,) = data.run_requests
         assert req.partition_key == "00000001" and req.run_key == "fact.events@1#1"
@@ -78,22 +78,22 @@ def test_sensor_waits_with_the_planners_reason_then_adds_partition_and_requests_
         assert [r.run_key for r in again.run_requests] == ["fact.events@1#1"] and not again.dynamic_partitions_requests
 
 
-def test_sensor_shows_a_missing_base_table_as_a_wait(settings, tmp_path):
+def test_sensor_shows_a_missing_base_table_as_a_wait(settings, tmp_path, dagster_storage):
     s, defs = _defs(settings, tmp_path)
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         data = _tick(defs.get_sensor_def("tidemark_planner"), instance, defs)
     assert not data.run_requests
     assert (f"fact.events: stage.events does not exist at {s.table_path('stage.events')}; check the table name "
             "or the source's path") in data.skip_message
 
 
-def test_a_pending_block_is_requested_again_without_a_write_unless_a_run_holds_it(settings, tmp_path):
+def test_a_pending_block_is_requested_again_without_a_write_unless_a_run_holds_it(settings, tmp_path, dagster_storage):
     s, defs = _defs(settings, tmp_path, maxstep=30)
     write_users(s)
     write_rows(s, "stage.events", make_events(50, distinct_pos=50))
     sensor = defs.get_sensor_def("tidemark_planner")
     store = open_offset_store(s.offsets_url)
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         _tick(sensor, instance, defs)
         planned = store.get("fact.events")
         # The planned block's partition was never added (e.g. the tick's result was lost).
@@ -107,13 +107,13 @@ def test_a_pending_block_is_requested_again_without_a_write_unless_a_run_holds_i
         assert not held.run_requests and "fact.events: running (elsewhere:1:abcd)" in held.skip_message
 
 
-def test_sensor_frees_the_lock_of_a_failed_or_canceled_run_but_not_of_a_live_one(settings, tmp_path):
+def test_sensor_frees_the_lock_of_a_failed_or_canceled_run_but_not_of_a_live_one(settings, tmp_path, dagster_storage):
     s, defs = _defs(settings, tmp_path, maxstep=30)
     write_users(s)
     write_rows(s, "stage.events", make_events(50, distinct_pos=50))
     sensor = defs.get_sensor_def("tidemark_planner")
     store = open_offset_store(s.offsets_url)
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         _tick(sensor, instance, defs)  # plans block 1
         instance.add_dynamic_partitions(partitions_name("fact.events"), ["00000001"])
 
@@ -148,13 +148,13 @@ def test_sensor_frees_the_lock_of_a_failed_or_canceled_run_but_not_of_a_live_one
 
 
 @pytest.mark.spark
-def test_materializing_a_block_partition_writes_exactly_that_block(spark, settings, tmp_path):
+def test_materializing_a_block_partition_writes_exactly_that_block(spark, settings, tmp_path, dagster_storage):
     s, defs = _defs(settings, tmp_path, maxstep=30)
     write_users(s)
     write_rows(s, "stage.events", make_events(50, distinct_pos=50))
     sensor = defs.get_sensor_def("tidemark_planner")
     asset = defs.resolve_assets_def(dg.AssetKey(["fact", "events"]))
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         data = _tick(sensor, instance, defs)
         instance.add_dynamic_partitions(partitions_name("fact.events"), ["00000001"])
         result = dg.materialize([asset], partition_key="00000001", instance=instance)
@@ -184,7 +184,7 @@ def test_materializing_a_block_partition_writes_exactly_that_block(spark, settin
 
 
 @pytest.mark.spark
-def test_block_checks_record_etl_log_figures_and_fail_with_the_spec_severity(spark, settings, tmp_path):
+def test_block_checks_record_etl_log_figures_and_fail_with_the_spec_severity(spark, settings, tmp_path, dagster_storage):
     s = settings.with_(lineage=write_lineage(tmp_path, maxstep=100))
     yaml_path = s.lineage / "events.yaml"
     yaml_path.write_text(yaml_path.read_text() + "    checks: {max_null_share: {country: 0.05}, max_lag: 1d, severity: error}\n")
@@ -192,7 +192,7 @@ def test_block_checks_record_etl_log_figures_and_fail_with_the_spec_severity(spa
     write_users(s, n=10)  # users 10..25 have no country: far more than 5% nulls
     write_rows(s, "stage.events", make_events(60, distinct_pos=60))
     asset = defs.resolve_assets_def(dg.AssetKey(["fact", "events"]))
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         _tick(defs.get_sensor_def("tidemark_planner"), instance, defs)
         instance.add_dynamic_partitions(partitions_name("fact.events"), ["00000001"])
         result = dg.materialize([asset], partition_key="00000001", instance=instance, raise_on_error=False)
@@ -209,7 +209,7 @@ def test_block_checks_record_etl_log_figures_and_fail_with_the_spec_severity(spa
         assert evals2["nulls"].passed is False and evals2["rows"].metadata["rows"].value == meta["rows"]
 
 
-def test_sensor_deletes_block_partitions_beyond_retention(settings, tmp_path):
+def test_sensor_deletes_block_partitions_beyond_retention(settings, tmp_path, dagster_storage):
     from platform_assets.sensors import build_planner_sensor
 
     s = settings.with_(lineage=write_lineage(tmp_path, maxstep=30))
@@ -228,7 +228,7 @@ def test_sensor_deletes_block_partitions_beyond_retention(settings, tmp_path):
         store.commit("fact.events", "test", seq=seq, last=last, next=nxt, rows=0)
         last = nxt
     store.release("fact.events", "test")
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         instance.add_dynamic_partitions(name, ["00000001", "00000002", "00000003"])
         data = _tick(sensor, instance, defs)
         assert [r.partition_key for r in data.run_requests] == ["00000004"]
@@ -237,7 +237,7 @@ def test_sensor_deletes_block_partitions_beyond_retention(settings, tmp_path):
 
 
 @pytest.mark.spark
-def test_a_failed_blocking_check_holds_back_downstream_topics(spark, settings, tmp_path):
+def test_a_failed_blocking_check_holds_back_downstream_topics(spark, settings, tmp_path, dagster_storage):
     down = """
       - table: fact.down
         depends_on: [fact.events]
@@ -255,7 +255,7 @@ def test_a_failed_blocking_check_holds_back_downstream_topics(spark, settings, t
     write_rows(s, "stage.events", make_events(60, distinct_pos=60))
     sensor = defs.get_sensor_def("tidemark_planner")
     asset = defs.resolve_assets_def(dg.AssetKey(["fact", "events"]))
-    with dg.instance_for_test() as instance:
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
         first = _tick(sensor, instance, defs)
         assert [r.job_name for r in first.run_requests] == ["tidemark__fact__events"]
         instance.add_dynamic_partitions(partitions_name("fact.events"), ["00000001"])
