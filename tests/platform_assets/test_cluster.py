@@ -8,6 +8,7 @@ import datetime as dt
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,16 +60,19 @@ def test_demo_lineage_on_a_standalone_cluster_equals_local_mode(spark, tmp_path)
     feeders = {"local": ShopFeeder(local), "cluster": ShopFeeder(on_cluster)}
     master_port, connect_port = spark_server.free_port(), spark_server.free_port()
     url = f"sc://127.0.0.1:{connect_port}"
+    t0 = time.monotonic()
     try:
         up = _tidemark(on_cluster.home, "cluster", "up", "--workers", "2", "--worker-cores", "1", "--worker-memory", "512m",
                        "--master-port", str(master_port), "--port", str(connect_port))
         assert up.returncode == 0, up.stdout + up.stderr
         assert f"export TIDEMARK_SPARK_MASTER={url}" in up.stdout
+        print(f"cluster up: {time.monotonic() - t0:.0f}s")
         status = _tidemark(on_cluster.home, "cluster", "status")
         assert status.returncode == 0, status.stdout
         assert status.stdout.count("ALIVE, 1 cores") == 2 and f"spark://127.0.0.1:{master_port}" in status.stdout
 
-        for batch in BATCHES:
+        for n, batch in enumerate(BATCHES, 1):
+            t1 = time.monotonic()
             for feeder in feeders.values():
                 feeder.append(**batch)
             # The cluster's pass (a client process over Connect) and the local one side by side:
@@ -81,12 +85,14 @@ def test_demo_lineage_on_a_standalone_cluster_equals_local_mode(spark, tmp_path)
                     eng.run_until_caught_up()
                 finally:
                     eng.close()
+                t_local = time.monotonic() - t1
                 out, _ = run.communicate(timeout=600)
             finally:
                 if run.poll() is None:
                     run.kill()
                     run.wait()
             assert run.returncode == 0, out
+            print(f"pass {n}: local {t_local:.0f}s, cluster {time.monotonic() - t1:.0f}s (side by side)")
 
         for topic in lineage.topics.values():
             table = topic.spec.destination
