@@ -363,6 +363,52 @@ def cmd_postgres(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """``cluster up|down|status``: a Spark standalone master and workers on loopback, and a
+    Spark Connect server on them."""
+    from resources import spark_cluster
+
+    home = _settings(args).home
+    if args.action == "up":
+        t0 = time.monotonic()
+        started = spark_cluster.up(home, workers=args.workers, worker_cores=args.worker_cores, worker_memory=args.worker_memory,
+                                 master_port=args.master_port, connect_port=args.port)
+        print(f"Spark cluster running ({time.monotonic() - t0:.0f}s); logs in {spark_cluster.cluster_dir(home)}")
+        _print_cluster(started)
+        return 0
+    if args.action == "down":
+        stopped = spark_cluster.down(home)
+        print(f"stopped: {', '.join(stopped)}" if stopped else f"no Spark cluster runs under {home}")
+        return 0
+    found = spark_cluster.status(home)
+    if found is None:
+        print(f"no Spark cluster runs under {home}; start one with: tidemark cluster up")
+        return 1
+    _print_cluster(found)
+    if not found.healthy:
+        print(f"the cluster is not whole (see above and the logs in {spark_cluster.cluster_dir(home)}); "
+              "restart it: tidemark cluster down && tidemark cluster up")
+        return 1
+    return 0
+
+
+def _print_cluster(found: Any) -> None:
+    st = found.state
+    master = "running" if found.running["master"] else "NOT RUNNING"
+    print(f"master   {st.master_url}  {master}, {found.view.status if found.view else 'not answering'}  "
+          f"(pid {st.master.pid}, web UI {st.webui_url})")
+    for w in st.workers:
+        info = found.worker_info(w)
+        seen = f"{info.state}, {info.cores} cores ({info.cores_used} used), {info.memory_mb} MB ({info.memory_used_mb} used)" \
+            if info else "not registered"
+        print(f"{w.name:<8} {'running' if found.running[w.name] else 'NOT RUNNING'}, {seen}  (pid {w.pid}, log {w.log})")
+    if found.connect is None:
+        print(f"connect  NOT RUNNING (was to listen on port {st.connect_port})")
+    else:
+        print(f"connect  {found.connect.url}  running (pid {found.connect.pid}, log {found.connect.log})")
+        print(f"export TIDEMARK_SPARK_MASTER={found.connect.url}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidemark", description="Incremental Delta tables, block by block.")
     p.add_argument("--lineage", help="lineage YAML file or directory (env TIDEMARK_LINEAGE; default demo/lineage)")
@@ -412,6 +458,15 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("action", choices=["up", "down", "status"])
     pg.add_argument("--port", type=int, default=None, help="up: port on 127.0.0.1 (default 15432)")
     pg.set_defaults(func=cmd_postgres)
+
+    cluster = sub.add_parser("cluster", help="start, stop or show a Spark standalone cluster on 127.0.0.1 with a Connect server on it")
+    cluster.add_argument("action", choices=["up", "down", "status"])
+    cluster.add_argument("--workers", type=int, default=2, help="up: number of workers (default 2)")
+    cluster.add_argument("--worker-cores", type=int, default=1, help="up: cores each worker offers (default 1)")
+    cluster.add_argument("--worker-memory", default="1g", help="up: memory each worker offers, e.g. 512m (default 1g)")
+    cluster.add_argument("--master-port", type=int, default=7077, help="up: the master's port (default 7077)")
+    cluster.add_argument("--port", type=int, default=15002, help="up: the Connect server's port (default 15002)")
+    cluster.set_defaults(func=cmd_cluster)
 
     demo = sub.add_parser("demo", help="generate the demo shop data and run the demo lineage twice")
     demo.add_argument("--orders", type=int, default=3000)

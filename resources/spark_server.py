@@ -29,6 +29,7 @@ from resources.storage import S3Settings, is_object_store
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_PORT = 15002
+SERVER_MARKERS = (SERVER_CLASS.encode(), b"spark-submit")  # in a server's command line (not a reused pid)
 
 
 class SparkServerError(TidemarkError):
@@ -81,8 +82,8 @@ def start(home: Path, *, port: int = DEFAULT_PORT, master: str = "local[*]", dri
             return running
         raise SparkServerError(f"a Spark Connect server of {home} already runs on port {running.port} (pid {running.pid}); "
                                f"use {running.url}, or stop it first: tidemark spark down")
-    java = _java()
-    _check_port_free(port)
+    java = find_java()
+    check_port_free(port)
     jars = _delta_jars(home)
     warehouse = warehouse or Settings.from_env(home=home).warehouse
     store_conf: dict[str, str] = {}
@@ -99,7 +100,7 @@ def start(home: Path, *, port: int = DEFAULT_PORT, master: str = "local[*]", dri
         **(extra_conf or {}),
     }
     memory = driver_memory or default_driver_memory()
-    cmd = [str(_pyspark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--name", "tidemark-connect",
+    cmd = [str(pyspark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--name", "tidemark-connect",
            "--master", master, "--driver-memory", memory, "--jars", ",".join(jars)]
     for k, v in conf.items():
         cmd += ["--conf", f"{k}={v}"]
@@ -110,7 +111,7 @@ def start(home: Path, *, port: int = DEFAULT_PORT, master: str = "local[*]", dri
         props.chmod(0o600)
         props.write_text("".join(f"{k}={_escape_property(v)}\n" for k, v in store_conf.items()))
         cmd += ["--properties-file", str(props)]
-    env = {**os.environ, "SPARK_HOME": str(_pyspark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
+    env = {**os.environ, "SPARK_HOME": str(pyspark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
            "JAVA_HOME": os.environ.get("JAVA_HOME") or str(Path(java).resolve().parents[1])}
     with open(log, "ab") as out:
@@ -136,16 +137,22 @@ def stop(home: Path, *, timeout: float = 20.0) -> ServerInfo | None:
     server = status(home)
     if server is None:
         return None
-    _signal_group(server.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _alive(server.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if _alive(server.pid):
-        _signal_group(server.pid, signal.SIGKILL)
-        while _alive(server.pid) and time.monotonic() < deadline + 10:
-            time.sleep(0.2)
+    terminate_group(server.pid, SERVER_MARKERS, timeout)
     (server_dir(home) / "server.json").unlink(missing_ok=True)
     return server
+
+
+def terminate_group(pid: int, markers: tuple[bytes, ...], timeout: float) -> None:
+    """SIGTERM to the process group of ``pid`` (a process started in its own session), SIGKILL
+    after ``timeout`` seconds; returns once it is gone (or 10 s after the SIGKILL)."""
+    signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while process_alive(pid, markers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if process_alive(pid, markers):
+        signal_group(pid, signal.SIGKILL)
+        while process_alive(pid, markers) and time.monotonic() < deadline + 10:
+            time.sleep(0.2)
 
 
 def log_tail(log: Path, lines: int = 25) -> str:
@@ -169,7 +176,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], server: ServerInfo, timeout: floa
         if code is not None:
             raise SparkServerError(f"the Spark Connect server exited with code {code} while starting; "
                                    f"log {server.log}, last lines:\n{log_tail(server.log)}")
-        if _port_open(server.port):
+        if port_open(server.port):
             _probe(server.url)
             return
         time.sleep(0.5)
@@ -209,33 +216,36 @@ def _escape_property(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\:").replace("=", "\\=")
 
 
-def _java() -> str:
+def find_java(purpose: str = "the Spark Connect server") -> str:
+    """The ``java`` binary (``$JAVA_HOME/bin/java``, else on PATH); a clear error without one."""
     java_home = os.environ.get("JAVA_HOME")
     java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
     if not java or not Path(java).is_file():
         where = f"JAVA_HOME={java_home} has no bin/java" if java_home else "no `java` on PATH"
-        raise SparkServerError(f"Java is needed for the Spark Connect server ({where}). Fix: install Java 17 "
+        raise SparkServerError(f"Java is needed for {purpose} ({where}). Fix: install Java 17 "
                                "(./scripts/setup.sh does) or set JAVA_HOME")
     return java
 
 
-def _pyspark_home() -> Path:
+def pyspark_home() -> Path:
+    """The installed pyspark distribution (``bin/spark-submit``, ``bin/spark-class``, ``jars/``)."""
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
 
 
-def _check_port_free(port: int) -> None:
+def check_port_free(port: int, flag: str = "--port") -> None:
+    """Refuse (naming ``flag``, the option that picks another port) when ``port`` is taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:
             raise SparkServerError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}); another program (or "
-                                   f"another Spark Connect server) listens there. Fix: pick a free port with "
-                                   f"--port, or stop that program") from exc
+                                   f"another Spark server) listens there. Fix: pick a free port with "
+                                   f"{flag}, or stop that program") from exc
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -249,8 +259,12 @@ def free_port() -> int:
 
 
 def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs and is a Spark Connect server (not a reused pid). A dead child of
-    this process is reaped here, so it does not linger as a zombie."""
+    return process_alive(pid, SERVER_MARKERS)
+
+
+def process_alive(pid: int, markers: tuple[bytes, ...]) -> bool:
+    """Whether ``pid`` runs and its command line holds one of ``markers`` (not a reused pid). A
+    dead child of this process is reaped here, so it does not linger as a zombie."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
     try:
@@ -263,9 +277,9 @@ def _alive(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no /proc: trust the pid
-    return SERVER_CLASS.encode() in cmdline or b"spark-submit" in cmdline
+    return any(m in cmdline for m in markers)
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
+def signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)

@@ -90,6 +90,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         pytest.fail(str(exc), pytrace=False)
 
 
+@pytest.fixture(scope="session")
 def dagster_pg_template(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A database ``dagster_template`` on the session's PostgreSQL holding Dagster's schema
     (created once, ~3 s): each test's instance database is a copy of it."""
