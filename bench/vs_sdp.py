@@ -19,10 +19,10 @@ Delta tables, written by ``deltalake`` between updates (untimed). Four updates: 
   only part of the ``--conf`` options it is given on the command line.
 * Tidemark: one step topic ``fact.orders`` (``maxstep`` = ``--maxstep``) over a warm Spark Connect
   server (started once, untimed, ``local[2]``, like the daemon's infrastructure; warmed up by a
-  small untimed Delta append and join, as earlier blocks would have, unless ``--no-warmup``). Per update: the
-  ``tidemark_planner`` sensor is ticked in this process as the daemon does, its partitions are
-  added, each requested run is a fresh ``dagster asset materialize`` process, and the sensor is
-  ticked again until it requests nothing (that last tick is timed too).
+  small untimed Delta append and join, as earlier blocks would have, unless ``--no-warmup``).
+  Per update: the ``tidemark_planner`` sensor is ticked in this process as the daemon does, its
+  partitions are added, each requested run is a fresh ``dagster asset materialize`` process, and
+  the sensor is ticked again until it requests nothing (that last tick is timed too).
 
 Wall time per update is from the start of the first process (or tick) to the exit of the last.
 The script exits 1 if the two output tables differ (row count, ``exceptAll`` both ways) or
