@@ -185,13 +185,19 @@ def _wait_ready(proc: subprocess.Popen[bytes], server: ServerInfo, timeout: floa
 
 
 def _probe(url: str) -> None:
-    from pyspark.sql import SparkSession
+    """One query on a fresh Connect session. Through the Connect builder itself: pyspark's
+    generic builder marks the whole process as a Connect client (``SPARK_CONNECT_MODE_ENABLED``),
+    which would turn a local session's functions in this process into Connect ones."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
 
-    session = SparkSession.builder.remote(url).create()
+    had = "SPARK_CONNECT_MODE_ENABLED" in os.environ
+    session = RemoteSparkSession.builder.remote(url).create()
     try:
         session.sql("SELECT 1").collect()
     finally:
         session.stop()
+        if not had:
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
 
 
 def _delta_jars(home: Path) -> list[str]:

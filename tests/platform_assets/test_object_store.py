@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 
-from lineage.loader import load_lineage
 from resources import delta_meta, spark_server
 from resources.meta_tables import ETL_LOG, QUARANTINE
 from resources.settings import Settings
-from resources.spark import build_spark_session
 from tests.conftest import ROOT
 
 TABLES = ("dim.customers", "fact.orders", "fact.order_items", "mart.daily_revenue")
@@ -29,26 +29,29 @@ def _rows(settings: Settings, table: str, drop: tuple[str, ...] = ()) -> list[tu
     return sorted(tuple(str(v) for v in r.values()) for r in data.to_pylist())
 
 
+def _tidemark(settings: Settings, spark_url: str, *args: str) -> str:
+    """The CLI in a process of its own: one process cannot hold a local session (the tests'
+    ``spark`` fixture) and a Spark Connect one (pyspark switches every function to Connect)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_DRIVER_MEMORY": "1g"}
+    out = subprocess.run([sys.executable, "-m", "platform_assets.cli", "--home", str(settings.home), "--warehouse",
+                          settings.warehouse, "--lineage", str(settings.lineage), "--spark-master", spark_url, *args],
+                         capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    assert out.returncode == 0, f"tidemark {' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
 def _run_demo(settings: Settings, spark_url: str) -> None:
     """Seed the shop, run until caught up, append more rows (two late), run again."""
     from platform_assets.demo import ShopFeeder
-    from platform_assets.engine import Engine
 
     t0 = dt.datetime(2026, 1, 1, 12)
     feeder = ShopFeeder(settings)
     feeder.append(orders=80, start=t0, end=t0 + dt.timedelta(hours=1), new_customers=20, bad_rows=2)
-    session = build_spark_session(settings.with_(spark_master=spark_url), app_name="tidemark-s3-test")
-    eng = Engine(settings, load_lineage(settings.lineage), spark=session)
-    try:
-        eng.publish_lineage()
-        first = eng.run_until_caught_up()
-        assert any(r.rows for r in first)
-        feeder.append(orders=20, start=t0 + dt.timedelta(hours=1, minutes=1), end=t0 + dt.timedelta(hours=2),
-                      new_customers=5, late=2)
-        eng.run_until_caught_up()
-    finally:
-        eng.close()
-        session.stop()
+    first = _tidemark(settings, spark_url, "run", "--until-caught-up")
+    assert "block 1" in first, first
+    feeder.append(orders=20, start=t0 + dt.timedelta(hours=1, minutes=1), end=t0 + dt.timedelta(hours=2),
+                  new_customers=5, late=2)
+    _tidemark(settings, spark_url, "run", "--until-caught-up")
 
 
 @pytest.fixture
@@ -87,7 +90,7 @@ def test_demo_lineage_on_object_store_equals_local_run(s3_env, tmp_path, capsys)
         t1 = time.monotonic()
         _run_demo(remote, server.url)
         t2 = time.monotonic()
-        _run_demo(local, server.url)
+        _run_demo(local, "local[2]")  # its own JVM: the server's catalog names the S3 run's tables
         with capsys.disabled():  # the figures the README quotes
             print(f"\nserver start {t1 - t0:.0f}s, S3 run {t2 - t1:.0f}s, local run {time.monotonic() - t2:.0f}s")
     finally:
