@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -115,4 +116,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # As the CLI does: deltalake/pyarrow's native runtimes can abort in exit-time destructors.
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)
