@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lineage.errors import TidemarkError
+from resources.processes import log_tail, port_taken, process_alive
 
 DEFAULT_PORT = 15432
 DATABASE = "tidemark"
@@ -138,11 +139,11 @@ def start(home: Path, *, port: int | None = None, database: str = DATABASE, opti
         _run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", str(timeout),
               "-o", " ".join(f"-c {k}={v}" for k, v in settings.items()), "start"], folder)
     except LocalPostgresError as exc:
-        raise LocalPostgresError(f"{exc}\nserver log {log}, last lines:\n{_tail(log)}") from None
+        raise LocalPostgresError(f"{exc}\nserver log {log}, last lines:\n{log_tail(log)}") from None
     server = status(home, database)
     if server is None:
         raise LocalPostgresError(f"pg_ctl started the PostgreSQL server of {home} but it is not running; "
-                                 f"server log {log}, last lines:\n{_tail(log)}")
+                                 f"server log {log}, last lines:\n{log_tail(log)}")
     try:
         _create_database(server)
     except BaseException:
@@ -201,31 +202,13 @@ def _run(cmd: list[str], cwd: Path) -> None:
 
 
 def _check_port_free(port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise LocalPostgresError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}); another program (or another "
-                                     f"PostgreSQL) listens there. Fix: pick a free port with --port, or stop "
-                                     f"that program") from exc
+    reason = port_taken(port)
+    if reason is not None:
+        raise LocalPostgresError(f"port {port} on 127.0.0.1 is in use ({reason}); another program (or another "
+                                 f"PostgreSQL) listens there. Fix: pick a free port with --port, or stop "
+                                 f"that program")
 
 
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs and is a PostgreSQL server (not a pid reused after a crash)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        return b"postgres" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # no /proc: trust the pid
-
-
-def _tail(log: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+    return process_alive(pid, (b"postgres",))

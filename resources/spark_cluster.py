@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lineage.errors import TidemarkError
-from resources import spark_server
+from resources import processes, spark_server
 from resources.spark_server import ServerInfo
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -206,7 +206,7 @@ def status(home: Path) -> ClusterStatus | None:
     state = read_state(home)
     if state is None:
         return None
-    running = {d.name: spark_server.process_alive(d.pid, d.markers) for d in state.daemons}
+    running = {d.name: processes.process_alive(d.pid, d.markers) for d in state.daemons}
     connect = spark_server.status(cluster_dir(home))
     if not any(running.values()) and connect is None:
         (cluster_dir(home) / "cluster.json").unlink(missing_ok=True)
@@ -289,7 +289,7 @@ def down(home: Path, *, timeout: float = 20.0) -> list[str]:
     state = read_state(home)
     if state is not None:
         for d in (*state.workers, state.master):  # workers first: a master gone first makes them retry and log
-            if spark_server.process_alive(d.pid, d.markers):
+            if processes.process_alive(d.pid, d.markers):
                 spark_server.terminate_group(d.pid, d.markers, timeout)
                 stopped.append(f"{d.name} (pid {d.pid})")
     (cluster_dir(home) / "cluster.json").unlink(missing_ok=True)
@@ -338,18 +338,14 @@ def _wait(ready: Callable[[], bool], procs: dict[str, subprocess.Popen[bytes]], 
             code = procs[d.name].poll()
             if code is not None:
                 raise SparkClusterError(f"the Spark {d.name} exited with code {code} while starting; log {d.log}, "
-                                        f"last lines:\n{spark_server.log_tail(d.log)}")
+                                        f"last lines:\n{processes.log_tail(d.log)}")
         if ready():
             return
         if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {d.log}:\n{spark_server.log_tail(d.log, 10)}" for d in state.daemons)
+            tails = "\n".join(f"--- {d.log}:\n{processes.log_tail(d.log, 10)}" for d in state.daemons)
             raise SparkClusterError(f"{what} in time; stopped the cluster. Logs:\n{tails}")
         time.sleep(0.5)
 
 
 def _port_free(port: int) -> bool:
-    try:
-        spark_server.check_port_free(port)
-    except spark_server.SparkServerError:
-        return False
-    return True
+    return processes.port_taken(port) is None

@@ -9,7 +9,6 @@ process group; its pid file and log live under ``$TIDEMARK_HOME/spark-connect/``
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lineage.errors import TidemarkError
+from resources.processes import log_tail, port_taken, process_alive, signal_group
 from resources.settings import Settings
 from resources.spark import cached_delta_jars, cached_s3_jars, driver_conf, resolve_s3_jars
 from resources.spark import driver_memory as default_driver_memory
@@ -155,15 +155,6 @@ def terminate_group(pid: int, markers: tuple[bytes, ...], timeout: float) -> Non
             time.sleep(0.2)
 
 
-def log_tail(log: Path, lines: int = 25) -> str:
-    """The last ``lines`` lines of the server's log (for error messages)."""
-    try:
-        text = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(text[-lines:])
-
-
 # --------------------------------------------------------------------- helpers
 
 
@@ -242,13 +233,11 @@ def pyspark_home() -> Path:
 
 def check_port_free(port: int, flag: str = "--port") -> None:
     """Refuse (naming ``flag``, the option that picks another port) when ``port`` is taken."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise SparkServerError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}); another program (or "
-                                   f"another Spark server) listens there. Fix: pick a free port with "
-                                   f"{flag}, or stop that program") from exc
+    reason = port_taken(port)
+    if reason is not None:
+        raise SparkServerError(f"port {port} on 127.0.0.1 is in use ({reason}); another program (or "
+                               f"another Spark server) listens there. Fix: pick a free port with "
+                               f"{flag}, or stop that program")
 
 
 def port_open(port: int) -> bool:
@@ -267,25 +256,3 @@ def free_port() -> int:
 def _alive(pid: int) -> bool:
     return process_alive(pid, SERVER_MARKERS)
 
-
-def process_alive(pid: int, markers: tuple[bytes, ...]) -> bool:
-    """Whether ``pid`` runs and its command line holds one of ``markers`` (not a reused pid). A
-    dead child of this process is reaped here, so it does not linger as a zombie."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # no /proc: trust the pid
-    return any(m in cmdline for m in markers)
-
-
-def signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
