@@ -103,24 +103,32 @@ def _jar_cache_file() -> Path:
     return base / f"delta-jars-spark{version('pyspark')}-delta{version('delta-spark')}.txt"
 
 
-def cached_delta_jars() -> list[str]:
-    """Jars of an earlier Ivy resolution, if all still exist: later sessions start without
-    Ivy (quiet, and without reaching Maven Central again)."""
+def _read_jar_list(path: Path) -> list[str]:
+    """The jars listed in ``path`` (one per line), if all still exist; else []."""
     try:
-        jars = [j for j in _jar_cache_file().read_text().split() if j]
+        jars = [j for j in path.read_text().split() if j]
     except OSError:
         return []
     ok = jars and all(Path(j.removeprefix("file:")).is_file() for j in jars)
     return jars if ok else []
 
 
+def _write_jar_list(path: Path, jars: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(jars) + "\n")
+
+
+def cached_delta_jars() -> list[str]:
+    """Jars of an earlier Ivy resolution, if all still exist: later sessions start without
+    Ivy (quiet, and without reaching Maven Central again)."""
+    return _read_jar_list(_jar_cache_file())
+
+
 def _remember_delta_jars(spark_jars: str) -> None:
     jars = [j for j in spark_jars.split(",") if j.endswith(".jar")]
     if not any("delta-spark" in j for j in jars):
         return
-    path = _jar_cache_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(jars) + "\n")
+    _write_jar_list(_jar_cache_file(), jars)
 
 
 def _s3_jar_cache_file() -> Path:
@@ -132,12 +140,7 @@ def _s3_jar_cache_file() -> Path:
 
 def cached_s3_jars() -> list[str]:
     """The hadoop-aws (S3A) jars of an earlier resolution, if all still exist; else []."""
-    try:
-        jars = [j for j in _s3_jar_cache_file().read_text().split() if j]
-    except OSError:
-        return []
-    ok = jars and all(Path(j.removeprefix("file:")).is_file() for j in jars)
-    return jars if ok else []
+    return _read_jar_list(_s3_jar_cache_file())
 
 
 def resolve_s3_jars(timeout: float = 900.0) -> list[str]:
@@ -169,9 +172,7 @@ def resolve_s3_jars(timeout: float = 900.0) -> list[str]:
         raise StorageError(f"could not resolve the S3A jars ({', '.join(packages)}) from Maven Central (the warehouse "
                            f"is on object storage). Check network access to Maven Central, or put the jars in "
                            f"spark.jars via TIDEMARK_SPARK_CONF. Spark said:\n{tail}")
-    path = _s3_jar_cache_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(jars) + "\n")
+    _write_jar_list(_s3_jar_cache_file(), jars)
     return jars
 
 
