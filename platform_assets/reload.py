@@ -63,8 +63,8 @@ class ReloadProcessor:
         meta = protocol.commit_metadata(topic, seq, next_=None if mark.is_zero() else mark, source_version=source_version,
                                         run_id=eng.run_id, owner=eng.owner)
         app_id = data_app_id(topic.name)
-        out, observed = spark_io.observe_output(opened.out)
         with eng.phases.timed("write"):
+            out, observed = spark_io.observe_output(opened.out)
             (out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
              .option("txnAppId", app_id).option("txnVersion", seq).option("userMetadata", meta).save(dest))
             eng.register(topic.spec.destination)

@@ -180,10 +180,10 @@ class StepProcessor:
         if landed is None:
             if opened.out is None:
                 raise ProcessingError(f"topic '{topic.name}': block {block.seq} has no output to write")
-            out, observed = spark_io.observe_output(opened.out)
             meta = protocol.commit_metadata(topic, block.seq, last=block.last, next_=block.next,
                                             source_version=planned.source_version, run_id=eng.run_id, owner=eng.owner)
             with eng.phases.timed("write"):
+                out, observed = spark_io.observe_output(opened.out)
                 (out.write.format("delta").mode("append")
                  .option("txnAppId", app_id).option("txnVersion", block.seq)
                  .option("mergeSchema", "true").option("userMetadata", meta)
