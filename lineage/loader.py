@@ -245,6 +245,9 @@ def load_lineage(path: str | Path) -> Lineage:
         if t.spec.destination in t.spec.depends_on:
             problems.append(f"{_where(t.file, deps_line, t.name, 'depends_on')}: a topic cannot depend on its own table "
                             f"'{t.spec.destination}' (it would wait for itself)")
+        for fname, problem in t.spec.merge_problems():
+            item = field_lines.get(t.name, {})
+            problems.append(f"{_where(t.file, _field_line(item, [fname]) or t.line, t.name, fname)}: {problem}")
         for dep in t.spec.depends_on:
             if dep not in produced and dep not in sources:
                 problems.append(
@@ -257,11 +260,13 @@ def load_lineage(path: str | Path) -> Lineage:
     for table in produced:
         writers = [t for t in topics.values() if t.spec.destination == table]
         kinds = {t.spec.processor for t in writers}
-        if Processor.RELOAD in kinds and len(writers) > 1:
+        whole = kinds & {Processor.RELOAD, Processor.MERGE}
+        if whole and len(writers) > 1:
             t = writers[0]
             names = ", ".join(w.name for w in writers)
+            how = "rebuilt by a reload topic" if Processor.RELOAD in whole else "maintained by a merge topic (it deletes keys)"
             problems.append(
-                f"{_where(t.file, t.line, t.name, 'processor')}: table '{table}' is rebuilt by a reload topic, so it "
+                f"{_where(t.file, t.line, t.name, 'processor')}: table '{table}' is {how}, so it "
                 f"cannot have other topics ({names})"
             )
     order = _topological(topics, problems)

@@ -25,6 +25,7 @@ TOPIC_RE = re.compile(
     r"^(?P<table>[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*)"
     r"(?:#(?P<tag>[A-Za-z0-9_]+))?(?::(?P<shard>[A-Za-z0-9_-]+))?$"
 )
+COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PYTHON_PREFIX = "python:"
 DEFAULT_MAXSTEP = 1_000_000
 
@@ -32,6 +33,22 @@ DEFAULT_MAXSTEP = 1_000_000
 class Processor(StrEnum):
     STEP = "step"
     RELOAD = "reload"
+    MERGE = "merge"
+
+
+class Refresh(StrEnum):
+    """How a merge topic may bring its view up to date."""
+
+    INCREMENTAL = "incremental"  # only the keys that changed; a full recompute when that is impossible or dearer
+    STRICT = "incremental_strict"  # only the keys that changed; fail instead of falling back to a full recompute
+    FULL = "full"  # every unit recomputes the whole view
+
+
+class LateRows(StrEnum):
+    """What a topic does with base rows that land at or below its ``last`` after that block committed."""
+
+    QUARANTINE = "quarantine"
+    REDERIVE = "rederive"  # merge topics: re-derive the keys the late rows touch
 
 
 @dataclass(frozen=True)
@@ -123,6 +140,17 @@ class TopicSpec(_Strict):
     comment: str = ""
     owner: str | None = None
     checks: ChecksSpec = Field(default_factory=lambda: ChecksSpec.model_validate({}), description="thresholds for the per-block asset checks")
+    # merge topics (materialized views) only; the loader refuses them on other processors
+    key: list[str] = Field(default_factory=list, description="merge: the unique key of the transform's output")
+    join_keys: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="merge: per input table (not the base), view column -> input column; a change "
+                                          "of that input re-derives only the view rows whose columns match")
+    refresh: Refresh = Field(Refresh.INCREMENTAL, description="merge: incremental | incremental_strict | full")
+    full_above: float = Field(0.2, gt=0, le=1, description="merge: recompute the whole view instead of a reverse join "
+                                                         "when more than this share of an input's rows changed")
+    late_rows: LateRows = Field(LateRows.QUARANTINE, description="quarantine | rederive (merge): base rows landing "
+                                                                "at or below last after their block committed")
+    delete_missing: bool = Field(True, description="merge: remove view rows whose inputs were deleted")
 
     @property
     def name(self) -> str:
@@ -190,6 +218,56 @@ class TopicSpec(_Strict):
         if isinstance(v, dt.timedelta):
             return v
         return parse_duration(v)
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _key(cls, v: Any) -> Any:
+        return _split_list(v)
+
+    @field_validator("key")
+    @classmethod
+    def _key_columns(cls, v: list[str]) -> list[str]:
+        for col in v:
+            if not COLUMN_RE.match(col):
+                raise ValueError(f"{col!r} is not a column name")
+        if len(set(v)) != len(v):
+            raise ValueError(f"lists a column twice: {v}")
+        return v
+
+    @field_validator("join_keys")
+    @classmethod
+    def _join_keys(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for table, cols in v.items():
+            if not TABLE_RE.match(table):
+                raise ValueError(f"{table!r} is not a table name: expected schema.table (an input in depends_on)")
+            if not cols:
+                raise ValueError(f"{table}: needs at least one view column: input column pair, e.g. {{customer_id: id}}")
+            for a, b in cols.items():
+                for col in (a, b):
+                    if not COLUMN_RE.match(str(col)):
+                        raise ValueError(f"{table}: {col!r} is not a column name")
+        return v
+
+    def merge_problems(self) -> list[tuple[str, str]]:
+        """``(field, problem)`` for merge settings that contradict the processor or depends_on."""
+        out: list[tuple[str, str]] = []
+        if self.processor is Processor.MERGE:
+            if not self.key:
+                out.append(("key", "a merge topic needs the unique key of its output, e.g. key: [day, country]"))
+            for table in self.join_keys:
+                if table == self.base:
+                    out.append(("join_keys", f"{table} is the base table (read block by block by (pos, id)); join_keys "
+                                              f"are for the other inputs, whose changes are found by Delta version"))
+                elif table not in self.depends_on:
+                    out.append(("join_keys", f"{table} is not in depends_on ({', '.join(self.depends_on)})"))
+            return out
+        merge_only = {"key": bool(self.key), "join_keys": bool(self.join_keys),
+                      "refresh": self.refresh is not Refresh.INCREMENTAL, "delete_missing": not self.delete_missing,
+                      "late_rows": self.late_rows is not LateRows.QUARANTINE}
+        for name, set_ in merge_only.items():
+            if set_:
+                out.append((name, f"only merge topics take '{name}' (this is a {self.processor.value} topic)"))
+        return out
 
     @field_validator("maxstep", mode="before")
     @classmethod

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import json
 import os
 import re
 import secrets
@@ -63,7 +64,8 @@ from resources.offsets import (
 STATE_RESET = "reset"
 
 _COLUMNS = ("topic", "last_pos", "last_id", "next_pos", "next_id", "rows", "seq", "run", "processor",
-            "state", "owner", "owner_since", "source_version", "updated_at", "lease_until", "delta_version")
+            "state", "owner", "owner_since", "source_version", "updated_at", "lease_until", "delta_version",
+            "inputs", "inputs_next")
 _LOG_COLUMNS = ("at", "topic", "action", "who", "old_last", "new_last", "note")
 
 
@@ -105,6 +107,8 @@ _DDL = (
 _ADDED_COLUMNS = (
     ("lease_until", "TEXT"),
     ("delta_version", "BIGINT"),
+    ("inputs", "TEXT"),
+    ("inputs_next", "TEXT"),
 )
 
 
@@ -128,19 +132,36 @@ def _to_row(r: OffsetRecord) -> tuple[Any, ...]:
     nxt = r.next
     return (r.topic, format_ts(r.last.pos), r.last.id, _ts(nxt.pos if nxt else None), nxt.id if nxt else None,
             r.rows, r.seq, _ts(r.run), r.processor, r.state, r.owner, _ts(r.owner_since), r.source_version,
-            format_ts(r.updated_at), _ts(r.lease_until), r.delta_version)
+            format_ts(r.updated_at), _ts(r.lease_until), r.delta_version, _json(r.inputs or None), _json(r.inputs_next))
+
+
+def _json(value: Mapping[str, int] | None) -> str | None:
+    return None if value is None else json.dumps(dict(sorted(value.items())))
+
+
+def _from_json(text: str | None) -> dict[str, int] | None:
+    return None if text is None else {k: int(v) for k, v in json.loads(text).items()}
 
 
 def _from_row(row: Sequence[Any]) -> OffsetRecord:
     (topic, last_pos, last_id, next_pos, next_id, rows, seq, run, processor, state, owner, owner_since,
-     source_version, updated_at, lease_until, delta_version) = row
+     source_version, updated_at, lease_until, delta_version, inputs, inputs_next) = row
     return OffsetRecord(
         topic=topic, last=Position(parse_ts(last_pos), last_id),
         next=None if next_pos is None else Position(parse_ts(next_pos), next_id),
         rows=rows, seq=seq, run=_dt(run), processor=processor, state=state, owner=owner,
         owner_since=_dt(owner_since), source_version=source_version, updated_at=parse_ts(updated_at),
         lease_until=_dt(lease_until), delta_version=delta_version,
+        inputs=_from_json(inputs) or {}, inputs_next=_from_json(inputs_next),
     )
+
+
+def _backwards(topic: str, old: Mapping[str, int], new: Mapping[str, int], action: str) -> None:
+    """Per-input offsets only grow: refuse ``new`` where it is below ``old``."""
+    lower = [f"{k} {new[k]} < {old[k]}" for k in sorted(new) if k in old and new[k] < old[k]]
+    if lower:
+        raise OffsetError(f"topic '{topic}': {action} refused: input offsets would move backwards ({', '.join(lower)}); "
+                          f"a late or concurrent commit never moves an input back")
 
 
 def _held(rec: OffsetRecord) -> str:
@@ -352,8 +373,8 @@ class SqlOffsetStore(OffsetStore):
             return rec.owner
 
     def plan(self, topic: str, owner: str, *, last: Position, next: Position, seq: int,
-             source_version: int | None) -> OffsetRecord:
-        if not last < next:
+             source_version: int | None, inputs_next: Mapping[str, int] | None = None) -> OffsetRecord:
+        if not (last < next or (inputs_next is not None and last == next)):
             raise OffsetError(f"topic '{topic}': cannot plan block {seq}: next {next} is not after last {last}")
         with self._tx(write=True):
             rec = self._current(topic)
@@ -368,8 +389,12 @@ class SqlOffsetStore(OffsetStore):
             if seq <= rec.seq:
                 raise OffsetError(f"topic '{topic}': block number {seq} is not above the stored {rec.seq}; "
                                   f"another run planned first — re-plan with seq {rec.seq + 1}")
-            return self._save(rec, ("plan", owner, f"block {seq} ({last}, {next}]"), next=next, seq=seq,
-                              state=STATE_PLANNED, source_version=source_version)
+            if inputs_next is not None:
+                _backwards(topic, rec.inputs, inputs_next, f"plan of block {seq}")
+            ins = "" if not inputs_next else " inputs " + ", ".join(f"{k}@{v}" for k, v in sorted(inputs_next.items()))
+            return self._save(rec, ("plan", owner, f"block {seq} ({last}, {next}]{ins}"), next=next, seq=seq,
+                              state=STATE_PLANNED, source_version=source_version,
+                              inputs_next=None if inputs_next is None else dict(inputs_next))
 
     def commit(self, topic: str, owner: str, *, seq: int, last: Position, next: Position, rows: int,
                state: str = STATE_COMMITTED, note: str = "", delta_version: int | None = None) -> OffsetRecord:
@@ -381,8 +406,13 @@ class SqlOffsetStore(OffsetStore):
             if (rec.seq, rec.last, rec.next) != (seq, last, next):
                 raise OffsetError(f"topic '{topic}': expected block {seq} ({last}, {next}] pending but the "
                                   f"store has {found}; another run committed or reset it — re-plan")
+            inputs = dict(rec.inputs)
+            if rec.inputs_next is not None:
+                _backwards(topic, rec.inputs, rec.inputs_next, f"commit of block {seq}")
+                inputs.update(rec.inputs_next)
             return self._save(rec, ("commit", owner, note or f"block {seq}, {rows} rows"), last=next,
-                              next=None, rows=rows, run=_now(), state=state, delta_version=delta_version)
+                              next=None, rows=rows, run=_now(), state=state, delta_version=delta_version,
+                              inputs=inputs, inputs_next=None)
 
     def commit_reload(self, topic: str, owner: str, *, seq: int, mark: Position, rows: int,
                       source_version: int | None, note: str = "", delta_version: int | None = None) -> OffsetRecord:
@@ -405,7 +435,7 @@ class SqlOffsetStore(OffsetStore):
 
     def recover(self, topic: str, *, who: str, expected_seq: int, seq: int, last: Position, rows: int,
                 run: dt.datetime | None, state: str, source_version: int | None, delta_version: int,
-                note: str) -> OffsetRecord:
+                note: str, inputs: Mapping[str, int] | None = None) -> OffsetRecord:
         with self._tx(write=True):
             rec = self._current(topic)
             self._refuse_if_held(rec, who)
@@ -415,8 +445,12 @@ class SqlOffsetStore(OffsetStore):
             if seq <= rec.seq:
                 raise OffsetError(f"topic '{topic}': recover to block {seq} refused: the store is at block {rec.seq} "
                                   f"already (recover only catches a store up)")
+            merged = dict(rec.inputs)
+            for k, v in (inputs or {}).items():  # never lowers an input (the store may know a later one)
+                merged[k] = max(v, merged.get(k, v))
             return self._save(rec, ("recover", who, note), last=last, next=None, seq=seq, rows=rows, run=run,
-                              state=state, source_version=source_version, delta_version=delta_version)
+                              state=state, source_version=source_version, delta_version=delta_version,
+                              inputs=merged, inputs_next=None)
 
     def set_state(self, topic: str, owner: str, state: str) -> None:
         with self._tx(write=True):
@@ -428,7 +462,8 @@ class SqlOffsetStore(OffsetStore):
         with self._tx(write=True):
             rec = self._current(topic)
             self._refuse_if_held(rec, who)
-            return self._save(rec, ("reset", who, reason), last=last, next=None, state=STATE_RESET, seq=max(rec.seq, seq))
+            return self._save(rec, ("reset", who, reason), last=last, next=None, state=STATE_RESET, seq=max(rec.seq, seq),
+                              inputs_next=None)
 
     def history(self, topic: str | None = None, limit: int = 100) -> list[OffsetLogEntry]:
         where = "" if topic is None else " WHERE topic = ?"

@@ -20,8 +20,8 @@ from __future__ import annotations
 import abc
 import builtins
 import datetime as dt
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from lineage.positions import Position
 
@@ -58,6 +58,11 @@ class OffsetRecord:
     #: Delta version of the destination commit that landed the last committed block / reload:
     #: where that commit is found in the log without searching.
     delta_version: int | None = None
+    #: Per-input offsets of a merge topic (Datapipe's ``transform_input_offset``): the Delta version
+    #: of every input other than the base up to which its changes are applied; each only grows.
+    inputs: Mapping[str, int] = field(default_factory=dict)
+    #: The versions the pending unit applies up to (set by ``plan``, moved to ``inputs`` by ``commit``).
+    inputs_next: Mapping[str, int] | None = None
 
     @property
     def pending(self) -> bool:
@@ -128,16 +133,19 @@ class OffsetStore(abc.ABC):
 
     @abc.abstractmethod
     def plan(self, topic: str, owner: str, *, last: Position, next: Position, seq: int,
-             source_version: int | None) -> OffsetRecord:
+             source_version: int | None, inputs_next: Mapping[str, int] | None = None) -> OffsetRecord:
         """Fix the next block before any data is written: set ``next``, ``seq`` and
         ``state='planned'``. Compare-and-set on (owner holds the lock, ``last`` unchanged, no
-        block pending, ``seq`` greater than the stored one, ``next > last``)."""
+        block pending, ``seq`` greater than the stored one, ``next > last``). A merge unit also
+        fixes ``inputs_next`` (no input below its committed version); with it ``next`` may equal
+        ``last`` (only other inputs changed)."""
 
     @abc.abstractmethod
     def commit(self, topic: str, owner: str, *, seq: int, last: Position, next: Position, rows: int,
                state: str = STATE_COMMITTED, note: str = "", delta_version: int | None = None) -> OffsetRecord:
         """``last := next`` for the pending block ``seq``: compare-and-set on owner, seq, last
-        and next; clears ``next``, sets ``rows``, ``run=now``, ``state``, ``delta_version``."""
+        and next; clears ``next``, sets ``rows``, ``run=now``, ``state``, ``delta_version``, and
+        ``inputs := inputs_next`` (a merge unit's per-input offsets, each only growing)."""
 
     @abc.abstractmethod
     def commit_reload(self, topic: str, owner: str, *, seq: int, mark: Position, rows: int,
@@ -148,11 +156,11 @@ class OffsetStore(abc.ABC):
     @abc.abstractmethod
     def recover(self, topic: str, *, who: str, expected_seq: int, seq: int, last: Position, rows: int,
                 run: dt.datetime | None, state: str, source_version: int | None, delta_version: int,
-                note: str) -> OffsetRecord:
+                note: str, inputs: Mapping[str, int] | None = None) -> OffsetRecord:
         """Catch the record up with the destination's Delta log, which recorded block (or reload)
         ``seq`` after the one the store knows (a store restored from a backup, behind, or lost):
         sets ``last``, ``seq``, ``rows``, ``run``, ``state``, ``source_version``,
-        ``delta_version`` and clears ``next``; logged as ``recover``. Compare-and-set on
+        ``delta_version`` (and per-input offsets, never lowered) and clears ``next``; logged as ``recover``. Compare-and-set on
         ``expected_seq`` (another process may have caught it up first: ``OffsetError``) and
         ``seq > expected_seq``; refused (``TopicLockedError``) while another owner holds the lock."""
 

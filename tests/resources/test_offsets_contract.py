@@ -812,3 +812,38 @@ def test_lease_keeper_notices_a_takeover(open_store: Callable[[], OffsetStore]) 
     assert not keeper.stop()
     with pytest.raises(OffsetError, match=f"held by '{B}'"):
         keeper.check()
+
+
+# -- per-input offsets (merge topics) ---------------------------------------------------------------
+
+
+def test_per_input_offsets_are_planned_committed_and_round_trip(store: OffsetStore) -> None:
+    locked(store)
+    rec = store.plan(T, A, last=P(0), next=P(1), seq=1, source_version=3, inputs_next={"dim.c": 4, "dim.d": 0})
+    assert current(store) == rec and rec.inputs == {} and rec.inputs_next == {"dim.c": 4, "dim.d": 0}
+    rec = store.commit(T, A, seq=1, last=P(0), next=P(1), rows=5)
+    assert (rec.inputs, rec.inputs_next) == ({"dim.c": 4, "dim.d": 0}, None)
+    assert current(store) == rec
+    # Only another input changed: a unit whose base block is empty (next == last) is allowed.
+    store.plan(T, A, last=P(1), next=P(1), seq=2, source_version=3, inputs_next={"dim.c": 9, "dim.d": 0})
+    assert current(store).pending
+    assert store.commit(T, A, seq=2, last=P(1), next=P(1), rows=1).inputs == {"dim.c": 9, "dim.d": 0}
+    # Without new input versions an empty block is still refused.
+    with pytest.raises(OffsetError, match="is not after last"):
+        store.plan(T, A, last=P(1), next=P(1), seq=3, source_version=3)
+
+
+def test_an_input_offset_never_moves_backwards(store: OffsetStore) -> None:
+    locked(store)
+    store.plan(T, A, last=P(0), next=P(1), seq=1, source_version=3, inputs_next={"dim.c": 4})
+    store.commit(T, A, seq=1, last=P(0), next=P(1), rows=5)
+    with pytest.raises(OffsetError, match=r"input offsets would move backwards \(dim.c 3 < 4\)"):
+        store.plan(T, A, last=P(1), next=P(2), seq=2, source_version=3, inputs_next={"dim.c": 3})
+    assert not current(store).pending
+    # recover never lowers an input either (the store may know a later version than a commit).
+    store.release(T, A)
+    rec = store.recover(T, who=B, expected_seq=1, seq=2, last=P(2), rows=1, run=None, state=STATE_COMMITTED,
+                        source_version=3, delta_version=8, note="test", inputs={"dim.c": 2, "dim.e": 1})
+    assert rec.inputs == {"dim.c": 4, "dim.e": 1}
+    # A reset moves the base position only; input offsets stay.
+    assert store.reset(T, P(0), who=B, reason="restate").inputs == {"dim.c": 4, "dim.e": 1}
