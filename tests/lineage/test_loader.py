@@ -570,13 +570,25 @@ def test_bad_maxstep(lin: Path, value: str, expected: str) -> None:
     assert expected in err.problems[0]
 
 
-@pytest.mark.parametrize("value", ["stream", "Step", "merge", "''"])
+@pytest.mark.parametrize("value", ["stream", "Step", "MERGE", "''"])
 def test_bad_processor(lin: Path, value: str) -> None:
     f = one_topic(lin, f"processor: {value}")
     err = load_error(lin)
     assert len(err.problems) == 1
     assert err.problems[0].startswith(f"{f}:{EXTRA_LINE}: topic 'fact.x': field 'processor': ")
-    assert "'step' or 'reload'" in err.problems[0]
+    assert "'step', 'reload' or 'merge'" in err.problems[0]
+
+
+def test_merge_settings_are_checked_against_the_processor_and_depends_on(lin: Path) -> None:
+    f = one_topic(lin, "processor: merge\n    join_keys: {stage.a: {customer_id: id}, dim.x: {a: b}}")
+    problems = load_error(lin).problems
+    assert any(p.startswith(f"{f}:") and "field 'key': a merge topic needs the unique key" in p for p in problems), problems
+    assert any("field 'join_keys': stage.a is the base table" in p for p in problems), problems
+    assert any("field 'join_keys': dim.x is not in depends_on" in p for p in problems), problems
+    one_topic(lin, "key: [id]\n    refresh: incremental_strict")
+    problems = load_error(lin).problems
+    assert any("field 'key': only merge topics take 'key' (this is a step topic)" in p for p in problems), problems
+    assert any("field 'refresh': only merge topics take 'refresh'" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(
