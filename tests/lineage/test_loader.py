@@ -580,12 +580,12 @@ def test_bad_processor(lin: Path, value: str) -> None:
 
 
 def test_merge_settings_are_checked_against_the_processor_and_depends_on(lin: Path) -> None:
-    f = one_topic(lin, "processor: merge\n    join_keys: {stage.a: {customer_id: id}, dim.x: {a: b}}")
+    f = one_topic(lin, "processor: merge\njoin_keys: {stage.a: {customer_id: id}, dim.x: {a: b}}")
     problems = load_error(lin).problems
     assert any(p.startswith(f"{f}:") and "field 'key': a merge topic needs the unique key" in p for p in problems), problems
     assert any("field 'join_keys': stage.a is the base table" in p for p in problems), problems
     assert any("field 'join_keys': dim.x is not in depends_on" in p for p in problems), problems
-    one_topic(lin, "key: [id]\n    refresh: incremental_strict")
+    one_topic(lin, "key: [id]\nrefresh: incremental_strict")
     problems = load_error(lin).problems
     assert any("field 'key': only merge topics take 'key' (this is a step topic)" in p for p in problems), problems
     assert any("field 'refresh': only merge topics take 'refresh'" in p for p in problems), problems
