@@ -21,6 +21,7 @@ from lineage.planner import Decision, TableMark, TopicState, lag_seconds, plan_t
 from lineage.positions import Position
 from lineage.spec import Lineage, Processor, Topic
 from platform_assets import protocol, spark_io
+from platform_assets.merge import MergeProcessor
 from platform_assets.protocol import OpenBlock, Planned, StepResult, UnitProcessor, data_app_id
 from platform_assets.reload import ReloadProcessor
 from platform_assets.step import StepProcessor
@@ -89,7 +90,9 @@ class Engine:
         self._leases: dict[str, LeaseKeeper] = {}  # heartbeats of the locks open_block took, by topic
         self.phases = protocol.Phases()  # of the unit being processed (reset by open_block)
         self.step = StepProcessor(self)
-        self._processors: dict[Processor, UnitProcessor] = {Processor.STEP: self.step, Processor.RELOAD: ReloadProcessor(self)}
+        self.merge = MergeProcessor(self)
+        self._processors: dict[Processor, UnitProcessor] = {Processor.STEP: self.step, Processor.RELOAD: ReloadProcessor(self),
+                                                            Processor.MERGE: self.merge}
 
     # ----------------------------------------------------------------- resources
     @property
@@ -223,9 +226,10 @@ class Engine:
         """``mark``: the base table's mark when the caller has it already."""
         rec = rec or self.ensure_offsets(topic)
         spec = topic.spec
+        blocks = spec.processor is not Processor.RELOAD  # step and merge read the base by (pos, id)
         if mark is None:
-            mark = delta_meta.table_mark(self.path(spec.base), positions=spec.processor is Processor.STEP)
-        deps = {d: self.freshness(d) for d in spec.depends_on[1:]} if spec.processor is Processor.STEP else {}
+            mark = delta_meta.table_mark(self.path(spec.base), positions=blocks)
+        deps = {d: self.freshness(d) for d in spec.depends_on[1:]} if blocks else {}
         state = TopicState(rec.last, rec.next, rec.seq, rec.run, rec.source_version)
         return plan_topic(spec, state, mark, deps, now or self.clock(), base_produced=bool(self.lineage.producers(spec.base))), mark
 
@@ -254,7 +258,9 @@ class Engine:
                 continue
             decision, base = self.decide(topic, rec, now)
             reason = decision.reason
-            if decision.ready and not decision.retry and topic.spec.processor is Processor.STEP:
+            if topic.spec.processor is Processor.MERGE and not rec.pending:
+                reason = self.merge.look(topic, rec).reason
+            elif decision.ready and not decision.retry and topic.spec.processor is Processor.STEP:
                 found = self.block_end(topic, rec, decision)
                 reason = f"ready: next block {found.rows} rows up to {found.end}" if found.end else decision.limit
             lag = None if rec.last.is_zero() else lag_seconds(rec.last, base.max_position)

@@ -84,6 +84,7 @@ class OpenBlock:
     out: DataFrame | None = None  # None: nothing to write (the data landed before a crash)
     landed: delta_meta.CommitStats | None = None
     base_mark: Position | None = None  # reload: the base's newest position (its new ``last``)
+    merge: Any = None  # merge: the unit's strategy and MERGE source (platform_assets.merge.MergeWork)
     result: StepResult | None = None  # set by finish()
 
     @property
@@ -137,11 +138,13 @@ def data_app_id(topic: str) -> str:
 
 
 def commit_metadata(topic: Topic, seq: int, *, next_: Position | None, source_version: int | None,
-                    run_id: str, owner: str, last: Position | None = None) -> str:
+                    run_id: str, owner: str, last: Position | None = None, **extra: Any) -> str:
     """The ``userMetadata`` of a unit's Delta commit: enough to rebuild the topic's offset record
-    from the log alone (``next`` = the topic's new ``last``, the base version it read)."""
+    from the log alone (``next`` = the topic's new ``last``, the base version it read, and a merge
+    unit's per-input offsets in ``inputs``)."""
     meta: dict[str, Any] = {"topic": topic.name, "processor": topic.spec.processor.value, "seq": seq,
-                            "base": topic.spec.base, "source_version": source_version, "run_id": run_id, "owner": owner}
+                            "base": topic.spec.base, "source_version": source_version, "run_id": run_id, "owner": owner,
+                            **extra}
     if last is not None:
         meta["last"] = last.to_text()
     if next_ is not None:
@@ -205,7 +208,7 @@ def reconcile(store: OffsetStore, topic: Topic, dest: str, rec: OffsetRecord, *,
         return rec
     commit = found.commit
     meta = commit.user_metadata
-    step = topic.spec.processor is Processor.STEP
+    step = topic.spec.processor in (Processor.STEP, Processor.MERGE)  # both move a (pos, id) ``last``
     if step and not meta.get("next"):
         raise _retention_refusal(topic, dest, found.seq, rec)
     last = Position.parse(meta["next"]) if meta.get("next") else rec.last
@@ -223,7 +226,8 @@ def reconcile(store: OffsetStore, topic: Topic, dest: str, rec: OffsetRecord, *,
         return store.recover(topic.name, who=who, expected_seq=rec.seq, seq=found.seq, last=max(last, rec.last),
                              rows=commit.rows, run=commit.timestamp, state=STATE_COMMITTED if step else STATE_RELOADED,
                              source_version=int(source_version) if source_version is not None else None,
-                             delta_version=commit.version, note=note)
+                             delta_version=commit.version, note=note,
+                             inputs={str(k): int(v) for k, v in (meta.get("inputs") or {}).items()})
     except OffsetError:
         fresh = store.get(topic.name)
         if fresh is not None and fresh.seq >= found.seq:  # another process caught it up first
@@ -237,7 +241,7 @@ def start_for_new_topic(topic: Topic, dest: str) -> tuple[Position, int, str]:
     records blocks of the topic is recovered by :func:`reconcile` (this returns the start the
     record is created with before that). Refuses when the destination has rows that no block
     of this topic wrote: where the topic should continue would be a guess."""
-    if topic.spec.processor is Processor.STEP and recorded_seq(dest, topic.name) == 0:
+    if topic.spec.processor is not Processor.RELOAD and recorded_seq(dest, topic.name) == 0:
         mark = delta_meta.table_mark(dest)
         if mark.max_position is not None:
             raise OffsetError(
@@ -245,7 +249,8 @@ def start_for_new_topic(topic: Topic, dest: str) -> tuple[Position, int, str]:
                 f"records no block of topic '{topic.name}' (written by another writer, or before Tidemark); where the "
                 f"topic should start would be a guess. Say where, e.g. after the destination's newest row: "
                 f"tidemark offsets init {topic.name} --start {mark.max_position.to_text()}  (or --start zero to process "
-                f"the whole base table into it)"
+                f"the whole base table into it)" + (f"; a merge topic can adopt the table as it is: tidemark offsets adopt "
+                                                     f"{topic.name} --dry-run" if topic.spec.processor is Processor.MERGE else "")
             )
     return Position.zero(), 0, "new topic: from the beginning"
 
@@ -266,7 +271,8 @@ def block_figures(dest: str, commit: delta_meta.CommitStats, observed: spark_io.
 
 
 def log_entry(topic: Topic, seq: int, last: str, next_: str, stats: delta_meta.CommitStats, *, base_rows: int,
-              bad_rows: int, duration: float, figures: spark_io.BlockFigures, run_id: str, now: dt.datetime) -> LogEntry:
+              bad_rows: int, duration: float, figures: spark_io.BlockFigures, run_id: str, now: dt.datetime,
+              strategy: str | None = None, detail: str | None = None, changes: dict[str, int] | None = None) -> LogEntry:
     """The ``etl.log`` row of a landed unit."""
     max_id = stats.max_values.get("id")
     return LogEntry(
@@ -277,6 +283,7 @@ def log_entry(topic: Topic, seq: int, last: str, next_: str, stats: delta_meta.C
         nulls=dict(sorted(figures.nulls.items())), run_id=run_id,  # zeros too: a column here was counted
         processor=topic.spec.processor.value, seq=seq, last=last, next=next_,
         base_rows=base_rows, bad_rows=bad_rows, delta_version=stats.version, duration_s=round(duration, 3),
+        strategy=strategy, detail=detail, changes=dict(sorted((changes or {}).items())) if changes is not None else None,
     )
 
 

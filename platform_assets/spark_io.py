@@ -192,16 +192,33 @@ def tables_read(topic: Topic, tables: Iterable[str]) -> list[str]:
     return found
 
 
-def transform(spark: SparkSession, topic: Topic, block_df: DataFrame) -> DataFrame:
-    """The topic's output over ``block_df`` (the view ``block``): its transforms' results, unioned by name."""
-    outs = [_one_transform(spark, topic, t, block_df) for t in topic.transforms]
+def transform(spark: SparkSession, topic: Topic, block_df: DataFrame, view: str = "block") -> DataFrame:
+    """The topic's output over ``block_df`` (the view ``block``): its transforms' results, unioned by name.
+
+    ``view``: the temporary view holding ``block_df`` when it is not ``block``; SQL transforms then
+    read it as ``block`` through a CTE bound in their own plan, so one process can build outputs
+    over different blocks at once (a view replaced later, or resolved late by Spark Connect, cannot
+    change them)."""
+    outs = [_one_transform(spark, topic, t, block_df, view) for t in topic.transforms]
     out = outs[0]
     for other in outs[1:]:
         out = out.unionByName(other, allowMissingColumns=True)
     return out
 
 
-def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: DataFrame) -> DataFrame:
+def bind_block(sql: str, view: str) -> str:
+    """``sql`` with ``block`` bound to temporary view ``view`` by a leading CTE (merged into the
+    statement's own ``WITH`` if it has one; leading comments kept)."""
+    head = re.match(r"\s*(?:(?:--[^\n]*(?:\n|$)|/\*.*?\*/)\s*)*", sql, flags=re.S)
+    at = head.end() if head else 0
+    cte = f"block AS (SELECT * FROM {view})"
+    rest = sql[at:]
+    if re.match(r"with\b", rest, flags=re.I):
+        return f"{sql[:at]}WITH {cte}, {rest[4:].lstrip()}"
+    return f"{sql[:at]}WITH {cte}\n{rest}"
+
+
+def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: DataFrame, view: str = "block") -> DataFrame:
     from pyspark.sql import DataFrame as SparkDataFrame
 
     try:
@@ -211,7 +228,8 @@ def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: Da
             if not isinstance(result, SparkDataFrame) and not hasattr(result, "write"):
                 raise ProcessingError(f"{t.ref} returned {type(result).__name__}, not a Spark DataFrame")
             return result
-        return spark.sql(t.sql)  # type: ignore[arg-type]
+        sql = t.sql or ""
+        return spark.sql(sql if view == "block" else bind_block(sql, view))
     except ProcessingError:
         raise
     except Exception as exc:

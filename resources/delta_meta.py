@@ -7,6 +7,7 @@ Planner sensors and ``tidemark lag`` use this, so they stay fast and never start
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -21,6 +22,7 @@ import pyarrow.fs as pafs
 from lineage.errors import ProcessingError
 from lineage.planner import TableMark
 from lineage.positions import Position, to_naive_utc
+from lineage.refresh import InputChange
 from resources.storage import arrow_filesystem, storage_options
 
 #: Delta truncates timestamp statistics to milliseconds; widen pruning ranges by this much.
@@ -337,6 +339,8 @@ class CommitStats:
     user_metadata: dict[str, Any] = field(default_factory=dict)
     paths: tuple[str, ...] = ()  # the data files the commit added, relative to the table root
     timestamp: dt.datetime | None = None  # when the commit was made (commitInfo, naive UTC)
+    operation: str = ""  # commitInfo.operation: WRITE, MERGE, ...
+    metrics: dict[str, int] = field(default_factory=dict)  # commitInfo.operationMetrics
 
 
 def _log_fs(path: str) -> tuple[pafs.FileSystem, str]:
@@ -449,8 +453,13 @@ def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
     nulls: dict[str, int] = {}
     paths: list[str] = []
     at: dt.datetime | None = None
+    operation = ""
+    metrics: dict[str, int] = {}
     for a in actions:
         info = a.get("commitInfo")
+        if info:
+            operation = str(info.get("operation") or "")
+            metrics = _int_metrics(info.get("operationMetrics"))
         if info and isinstance(info.get("timestamp"), int):
             at = dt.datetime.fromtimestamp(info["timestamp"] / 1000, dt.UTC).replace(tzinfo=None)
         if info and info.get("userMetadata"):
@@ -475,7 +484,69 @@ def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
             if isinstance(v, int):
                 nulls[k] = nulls.get(k, 0) + v
     return CommitStats(version=version, rows=rows, min_values=mins, max_values=maxs, null_counts=nulls, files=nfiles,
-                       user_metadata=user if isinstance(user, dict) else {}, paths=tuple(paths), timestamp=at)
+                       user_metadata=user if isinstance(user, dict) else {}, paths=tuple(paths), timestamp=at,
+                       operation=operation, metrics=metrics)
+
+
+def _int_metrics(raw: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k, v in (raw or {}).items() if isinstance(raw, dict) else ():
+        try:
+            out[str(k)] = int(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+#: operationMetrics that count rows a commit inserted, updated or deleted (Spark Delta and delta-rs names).
+CHANGE_METRICS = ("numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted", "numUpdatedRows",
+                  "numDeletedRows", "num_added_rows", "num_updated_rows", "num_deleted_rows", "num_target_rows_inserted",
+                  "num_target_rows_updated", "num_target_rows_deleted")
+
+
+def changed_rows(commit: CommitStats) -> int | None:
+    """Rows ``commit`` inserted, updated or deleted, from its operation metrics (None: they do not say)."""
+    m = commit.metrics
+    if commit.operation in ("WRITE", "CREATE TABLE AS SELECT", "REPLACE TABLE AS SELECT", "CREATE OR REPLACE TABLE AS SELECT"):
+        if "numOutputRows" in m:  # an overwrite rewrites every row: count as many as it wrote
+            return m["numOutputRows"]
+    known = [m[k] for k in CHANGE_METRICS if k in m]
+    if known:
+        return sum(known)
+    if "numOutputRows" in m:
+        return m["numOutputRows"]
+    return None
+
+
+def change_feed_enabled(snap: TableSnapshot) -> bool:
+    conf = snap.table.metadata().configuration if snap.table is not None else {}
+    return str(conf.get("delta.enableChangeDataFeed", "false")).lower() == "true"
+
+
+def input_change(table: str, path: str, old: int | None, upto: int | None = None) -> InputChange:
+    """What changed in input ``table`` since version ``old`` up to version ``upto`` (default: now),
+    JVM-free (the log's commit files, never the data): the version, the rows its commits changed,
+    its row count, and why its change data feed cannot be read over ``(old, upto]`` ("" when it can)."""
+    snap = TableSnapshot.open(path, upto)
+    if snap.version is None:
+        return InputChange(table, old, None, problem=f"no Delta table at {path}")
+    files = snap.files
+    total = int(pc.sum(files["num_records"]).as_py() or 0) if "num_records" in files.column_names else None
+    change = InputChange(table, old, snap.version, table_rows=total)
+    if not change.changed or old is None:
+        return change
+    if not change_feed_enabled(snap):
+        return dataclasses.replace(change, problem="delta.enableChangeDataFeed is not set on the table "
+                                                   f"(ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true))")
+    gone = missing_commits(path, old, snap.version)
+    if gone:
+        return dataclasses.replace(change, problem=f"versions {gone[0]}..{gone[-1]} were removed from its Delta log (log retention)")
+    fs, log = _log_fs(path)
+    rows: int | None = 0
+    for v in range(old + 1, snap.version + 1):
+        n = changed_rows(_stats(v, _read_commit(fs, log, v)))
+        rows = None if n is None or rows is None else rows + n
+    return dataclasses.replace(change, changed_rows=rows)
 
 
 def commit_null_counts(path: str, commit: CommitStats) -> tuple[int, dict[str, int]]:

@@ -49,6 +49,9 @@ ETL_LOG_SCHEMA = pa.schema(
         ("bad_rows", pa.int64()),
         ("delta_version", pa.int64()),
         ("duration_s", pa.float64()),
+        ("strategy", pa.string()),  # merge: incremental | full
+        ("detail", pa.string()),  # merge: why that strategy (reverse join of N keys, full recompute because ...)
+        ("changes", pa.map_(pa.string(), pa.int64())),  # merge: rows_inserted, rows_updated, keys_rederived, ...
     ]
 )
 
@@ -76,6 +79,9 @@ class LogEntry:
     delta_version: int | None
     duration_s: float
     max_lag: float | None = field(default=None)
+    strategy: str | None = None
+    detail: str | None = None
+    changes: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.max_lag is None and self.min_ts is not None:
@@ -100,6 +106,7 @@ def write_etl_log(settings: Settings, entry: LogEntry) -> bool:
     for k in ("ts", "min_ts", "max_ts"):
         row[k] = _utc(row[k])
     row["nulls"] = list(row["nulls"].items())
+    row["changes"] = None if row["changes"] is None else list(row["changes"].items())
     data = pa.Table.from_pylist([row], schema=ETL_LOG_SCHEMA)
     write_deltalake(
         path,

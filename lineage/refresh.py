@@ -1,0 +1,113 @@
+"""How a merge topic (a materialized view) brings its view up to date: pure decisions, no Spark.
+
+A unit of a merge topic applies two kinds of change:
+
+* new rows of the base table (the first of ``depends_on``), in a block ``(last, next]`` by
+  ``(pos, id)`` as a step topic reads them, plus late rows when ``late_rows: rederive``;
+* changes of every other input (a dimension updated in place), found by Delta version through
+  the input's change data feed, from the version the topic applied last (its per-input offset).
+
+Incremental: the view keys those changes touch are re-derived from the full inputs and MERGEd.
+That is only possible when every changed input declares ``join_keys`` (how its rows map to view
+columns) and its change feed can be read; and it is only worth it while a small share of the
+input changed. Otherwise the whole view is recomputed, and the reason is recorded; a topic with
+``refresh: incremental_strict`` fails instead (:class:`RefreshRefused`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lineage.errors import ProcessingError
+from lineage.spec import Refresh, TopicSpec
+
+
+class RefreshRefused(ProcessingError):
+    """``refresh: incremental_strict`` and the unit could only be done by a full recompute."""
+
+
+@dataclass(frozen=True)
+class InputChange:
+    """What changed in one input (not the base) since the version the topic applied last."""
+
+    table: str
+    old: int | None  # the topic's offset for this input (None: never applied)
+    new: int | None  # the input's version now (None: the table does not exist)
+    changed_rows: int | None = None  # rows its commits inserted, updated or deleted (None: unknown)
+    table_rows: int | None = None  # rows in the input now (None: unknown)
+    problem: str = ""  # why its change data feed cannot be read over (old, new] ("" = it can)
+
+    @property
+    def changed(self) -> bool:
+        return self.new is not None and (self.old is None or self.new > self.old)
+
+    @property
+    def versions(self) -> str:
+        first = 0 if self.old is None else self.old + 1
+        return f"version {first}" if first == self.new else f"versions {first}..{self.new}"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The decision for one unit, recorded in ``etl.log`` and the materialization metadata."""
+
+    incremental: bool
+    reason: str
+    reverse: tuple[str, ...] = ()  # inputs whose changes are applied by reverse join
+    fallback: bool = False  # a full recompute because incremental was impossible or dearer
+
+    @property
+    def name(self) -> str:
+        return "incremental" if self.incremental else "full"
+
+
+def choose(spec: TopicSpec, *, built: bool, base_rows: int, late_rows: int = 0,
+           changes: Sequence[InputChange] = ()) -> Strategy:
+    """The strategy of the next unit of merge topic ``spec``.
+
+    ``built``: the view holds a commit of this topic (else the first unit builds it whole);
+    ``base_rows``: base rows in the block; ``late_rows``: late base rows to re-derive;
+    ``changes``: every other input. Raises :class:`RefreshRefused` when ``refresh:
+    incremental_strict`` and only a full recompute can do the unit."""
+    if not built:
+        return Strategy(False, f"initial build: {spec.destination} holds no commit of topic '{spec.name}'")
+    if spec.refresh is Refresh.FULL:
+        return Strategy(False, "refresh: full (the spec asks for a full recompute every time)")
+    strict = spec.refresh is Refresh.STRICT
+    why: list[str] = []
+    reverse: list[str] = []
+    for c in changes:
+        if not c.changed:
+            continue
+        if c.old is None:
+            why.append(f"{c.table} has no offset yet (added to depends_on after the view was built)")
+        elif c.table not in spec.join_keys:
+            why.append(f"{c.table} changed ({c.versions}) and the spec declares no join_keys for it")
+        elif c.problem:
+            why.append(f"{c.table} changed ({c.versions}) but its change data feed cannot be read: {c.problem}")
+        elif (not strict and c.changed_rows is not None and c.table_rows
+              and c.changed_rows > spec.full_above * c.table_rows):
+            why.append(f"{c.changed_rows} rows of {c.table} changed, more than full_above {spec.full_above:.0%} of its "
+                       f"{c.table_rows} rows (a full recompute is cheaper)")
+        else:
+            reverse.append(c.table)
+    if why:
+        reason = "full recompute because " + "; ".join(why)
+        if strict:
+            raise RefreshRefused(f"topic '{spec.name}': refresh: incremental_strict refuses a {reason}. Fix the cause "
+                                 f"(declare join_keys, enable delta.enableChangeDataFeed on the input), or run it once "
+                                 f"with refresh: incremental")
+        return Strategy(False, reason, fallback=True)
+    parts = []
+    if base_rows:
+        parts.append(f"{base_rows} new base rows")
+    if late_rows:
+        parts.append(f"{late_rows} late base rows re-derived")
+    by_table = {c.table: c for c in changes}
+    for t in reverse:
+        c = by_table[t]
+        n = "an unknown number of" if c.changed_rows is None else str(c.changed_rows)
+        parts.append(f"reverse join of {n} changed rows of {t} ({c.versions}) on "
+                     + ", ".join(f"{v}={i}" for v, i in spec.join_keys[t].items()))
+    return Strategy(True, "incremental: " + ("; ".join(parts) or "nothing changed"), reverse=tuple(reverse))

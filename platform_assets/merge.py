@@ -1,0 +1,383 @@
+"""The merge processor: a materialized view kept equal to its transform over the full inputs, at
+a cost that follows what changed (issue 9; seeds 001 and 003).
+
+A unit (planned under the topic's lock, landed through :mod:`platform_assets.protocol`):
+
+1. bounds fixed before anything is written: the base block ``(last, next]`` by ``(pos, id)``
+   (possibly empty) and the Delta version of every input (the per-input offsets, base included:
+   its version bounds the late-row search);
+2. the strategy (:func:`lineage.refresh.choose`): **incremental** — the affected view keys are
+   those the transform gives for the block's new (and late) base rows, plus, for each changed input
+   with ``join_keys``, the keys of view rows whose join columns match a changed row of that input
+   (read from its change data feed: before and after images), both in the current view and in
+   the re-derived one; those keys are re-derived from the transform over the full base
+   (``block`` = every base row up to ``next``) and MERGEd: changed rows updated, new ones
+   inserted, keys no longer produced deleted (``delete_missing``) — or **full**: the view
+   recomputed and overwritten. Either way one Delta commit carrying ``txnAppId``/``txnVersion``
+   and the unit's bounds in ``userMetadata``;
+3. ``etl.log`` (strategy, reason, rows inserted/updated/deleted, keys re-derived) before the
+   offset commit, which moves ``last`` and every input's offset together.
+
+Re-deriving a key from the full inputs makes a unit idempotent: a retry, a restated range
+(``offsets reset``) or an input change applied twice gives the same view.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lineage.errors import ProcessingError
+from lineage.planner import Decision
+from lineage.positions import Block, Position
+from lineage.refresh import InputChange, Strategy, choose
+from lineage.spec import LateRows, Topic
+from platform_assets import faults, protocol, spark_io
+from platform_assets.protocol import OpenBlock, Planned, StepResult, data_app_id
+from resources import delta_meta
+from resources.meta_tables import quarantine_rows, write_etl_log
+from resources.offsets import OffsetRecord
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from platform_assets.engine import Engine
+
+PRESENT = "_tm_present"  # marks a re-derived row in the MERGE source (null: the key is no longer produced)
+
+
+@dataclass(frozen=True)
+class MergeLook:
+    """A merge topic's look at its inputs (JVM-free): the base decision, the block's end, late
+    rows, and what changed in every other input."""
+
+    rec: OffsetRecord
+    decision: Decision
+    base: delta_meta.TableSnapshot
+    end: Position  # the block's end (== rec.last: no base rows)
+    base_rows: int
+    late: delta_meta.LateRows
+    changes: tuple[InputChange, ...]
+
+    @property
+    def ready(self) -> bool:
+        return self.end > self.rec.last or self.late.rows.num_rows > 0 or any(c.changed for c in self.changes)
+
+    @property
+    def reason(self) -> str:
+        if self.ready:
+            parts = [f"{self.base_rows} new base rows" if self.end > self.rec.last else "",
+                     f"{self.late.rows.num_rows} late rows" if self.late.rows.num_rows else "",
+                     *(f"{c.table} changed ({c.versions})" for c in self.changes if c.changed)]
+            return "ready: " + ", ".join(p for p in parts if p)
+        return self.decision.reason if not self.decision.ready else self.decision.limit
+
+
+@dataclass
+class MergeWork:
+    """What an opened merge unit carries to :meth:`MergeProcessor.finish`."""
+
+    strategy: Strategy
+    changes: tuple[InputChange, ...]
+    late_rows: int
+    columns: list[str] = field(default_factory=list)
+    views: list[str] = field(default_factory=list)  # temporary views to drop when done
+
+
+class MergeProcessor:
+    """Plans, opens and lands the units of merge topics for one :class:`Engine`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # ----------------------------------------------------------------- planning (no JVM)
+    def look(self, topic: Topic, rec: OffsetRecord) -> MergeLook:
+        eng, spec = self.engine, topic.spec
+        base = delta_meta.TableSnapshot.open(eng.path(spec.base))
+        decision, _ = eng.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
+        end, rows = rec.last, 0
+        if decision.ready and not decision.retry:
+            found = eng.block_end(topic, rec, decision, base)
+            if found.end is not None:
+                end, rows = found.end, found.rows
+        late = delta_meta.LateRows(delta_meta.pa.table({}))
+        done = rec.inputs.get(spec.base)
+        if spec.late_rows is LateRows.REDERIVE and done is not None and base.version is not None and not rec.last.is_zero():
+            late = delta_meta.late_rows(base, done, rec.last)
+        changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t)) for t in spec.depends_on[1:])
+        return MergeLook(rec, decision, base, end, rows, late, changes)
+
+    def plan_locked(self, topic: Topic, rec: OffsetRecord) -> Planned:
+        """With the lock held: the pending unit, or fix the next one (bounds and every input's version)."""
+        eng, spec = self.engine, topic.spec
+        if rec.pending:
+            return Planned(Block(topic.name, rec.seq, rec.last, rec.next), f"retry unit {rec.seq}", retry=True,  # type: ignore[arg-type]
+                           source_version=rec.source_version)
+        look = self.look(topic, rec)
+        if spec.late_rows is LateRows.REDERIVE:
+            bad = delta_meta.bad_position_rows(look.base)
+            bad_rows = quarantine_rows(eng.settings, topic.name, spec.base, bad, eng.clock()) if bad.num_rows else 0
+            warnings: tuple[str, ...] = ((delta_meta.late_detection_warning(spec.base, look.late.unreadable),)
+                                         if look.late.unreadable else ())
+        else:
+            bad_rows, warnings = eng.step.quarantine(topic, rec, look.base)
+        if not look.ready or look.base.version is None:
+            return Planned(None, look.reason, bad_rows=bad_rows, warnings=warnings)
+        inputs = {spec.base: look.base.version, **{c.table: c.new for c in look.changes if c.new is not None}}
+        seq = protocol.next_seq(rec, eng.path(spec.destination), topic.name)
+        rec = eng.store.plan(topic.name, eng.owner, last=rec.last, next=look.end, seq=seq,
+                             source_version=look.base.version, inputs_next=inputs)
+        return Planned(Block(topic.name, seq, rec.last, look.end), f"unit {seq}", base_rows=look.base_rows,
+                       bad_rows=bad_rows, source_version=look.base.version, warnings=warnings)
+
+    # ----------------------------------------------------------------- the unit
+    def open(self, topic: Topic, rec: OffsetRecord, seq: int | None) -> OpenBlock | StepResult:
+        eng = self.engine
+        if seq is not None and not (rec.pending and rec.seq == seq):
+            return StepResult(topic.name, False, f"unit {seq} is not pending (topic is at unit {rec.seq})")
+        with eng.phases.timed("plan"):
+            planned = self.plan_locked(topic, rec)
+            if planned.block is None:
+                return StepResult(topic.name, False, planned.reason, bad_rows=planned.bad_rows)
+            rec = eng.store.get(topic.name) or rec
+            dest = eng.path(topic.spec.destination)
+            landed = delta_meta.find_txn_commit(dest, data_app_id(topic.name), planned.block.seq) if planned.retry else None
+        started = time.monotonic()
+        if landed is not None:
+            work = MergeWork(Strategy(False, "landed before a crash"), (), 0)
+            return OpenBlock(topic, planned, started, planned.block.seq, landed=landed, merge=work)
+        faults.crashpoint("planned")
+        with eng.phases.timed("transform"):
+            out, work = self._build(topic, rec, planned)
+        faults.crashpoint("transformed")
+        return OpenBlock(topic, planned, started, planned.block.seq, out=out, merge=work)
+
+    def _build(self, topic: Topic, rec: OffsetRecord, planned: Planned) -> tuple[DataFrame, MergeWork]:
+        """The unit's strategy and its output: the whole view (full) or the MERGE source (incremental)."""
+        eng, spec = self.engine, topic.spec
+        block = planned.block
+        if block is None or rec.inputs_next is None:
+            raise ProcessingError(f"topic '{topic.name}': unit {rec.seq} has no planned bounds")
+        dest = eng.path(spec.destination)
+        done = rec.inputs.get(spec.base)
+        late = delta_meta.LateRows(delta_meta.pa.table({}))
+        if spec.late_rows is LateRows.REDERIVE and done is not None and not block.last.is_zero():
+            late = delta_meta.late_rows(delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version), done, block.last)
+        changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t), upto=rec.inputs_next.get(t))
+                        for t in spec.depends_on[1:])
+        built = bool(rec.inputs) and delta_meta.open_table(dest) is not None
+        base_rows = planned.base_rows if planned.base_rows >= 0 else delta_meta.count_block(
+            eng.path(spec.base), block.last, block.next, planned.source_version)
+        strategy = choose(spec, built=built, base_rows=base_rows, late_rows=late.rows.num_rows, changes=changes)
+        eng.register_tables(topic)
+        spark = eng.spark
+        tag = uuid.uuid4().hex[:10]
+        work = MergeWork(strategy, changes, late.rows.num_rows)
+        everything = self._base(spark, topic, planned, upto=True)
+        full = spark_io.transform(spark, topic, self._view(spark, work, f"tm_all_{tag}", everything), view=work.views[-1])
+        if not strategy.incremental:
+            work.columns = list(full.columns)
+            return full, work
+        target = spark.read.format("delta").load(dest)
+        added = [c for c in full.columns if c not in target.columns]
+        gone = [c for c in target.columns if c not in full.columns]
+        if added or gone:  # the transform's columns changed: every row must be recomputed
+            why = f"the transform's columns changed (added: {', '.join(added) or '-'}; removed: {', '.join(gone) or '-'})"
+            work.strategy = Strategy(False, f"full recompute because {why}", fallback=True)
+            self._refuse_strict(topic, work.strategy)
+            work.columns = list(full.columns)
+            return full, work
+        key = list(spec.key)
+        missing = [k for k in key if k not in full.columns]
+        if missing:
+            raise ProcessingError(f"topic '{topic.name}' ({topic.where}): key column(s) {', '.join(missing)} are not in the "
+                                  f"transform's output ({', '.join(full.columns)})")
+        affected: list[DataFrame] = []
+        if block.next > block.last or late.rows.num_rows:
+            new = self._base(spark, topic, planned, upto=False)
+            if late.rows.num_rows:
+                ids = spark.createDataFrame([(int(i),) for i in late.rows.column("id").to_pylist()], "id bigint")
+                late_df = self._base(spark, topic, planned, upto=True, last_only=True).join(ids, "id", "left_semi")
+                new = new.unionByName(late_df)
+            fresh = spark_io.transform(spark, topic, self._view(spark, work, f"tm_new_{tag}", new), view=work.views[-1])
+            affected.append(fresh.select(*key))
+        for table in strategy.reverse:
+            pairs = spec.join_keys[table]
+            c = next(ch for ch in changes if ch.table == table)
+            feed = (spark.read.format("delta").option("readChangeFeed", "true")
+                    .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(eng.path(table)))
+            changed = feed.select(*[feed[i].alias(v) for v, i in pairs.items()]).distinct()
+            affected.append(_semi(target, changed, list(pairs)).select(*key))  # rows the old input values produced
+            affected.append(_semi(full, changed, list(pairs)).select(*key))  # rows the new input values produce
+        keys = functools.reduce(lambda a, b: a.unionByName(b), affected).distinct()
+        rederived = _semi(full, keys, key).withColumn(PRESENT, _true())
+        source = _left(keys, rederived, key)
+        work.columns = list(full.columns)
+        return source, work
+
+    def _view(self, spark: SparkSession, work: MergeWork, name: str, df: DataFrame) -> DataFrame:
+        df.createOrReplaceTempView(name)
+        work.views.append(name)
+        return df
+
+    def _base(self, spark: SparkSession, topic: Topic, planned: Planned, *, upto: bool, last_only: bool = False) -> DataFrame:
+        """Base rows at the planned version: every row up to ``next`` (``upto``; only those up to
+        ``last`` with ``last_only``), else the block's rows ``(last, next]``."""
+        from pyspark.sql import functions as F
+
+        block = planned.block
+        if block is None:
+            raise ProcessingError(f"topic '{topic.name}': a unit without bounds")
+        if not upto:
+            return self.engine.step.block_df(topic.spec.base, block, planned.source_version)
+        end = block.last if last_only else block.next
+        reader = spark.read.format("delta")
+        if planned.source_version is not None:
+            reader = reader.option("versionAsOf", planned.source_version)
+        np_, ni = spark_io.ts_literal(end.pos), F.lit(end.id).cast("bigint")
+        pos, id_ = F.col("pos"), F.col("id")
+        return (reader.load(self.engine.path(topic.spec.base))
+                .where((pos <= np_) & id_.isNotNull()).where((pos < np_) | (id_ <= ni)))
+
+    def _refuse_strict(self, topic: Topic, strategy: Strategy) -> None:
+        from lineage.refresh import RefreshRefused
+        from lineage.spec import Refresh
+
+        if topic.spec.refresh is Refresh.STRICT and not strategy.incremental:
+            raise RefreshRefused(f"topic '{topic.name}': refresh: incremental_strict refuses a {strategy.reason}")
+
+    def finish(self, opened: OpenBlock) -> StepResult:
+        eng = self.engine
+        topic, planned, block, work = opened.topic, opened.planned, opened.block, opened.merge
+        if block is None or not isinstance(work, MergeWork):
+            raise ProcessingError(f"topic '{topic.name}': unit {opened.seq} was opened without bounds")
+        spec = topic.spec
+        dest = eng.path(spec.destination)
+        app_id = data_app_id(topic.name)
+        rec = eng.store.get(topic.name)
+        inputs = dict(rec.inputs_next or {}) if rec is not None else {}
+        landed = opened.landed
+        recovered = landed is not None
+        if landed is None:
+            if opened.out is None:
+                raise ProcessingError(f"topic '{topic.name}': unit {block.seq} has no output to write")
+            meta = protocol.commit_metadata(topic, block.seq, last=block.last, next_=block.next,
+                                            source_version=planned.source_version, run_id=eng.run_id, owner=eng.owner,
+                                            inputs=inputs, strategy=work.strategy.name)
+            try:
+                with eng.phases.timed("write"):
+                    if work.strategy.incremental:
+                        self._merge(opened.out, dest, spec.key, work.columns, spec.delete_missing, app_id, block.seq, meta)
+                    else:
+                        (opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                         .option("delta.enableChangeDataFeed", "true").option("delta.enableDeletionVectors", "true")
+                         .option("txnAppId", app_id).option("txnVersion", block.seq).option("userMetadata", meta).save(dest))
+                    eng.register(spec.destination)
+                    landed = delta_meta.find_txn_commit(dest, app_id, block.seq)
+            finally:
+                for view in work.views:
+                    eng.spark.catalog.dropTempView(view)
+            if landed is None:  # a MERGE with nothing to change still commits; a missing commit is a bug
+                raise ProcessingError(f"topic '{topic.name}': unit {block.seq} was written but its commit is not in {dest}/_delta_log")
+        faults.crashpoint("written")
+        m = landed.metrics
+        figures: dict[str, Any] = {
+            "strategy": landed.user_metadata.get("strategy", work.strategy.name), "strategy_reason": work.strategy.reason,
+            "rows_inserted": m.get("numTargetRowsInserted", m.get("numOutputRows", landed.rows)),
+            "rows_updated": m.get("numTargetRowsUpdated", 0), "rows_deleted": m.get("numTargetRowsDeleted", 0),
+            "keys_rederived": m.get("numSourceRows"), "late_rows": work.late_rows,
+            "reference_rows_changed": {c.table: c.changed_rows for c in work.changes if c.changed},
+        }
+        written = int(figures["rows_inserted"] or 0) + int(figures["rows_updated"] or 0)
+        with eng.phases.timed("log"):
+            entry = protocol.log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed,
+                                       base_rows=max(planned.base_rows, 0), bad_rows=planned.bad_rows,
+                                       duration=time.monotonic() - opened.started,
+                                       figures=spark_io.BlockFigures(written, {}), run_id=eng.run_id, now=eng.clock(),
+                                       strategy=str(figures["strategy"]), detail=work.strategy.reason,
+                                       changes={k: int(v) for k, v in figures.items()
+                                                if k.startswith(("rows_", "keys_", "late_")) and v is not None})
+            write_etl_log(eng.settings, entry)
+        faults.crashpoint("logged")
+        if spec.after:
+            with eng.phases.timed("after"):
+                spark_io.run_statements(eng.spark, topic, "after")
+        with eng.phases.timed("commit"):
+            eng.store.commit(topic.name, eng.owner, seq=block.seq, last=block.last, next=block.next, rows=written,
+                             note=f"{figures['strategy']}: {work.strategy.reason} delta_version={landed.version}"
+                                  + (" (recovered after crash)" if recovered else ""), delta_version=landed.version)
+        faults.crashpoint("committed")
+        return StepResult(topic.name, True, f"unit {block.seq} ({figures['strategy']})", block=block, rows=written,
+                          base_rows=max(planned.base_rows, 0), bad_rows=planned.bad_rows, delta_version=landed.version,
+                          duration_s=time.monotonic() - opened.started, recovered=recovered,
+                          stats={**protocol.stats_dict(entry), **figures, "warnings": list(planned.warnings)})
+
+    def _merge(self, source: DataFrame, dest: str, key: list[str], columns: list[str], delete_missing: bool,
+               app_id: str, seq: int, meta: str) -> None:
+        """One Delta MERGE of the re-derived keys, idempotent by ``(app_id, seq)`` and self-describing."""
+        spark = self.engine.spark
+        name = f"tm_merge_{uuid.uuid4().hex[:10]}"
+        source.createOrReplaceTempView(name)
+        on = " AND ".join(f"t.{_q(k)} <=> s.{_q(k)}" for k in key)
+        values = [c for c in columns if c not in key]
+        differs = " OR ".join(f"NOT (t.{_q(c)} <=> s.{_q(c)})" for c in values) or "false"
+        sql = (f"MERGE INTO delta.`{dest}` t USING {name} s ON {on}\n"
+               + (f"WHEN MATCHED AND s.{PRESENT} IS NULL THEN DELETE\n" if delete_missing else "")
+               + (f"WHEN MATCHED AND s.{PRESENT} AND ({differs}) THEN UPDATE SET "
+                  + ", ".join(f"t.{_q(c)} = s.{_q(c)}" for c in values) + "\n" if values else "")
+               + f"WHEN NOT MATCHED AND s.{PRESENT} THEN INSERT ({', '.join(map(_q, columns))}) "
+               + f"VALUES ({', '.join('s.' + _q(c) for c in columns)})")
+        confs = {"spark.databricks.delta.write.txnAppId": app_id, "spark.databricks.delta.write.txnVersion": str(seq),
+                 "spark.databricks.delta.commitInfo.userMetadata": meta}
+        try:
+            for k, v in confs.items():
+                spark.conf.set(k, v)
+            spark.sql(sql).collect()
+        finally:
+            for k in confs:
+                spark.conf.unset(k)
+            spark.catalog.dropTempView(name)
+
+
+def _q(col: str) -> str:
+    return "`" + col.replace("`", "``") + "`"
+
+
+def _true() -> Any:
+    from pyspark.sql import functions as F
+
+    return F.lit(True)
+
+
+def _on(cols: list[str], names: list[str]) -> Any:
+    """Null-safe equality of ``l.cols`` and ``r.names`` (both sides aliased: a plan joined with
+    itself needs qualified names)."""
+    from pyspark.sql import functions as F
+
+    return functools.reduce(lambda a, b: a & b, [F.col(f"l.{_q(c)}").eqNullSafe(F.col(f"r.{_q(n)}"))
+                                                 for c, n in zip(cols, names, strict=True)])
+
+
+def _keys(right: DataFrame, cols: list[str]) -> tuple[DataFrame, list[str]]:
+    names = [f"_tm_k{i}" for i in range(len(cols))]
+    return right.select(*[right[c].alias(n) for c, n in zip(cols, names, strict=True)]).alias("r"), names
+
+
+def _semi(left: DataFrame, right: DataFrame, cols: list[str]) -> DataFrame:
+    """Rows of ``left`` whose ``cols`` equal (null-safe) those of some row of ``right``."""
+    r, names = _keys(right, cols)
+    return left.alias("l").join(r, _on(cols, names), "left_semi")
+
+
+def _left(keys: DataFrame, rows: DataFrame, cols: list[str]) -> DataFrame:
+    """Every key of ``keys`` with its row of ``rows`` (null columns where there is none)."""
+    from pyspark.sql import functions as F
+
+    r, names = _keys(keys, cols)
+    joined = r.join(rows.alias("l"), _on(cols, names), "left")
+    # the key from ``keys`` (``rows``' is null for a deleted key), every other column from ``rows``
+    return joined.select(*[F.col(f"r.{n}").alias(c) for c, n in zip(cols, names, strict=True)],
+                         *[F.col(f"l.{_q(c)}") for c in rows.columns if c not in cols])
