@@ -26,10 +26,13 @@ class ChecksSpec(BaseModel):
     require_rows: bool = Field(True, description="a block whose base rows were > 0 must write rows")
     max_lag: dt.timedelta | None = Field(None, description="the block's oldest row may be at most this old when written")
     max_null_share: dict[str, float] = Field(default_factory=dict, description="column -> highest allowed share of nulls (0..1)")
+    max_offset_age: dt.timedelta | None = Field(
+        None, description="merge: every input's offset (the newest data applied) may be at most this old (Datapipe's "
+                          "offset_age_seconds alert)")
     severity: Severity = Field(Severity.WARN, description="severity of a failed check: warn or error")
     blocking: bool = Field(False, description="a failed check stops downstream assets of the run")
 
-    @field_validator("max_lag", mode="before")
+    @field_validator("max_lag", "max_offset_age", mode="before")
     @classmethod
     def _lag(cls, v: Any) -> Any:
         return None if v in (None, "") else v if isinstance(v, dt.timedelta) else parse_duration(v)
@@ -44,6 +47,7 @@ class ChecksSpec(BaseModel):
 
 
 CHECK_NAMES = ("rows", "lag", "nulls", "late_rows")
+MERGE_CHECK_NAMES = ("offset_age", "late_rows", "refresh")
 
 
 @dataclass(frozen=True)
@@ -104,4 +108,28 @@ def evaluate_block(spec: ChecksSpec, stats: dict[str, Any]) -> list[CheckOutcome
     out.append(CheckOutcome("late_rows", not warnings, Severity.WARN,
                             "; ".join(warnings) or f"late-row detection complete ({int(stats.get('bad_rows') or 0)} bad rows quarantined)",
                             {"bad_rows": stats.get("bad_rows"), "warnings": "; ".join(warnings) or None}))
+    return out
+
+
+def evaluate_unit(spec: ChecksSpec, stats: dict[str, Any]) -> list[CheckOutcome]:
+    """Judge one unit of a merge topic. ``stats``: ``offset_age_s`` (input -> seconds), ``late_rows``
+    (late base rows re-derived), ``strategy`` and ``strategy_reason``, ``fallback``."""
+    ages = {str(k): float(v) for k, v in (stats.get("offset_age_s") or {}).items() if v is not None}
+    oldest = max(ages.items(), key=lambda kv: kv[1]) if ages else None
+    meta: dict[str, Any] = {"offset_age_s": ages, "max_offset_age_s": oldest[1] if oldest else None}
+    if spec.max_offset_age is None or oldest is None:
+        ok, desc = True, f"oldest input offset {oldest[0]} {oldest[1]:.0f} s old (no threshold)" if oldest else "no input offsets"
+    else:
+        limit = spec.max_offset_age.total_seconds()
+        ok = oldest[1] <= limit
+        desc = f"oldest input offset {oldest[0]} {oldest[1]:.0f} s old {'<=' if ok else '>'} {format_duration(spec.max_offset_age)}"
+    out = [CheckOutcome("offset_age", ok, spec.severity, desc, meta)]
+    late = int(stats.get("late_rows") or 0)
+    warnings = [str(w) for w in stats.get("warnings") or []]
+    out.append(CheckOutcome("late_rows", late == 0 and not warnings, Severity.WARN,
+                            "; ".join([*([f"{late} late base rows landed at or before last and were re-derived"] if late else []),
+                                       *warnings]) or "no late rows", {"late_rows": late}))
+    fallback = bool(stats.get("fallback"))
+    out.append(CheckOutcome("refresh", not fallback, Severity.WARN, str(stats.get("strategy_reason") or stats.get("strategy") or ""),
+                            {"strategy": stats.get("strategy")}))
     return out

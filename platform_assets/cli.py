@@ -18,6 +18,7 @@ from typing import Any
 from lineage.durations import format_duration
 from lineage.errors import LineageError, TidemarkError
 from lineage.positions import Position, format_ts
+from lineage.spec import Processor
 from resources.settings import Settings
 from resources.storage import check_warehouse
 
@@ -106,10 +107,27 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 def _lag_rows(eng: Any) -> str:
     lag = eng.lag()
-    rows = [(r.topic, r.processor, r.last, r.next, r.source_max, r.lag_s, r.state, r.owner or "", r.reason) for r in lag]
-    out = _table(rows, ["topic", "processor", "last", "next", "source max", "lag s", "state", "owner", "reason"])
+    rows = [(r.topic, r.processor, r.last, r.next, r.source_max, r.lag_s, r.offset_age_s, r.state, r.owner or "", r.reason)
+            for r in lag]
+    out = _table(rows, ["topic", "processor", "last", "next", "source max", "lag s", "offset age s", "state", "owner", "reason"])
+    ages = [f"  {r.topic}: " + ", ".join(f"{t} {'-' if a is None else f'{a:.0f}'} s" for t, a in r.offset_ages.items())
+            for r in lag if len(r.offset_ages) > 1]
+    if ages:  # merge topics: one offset per input
+        out += "\noffset age per input:\n" + "\n".join(ages)
     warnings = [f"WARNING {r.topic}: {r.warning}" for r in lag if r.warning]
     return "\n".join([out, *warnings])
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    eng = _engine(args)
+    topic = eng.lineage.topic(args.topic)
+    if topic.spec.processor is Processor.MERGE:
+        print("\n".join(eng.merge.explain(topic)))
+        return 0
+    row = next(r for r in eng.lag() if r.topic == topic.name)
+    print(f"topic {topic.name} ({topic.spec.processor.value} into {topic.spec.destination}): last {_cell(row.last)}"
+          f"{', block pending up to ' + _cell(row.next) if row.next else ''}\n  {row.reason}")
+    return 0
 
 
 def cmd_lag(args: argparse.Namespace) -> int:
@@ -142,6 +160,11 @@ def cmd_offsets(args: argparse.Namespace) -> int:
             raise TidemarkError("tidemark offsets reset needs --to POSITION and --reason TEXT (it is logged)")
         rec = eng.reset_offsets(topic, Position.parse(args.to), args.reason)
         print(f"{rec.topic}: last reset to {_cell(rec.last)} (logged; seq stays {rec.seq})")
+    elif args.action == "adopt":
+        if topic.spec.processor is not Processor.MERGE:
+            raise TidemarkError(f"tidemark offsets adopt: '{topic.name}' is a {topic.spec.processor.value} topic; adopt takes "
+                                f"over merge views (a step topic starts where you say: tidemark offsets init {topic.name} --start POSITION)")
+        print("\n".join(eng.merge.adopt(topic, dry_run=args.dry_run)))
     elif args.action == "unlock":
         prev = store.unlock(topic.name, who=eng.owner)
         print(f"{topic.name}: lock cleared (was held by {prev or 'nobody'})")
@@ -249,6 +272,25 @@ def _demo_runs(settings: Settings, instance: Any) -> bool:
     return not failed
 
 
+def _view_check(eng: Any, name: str) -> bool:
+    """Print whether merge topic ``name``'s view equals its transform computed from scratch over the
+    whole base now (the view's promise)."""
+    from platform_assets import spark_io
+
+    topic = eng.lineage.topic(name)
+    base = topic.spec.base
+    sql = (topic.transforms[0].sql or "") if len(topic.transforms) == 1 else ""
+    if not sql:
+        return True
+    want = eng.spark.sql(spark_io.bind_block(sql, base))
+    got = eng.spark.read.format("delta").load(eng.path(topic.spec.destination)).select(*want.columns)
+    extra, missing = got.exceptAll(want).count(), want.exceptAll(got).count()
+    ok = extra == missing == 0
+    print(f"check: {name} ({got.count()} rows) equals its transform recomputed from scratch over {base}: "
+          f"{'OK' if ok else f'MISMATCH ({extra} rows too many, {missing} missing)'}")
+    return ok
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from dagster import DagsterInstance
 
@@ -302,6 +344,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\ncheck: fact.orders={check.fact_orders} rows + {check.late} late rows quarantined = stage.orders "
           f"with a position ({check.stage_orders_valid}); {check.quarantined} fact.orders rows in etl.quarantine "
           f"-> {'OK, each row exactly once' if exact else 'MISMATCH'}")
+    view_ok = _view_check(eng, "mart.daily_revenue")
+    exact = exact and view_ok
     print(f"demo finished in {time.monotonic() - t0:.0f}s; see the runs in the UI: ./scripts/dev.sh (FEED=0 to only look); "
           "or try: tidemark lag | tidemark log | tidemark offsets show --history")
     return 0 if ok and exact else 1
@@ -423,16 +467,21 @@ def build_parser() -> argparse.ArgumentParser:
     lin.add_parser("publish", help="write the lineage to the Delta table sch.lineage").set_defaults(func=cmd_publish)
 
     off = sub.add_parser("offsets", help="show, init, reset or unlock topic offsets")
-    off.add_argument("action", choices=["show", "init", "reset", "unlock"])
+    off.add_argument("action", choices=["show", "init", "reset", "unlock", "adopt"])
     off.add_argument("topic", nargs="?")
     off.add_argument("--start", help="init: start position, e.g. 2026-01-31T00:00:00[/id] or start")
     off.add_argument("--to", help="reset: the new last position")
     off.add_argument("--reason", help="reset: why (kept in the offset log)")
     off.add_argument("--history", action="store_true", help="show: the offset log instead of the records")
+    off.add_argument("--dry-run", action="store_true", help="adopt: show what would be set, set nothing")
     off.add_argument("--limit", type=int, default=50)
     off.set_defaults(func=cmd_offsets)
 
     sub.add_parser("lag", help="every topic: last, next, source max, lag, state, why it waits").set_defaults(func=cmd_lag)
+
+    explain = sub.add_parser("explain", help="what the next run of a topic would do and why (no Spark, nothing written)")
+    explain.add_argument("topic")
+    explain.set_defaults(func=cmd_explain)
 
     run = sub.add_parser("run", help="process topics (one block each, or until caught up)")
     run.add_argument("topics", nargs="*", help="topics to run (default: all, in dependency order)")

@@ -24,7 +24,15 @@ from typing import Any
 
 import dagster as dg
 
-from lineage.checks import CHECK_NAMES, ChecksSpec, Severity, evaluate_block
+from lineage.checks import (
+    CHECK_NAMES,
+    MERGE_CHECK_NAMES,
+    CheckOutcome,
+    ChecksSpec,
+    Severity,
+    evaluate_block,
+    evaluate_unit,
+)
 from lineage.errors import ProcessingError
 from lineage.loader import load_lineage
 from lineage.partitions import partitions_name
@@ -47,15 +55,16 @@ def _meta_value(v: Any) -> Any:
     return v
 
 
-def _check_results(key: dg.AssetKey, spec: ChecksSpec, stats: dict[str, Any], prefix: str = "") -> list[dg.AssetCheckResult]:
+def _check_results(key: dg.AssetKey, spec: ChecksSpec, stats: dict[str, Any], prefix: str = "",
+                   outcomes: list[CheckOutcome] | None = None) -> list[dg.AssetCheckResult]:
     """The block's checks: its etl.log figures against the spec's thresholds (``prefix``: says
-    when the figures are those of an earlier commit)."""
+    when the figures are those of an earlier commit); ``outcomes``: already judged (a merge unit)."""
     severity = {Severity.WARN: dg.AssetCheckSeverity.WARN, Severity.ERROR: dg.AssetCheckSeverity.ERROR}
     return [
         dg.AssetCheckResult(asset_key=key, check_name=o.name, passed=o.passed, severity=severity[o.severity],
                             description=prefix + o.description,
                             metadata={k: _meta_value(v) for k, v in o.metadata.items() if v is not None})
-        for o in evaluate_block(spec, stats)
+        for o in (outcomes if outcomes is not None else evaluate_block(spec, stats))
     ]
 
 
@@ -96,6 +105,21 @@ def _reload_compute(topic: str) -> Any:
     return compute
 
 
+def _merge_compute(lineage: Lineage, table: str, topic: str) -> Any:
+    key = asset_key(table)
+    spec = lineage.topic(topic).spec
+
+    def compute(context):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 - Dagster inspects the signature
+        io: OffsetIOManager = getattr(context.resources, IO_MANAGER_KEY)
+        opened = io.engine().open_block(topic)  # the IO manager MERGEs (or rebuilds) from it
+        yield dg.Output(opened)
+        result = getattr(opened, "result", None)
+        if result is not None:
+            yield from _check_results(key, spec.checks, result.stats, outcomes=evaluate_unit(spec.checks, result.stats))
+
+    return compute
+
+
 def _owner(owner: str) -> str:
     """Dagster owners are e-mail addresses or ``team:name``."""
     return owner if "@" in owner or owner.startswith("team:") else f"team:{owner}"
@@ -118,6 +142,8 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     for table, topics in lineage.destinations().items():
         specs = [lineage.topic(n).spec for n in topics]
         step = specs[0].processor is Processor.STEP
+        merge = specs[0].processor is Processor.MERGE
+        checks = CHECK_NAMES if step else MERGE_CHECK_NAMES if merge else ()
         deps = sorted({d for sp in specs for d in sp.depends_on})
         assets.append(dg.asset(
             key=asset_key(table),
@@ -135,10 +161,12 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
             freshness_policy=_freshness(specs) if step else None,
             check_specs=[
                 dg.AssetCheckSpec(name, asset=asset_key(table), blocking=specs[0].checks.blocking,
-                                  description=f"block {name}: the etl.log figures of each block against the spec's thresholds")
-                for name in CHECK_NAMES
-            ] if step else None,
-        )(_step_compute(lineage, table) if step else _reload_compute(topics[0])))
+                                  description=f"{'block' if step else 'unit'} {name}: the etl.log figures of each "
+                                              f"{'block' if step else 'unit'} against the spec's thresholds")
+                for name in checks
+            ] or None,
+        )(_step_compute(lineage, table) if step else _merge_compute(lineage, table, topics[0]) if merge
+          else _reload_compute(topics[0])))
     return dg.Definitions(
         assets=[*sources, *assets],
         sensors=[build_planner_sensor(settings, lineage), build_alert_sensor()],

@@ -13,7 +13,7 @@ import datetime as dt
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lineage.errors import OffsetError, ProcessingError, TidemarkError, TopicLockedError
@@ -59,6 +59,13 @@ class LagRow:
     owner: str
     reason: str
     warning: str = ""  # e.g. late-row detection incomplete
+    offset_ages: dict[str, float | None] = field(default_factory=dict)  # input -> seconds since the data its offset covers
+
+    @property
+    def offset_age_s(self) -> float | None:
+        """The oldest input offset's age (Datapipe's ``offset_age_seconds``)."""
+        ages = [a for a in self.offset_ages.values() if a is not None]
+        return max(ages) if ages else None
 
 
 class Engine:
@@ -268,9 +275,19 @@ class Engine:
             if topic.spec.processor is Processor.STEP and rec.source_version is not None and base.version is not None:
                 missing = delta_meta.missing_commits(self.path(topic.spec.base), rec.source_version, base.version)
                 warning = delta_meta.late_detection_warning(topic.spec.base, missing)
+            ages = self.offset_ages(topic, rec)
             out.append(LagRow(topic.name, rec.processor, rec.last, rec.next, base.max_position, lag, rec.state, rec.owner,
-                              reason, warning))
+                              reason, warning, ages))
         return out
+
+    def offset_ages(self, topic: Topic, rec: OffsetRecord) -> dict[str, float | None]:
+        """Seconds since the data each input's offset covers: a step topic's base by ``last``; a
+        merge topic's every input (see :meth:`MergeProcessor.offset_ages`); none for a reload."""
+        if topic.spec.processor is Processor.MERGE:
+            return self.merge.offset_ages(topic, rec.last, dict(rec.inputs))
+        if topic.spec.processor is Processor.STEP and not rec.last.is_zero():
+            return {topic.spec.base: round((self.clock() - rec.last.pos).total_seconds(), 3)}
+        return {}
 
     # ----------------------------------------------------------------- locking
     @contextmanager

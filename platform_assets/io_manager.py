@@ -164,6 +164,18 @@ def block_metadata(r: StepResult) -> dict[str, Any]:
             meta[k.replace("ts", "pos")] = stats[k].isoformat()
     if stats.get("max_lag") is not None:
         meta["lag_s"] = float(stats["max_lag"])
+    if stats.get("strategy"):  # a merge unit: which strategy ran and why, what it changed
+        meta["strategy"] = stats["strategy"]
+        meta["strategy_reason"] = dg.MetadataValue.text(str(stats.get("strategy_reason") or ""))
+        for k in ("rows_inserted", "rows_updated", "rows_deleted", "keys_rederived", "late_rows"):
+            if stats.get(k) is not None:
+                meta[k] = int(stats[k])
+        if stats.get("reference_rows_changed"):
+            meta["reference_rows_changed"] = dg.MetadataValue.json(stats["reference_rows_changed"])
+        ages = {k: v for k, v in (stats.get("offset_age_s") or {}).items() if v is not None}
+        if ages:
+            meta["offset_age_seconds"] = float(max(ages.values()))  # plotted; per input below
+            meta["offset_age_s"] = dg.MetadataValue.json(ages)
     if stats.get("phases_s"):  # where the block's time went (lock, plan, spark, transform, write, log, commit)
         meta["phases_s"] = dg.MetadataValue.json(stats["phases_s"])
     return meta

@@ -152,6 +152,17 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                     waits.append(f"{name}: blocked by a failed blocking check of {', '.join(held)}")
                     continue
                 try:
+                    if topic.spec.processor is Processor.MERGE:
+                        rec = engine.ensure_offsets(topic)
+                        look = engine.merge.look(topic, rec) if not rec.pending else None
+                        if look is None or look.ready:
+                            sig = "retry" if look is None else f"{look.end.to_text()}:{look.base.version}:" + ",".join(
+                                f"{c.new}" for c in look.changes)
+                            requests.append(dg.RunRequest(run_key=f"{name}:merge:{rec.seq + 1}:{sig}", job_name=jobs[table].name,
+                                                          tags={TOPIC_TAG: name}))
+                        else:
+                            waits.append(f"{name}: {look.reason}")
+                        continue
                     if topic.spec.processor is Processor.RELOAD:
                         rec = engine.ensure_offsets(topic)
                         decision, _ = engine.decide(topic, rec)

@@ -599,3 +599,13 @@ def _plus(ts: dt.datetime, delta: dt.timedelta) -> dt.datetime:
         return ts + delta
     except OverflowError:
         return dt.datetime.max
+
+
+def commit_time(path: str, version: int) -> dt.datetime | None:
+    """When version ``version`` of the table at ``path`` was committed (naive UTC; None when the log
+    no longer holds that commit)."""
+    fs, log = _log_fs(path)
+    try:
+        return _stats(version, _read_commit(fs, log, version)).timestamp
+    except (FileNotFoundError, OSError):
+        return None

@@ -994,7 +994,7 @@ def test_demo_lineage_loads() -> None:
     assert items.maxstep == 4000
     assert items.after == ["SELECT count(*) FROM block"]
     assert lineage.topic("fact.orders").spec.maxstep == 1500
-    assert lineage.topic("mart.daily_revenue").spec.processor is Processor.RELOAD
+    assert lineage.topic("mart.daily_revenue").spec.processor is Processor.MERGE
     for topic in lineage.topics.values():
         assert len(topic.transforms) == 1
         t = topic.transforms[0]
