@@ -90,9 +90,11 @@ class Block:
     seq: int
     last: Position
     next: Position
+    #: A merge unit whose base has no new rows (only another input changed) has ``next == last``.
+    may_be_empty: bool = False
 
     def __post_init__(self) -> None:
-        if not self.last < self.next:
+        if not (self.last < self.next or (self.may_be_empty and self.last == self.next)):
             raise TidemarkError(f"block {self.seq} of '{self.topic}': last {self.last} is not before next {self.next}")
 
     def contains(self, p: Position) -> bool:

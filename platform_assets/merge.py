@@ -114,7 +114,7 @@ class MergeProcessor:
         """With the lock held: the pending unit, or fix the next one (bounds and every input's version)."""
         eng, spec = self.engine, topic.spec
         if rec.pending:
-            return Planned(Block(topic.name, rec.seq, rec.last, rec.next), f"retry unit {rec.seq}", retry=True,  # type: ignore[arg-type]
+            return Planned(Block(topic.name, rec.seq, rec.last, rec.next, may_be_empty=True), f"retry unit {rec.seq}", retry=True,  # type: ignore[arg-type]
                            source_version=rec.source_version)
         look = self.look(topic, rec)
         if spec.late_rows is LateRows.REDERIVE:
@@ -130,7 +130,7 @@ class MergeProcessor:
         seq = protocol.next_seq(rec, eng.path(spec.destination), topic.name)
         rec = eng.store.plan(topic.name, eng.owner, last=rec.last, next=look.end, seq=seq,
                              source_version=look.base.version, inputs_next=inputs)
-        return Planned(Block(topic.name, seq, rec.last, look.end), f"unit {seq}", base_rows=look.base_rows,
+        return Planned(Block(topic.name, seq, rec.last, look.end, may_be_empty=True), f"unit {seq}", base_rows=look.base_rows,
                        bad_rows=bad_rows, source_version=look.base.version, warnings=warnings)
 
     def explain(self, topic: Topic) -> list[str]:

@@ -241,7 +241,16 @@ def start_for_new_topic(topic: Topic, dest: str) -> tuple[Position, int, str]:
     records blocks of the topic is recovered by :func:`reconcile` (this returns the start the
     record is created with before that). Refuses when the destination has rows that no block
     of this topic wrote: where the topic should continue would be a guess."""
-    if topic.spec.processor is not Processor.RELOAD and recorded_seq(dest, topic.name) == 0:
+    if topic.spec.processor is Processor.MERGE and recorded_seq(dest, topic.name) == 0:
+        snap = delta_meta.TableSnapshot.open(dest)
+        if snap.version is not None and snap.files.num_rows:
+            raise OffsetError(
+                f"topic '{topic.name}': its destination {topic.spec.destination} ({dest}) has rows but its Delta log "
+                f"records no unit of topic '{topic.name}' (built by another tool, or before Tidemark). Adopt it as it is "
+                f"(see what would be set first): tidemark offsets adopt {topic.name} --dry-run; or start from the "
+                f"beginning, which rebuilds it whole: tidemark offsets init {topic.name} --start zero"
+            )
+    if topic.spec.processor is Processor.STEP and recorded_seq(dest, topic.name) == 0:
         mark = delta_meta.table_mark(dest)
         if mark.max_position is not None:
             raise OffsetError(
@@ -249,8 +258,7 @@ def start_for_new_topic(topic: Topic, dest: str) -> tuple[Position, int, str]:
                 f"records no block of topic '{topic.name}' (written by another writer, or before Tidemark); where the "
                 f"topic should start would be a guess. Say where, e.g. after the destination's newest row: "
                 f"tidemark offsets init {topic.name} --start {mark.max_position.to_text()}  (or --start zero to process "
-                f"the whole base table into it)" + (f"; a merge topic can adopt the table as it is: tidemark offsets adopt "
-                                                     f"{topic.name} --dry-run" if topic.spec.processor is Processor.MERGE else "")
+                f"the whole base table into it)"
             )
     return Position.zero(), 0, "new topic: from the beginning"
 

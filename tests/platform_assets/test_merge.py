@@ -1,0 +1,248 @@
+"""The merge processor (materialized views) on real Spark + Delta: reverse join, strict refresh,
+late rows re-derived, adopt, restate, a crash between the data commit and the offset commit."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from lineage.checks import ChecksSpec, evaluate_unit
+from lineage.errors import OffsetError, ProcessingError
+from lineage.loader import load_lineage
+from lineage.positions import Position
+from lineage.refresh import RefreshRefused
+from platform_assets import spark_io
+from platform_assets.engine import Engine
+from resources.meta_tables import read_etl_log
+from resources.settings import Settings
+
+pytestmark = pytest.mark.spark
+T0 = dt.datetime(2026, 3, 1, 12, 0, 0)
+WIDE = "SELECT b.id, b.customer_id, b.amount, c.country FROM block b JOIN dim.customers c ON b.customer_id = c.id"
+AGG = ("-- revenue per country\nWITH x AS (SELECT b.amount, c.country FROM block b JOIN dim.customers c ON b.customer_id = c.id)\n"
+       "SELECT country, sum(amount) AS revenue, count(*) AS n FROM x GROUP BY country")
+DAILY = "SELECT customer_id, CAST(pos AS DATE) AS day, sum(amount) AS amount, count(*) AS n FROM block GROUP BY 1, 2"
+
+
+def engine(spark, settings: Settings, root: Path, topics: str) -> Engine:
+    (root / "sql").mkdir(parents=True, exist_ok=True)
+    for name, sql in {"wide": WIDE, "agg": AGG, "daily": DAILY}.items():
+        (root / "sql" / f"{name}.sql").write_text(sql + "\n")
+    lineage = root / "lineage.yaml"
+    lineage.write_text("sources:\n  - table: stage.orders\n  - table: dim.customers\ntopics:\n"
+                       + textwrap.indent(textwrap.dedent(topics).strip("\n"), "  ") + "\n")
+    s = settings.with_(lineage=lineage)
+    return Engine(s, load_lineage(lineage), spark=spark)
+
+
+def wide_topic(extra: str = "") -> str:
+    return ("- table: mart.wide\n  depends_on: [stage.orders, dim.customers]\n  processor: merge\n"
+            "  transforms: [sql/wide.sql]\n  key: [id]\n" + extra)
+
+
+def orders(eng: Engine, first: int, n: int, *, customers: int = 10, at: dt.datetime = T0) -> None:
+    rows = [(at + dt.timedelta(seconds=i), i, i % customers, float(i)) for i in range(first, first + n)]
+    eng.spark.createDataFrame(rows, "pos timestamp, id bigint, customer_id int, amount double") \
+        .write.format("delta").mode("append").save(eng.path("stage.orders"))
+
+
+def customers(eng: Engine, n: int = 10) -> None:
+    (eng.spark.createDataFrame([(i, f"C{i % 3}") for i in range(n)], "id int, country string")
+     .write.format("delta").option("delta.enableChangeDataFeed", "true").save(eng.path("dim.customers")))
+
+
+def dim_sql(eng: Engine, statement: str) -> None:
+    eng.spark.sql(statement.replace("DIM", f"delta.`{eng.path('dim.customers')}`"))
+
+
+def assert_view_equals_recompute(eng: Engine, topic: str) -> int:
+    t = eng.lineage.topic(topic)
+    eng.register_tables()
+    want = eng.spark.sql(spark_io.bind_block(t.transforms[0].sql or "", t.spec.base))
+    got = eng.spark.read.format("delta").load(eng.path(t.spec.destination)).select(*want.columns)
+    assert got.count() == want.count()
+    assert got.exceptAll(want).count() == 0 and want.exceptAll(got).count() == 0
+    return got.count()
+
+
+def processed(results) -> list:
+    return [r for r in results if r.processed]
+
+
+def test_bind_block_binds_the_view_in_the_statement_itself() -> None:
+    assert spark_io.bind_block("SELECT 1 FROM block", "v") == "WITH block AS (SELECT * FROM v)\nSELECT 1 FROM block"
+    merged = spark_io.bind_block("-- c\n/* d */ with a AS (SELECT 1) SELECT * FROM a, block", "v")
+    assert merged == "-- c\n/* d */ WITH block AS (SELECT * FROM v), a AS (SELECT 1) SELECT * FROM a, block"
+
+
+def test_reverse_join_rederives_only_the_affected_keys(spark, settings, tmp_path):
+    eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n  full_above: 0.5\n"))
+    customers(eng)
+    orders(eng, 1, 50)
+    [first] = processed(eng.run_until_caught_up())
+    assert (first.stats["strategy"], first.stats["strategy_reason"]) == (
+        "full", "initial build: mart.wide holds no commit of topic 'mart.wide'")
+    # customer 3 moves country, customer 4 is deleted, customer 10 appears with 5 new orders
+    dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id = 3")
+    dim_sql(eng, "DELETE FROM DIM WHERE id = 4")
+    dim_sql(eng, "INSERT INTO DIM VALUES (10, 'C9')")
+    orders(eng, 51, 10, customers=11)
+    [unit] = processed(eng.run_until_caught_up())
+    s = unit.stats
+    assert s["strategy"] == "incremental", s["strategy_reason"]
+    assert s["strategy_reason"] == ("incremental: 10 new base rows; reverse join of 3 changed rows of dim.customers "
+                                    "(versions 1..3) on customer_id=id")
+    # new orders 51..60 (customer 4's order 59 has no customer now), customer 3's 5 old rows, customer 4's 5 old rows
+    assert (s["rows_inserted"], s["rows_updated"], s["rows_deleted"]) == (9, 5, 5)
+    assert s["keys_rederived"] == 10 + 5 + 5 - 1  # order 53 is new and customer 3's: counted once
+    assert assert_view_equals_recompute(eng, "mart.wide") == 54
+    logged = read_etl_log(eng.settings, "mart.wide", limit=1)[0]
+    assert (logged["strategy"], logged["detail"]) == ("incremental", s["strategy_reason"])
+    assert dict(logged["changes"])["rows_deleted"] == 5
+    commit = DeltaTable(eng.path("mart.wide")).history(1)[0]
+    meta = json.loads(commit["userMetadata"])
+    assert commit["operation"] == "MERGE"
+    assert (meta["seq"], meta["strategy"], meta["inputs"]) == (2, "incremental", {"dim.customers": 3, "stage.orders": 1})
+    assert eng.store.get("mart.wide").inputs == {"dim.customers": 3, "stage.orders": 1}
+    # Nothing changed: nothing to do (and no commit)
+    assert not processed(eng.run_until_caught_up())
+
+
+def test_a_change_beyond_full_above_or_without_join_keys_recomputes_and_says_why(spark, settings, tmp_path):
+    eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n")
+                 + "- table: mart.by_country\n  depends_on: [stage.orders, dim.customers]\n  processor: merge\n"
+                   "  transforms: [sql/agg.sql]\n  key: [country]\n")
+    customers(eng)
+    orders(eng, 1, 30)
+    eng.run_until_caught_up()
+    dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id IN (1, 2, 3)")
+    units = {r.topic: r.stats for r in processed(eng.run_until_caught_up())}
+    assert units["mart.wide"]["strategy_reason"] == ("full recompute because 3 rows of dim.customers changed, more than "
+                                                     "full_above 20% of its 10 rows (a full recompute is cheaper)")
+    assert units["mart.by_country"]["strategy_reason"] == (
+        "full recompute because dim.customers changed (version 1) and the spec declares no join_keys for it")
+    assert units["mart.by_country"]["fallback"] is True
+    refresh = next(o for o in evaluate_unit(ChecksSpec(), units["mart.by_country"]) if o.name == "refresh")
+    assert not refresh.passed and "no join_keys" in refresh.description
+    assert assert_view_equals_recompute(eng, "mart.wide") == 30
+    assert assert_view_equals_recompute(eng, "mart.by_country") == 4
+
+
+def test_strict_refresh_fails_instead_of_a_full_recompute(spark, settings, tmp_path):
+    eng = engine(spark, settings, tmp_path, "- table: mart.by_country\n  depends_on: [stage.orders, dim.customers]\n"
+                 "  processor: merge\n  transforms: [sql/agg.sql]\n  key: [country]\n  refresh: incremental_strict\n")
+    customers(eng)
+    orders(eng, 1, 20)
+    eng.run_until_caught_up()  # the initial build is allowed
+    before = DeltaTable(eng.path("mart.by_country")).version()
+    dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id = 1")
+    topic = eng.lineage.topic("mart.by_country")
+    assert eng.merge.explain(topic)[-1].startswith(
+        "  strategy: REFUSED: topic 'mart.by_country': refresh: incremental_strict refuses a full recompute because "
+        "dim.customers changed (version 1) and the spec declares no join_keys for it")
+    for _ in range(2):  # refused every time, nothing written
+        with pytest.raises(RefreshRefused, match="declare join_keys, enable delta.enableChangeDataFeed"):
+            eng.run_topic("mart.by_country")
+    assert DeltaTable(eng.path("mart.by_country")).version() == before
+    rec = eng.store.get("mart.by_country")
+    assert rec.state.startswith("failed: RefreshRefused") and rec.inputs["dim.customers"] == 0
+
+
+def test_late_rows_are_rederived_into_the_view_and_counted(spark, settings, tmp_path):
+    eng = engine(spark, settings, tmp_path, "- table: mart.daily\n  depends_on: [stage.orders]\n  processor: merge\n"
+                 "  transforms: [sql/daily.sql]\n  key: [customer_id, day]\n  late_rows: rederive\n  maxstep: 15\n")
+    orders(eng, 1, 40, at=T0)
+    assert len(processed(eng.run_until_caught_up())) == 3
+    # two rows land at or before last (pos in the past), after their blocks committed
+    orders(eng, 100, 2, at=T0 - dt.timedelta(days=1))
+    orders(eng, 200, 1, at=T0 + dt.timedelta(hours=1))
+    [unit] = processed(eng.run_until_caught_up())
+    assert unit.stats["late_rows"] == 2 and unit.stats["strategy"] == "incremental"
+    assert "2 late base rows re-derived" in unit.stats["strategy_reason"]
+    late = next(o for o in evaluate_unit(ChecksSpec(), unit.stats) if o.name == "late_rows")
+    assert not late.passed and late.description.startswith("2 late base rows")
+    assert_view_equals_recompute(eng, "mart.daily")
+    assert not processed(eng.run_until_caught_up())  # re-derived once, not again
+
+
+def test_adopt_takes_over_an_existing_view_then_applies_only_changes(spark, settings, tmp_path):
+    eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n  full_above: 1\n"))
+    customers(eng)
+    orders(eng, 1, 30)
+    topic = eng.lineage.topic("mart.wide")
+    with pytest.raises(ProcessingError, match="nothing to adopt: no Delta table"):
+        eng.merge.adopt(topic, dry_run=True)
+    eng.register_tables()
+    built_elsewhere = eng.spark.sql(spark_io.bind_block(WIDE, "stage.orders"))
+    built_elsewhere.write.format("delta").option("delta.enableChangeDataFeed", "true").save(eng.path("mart.wide"))
+    with pytest.raises(OffsetError, match="tidemark offsets adopt mart.wide --dry-run"):
+        eng.run_topic("mart.wide")  # rows no unit of this topic wrote: refuses to guess
+    lines = eng.merge.adopt(topic, dry_run=True)
+    assert lines[1] == f"  last = {Position(T0 + dt.timedelta(seconds=30), 30).to_text()} (the newest (pos, id) in stage.orders now)"
+    assert "  input stage.orders: offset = version 0" in lines and "  input dim.customers: offset = version 0" in lines
+    assert lines[-1].startswith("dry run: nothing was set") and eng.store.get("mart.wide") is None
+    assert eng.merge.adopt(topic, dry_run=False)[-1].startswith("adopted")
+    rec = eng.store.get("mart.wide")
+    assert rec.last == Position(T0 + dt.timedelta(seconds=30), 30) and rec.inputs == {"stage.orders": 0, "dim.customers": 0}
+    with pytest.raises(ProcessingError, match="has offsets already"):
+        eng.merge.adopt(topic, dry_run=True)
+    dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id = 3")
+    orders(eng, 31, 5)
+    [unit] = processed(eng.run_until_caught_up())
+    assert unit.stats["strategy"] == "incremental" and unit.stats["rows_inserted"] == 5
+    assert assert_view_equals_recompute(eng, "mart.wide") == 35
+
+
+def test_adopt_refuses_a_view_whose_key_is_not_unique(spark, settings, tmp_path):
+    eng = engine(spark, settings, tmp_path, wide_topic())
+    customers(eng)
+    orders(eng, 1, 5)
+    eng.spark.createDataFrame([(1, 1, 1.0, "C1"), (1, 1, 2.0, "C1")], "id bigint, customer_id int, amount double, country string") \
+        .write.format("delta").save(eng.path("mart.wide"))
+    with pytest.raises(ProcessingError, match=r"1 duplicate keys -- fix the table before adopting"):
+        eng.merge.adopt(eng.lineage.topic("mart.wide"), dry_run=True)
+
+
+def test_restating_a_range_rederives_it_without_duplicates(spark, settings, tmp_path):
+    eng = engine(spark, settings, tmp_path, wide_topic("  maxstep: 10\n"))
+    customers(eng)
+    orders(eng, 1, 30)
+    eng.run_until_caught_up()
+    # the view was damaged by hand: restate the range that holds the damage
+    eng.spark.sql(f"UPDATE delta.`{eng.path('mart.wide')}` SET amount = -1 WHERE id BETWEEN 12 AND 14")
+    eng.spark.sql(f"DELETE FROM delta.`{eng.path('mart.wide')}` WHERE id = 15")
+    eng.reset_offsets(eng.lineage.topic("mart.wide"), Position(T0 + dt.timedelta(seconds=10), 10), "restate 11..")
+    units = processed(eng.run_until_caught_up())
+    assert [u.stats["strategy"] for u in units] == ["incremental", "incremental"]
+    assert sum(u.stats["rows_updated"] for u in units) == 3 and sum(u.stats["rows_inserted"] for u in units) == 1
+    assert assert_view_equals_recompute(eng, "mart.wide") == 30
+
+
+def test_a_crash_between_the_merge_and_the_offset_commit_never_applies_twice(spark, settings, tmp_path, monkeypatch):
+    eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n  full_above: 1\n"))
+    customers(eng)
+    orders(eng, 1, 20)
+    eng.run_until_caught_up()
+    dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id = 3")
+    orders(eng, 21, 5)
+    real_commit = eng.store.commit
+
+    def dies(*a, **kw):
+        raise OSError("the process died after the MERGE landed")
+
+    monkeypatch.setattr(eng.store, "commit", dies)
+    with pytest.raises(OSError, match="died after the MERGE"):
+        eng.run_topic("mart.wide")
+    merged = DeltaTable(eng.path("mart.wide")).version()
+    monkeypatch.setattr(eng.store, "commit", real_commit)
+    dim_sql(eng, "UPDATE DIM SET country = 'YY' WHERE id = 5")  # changes after the plan wait for the next unit
+    [retry, nxt] = processed(eng.run_until_caught_up())
+    assert retry.recovered and retry.reason.startswith("unit 2")
+    assert DeltaTable(eng.path("mart.wide")).history(2)[1]["version"] == merged  # the retry wrote nothing
+    assert nxt.stats["strategy"] == "incremental" and nxt.stats["rows_updated"] == 3  # orders 5, 15, 25
+    assert assert_view_equals_recompute(eng, "mart.wide") == 25
