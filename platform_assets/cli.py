@@ -122,7 +122,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     eng = _engine(args)
     topic = eng.lineage.topic(args.topic)
     if topic.spec.processor is Processor.MERGE:
-        print("\n".join(eng.merge.explain(topic)))
+        from platform_assets import views
+
+        print("\n".join(views.explain(eng, topic)))
         return 0
     row = next(r for r in eng.lag() if r.topic == topic.name)
     print(f"topic {topic.name} ({topic.spec.processor.value} into {topic.spec.destination}): last {_cell(row.last)}"
@@ -164,7 +166,9 @@ def cmd_offsets(args: argparse.Namespace) -> int:
         if topic.spec.processor is not Processor.MERGE:
             raise TidemarkError(f"tidemark offsets adopt: '{topic.name}' is a {topic.spec.processor.value} topic; adopt takes "
                                 f"over merge views (a step topic starts where you say: tidemark offsets init {topic.name} --start POSITION)")
-        print("\n".join(eng.merge.adopt(topic, dry_run=args.dry_run)))
+        from platform_assets import views
+
+        print("\n".join(views.adopt(eng, topic, dry_run=args.dry_run)))
     elif args.action == "unlock":
         prev = store.unlock(topic.name, who=eng.owner)
         print(f"{topic.name}: lock cleared (was held by {prev or 'nobody'})")

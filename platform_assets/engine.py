@@ -20,7 +20,7 @@ from lineage.errors import OffsetError, ProcessingError, TidemarkError, TopicLoc
 from lineage.planner import Decision, TableMark, TopicState, lag_seconds, plan_topic
 from lineage.positions import Position
 from lineage.spec import Lineage, Processor, Topic
-from platform_assets import protocol, spark_io
+from platform_assets import protocol, spark_io, views
 from platform_assets.merge import MergeProcessor
 from platform_assets.protocol import OpenBlock, Planned, StepResult, UnitProcessor, data_app_id
 from platform_assets.reload import ReloadProcessor
@@ -284,7 +284,7 @@ class Engine:
         """Seconds since the data each input's offset covers: a step topic's base by ``last``; a
         merge topic's every input (see :meth:`MergeProcessor.offset_ages`); none for a reload."""
         if topic.spec.processor is Processor.MERGE:
-            return self.merge.offset_ages(topic, rec.last, dict(rec.inputs))
+            return views.offset_ages(self, topic, rec.last, dict(rec.inputs))
         if topic.spec.processor is Processor.STEP and not rec.last.is_zero():
             return {topic.spec.base: round((self.clock() - rec.last.pos).total_seconds(), 3)}
         return {}

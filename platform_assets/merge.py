@@ -35,7 +35,7 @@ from lineage.planner import Decision
 from lineage.positions import Block, Position
 from lineage.refresh import InputChange, Strategy, choose
 from lineage.spec import LateRows, Topic
-from platform_assets import faults, protocol, spark_io
+from platform_assets import faults, protocol, spark_io, views
 from platform_assets.protocol import OpenBlock, Planned, StepResult, data_app_id
 from resources import delta_meta
 from resources.meta_tables import quarantine_rows, write_etl_log
@@ -133,92 +133,6 @@ class MergeProcessor:
         return Planned(Block(topic.name, seq, rec.last, look.end, may_be_empty=True), f"unit {seq}", base_rows=look.base_rows,
                        bad_rows=bad_rows, source_version=look.base.version, warnings=warnings)
 
-    def explain(self, topic: Topic) -> list[str]:
-        """What the next unit would do, without running it or starting Spark."""
-        from lineage.refresh import RefreshRefused
-
-        eng, spec = self.engine, topic.spec
-        rec = eng.ensure_offsets(topic)
-        lines = [f"topic {topic.name} (merge into {spec.destination}, key {', '.join(spec.key)}, refresh {spec.refresh.value})",
-                 f"  base {spec.base}: last {rec.last.to_text()}" + (f", version {rec.inputs[spec.base]} applied"
-                                                                       if spec.base in rec.inputs else "")]
-        if rec.pending:
-            return [*lines, f"  unit {rec.seq} is pending ({rec.last.to_text()} .. {rec.next.to_text() if rec.next else ''}): "
-                            f"the next run redoes exactly it"]
-        look = self.look(topic, rec)
-        lines.append(f"  new base rows: {look.base_rows}" + (f" up to {look.end.to_text()}" if look.end > rec.last else
-                                                             f" ({look.decision.reason})"))
-        if spec.late_rows is LateRows.REDERIVE:
-            lines.append(f"  late base rows to re-derive: {look.late.rows.num_rows}")
-        for c in look.changes:
-            how = ("reverse join on " + ", ".join(f"{v}={i}" for v, i in spec.join_keys[c.table].items())
-                   if c.table in spec.join_keys else "no join_keys: a change means a full recompute")
-            state = (f"changed ({c.versions}, {'?' if c.changed_rows is None else c.changed_rows} rows of "
-                     f"{'?' if c.table_rows is None else c.table_rows})" if c.changed else f"unchanged at version {c.new}")
-            lines.append(f"  input {c.table}: {state}; {how}" + (f"; change feed: {c.problem}" if c.problem else ""))
-        if not look.ready:
-            return [*lines, f"  nothing to do: {look.reason}"]
-        built = bool(rec.inputs) and delta_meta.open_table(eng.path(spec.destination)) is not None
-        try:
-            s = choose(spec, built=built, base_rows=look.base_rows, late_rows=look.late.rows.num_rows, changes=look.changes)
-        except RefreshRefused as exc:
-            return [*lines, f"  strategy: REFUSED: {exc}"]
-        return [*lines, f"  strategy: {s.name}: {s.reason}"]
-
-    def adopt(self, topic: Topic, *, dry_run: bool) -> list[str]:
-        """Take over an existing view without reprocessing it (Datapipe's ``initialize_offsets``):
-        ``last`` from the view's own newest ``(pos, id)`` when it has them, else the base's newest
-        position; every input's offset at its current version. The view is assumed current as of
-        those; later changes are applied incrementally."""
-        import pyarrow.compute as pc
-
-        eng, spec = self.engine, topic.spec
-        dest = eng.path(spec.destination)
-        view = delta_meta.TableSnapshot.open(dest)
-        if view.version is None or view.table is None:
-            raise ProcessingError(f"topic '{topic.name}': nothing to adopt: no Delta table at {dest} ({spec.destination})")
-        rec = eng.store.get(topic.name)
-        if rec is not None and (rec.seq or rec.inputs):
-            raise ProcessingError(f"topic '{topic.name}' has offsets already (unit {rec.seq}); adopt is for a view built "
-                                  f"outside Tidemark. To restate a range use: tidemark offsets reset {topic.name} --to POSITION --reason '...'")
-        missing = [k for k in spec.key if k not in view.columns]
-        if missing:
-            raise ProcessingError(f"topic '{topic.name}': {spec.destination} has no column {', '.join(missing)} of the key "
-                                  f"({', '.join(spec.key)}); it cannot be adopted as this view")
-        keys = view.table.to_pyarrow_dataset().to_table(columns=list(spec.key))
-        dups = keys.group_by(list(spec.key)).aggregate([([], "count_all")]).filter(pc.field("count_all") > 1)
-        base = delta_meta.TableSnapshot.open(eng.path(spec.base))
-        if base.version is None:
-            raise ProcessingError(f"topic '{topic.name}': base {spec.base} does not exist at {eng.path(spec.base)}")
-        if {"pos", "id"} <= view.columns:
-            last, source = delta_meta.table_mark(view).max_position or Position.zero(), f"the newest (pos, id) in {spec.destination}"
-        else:
-            last, source = delta_meta.table_mark(base).max_position or Position.zero(), f"the newest (pos, id) in {spec.base} now"
-        inputs = {spec.base: base.version}
-        for t in spec.depends_on[1:]:
-            v = delta_meta.TableSnapshot.open(eng.path(t)).version
-            if v is None:
-                raise ProcessingError(f"topic '{topic.name}': input {t} does not exist at {eng.path(t)}")
-            inputs[t] = v
-        lines = [f"topic {topic.name}: adopt {spec.destination} version {view.version} ({view.files.num_rows} files) as it is",
-                 f"  last = {last.to_text()} ({source})",
-                 *(f"  input {t}: offset = version {v}" for t, v in inputs.items()),
-                 f"  key ({', '.join(spec.key)}): " + (f"{dups.num_rows} duplicate keys -- fix the table before adopting"
-                                                      if dups.num_rows else "unique")]
-        if dups.num_rows:
-            raise ProcessingError("\n".join([*lines, f"topic '{topic.name}': refused: the key is not unique in {spec.destination}"]))
-        if dry_run:
-            return [*lines, "dry run: nothing was set (run again without --dry-run)"]
-        seq = protocol.recorded_seq(dest, topic.name)
-        if rec is None:
-            eng.store.init(topic.name, last, spec.processor.value, who=eng.owner, note=f"adopt: {source}", seq=seq)
-        with eng.locked(topic) as locked_rec:
-            eng.store.plan(topic.name, eng.owner, last=locked_rec.last, next=max(last, locked_rec.last), seq=max(seq, locked_rec.seq) + 1,
-                           source_version=base.version, inputs_next=inputs)
-            eng.store.commit(topic.name, eng.owner, seq=max(seq, locked_rec.seq) + 1, last=locked_rec.last,
-                             next=max(last, locked_rec.last), rows=0, note=f"adopt {spec.destination} version {view.version}")
-        return [*lines, "adopted: the next unit applies only what changes from here"]
-
     # ----------------------------------------------------------------- the unit
     def open(self, topic: Topic, rec: OffsetRecord, seq: int | None) -> OpenBlock | StepResult:
         eng = self.engine
@@ -296,11 +210,13 @@ class MergeProcessor:
             feed = (spark.read.format("delta").option("readChangeFeed", "true")
                     .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(eng.path(table)))
             changed = feed.select(*[feed[i].alias(v) for v, i in pairs.items()]).distinct()
-            affected.append(_semi(target, changed, list(pairs)).select(*key))  # rows the old input values produced
-            affected.append(_semi(full, changed, list(pairs)).select(*key))  # rows the new input values produce
+            affected.append(spark_io.semi_join(target, changed, list(pairs)).select(*key))  # rows the old input values produced
+            affected.append(spark_io.semi_join(full, changed, list(pairs)).select(*key))  # rows the new input values produce
+        from pyspark.sql import functions as F
+
         keys = functools.reduce(lambda a, b: a.unionByName(b), affected).distinct()
-        rederived = _semi(full, keys, key).withColumn(PRESENT, _true())
-        source = _left(keys, rederived, key)
+        rederived = spark_io.semi_join(full, keys, key).withColumn(PRESENT, F.lit(True))
+        source = spark_io.rows_of_keys(keys, rederived, key)
         work.columns = list(full.columns)
         return source, work
 
@@ -356,7 +272,9 @@ class MergeProcessor:
             try:
                 with eng.phases.timed("write"):
                     if work.strategy.incremental:
-                        self._merge(opened.out, dest, spec.key, work.columns, spec.delete_missing, app_id, block.seq, meta)
+                        spark_io.merge_into(eng.spark, opened.out, dest, key=list(spec.key), columns=work.columns,
+                                            present=PRESENT, delete_missing=spec.delete_missing, app_id=app_id,
+                                            seq=block.seq, meta=meta)
                     else:
                         (opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
                          .option("delta.enableChangeDataFeed", "true").option("delta.enableDeletionVectors", "true")
@@ -377,7 +295,7 @@ class MergeProcessor:
             "keys_rederived": m.get("numSourceRows"), "late_rows": work.late_rows,
             "reference_rows_changed": {c.table: c.changed_rows for c in work.changes if c.changed},
             "fallback": work.strategy.fallback,
-            "offset_age_s": self.offset_ages(topic, block.next, inputs),
+            "offset_age_s": views.offset_ages(eng, topic, block.next, inputs),
         }
         written = int(figures["rows_inserted"] or 0) + int(figures["rows_updated"] or 0)
         with eng.phases.timed("log"):
@@ -402,82 +320,3 @@ class MergeProcessor:
                           base_rows=max(planned.base_rows, 0), bad_rows=planned.bad_rows, delta_version=landed.version,
                           duration_s=time.monotonic() - opened.started, recovered=recovered,
                           stats={**protocol.stats_dict(entry), **figures, "warnings": list(planned.warnings)})
-
-    def offset_ages(self, topic: Topic, last: Position, inputs: dict[str, int]) -> dict[str, float | None]:
-        """Seconds since the newest data each input's offset covers (Datapipe's ``offset_age_seconds``):
-        the base by its ``last`` position, every other input by the commit time of its applied version."""
-        eng, spec = self.engine, topic.spec
-        now = eng.clock()
-        out: dict[str, float | None] = {spec.base: None if last.is_zero() else round((now - last.pos).total_seconds(), 3)}
-        for table in spec.depends_on[1:]:
-            version = inputs.get(table)
-            at = None if version is None else delta_meta.commit_time(eng.path(table), version)
-            out[table] = None if at is None else round((now - at).total_seconds(), 3)
-        return out
-
-    def _merge(self, source: DataFrame, dest: str, key: list[str], columns: list[str], delete_missing: bool,
-               app_id: str, seq: int, meta: str) -> None:
-        """One Delta MERGE of the re-derived keys, idempotent by ``(app_id, seq)`` and self-describing."""
-        spark = self.engine.spark
-        name = f"tm_merge_{uuid.uuid4().hex[:10]}"
-        source.createOrReplaceTempView(name)
-        on = " AND ".join(f"t.{_q(k)} <=> s.{_q(k)}" for k in key)
-        values = [c for c in columns if c not in key]
-        differs = " OR ".join(f"NOT (t.{_q(c)} <=> s.{_q(c)})" for c in values) or "false"
-        sql = (f"MERGE INTO delta.`{dest}` t USING {name} s ON {on}\n"
-               + (f"WHEN MATCHED AND s.{PRESENT} IS NULL THEN DELETE\n" if delete_missing else "")
-               + (f"WHEN MATCHED AND s.{PRESENT} AND ({differs}) THEN UPDATE SET "
-                  + ", ".join(f"t.{_q(c)} = s.{_q(c)}" for c in values) + "\n" if values else "")
-               + f"WHEN NOT MATCHED AND s.{PRESENT} THEN INSERT ({', '.join(map(_q, columns))}) "
-               + f"VALUES ({', '.join('s.' + _q(c) for c in columns)})")
-        confs = {"spark.databricks.delta.write.txnAppId": app_id, "spark.databricks.delta.write.txnVersion": str(seq),
-                 "spark.databricks.delta.commitInfo.userMetadata": meta}
-        try:
-            for k, v in confs.items():
-                spark.conf.set(k, v)
-            spark.sql(sql).collect()
-        finally:
-            for k in confs:
-                spark.conf.unset(k)
-            spark.catalog.dropTempView(name)
-
-
-def _q(col: str) -> str:
-    return "`" + col.replace("`", "``") + "`"
-
-
-def _true() -> Any:
-    from pyspark.sql import functions as F
-
-    return F.lit(True)
-
-
-def _on(cols: list[str], names: list[str]) -> Any:
-    """Null-safe equality of ``l.cols`` and ``r.names`` (both sides aliased: a plan joined with
-    itself needs qualified names)."""
-    from pyspark.sql import functions as F
-
-    return functools.reduce(lambda a, b: a & b, [F.col(f"l.{_q(c)}").eqNullSafe(F.col(f"r.{_q(n)}"))
-                                                 for c, n in zip(cols, names, strict=True)])
-
-
-def _keys(right: DataFrame, cols: list[str]) -> tuple[DataFrame, list[str]]:
-    names = [f"_tm_k{i}" for i in range(len(cols))]
-    return right.select(*[right[c].alias(n) for c, n in zip(cols, names, strict=True)]).alias("r"), names
-
-
-def _semi(left: DataFrame, right: DataFrame, cols: list[str]) -> DataFrame:
-    """Rows of ``left`` whose ``cols`` equal (null-safe) those of some row of ``right``."""
-    r, names = _keys(right, cols)
-    return left.alias("l").join(r, _on(cols, names), "left_semi")
-
-
-def _left(keys: DataFrame, rows: DataFrame, cols: list[str]) -> DataFrame:
-    """Every key of ``keys`` with its row of ``rows`` (null columns where there is none)."""
-    from pyspark.sql import functions as F
-
-    r, names = _keys(keys, cols)
-    joined = r.join(rows.alias("l"), _on(cols, names), "left")
-    # the key from ``keys`` (``rows``' is null for a deleted key), every other column from ``rows``
-    return joined.select(*[F.col(f"r.{n}").alias(c) for c, n in zip(cols, names, strict=True)],
-                         *[F.col(f"l.{_q(c)}") for c in rows.columns if c not in cols])

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import importlib
 import re
 import uuid
@@ -239,3 +240,72 @@ def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: Da
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------- keyed joins and MERGE (merge topics)
+
+
+def quote(col: str) -> str:
+    """``col`` as a Spark SQL identifier."""
+    return "`" + col.replace("`", "``") + "`"
+
+
+def _on(cols: list[str], names: list[str]) -> Column:
+    """Null-safe equality of ``l.cols`` and ``r.names`` (both sides aliased: a plan joined with
+    itself needs qualified names)."""
+    from pyspark.sql import functions as F
+
+    return functools.reduce(lambda a, b: a & b, [F.col(f"l.{quote(c)}").eqNullSafe(F.col(f"r.{quote(n)}"))
+                                                 for c, n in zip(cols, names, strict=True)])
+
+
+def _keys(right: DataFrame, cols: list[str]) -> tuple[DataFrame, list[str]]:
+    names = [f"_tm_k{i}" for i in range(len(cols))]
+    return right.select(*[right[c].alias(n) for c, n in zip(cols, names, strict=True)]).alias("r"), names
+
+
+def semi_join(left: DataFrame, right: DataFrame, cols: list[str]) -> DataFrame:
+    """Rows of ``left`` whose ``cols`` equal (null-safe) those of some row of ``right``."""
+    r, names = _keys(right, cols)
+    return left.alias("l").join(r, _on(cols, names), "left_semi")
+
+
+def rows_of_keys(keys: DataFrame, rows: DataFrame, cols: list[str]) -> DataFrame:
+    """Every key of ``keys`` with its row of ``rows`` (null columns where ``rows`` has none)."""
+    from pyspark.sql import functions as F
+
+    r, names = _keys(keys, cols)
+    joined = r.join(rows.alias("l"), _on(cols, names), "left")
+    # the key from ``keys`` (``rows``' is null for a key no longer produced), every other column from ``rows``
+    return joined.select(*[F.col(f"r.{n}").alias(c) for c, n in zip(cols, names, strict=True)],
+                         *[F.col(f"l.{quote(c)}") for c in rows.columns if c not in cols])
+
+
+def merge_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[str], columns: list[str], present: str,
+               delete_missing: bool, app_id: str, seq: int, meta: str) -> None:
+    """One Delta MERGE of ``source`` into the table at ``dest`` on ``key`` (null-safe): rows whose
+    ``present`` column is true are inserted or, where any column differs, updated (an unchanged row
+    is not rewritten, so the change feed shows only real changes); keys whose ``present`` is null are
+    deleted (``delete_missing``). Idempotent by ``(app_id, seq)`` (Delta's ``txnAppId``/``txnVersion``
+    for DML, as session settings) and self-describing (``meta`` as the commit's ``userMetadata``)."""
+    name = f"tm_merge_{uuid.uuid4().hex[:10]}"
+    source.createOrReplaceTempView(name)
+    on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key)
+    values = [c for c in columns if c not in key]
+    differs = " OR ".join(f"NOT (t.{quote(c)} <=> s.{quote(c)})" for c in values)
+    sql = (f"MERGE INTO delta.`{dest}` t USING {name} s ON {on}\n"
+           + (f"WHEN MATCHED AND s.{present} IS NULL THEN DELETE\n" if delete_missing else "")
+           + (f"WHEN MATCHED AND s.{present} AND ({differs}) THEN UPDATE SET "
+              + ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in values) + "\n" if values else "")
+           + f"WHEN NOT MATCHED AND s.{present} THEN INSERT ({', '.join(map(quote, columns))}) "
+           + f"VALUES ({', '.join('s.' + quote(c) for c in columns)})")
+    confs = {"spark.databricks.delta.write.txnAppId": app_id, "spark.databricks.delta.write.txnVersion": str(seq),
+             "spark.databricks.delta.commitInfo.userMetadata": meta}
+    try:
+        for k, v in confs.items():
+            spark.conf.set(k, v)
+        spark.sql(sql).collect()
+    finally:
+        for k in confs:
+            spark.conf.unset(k)
+        spark.catalog.dropTempView(name)

@@ -16,7 +16,7 @@ from lineage.errors import OffsetError, ProcessingError
 from lineage.loader import load_lineage
 from lineage.positions import Position
 from lineage.refresh import RefreshRefused
-from platform_assets import spark_io
+from platform_assets import spark_io, views
 from platform_assets.engine import Engine
 from resources.meta_tables import read_etl_log
 from resources.settings import Settings
@@ -142,7 +142,7 @@ def test_strict_refresh_fails_instead_of_a_full_recompute(spark, settings, tmp_p
     before = DeltaTable(eng.path("mart.by_country")).version()
     dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id = 1")
     topic = eng.lineage.topic("mart.by_country")
-    assert eng.merge.explain(topic)[-1].startswith(
+    assert views.explain(eng, topic)[-1].startswith(
         "  strategy: REFUSED: topic 'mart.by_country': refresh: incremental_strict refuses a full recompute because "
         "dim.customers changed (version 1) and the spec declares no join_keys for it")
     for _ in range(2):  # refused every time, nothing written
@@ -176,21 +176,21 @@ def test_adopt_takes_over_an_existing_view_then_applies_only_changes(spark, sett
     orders(eng, 1, 30)
     topic = eng.lineage.topic("mart.wide")
     with pytest.raises(ProcessingError, match="nothing to adopt: no Delta table"):
-        eng.merge.adopt(topic, dry_run=True)
+        views.adopt(eng, topic, dry_run=True)
     eng.register_tables()
     built_elsewhere = eng.spark.sql(spark_io.bind_block(WIDE, "stage.orders"))
     built_elsewhere.write.format("delta").option("delta.enableChangeDataFeed", "true").save(eng.path("mart.wide"))
     with pytest.raises(OffsetError, match="tidemark offsets adopt mart.wide --dry-run"):
         eng.run_topic("mart.wide")  # rows no unit of this topic wrote: refuses to guess
-    lines = eng.merge.adopt(topic, dry_run=True)
+    lines = views.adopt(eng, topic, dry_run=True)
     assert lines[1] == f"  last = {Position(T0 + dt.timedelta(seconds=30), 30).to_text()} (the newest (pos, id) in stage.orders now)"
     assert "  input stage.orders: offset = version 0" in lines and "  input dim.customers: offset = version 0" in lines
     assert lines[-1].startswith("dry run: nothing was set") and eng.store.get("mart.wide") is None
-    assert eng.merge.adopt(topic, dry_run=False)[-1].startswith("adopted")
+    assert views.adopt(eng, topic, dry_run=False)[-1].startswith("adopted")
     rec = eng.store.get("mart.wide")
     assert rec.last == Position(T0 + dt.timedelta(seconds=30), 30) and rec.inputs == {"stage.orders": 0, "dim.customers": 0}
     with pytest.raises(ProcessingError, match="has offsets already"):
-        eng.merge.adopt(topic, dry_run=True)
+        views.adopt(eng, topic, dry_run=True)
     dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id = 3")
     orders(eng, 31, 5)
     [unit] = processed(eng.run_until_caught_up())
@@ -205,7 +205,7 @@ def test_adopt_refuses_a_view_whose_key_is_not_unique(spark, settings, tmp_path)
     eng.spark.createDataFrame([(1, 1, 1.0, "C1"), (1, 1, 2.0, "C1")], "id bigint, customer_id int, amount double, country string") \
         .write.format("delta").save(eng.path("mart.wide"))
     with pytest.raises(ProcessingError, match=r"1 duplicate keys -- fix the table before adopting"):
-        eng.merge.adopt(eng.lineage.topic("mart.wide"), dry_run=True)
+        views.adopt(eng, eng.lineage.topic("mart.wide"), dry_run=True)
 
 
 def test_restating_a_range_rederives_it_without_duplicates(spark, settings, tmp_path):
