@@ -17,9 +17,11 @@ its block is retried without waiting for the lock's lease to expire.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
@@ -114,6 +116,41 @@ def release_ended_runs(instance: dg.DagsterInstance, store: OffsetStore) -> list
     return freed
 
 
+def offset_age_checks(engine: Any, lineage: Lineage, states: dict[str, str]) -> tuple[list[dg.AssetCheckEvaluation], dict[str, str]]:
+    """The ``offset_age`` check of every merge topic with ``checks.max_offset_age``, judged on each
+    tick (a topic that stops running gets no unit, hence no check from a run): an evaluation is
+    reported (runless; the alert sensor alerts on a failed one) only when the verdict changes
+    from ``states`` (topic -> "pass" | "fail", kept in the sensor's cursor)."""
+    from lineage.checks import Severity
+    from platform_assets import views
+
+    out: list[dg.AssetCheckEvaluation] = []
+    new = dict(states)
+    for topic in lineage.topics.values():
+        limit = topic.spec.checks.max_offset_age
+        if topic.spec.processor is not Processor.MERGE or limit is None:
+            continue
+        rec = engine.store.get(topic.name)
+        if rec is None or not rec.inputs:
+            continue
+        ages = {k: v for k, v in views.offset_ages(engine, topic, rec.last, dict(rec.inputs)).items() if v is not None}
+        if not ages:
+            continue
+        oldest, age = max(ages.items(), key=lambda kv: kv[1])
+        verdict = "pass" if age <= limit.total_seconds() else "fail"
+        if states.get(topic.name) == verdict:
+            continue
+        new[topic.name] = verdict
+        severity = dg.AssetCheckSeverity.ERROR if topic.spec.checks.severity is Severity.ERROR else dg.AssetCheckSeverity.WARN
+        out.append(dg.AssetCheckEvaluation(
+            asset_key=dg.AssetKey(topic.spec.destination.split(".", 1)), check_name="offset_age", passed=verdict == "pass",
+            severity=severity,
+            description=f"oldest input offset {oldest} {age:.0f} s old {'<=' if verdict == 'pass' else '>'} "
+                        f"{limit.total_seconds():.0f} s (checked by tidemark_planner)",
+            metadata={"max_offset_age_s": age, "offset_age_s": dg.MetadataValue.json(ages)}))
+    return out, new
+
+
 def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: int = 3, backoff_s: float = 60.0,
                          interval_s: int = 30, retention: int | None = None) -> dg.SensorDefinition:
     """``retention``: block partitions kept per topic (default ``$TIDEMARK_PARTITION_RETENTION``
@@ -145,6 +182,16 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         try:
             for line in release_ended_runs(context.instance, engine.store):
                 context.log.info(line)
+            try:
+                states = json.loads(context.cursor) if context.cursor else {}
+            except ValueError:
+                states = {}
+            try:
+                evaluations, states = offset_age_checks(engine, lineage, states if isinstance(states, dict) else {})
+                for evaluation in evaluations:
+                    context.instance.report_runless_asset_event(evaluation)
+            except (TidemarkError, OSError) as exc:  # never let the check stop the planning
+                context.log.warning(f"offset_age checks skipped this tick: {type(exc).__name__}: {exc}")
             for topic in lineage.topics.values():
                 name, table = topic.name, topic.spec.destination
                 held = [f"{d} ({blocked[d]})" for d in topic.spec.depends_on if d in blocked]
@@ -217,6 +264,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         if waits:  # the skip reason shows only on ticks that request nothing; the log always
             context.log.info(f"{len(waits)} waiting:\n" + "\n".join(waits))
         return dg.SensorResult(
+            cursor=json.dumps(states, sort_keys=True),
             run_requests=requests,
             dynamic_partitions_requests=[
                 *(dg.AddDynamicPartitionsRequest(n, keys) for n, keys in adds.items()),

@@ -246,3 +246,36 @@ def test_a_crash_between_the_merge_and_the_offset_commit_never_applies_twice(spa
     assert DeltaTable(eng.path("mart.wide")).history(2)[1]["version"] == merged  # the retry wrote nothing
     assert nxt.stats["strategy"] == "incremental" and nxt.stats["rows_updated"] == 3  # orders 5, 15, 25
     assert assert_view_equals_recompute(eng, "mart.wide") == 25
+
+
+def test_offset_age_is_judged_by_the_planner_sensor_and_alerted_once(spark, settings, tmp_path):
+    import dagster as dg
+
+    from platform_assets.alerts import AlertCursor, scan_incidents
+    from platform_assets.sensors import offset_age_checks
+
+    eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n"
+                                                       "  checks: {max_offset_age: 1h}\n"))
+    customers(eng)
+    orders(eng, 1, 10)
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    eng.clock = lambda: T0 + dt.timedelta(seconds=40)  # the data is 30 s old
+    [unit] = processed(eng.run_until_caught_up())
+    ages = unit.stats["offset_age_s"]
+    assert ages["stage.orders"] == 30.0  # the base: since its last position
+    # another input: since the commit of the version applied (made just now, on the real clock)
+    assert abs((T0 + dt.timedelta(seconds=40) - now).total_seconds() - ages["dim.customers"]) < 600
+    lag = next(r for r in eng.lag() if r.topic == "mart.wide")
+    assert lag.offset_ages["stage.orders"] == 30.0
+    evaluations, states = offset_age_checks(eng, eng.lineage, {})
+    assert [e.passed for e in evaluations] == [True] and states == {"mart.wide": "pass"}
+    assert offset_age_checks(eng, eng.lineage, states) == ([], states)  # unchanged verdict: nothing reported
+    eng.clock = lambda: T0 + dt.timedelta(hours=2)
+    [failed], states = offset_age_checks(eng, eng.lineage, states)
+    assert not failed.passed and failed.check_name == "offset_age" and states == {"mart.wide": "fail"}
+    assert failed.description.startswith("oldest input offset stage.orders 7190 s old > 3600 s")
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.report_runless_asset_event(failed)
+        scan = scan_incidents(instance, AlertCursor(since=0.0, runs={}, runless=None))
+        [alert] = [a for a in scan.alerts if "offset_age" in a.key]
+        assert "mart" in alert.key
