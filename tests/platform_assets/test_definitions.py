@@ -39,6 +39,10 @@ def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
     assert {s.name for s in defs.sensors} >= {"tidemark_planner", "tidemark_alerts"}
     checks = {k.name for k in graph.asset_check_keys if k.asset_key == dg.AssetKey(["fact", "orders"])}
     assert checks == {"rows", "lag", "nulls", "late_rows"}
+    # a merge view: one unpartitioned asset, judged per unit by its own checks
+    mart = dg.AssetKey(["mart", "daily_revenue"])
+    assert {k.name for k in graph.asset_check_keys if k.asset_key == mart} == {"offset_age", "late_rows", "refresh"}
+    assert graph.get(mart).partitions_def is None
     items_def = defs.resolve_assets_def(dg.AssetKey(["fact", "order_items"]))
     policy = items_def.specs_by_key[dg.AssetKey(["fact", "order_items"])].freshness_policy
     assert _td(policy.warn_window) == dt.timedelta(minutes=10) and _td(policy.fail_window) == dt.timedelta(minutes=20)
