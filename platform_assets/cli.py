@@ -244,6 +244,11 @@ def cmd_log(args: argparse.Namespace) -> int:
     print(_table([(r["ts"], r["topic"], r["seq"], r["rows"], r["max_id"], r["min_ts"], r["max_ts"], r["max_lag"],
                    {k: n for k, n in (r["nulls"] or []) if n}, r["bad_rows"], r["delta_version"], r["duration_s"]) for r in rows],
                  ["ts", "topic", "seq", "rows", "max_id", "min_ts", "max_ts", "max_lag s", "nulls", "bad", "delta v", "secs"]))
+    units = [r for r in rows if r.get("strategy")]
+    if units:  # merge topics: what each unit did and why
+        print("\nmerge units:")
+        print(_table([(r["ts"], r["topic"], r["seq"], r["strategy"], dict(r.get("changes") or []), r.get("detail") or "")
+                      for r in units], ["ts", "topic", "seq", "strategy", "changes", "why"]))
     return 0
 
 

@@ -48,7 +48,7 @@ def explain(engine: Engine, topic: Topic) -> list[str]:
         s = choose(spec, built=built, base_rows=look.base_rows, late_rows=look.late.rows.num_rows, changes=look.changes)
     except RefreshRefused as exc:
         return [*lines, f"  strategy: REFUSED: {exc}"]
-    return [*lines, f"  strategy: {s.name}: {s.reason}"]
+    return [*lines, f"  strategy: {s.reason}" if s.incremental else f"  strategy: full: {s.reason}"]
 
 
 def adopt(engine: Engine, topic: Topic, *, dry_run: bool) -> list[str]:
