@@ -99,11 +99,14 @@ class MergeProcessor:
         base = delta_meta.TableSnapshot.open(eng.path(spec.base))
         decision, _ = eng.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
         end, rows = rec.last, 0
+        empty = delta_meta.LateRows(delta_meta.pa.table({}))
+        if rec.run is not None and spec.repeat and eng.clock() < rec.run + spec.repeat:  # repeat holds every input
+            return MergeLook(rec, decision, base, end, rows, empty, ())
         if decision.ready and not decision.retry:
             found = eng.block_end(topic, rec, decision, base)
             if found.end is not None:
                 end, rows = found.end, found.rows
-        late = delta_meta.LateRows(delta_meta.pa.table({}))
+        late = empty
         done = rec.inputs.get(spec.base)
         if spec.late_rows is LateRows.REDERIVE and done is not None and base.version is not None and not rec.last.is_zero():
             late = delta_meta.late_rows(base, done, rec.last)

@@ -177,6 +177,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         adds: dict[str, list[str]] = {}
         deletes: dict[str, list[str]] = {}
         blocks: list[tuple[str, str, int, str]] = []  # (topic, table, seq, partition key)
+        units: list[tuple[str, str, str]] = []  # merge units: (topic, table, run tag)
         waits: list[str] = []
         now = dt.datetime.now(dt.UTC).timestamp()
         try:
@@ -200,13 +201,17 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                     continue
                 try:
                     if topic.spec.processor is Processor.MERGE:
+                        # A unit is planned by its run, under the lock. Its tag names the unit and, for a new
+                        # one, what the run will see: a failed run is retried with backoff like a block, and
+                        # new changes after a run that found nothing to do still get a run.
                         rec = engine.ensure_offsets(topic)
-                        look = engine.merge.look(topic, rec) if not rec.pending else None
-                        if look is None or look.ready:
-                            sig = "retry" if look is None else f"{look.end.to_text()}:{look.base.version}:" + ",".join(
-                                f"{c.new}" for c in look.changes)
-                            requests.append(dg.RunRequest(run_key=f"{name}:merge:{rec.seq + 1}:{sig}", job_name=jobs[table].name,
-                                                          tags={TOPIC_TAG: name}))
+                        if rec.pending:
+                            units.append((name, table, f"{name}@{rec.seq}"))
+                            continue
+                        look = engine.merge.look(topic, rec)
+                        if look.ready:
+                            sig = ",".join([look.end.to_text(), str(look.base.version), *(str(c.new) for c in look.changes)])
+                            units.append((name, table, f"{name}@{rec.seq + 1}:{sig}"))
                         else:
                             waits.append(f"{name}: {look.reason}")
                         continue
@@ -249,9 +254,11 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
             engine.close()
         # One query for the past runs of every planned block (not one per topic).
         tags = [f"{name}@{seq}" for name, _, seq, _ in blocks]
+        unit_tags = [tag for _, _, tag in units]
         past: dict[str, list[PastRun]] = {}
-        if tags:
-            for r in context.instance.get_run_records(dg.RunsFilter(tags={BLOCK_TAG: tags}), limit=50 * len(tags)):
+        if tags or unit_tags:
+            every = [*tags, *unit_tags]
+            for r in context.instance.get_run_records(dg.RunsFilter(tags={BLOCK_TAG: every}), limit=50 * len(every)):
                 past.setdefault(r.dagster_run.tags.get(BLOCK_TAG, ""), []).append(PastRun(r.dagster_run.status, r.end_time))
         for (name, table, seq, pkey), tag in zip(blocks, tags, strict=True):
             launch, attempt, why = launch_decision(past.get(tag, []), now, max_attempts=max_attempts, backoff_s=backoff_s)
@@ -260,6 +267,13 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                                               tags={BLOCK_TAG: tag, TOPIC_TAG: name}))
             else:
                 waits.append(f"{name} block {seq}: {why}")
+        for name, table, tag in units:
+            launch, attempt, why = launch_decision(past.get(tag, []), now, max_attempts=max_attempts, backoff_s=backoff_s)
+            if launch:
+                requests.append(dg.RunRequest(run_key=f"{tag}#{attempt}", job_name=jobs[table].name,
+                                              tags={BLOCK_TAG: tag, TOPIC_TAG: name}))
+            else:
+                waits.append(f"{name} unit {tag.partition('@')[2].partition(':')[0]}: {why}")
         deletes = {n: keys for n, keys in deletes.items() if keys}
         if waits:  # the skip reason shows only on ticks that request nothing; the log always
             context.log.info(f"{len(waits)} waiting:\n" + "\n".join(waits))
