@@ -67,9 +67,11 @@ def run_until_idle(defs: dg.Definitions, instance: dg.DagsterInstance, *, max_ru
     sensor = defs.resolve_sensor_def(PLANNER)
     run_config = {"loggers": {"console": {"config": {"log_level": log_level}}}}
     runs: list[RunSummary] = []
+    cursor: str | None = None  # carried from tick to tick, as the daemon does
     while len(runs) < max_runs:
-        ctx = dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(), definitions=defs)
+        ctx = dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(), definitions=defs, cursor=cursor)
         tick = sensor.evaluate_tick(ctx)
+        cursor = tick.cursor if tick.cursor is not None else cursor
         apply_partition_requests(instance, tick.dynamic_partitions_requests or [])
         if not tick.run_requests:
             return runs, tick.skip_message or ""

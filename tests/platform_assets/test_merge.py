@@ -279,3 +279,26 @@ def test_offset_age_is_judged_by_the_planner_sensor_and_alerted_once(spark, sett
         scan = scan_incidents(instance, AlertCursor(since=0.0, runs={}, runless=None))
         [alert] = [a for a in scan.alerts if "offset_age" in a.key]
         assert "mart" in alert.key
+
+
+def test_a_merge_view_through_dagster_records_its_strategy_and_checks(spark, settings, tmp_path, dagster_storage):
+    import dagster as dg
+
+    from platform_assets.definitions import build_definitions
+    from platform_assets.local_daemon import run_until_idle
+
+    eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n  full_above: 1\n"))
+    customers(eng)
+    orders(eng, 1, 20)
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
+        defs = build_definitions(eng.settings)
+        [first], waiting = run_until_idle(defs, instance, log_level="WARNING")
+        assert first.success and first.metadata["strategy"] == "full" and waiting == "mart.wide: no new rows"
+        dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id = 3")
+        [second], _ = run_until_idle(defs, instance, log_level="WARNING")
+        meta = second.metadata
+        assert (meta["strategy"], meta["rows_updated"], meta["rows_inserted"]) == ("incremental", 2, 0)
+        assert "reverse join of 1 changed rows of dim.customers" in meta["strategy_reason"]
+        assert second.checks == {"offset_age": True, "late_rows": True, "refresh": True}
+        assert set(meta["offset_age_s"]) == {"stage.orders", "dim.customers"}
+    assert assert_view_equals_recompute(eng, "mart.wide") == 20
