@@ -150,6 +150,12 @@ def cmd_offsets(args: argparse.Namespace) -> int:
         print(_table([(r.topic, r.last, r.next, r.rows, r.seq, r.run, r.processor, r.state, r.owner,
                        r.lease_until if r.owner else None) for r in recs],
                      ["topic", "last", "next", "rows", "seq", "run", "processor", "state", "owner", "lease until"]))
+        merged = [r for r in recs if r.inputs or r.inputs_next]
+        if merged:  # merge topics: the Delta version applied of every input (and the pending unit's)
+            print("\nper-input offsets (Delta versions):")
+            print(_table([(r.topic, ", ".join(f"{k}@{v}" for k, v in sorted(r.inputs.items())),
+                           ", ".join(f"{k}@{v}" for k, v in sorted((r.inputs_next or {}).items())) or None) for r in merged],
+                         ["topic", "applied", "pending unit"]))
         return 0
     if not args.topic:
         raise TidemarkError(f"tidemark offsets {args.action}: name the topic")
