@@ -280,7 +280,8 @@ class MergeProcessor:
                                             seq=block.seq, meta=meta)
                     else:
                         (opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-                         .option("delta.enableChangeDataFeed", "true").option("delta.enableDeletionVectors", "true")
+                         # no deletion vectors: the deltalake reader (sensors, lag, other tools) cannot read them
+                         .option("delta.enableChangeDataFeed", "true").option("delta.enableDeletionVectors", "false")
                          .option("txnAppId", app_id).option("txnVersion", block.seq).option("userMetadata", meta).save(dest))
                     eng.register(spec.destination)
                     landed = delta_meta.find_txn_commit(dest, app_id, block.seq)
