@@ -50,6 +50,17 @@ PRESENT = "_tm_present"  # marks a re-derived row in the MERGE source (null: the
 
 
 @dataclass(frozen=True)
+class UnitRange(Block):
+    """A merge unit's base range ``(last, next]``: empty (``last == next``) when only other
+    inputs changed, which a step block never is (the offset store allows it for units with
+    per-input offsets)."""
+
+    def __post_init__(self) -> None:
+        if self.next < self.last:
+            raise ProcessingError(f"unit {self.seq} of '{self.topic}': next {self.next} is before last {self.last}")
+
+
+@dataclass(frozen=True)
 class MergeLook:
     """A merge topic's look at its inputs (JVM-free): the base decision, the block's end, late
     rows, and what changed in every other input."""
@@ -114,7 +125,7 @@ class MergeProcessor:
         """With the lock held: the pending unit, or fix the next one (bounds and every input's version)."""
         eng, spec = self.engine, topic.spec
         if rec.pending:
-            return Planned(Block(topic.name, rec.seq, rec.last, rec.next), f"retry unit {rec.seq}", retry=True,  # type: ignore[arg-type]
+            return Planned(UnitRange(topic.name, rec.seq, rec.last, rec.next), f"retry unit {rec.seq}", retry=True,  # type: ignore[arg-type]
                            source_version=rec.source_version)
         look = self.look(topic, rec)
         if spec.late_rows is LateRows.REDERIVE:
@@ -130,7 +141,7 @@ class MergeProcessor:
         seq = protocol.next_seq(rec, eng.path(spec.destination), topic.name)
         rec = eng.store.plan(topic.name, eng.owner, last=rec.last, next=look.end, seq=seq,
                              source_version=look.base.version, inputs_next=inputs)
-        return Planned(Block(topic.name, seq, rec.last, look.end), f"unit {seq}", base_rows=look.base_rows,
+        return Planned(UnitRange(topic.name, seq, rec.last, look.end), f"unit {seq}", base_rows=look.base_rows,
                        bad_rows=bad_rows, source_version=look.base.version, warnings=warnings)
 
     # ----------------------------------------------------------------- the unit
