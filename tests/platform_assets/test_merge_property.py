@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from resources.settings import Settings
@@ -230,9 +230,11 @@ def run_ops(world: World, eng: Any, ops: list[tuple[Any, ...]], seen: Counter[tu
                     break
 
 
-def _examples(default: int) -> int:
-    """``TIDEMARK_MERGE_EXAMPLES`` overrides the number of random cases (a longer soak run)."""
-    return int(os.environ.get("TIDEMARK_MERGE_EXAMPLES", default))
+def _examples(default: int) -> dict[str, Any]:
+    """How many random cases: ``TIDEMARK_MERGE_EXAMPLES`` overrides (more: a soak run; 0: only
+    the explicit ``@example`` cases)."""
+    n = int(os.environ.get("TIDEMARK_MERGE_EXAMPLES", default))
+    return {"max_examples": n} if n > 0 else {"max_examples": 1, "phases": [Phase.explicit]}
 
 
 # Sizes keep a case at a few units per view: an incremental unit costs ~3-6 s here (MERGE jobs).
@@ -246,7 +248,7 @@ def test_every_merge_view_equals_its_transform_over_the_final_inputs(spark: Any)
     seen: Counter[tuple[str, str]] = Counter()
     base = Path(tempfile.mkdtemp(prefix="tm-merge-prop-"))
 
-    @settings(max_examples=_examples(6), deadline=None, database=None, print_blob=True,
+    @settings(**_examples(4), deadline=None, database=None, print_blob=True,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(case=CASE)
     @example(case=EVERY_PATH)
@@ -290,7 +292,7 @@ def test_merge_views_converge_after_a_sigkill_at_a_random_point(spark: Any) -> N
     points: Counter[str] = Counter()
     base = Path(tempfile.mkdtemp(prefix="tm-merge-crash-"))
 
-    @settings(max_examples=_examples(2), deadline=None, database=None, print_blob=True,
+    @settings(**_examples(1), deadline=None, database=None, print_blob=True,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(case=CASE, after=st.lists(OPERATION.filter(lambda op: op[0] != "run"), min_size=1, max_size=3),
            crash_at=st.sampled_from(CRASH_POINTS))
