@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import os
 import random
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import yaml
@@ -127,3 +129,15 @@ def materialize_command(settings: Settings, dagster_home: Path, table_key: str, 
 def dagster_yaml(storage: dict[str, object], text: str = "telemetry:\n  enabled: false\n") -> str:
     """``text`` (a dagster.yaml) with the test's Dagster storage (fixture ``dagster_storage``) added."""
     return text + ("\n" + yaml.safe_dump(storage) if storage else "")
+
+
+def tidemark(settings: Settings, *args: str, env: dict[str, str] | None = None,
+             wait: bool = True) -> Any:  # CompletedProcess, or Popen when not ``wait``
+    """``tidemark ARGS`` on ``settings`` in a fresh process (its own JVM, local[2], 1 GB driver):
+    finished (``wait``) or still running. ``env``: extra variables, e.g. ``TIDEMARK_CRASH_AT``."""
+    cmd = [sys.executable, "-m", "platform_assets.cli", "--home", str(settings.home), "--lineage", str(settings.lineage),
+           "--spark-master", "local[2]", *args]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_DRIVER_MEMORY": "1g", **(env or {})}
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300)

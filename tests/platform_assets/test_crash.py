@@ -3,9 +3,6 @@ each point of a step, then resumed; and two processes race for one topic."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,23 +15,10 @@ from resources.meta_tables import read_etl_log
 from resources.offset_sql import local_owner_is_dead, make_owner, open_offset_store
 from resources.offsets import utcnow
 from resources.settings import Settings
-from tests.platform_assets.shop import (
-    full_recompute,
-    seeded,
-    sorted_rows,
-)
+from tests.platform_assets.shop import full_recompute, seeded, sorted_rows
+from tests.platform_assets.shop import tidemark as _tidemark
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _tidemark(settings: Settings, *args: str, env: dict[str, str] | None = None, wait: bool = True):
-    cmd = [sys.executable, "-m", "platform_assets.cli", "--home", str(settings.home), "--lineage", str(settings.lineage),
-           "--spark-master", "local[2]", *args]
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_DRIVER_MEMORY": "1g", **(env or {})}
-    if not wait:
-        return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300)
 
 
 def _sorted_rows(df) -> list[tuple]:
