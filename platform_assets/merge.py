@@ -34,7 +34,7 @@ from lineage.errors import ProcessingError
 from lineage.planner import Decision
 from lineage.positions import Block, Position
 from lineage.refresh import InputChange, Strategy, choose
-from lineage.spec import LateRows, Topic
+from lineage.spec import LateRows, Topic, TopicSpec
 from platform_assets import faults, protocol, spark_io, views
 from platform_assets.protocol import OpenBlock, Planned, StepResult, data_app_id
 from resources import delta_meta
@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from platform_assets.engine import Engine
 
 PRESENT = "_tm_present"  # marks a re-derived row in the MERGE source (null: the key is no longer produced)
+#: Up to this many affected keys (or changed input rows) are collected and joined as a local relation.
+LOCAL_KEYS = 200_000
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ class MergeProcessor:
         full = spark_io.transform(spark, topic, self._view(spark, work, f"tm_all_{tag}", everything), view=work.views[-1])
         if not strategy.incremental:
             work.columns = list(full.columns)
-            return full, work
+            return _clustered(full, spec), work
         target = spark.read.format("delta").load(dest)
         added = [c for c in full.columns if c not in target.columns]
         gone = [c for c in target.columns if c not in full.columns]
@@ -192,7 +194,7 @@ class MergeProcessor:
             work.strategy = Strategy(False, f"full recompute because {why}", fallback=True)
             self._refuse_strict(topic, work.strategy)
             work.columns = list(full.columns)
-            return full, work
+            return _clustered(full, spec), work
         key = list(spec.key)
         missing = [k for k in key if k not in full.columns]
         if missing:
@@ -212,12 +214,14 @@ class MergeProcessor:
             c = next(ch for ch in changes if ch.table == table)
             feed = (spark.read.format("delta").option("readChangeFeed", "true")
                     .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(eng.path(table)))
-            changed = feed.select(*[feed[i].alias(v) for v, i in pairs.items()]).distinct()
+            changed, _ = spark_io.small_local(spark, feed.select(*[feed[i].alias(v) for v, i in pairs.items()]).distinct(),
+                                              LOCAL_KEYS)
             affected.append(spark_io.semi_join(target, changed, list(pairs)).select(*key))  # rows the old input values produced
             affected.append(spark_io.semi_join(full, changed, list(pairs)).select(*key))  # rows the new input values produce
         from pyspark.sql import functions as F
 
-        keys = functools.reduce(lambda a, b: a.unionByName(b), affected).distinct()
+        keys, _ = spark_io.small_local(spark, functools.reduce(lambda a, b: a.unionByName(b), affected).distinct(),
+                                       LOCAL_KEYS)
         rederived = spark_io.semi_join(full, keys, key).withColumn(PRESENT, F.lit(True))
         source = spark_io.rows_of_keys(keys, rederived, key)
         work.columns = list(full.columns)
@@ -324,3 +328,10 @@ class MergeProcessor:
                           base_rows=max(planned.base_rows, 0), bad_rows=planned.bad_rows, delta_version=landed.version,
                           duration_s=time.monotonic() - opened.started, recovered=recovered,
                           stats={**protocol.stats_dict(entry), **figures, "warnings": list(planned.warnings)})
+
+
+def _clustered(full: DataFrame, spec: TopicSpec) -> DataFrame:
+    """A full build sorted by the view columns of its first ``join_keys``: the rows one input row
+    maps to then share a few files, so a reverse join's MERGE rewrites those files, not every file."""
+    cols = [c for pairs in spec.join_keys.values() for c in pairs if c in full.columns][:1]
+    return full.orderBy(*cols) if cols else full

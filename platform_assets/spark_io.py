@@ -309,3 +309,13 @@ def merge_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[s
         for k in confs:
             spark.conf.unset(k)
         spark.catalog.dropTempView(name)
+
+
+def small_local(spark: SparkSession, df: DataFrame, limit: int) -> tuple[DataFrame, int | None]:
+    """``df`` computed once and handed back as a local relation when it has at most ``limit`` rows
+    (then Spark broadcasts it into joins and no plan computes it again), with its row count; else
+    ``df`` itself and None."""
+    rows = df.limit(limit + 1).collect()
+    if len(rows) > limit:
+        return df, None
+    return spark.createDataFrame(rows, df.schema), len(rows)
