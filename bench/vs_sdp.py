@@ -34,10 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -50,10 +47,19 @@ sys.path.insert(0, str(ROOT))
 
 import dagster as dg  # noqa: E402
 
+from bench.shared import (  # noqa: E402
+    BenchError,
+    append_orders,
+    diff_counts,
+    make_sdp_project,
+    run_logged,
+    sdp_table_path,
+    sdp_update,
+)
 from platform_assets.definitions import build_definitions  # noqa: E402
 from resources import spark_server  # noqa: E402
 from resources.settings import Settings  # noqa: E402
-from resources.spark import DELTA_CONF, LOCAL_CONF, cached_delta_jars  # noqa: E402
+from resources.spark import cached_delta_jars  # noqa: E402
 from tests.platform_assets.shop import materialize_command  # noqa: E402
 
 COLUMNS = ["pos", "id", "customer_id", "amount", "customer_name", "segment"]
@@ -63,10 +69,6 @@ FROM block o LEFT JOIN dim.customers c ON c.customer_id = o.customer_id
 """
 SDP_TABLE = "orders_enriched"
 TARGETS = {"initial": 1.0, "+small": 0.5, "no-op": 0.5}  # Tidemark / SDP wall time, at most
-
-
-class BenchError(Exception):
-    """A side failed or the results differ: the script exits 1 with this message."""
 
 
 @dataclass
@@ -94,72 +96,12 @@ def write_customers(path: str, n: int) -> None:
                                     "segment": pa.array(segments, type=pa.string())}), mode="overwrite")
 
 
-def append_orders(path: str, start_id: int, n: int, customers: int, t0: dt.datetime) -> None:
-    """``n`` orders with ids from ``start_id``, in (pos, id) order; two orders share each ``pos``
-    (ties), ~5 % have a customer_id without a customer (the left join's nulls)."""
-    import numpy as np
-    import pyarrow as pa
-    from deltalake import write_deltalake
-
-    if n == 0:
-        return
-    ids = np.arange(start_id, start_id + n, dtype=np.int64)
-    base = np.datetime64(t0.replace(tzinfo=None), "us")
-    pos = base + (ids // 2) * np.timedelta64(10_000, "us")
-    rng = np.random.default_rng(start_id)
-    table = pa.table({"pos": pa.array(pos).cast(pa.timestamp("us", tz="UTC")), "id": ids,
-                      "customer_id": rng.integers(0, int(customers * 1.05) + 1, n, dtype=np.int64),
-                      "amount": np.round(rng.uniform(1, 500, n), 2)})
-    write_deltalake(path, table, mode="append")
-
-
-# ------------------------------------------------------------------ processes
-
-
-def run_logged(cmd: list[str], env: dict[str, str], cwd: Path, log: Path, what: str,
-               timeout: float = 3600) -> float:
-    """Run ``cmd`` in its own process group, output to ``log``; seconds from start to exit.
-    The group is killed if this process is interrupted or the command times out."""
-    with open(log, "w") as out:
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except BaseException:
-            _kill_group(proc)
-            raise
-        took = time.monotonic() - t0
-    if code != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise BenchError(f"{what} failed (exit {code}); log {log}, last lines:\n{tail}")
-    return took
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 # ------------------------------------------------------------------ SDP
 
 
-def make_sdp_project(base: Path, orders: str, customers: str, driver_memory: str) -> tuple[Path, Path]:
-    """The pipeline project and its SPARK_CONF_DIR."""
-    project, conf = base / "project", base / "conf"
-    (project / "transformations").mkdir(parents=True)
-    conf.mkdir()
-    (project / "spark-pipeline.yml").write_text(textwrap.dedent(f"""\
-        name: vs_sdp
-        storage: file://{base / 'storage'}
-        libraries:
-          - glob:
-              include: transformations/**
-        """))
-    (project / "transformations" / "orders.py").write_text(textwrap.dedent(f'''\
+def sdp_code(orders: str, customers: str) -> str:
+    """The pipeline's transformation: a streaming table over the orders, joined to the customers."""
+    return textwrap.dedent(f'''\
         from pyspark import pipelines as dp
         from pyspark.sql import functions as F
 
@@ -170,58 +112,7 @@ def make_sdp_project(base: Path, orders: str, customers: str, driver_memory: str
             c = spark.read.format("delta").load("{customers}").alias("c")  # noqa: F821
             return o.join(c, F.col("o.customer_id") == F.col("c.customer_id"), "left").select(
                 "o.pos", "o.id", "o.customer_id", "o.amount", F.col("c.name").alias("customer_name"), "c.segment")
-        '''))
-    settings = {
-        "spark.driver.memory": driver_memory,
-        "spark.jars": ",".join(j.removeprefix("file://") for j in cached_delta_jars()),
-        **DELTA_CONF,
-        **LOCAL_CONF,  # the same tuning as Tidemark's server (UTC, small shuffles, 2 snapshot partitions)
-        # A table's format: spark.sql.sources.default, not @dp.table(format="delta"), with which
-        # the second run fails (SDP re-applies "provider" as a table property: DELTA_CANNOT_CHANGE_PROVIDER).
-        "spark.sql.sources.default": "delta",
-        # The catalog must outlive the process, or the second run finds the table's folder but no
-        # table (DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION).
-        "spark.sql.catalogImplementation": "hive",
-        "spark.sql.warehouse.dir": str(base / "warehouse"),
-        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={base / 'metastore_db'};create=true",
-        "spark.ui.enabled": "false",
-    }
-    (conf / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
-    return project, conf
-
-
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d): (.*)$")
-
-
-def sdp_phases(log: Path, started: float, total: float) -> dict[str, float]:
-    """Where an SDP run's time went, from the CLI's timestamped lines (1 s resolution)."""
-    stamps: dict[str, float] = {}
-    for line in log.read_text(errors="replace").splitlines():
-        m = _STAMP.match(line)
-        if not m:
-            continue
-        at = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
-        for key, prefix in (("session", "Creating Spark session"), ("graph", "Creating dataflow graph"),
-                            ("run", "Starting run"), ("done", "Run is COMPLETED")):
-            if m.group(2).startswith(prefix):
-                stamps.setdefault(key, at)
-    if not {"graph", "run", "done"} <= stamps.keys():
-        return {}
-    return {"start": stamps["graph"] - started, "graph": stamps["run"] - stamps["graph"],
-            "flow": stamps["done"] - stamps["run"], "exit": started + total - stamps["done"]}
-
-
-def sdp_update(base: Path, project: Path, conf: Path, master: str, n: int) -> tuple[float, dict[str, float]]:
-    env = {**os.environ, "SPARK_CONF_DIR": str(conf), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    env.pop("SPARK_HOME", None)
-    log = base / f"run{n}.log"
-    started = time.time()
-    # The master goes on the command line: spark-pipelines always runs a local Connect server
-    # (--remote), and spark.master in spark-defaults.conf is refused next to it.
-    cmd = [str(Path(sys.executable).parent / "spark-pipelines"), "--remote", master, "run"]
-    took = run_logged(cmd, env, project, log,
-                      f"spark-pipelines run #{n}")
-    return took, sdp_phases(log, started, took)
+        ''')
 
 
 # ------------------------------------------------------------------ Tidemark
@@ -306,13 +197,8 @@ def compare(url: str, tidemark_path: str, sdp_path: str, expected_rows: int) -> 
 
     spark = SparkSession.builder.remote(url).getOrCreate()
     try:
-        tm = spark.read.format("delta").load(tidemark_path)
-        sdp = spark.read.format("delta").load(sdp_path)
-        if sorted(tm.columns) != sorted(COLUMNS) or sorted(sdp.columns) != sorted(COLUMNS):
-            raise BenchError(f"columns differ: Tidemark {tm.columns}, SDP {sdp.columns}, expected {COLUMNS}")
-        tm, sdp = tm.select(*COLUMNS), sdp.select(*COLUMNS)
-        n_tm, n_sdp = tm.count(), sdp.count()
-        only_tm, only_sdp = tm.exceptAll(sdp).count(), sdp.exceptAll(tm).count()
+        n_tm, n_sdp, only_tm, only_sdp = diff_counts(spark.read.format("delta").load(tidemark_path),
+                                                     spark.read.format("delta").load(sdp_path), COLUMNS)
     finally:
         spark.stop()
     text = (f"Tidemark {n_tm:,} rows, SDP {n_sdp:,} rows, orders {expected_rows:,}; "
@@ -357,7 +243,7 @@ def main() -> int:
         orders, customers = settings.table_path("stage.orders"), settings.table_path("dim.customers")
         write_customers(customers, args.customers)
         sdp_base = base / "sdp"
-        project, conf = make_sdp_project(sdp_base, orders, customers, args.driver_memory)
+        project, conf = make_sdp_project(sdp_base, "vs_sdp", sdp_code(orders, customers), args.driver_memory)
 
         t_server = time.monotonic()
         server = spark_server.start(server_home, port=spark_server.free_port(), master=args.master,
@@ -381,9 +267,7 @@ def main() -> int:
             print(f"  {up.name:8} +{up.new_rows:>9,} rows: SDP {up.sdp_s:6.1f} s ({phases}); Tidemark {up.tm_s:6.1f} s "
                   f"({up.tm_runs} runs, ticks {up.tm_ticks:.1f} s)", flush=True)
 
-        sdp_path = sdp_base / "warehouse" / SDP_TABLE
-        if not (sdp_path / "_delta_log").is_dir():
-            raise BenchError(f"SDP's table {SDP_TABLE} is not a Delta table at {sdp_path}")
+        sdp_path = sdp_table_path(sdp_base, SDP_TABLE)
         check = compare(server.url, settings.table_path("fact.orders"), str(sdp_path), next_id - 1)
     except BenchError as exc:
         print(f"\nFAILED: {exc}", file=sys.stderr)

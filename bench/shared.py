@@ -1,0 +1,175 @@
+"""Pieces the end-to-end benchmarks share (``vs_sdp.py``, ``reverse_join.py``): the orders
+generator, running a command in its own process group with its output in a log, and a Spark
+Declarative Pipelines project run by a fresh ``spark-pipelines run``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from resources.spark import DELTA_CONF, LOCAL_CONF, cached_delta_jars  # noqa: E402
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+class BenchError(Exception):
+    """A side failed or the results differ: the script exits 1 with this message."""
+
+
+# ------------------------------------------------------------------ data
+
+
+def append_orders(path: str, start_id: int, n: int, customers: int, t0: dt.datetime) -> None:
+    """``n`` orders ``(pos, id, customer_id, amount)`` with ids from ``start_id``, in (pos, id)
+    order; two orders share each ``pos`` (ties), ~5 % have a customer_id without a customer
+    (the left join's nulls)."""
+    import numpy as np
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    if n == 0:
+        return
+    ids = np.arange(start_id, start_id + n, dtype=np.int64)
+    base = np.datetime64(t0.replace(tzinfo=None), "us")
+    pos = base + (ids // 2) * np.timedelta64(10_000, "us")
+    rng = np.random.default_rng(start_id)
+    table = pa.table({"pos": pa.array(pos).cast(pa.timestamp("us", tz="UTC")), "id": ids,
+                      "customer_id": rng.integers(0, int(customers * 1.05) + 1, n, dtype=np.int64),
+                      "amount": np.round(rng.uniform(1, 500, n), 2)})
+    write_deltalake(path, table, mode="append")
+
+
+# ------------------------------------------------------------------ processes
+
+
+def run_logged(cmd: list[str], env: dict[str, str], cwd: Path, log: Path, what: str,
+               timeout: float = 3600) -> float:
+    """Run ``cmd`` in its own process group, output to ``log``; seconds from start to exit.
+    The group is killed if this process is interrupted or the command times out."""
+    with open(log, "w") as out:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except BaseException:
+            _kill_group(proc)
+            raise
+        took = time.monotonic() - t0
+    if code != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise BenchError(f"{what} failed (exit {code}); log {log}, last lines:\n{tail}")
+    return took
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+# ------------------------------------------------------------------ SDP
+
+
+def make_sdp_project(base: Path, name: str, transformation: str, driver_memory: str) -> tuple[Path, Path]:
+    """A pipeline project ``name`` whose one transformation file holds ``transformation``
+    (Python), and its SPARK_CONF_DIR; returns both."""
+    project, conf = base / "project", base / "conf"
+    (project / "transformations").mkdir(parents=True)
+    conf.mkdir()
+    (project / "spark-pipeline.yml").write_text(textwrap.dedent(f"""\
+        name: {name}
+        storage: file://{base / 'storage'}
+        libraries:
+          - glob:
+              include: transformations/**
+        """))
+    (project / "transformations" / f"{name}.py").write_text(transformation)
+    settings = {
+        "spark.driver.memory": driver_memory,
+        "spark.jars": ",".join(j.removeprefix("file://") for j in cached_delta_jars()),
+        **DELTA_CONF,
+        **LOCAL_CONF,  # the same tuning as Tidemark's server (UTC, small shuffles, 2 snapshot partitions)
+        # A table's format: spark.sql.sources.default, not @dp.table(format="delta"), with which
+        # the second run fails (SDP re-applies "provider" as a table property: DELTA_CANNOT_CHANGE_PROVIDER).
+        "spark.sql.sources.default": "delta",
+        # The catalog must outlive the process, or the second run finds the table's folder but no
+        # table (DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION).
+        "spark.sql.catalogImplementation": "hive",
+        "spark.sql.warehouse.dir": str(base / "warehouse"),
+        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={base / 'metastore_db'};create=true",
+        "spark.ui.enabled": "false",
+    }
+    (conf / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
+    return project, conf
+
+
+def sdp_table_path(base: Path, table: str) -> Path:
+    """Where SDP's table ``table`` of the project under ``base`` lives (checked to be Delta)."""
+    path = base / "warehouse" / table
+    if not (path / "_delta_log").is_dir():
+        raise BenchError(f"SDP's table {table} is not a Delta table at {path}")
+    return path
+
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d): (.*)$")
+
+
+def sdp_phases(log: Path, started: float, total: float) -> dict[str, float]:
+    """Where an SDP run's time went, from the CLI's timestamped lines (1 s resolution)."""
+    stamps: dict[str, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = _STAMP.match(line)
+        if not m:
+            continue
+        at = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+        for key, prefix in (("session", "Creating Spark session"), ("graph", "Creating dataflow graph"),
+                            ("run", "Starting run"), ("done", "Run is COMPLETED")):
+            if m.group(2).startswith(prefix):
+                stamps.setdefault(key, at)
+    if not {"graph", "run", "done"} <= stamps.keys():
+        return {}
+    return {"start": stamps["graph"] - started, "graph": stamps["run"] - stamps["graph"],
+            "flow": stamps["done"] - stamps["run"], "exit": started + total - stamps["done"]}
+
+
+def sdp_update(base: Path, project: Path, conf: Path, master: str, n: int) -> tuple[float, dict[str, float]]:
+    """One fresh ``spark-pipelines run`` of ``project``: (wall seconds, phases)."""
+    env = {**os.environ, "SPARK_CONF_DIR": str(conf), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    env.pop("SPARK_HOME", None)
+    log = base / f"run{n}.log"
+    started = time.time()
+    # The master goes on the command line: spark-pipelines always runs a local Connect server
+    # (--remote), and spark.master in spark-defaults.conf is refused next to it.
+    cmd = [str(Path(sys.executable).parent / "spark-pipelines"), "--remote", master, "run"]
+    took = run_logged(cmd, env, project, log,
+                      f"spark-pipelines run #{n}")
+    return took, sdp_phases(log, started, took)
+
+
+# ------------------------------------------------------------------ compare
+
+
+def diff_counts(a: DataFrame, b: DataFrame, columns: list[str]) -> tuple[int, int, int, int]:
+    """(rows of a, rows of b, rows only in a, rows only in b) over ``columns``, by ``exceptAll``
+    both ways; a missing column raises BenchError."""
+    for which, df in (("first", a), ("second", b)):
+        if sorted(df.columns) != sorted(columns):
+            raise BenchError(f"columns differ: the {which} table has {df.columns}, expected {columns}")
+    a, b = a.select(*columns), b.select(*columns)
+    return a.count(), b.count(), a.exceptAll(b).count(), b.exceptAll(a).count()
