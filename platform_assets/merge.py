@@ -185,7 +185,7 @@ class MergeProcessor:
         full = spark_io.transform(spark, topic, self._view(spark, work, f"tm_all_{tag}", everything), view=work.views[-1])
         if not strategy.incremental:
             work.columns = list(full.columns)
-            return _clustered(full, spec), work
+            return _clustered(full, spec, delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version).row_count), work
         target = spark.read.format("delta").load(dest)
         added = [c for c in full.columns if c not in target.columns]
         gone = [c for c in target.columns if c not in full.columns]
@@ -194,7 +194,7 @@ class MergeProcessor:
             work.strategy = Strategy(False, f"full recompute because {why}", fallback=True)
             self._refuse_strict(topic, work.strategy)
             work.columns = list(full.columns)
-            return _clustered(full, spec), work
+            return _clustered(full, spec, delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version).row_count), work
         key = list(spec.key)
         missing = [k for k in key if k not in full.columns]
         if missing:
@@ -330,8 +330,14 @@ class MergeProcessor:
                           stats={**protocol.stats_dict(entry), **figures, "warnings": list(planned.warnings)})
 
 
-def _clustered(full: DataFrame, spec: TopicSpec) -> DataFrame:
-    """A full build sorted by the view columns of its first ``join_keys``: the rows one input row
-    maps to then share a few files, so a reverse join's MERGE rewrites those files, not every file."""
+#: Rows per file of a full build clustered by its join column (at most CLUSTER_FILES files).
+CLUSTER_ROWS, CLUSTER_FILES = 100_000, 128
+
+
+def _clustered(full: DataFrame, spec: TopicSpec, base_rows: int | None) -> DataFrame:
+    """A full build range-partitioned by the view column of its first ``join_keys`` into files of
+    ~``CLUSTER_ROWS`` rows: the rows a few input rows map to then share a few files, so a reverse
+    join's MERGE (copy-on-write) rewrites those files, not every file. Small views stay as they are."""
     cols = [c for pairs in spec.join_keys.values() for c in pairs if c in full.columns][:1]
-    return full.orderBy(*cols) if cols else full
+    files = min(CLUSTER_FILES, (base_rows or 0) // CLUSTER_ROWS)
+    return full.repartitionByRange(files, *cols) if cols and files > 1 else full

@@ -66,6 +66,14 @@ class TableSnapshot:
         return frozenset() if self.table is None else frozenset(f.name for f in self.table.schema().fields)
 
     @functools.cached_property
+    def row_count(self) -> int | None:
+        """Rows in this version, from the files' statistics (None: no table or no statistics)."""
+        files = self.files
+        if self.table is None or "num_records" not in files.column_names:
+            return None
+        return int(pc.sum(files["num_records"]).as_py() or 0)
+
+    @functools.cached_property
     def files(self) -> pa.Table:
         """The data files with their flattened statistics (one row per add action)."""
         return pa.table({}) if self.table is None else pa.table(self.table.get_add_actions(flatten=True))
@@ -530,9 +538,7 @@ def input_change(table: str, path: str, old: int | None, upto: int | None = None
     snap = TableSnapshot.open(path, upto)
     if snap.version is None:
         return InputChange(table, old, None, problem=f"no Delta table at {path}")
-    files = snap.files
-    total = int(pc.sum(files["num_records"]).as_py() or 0) if "num_records" in files.column_names else None
-    change = InputChange(table, old, snap.version, table_rows=total)
+    change = InputChange(table, old, snap.version, table_rows=snap.row_count)
     if not change.changed or old is None:
         return change
     if not change_feed_enabled(snap):
