@@ -88,7 +88,7 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, late_rows: int = 0,
             why.append(f"{c.table} changed ({c.versions}) but its change data feed cannot be read: {c.problem}")
         elif (not strict and c.changed_rows is not None and c.table_rows
               and c.changed_rows > spec.full_above * c.table_rows):
-            why.append(f"{c.changed_rows} rows of {c.table} changed, more than full_above {spec.full_above:.0%} of its "
+            why.append(f"{c.changed_rows} rows of {c.table} changed, more than full_above {spec.full_above * 100:g}% of its "
                        f"{c.table_rows} rows (a full recompute is cheaper)")
         else:
             reverse.append(c.table)

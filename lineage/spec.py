@@ -146,7 +146,7 @@ class TopicSpec(_Strict):
         default_factory=dict, description="merge: per input table (not the base), view column -> input column; a change "
                                           "of that input re-derives only the view rows whose columns match")
     refresh: Refresh = Field(Refresh.INCREMENTAL, description="merge: incremental | incremental_strict | full")
-    full_above: float = Field(0.2, gt=0, le=1, description="merge: recompute the whole view instead of a reverse join "
+    full_above: float = Field(0.005, gt=0, le=1, description="merge: recompute the whole view instead of a reverse join "
                                                          "when more than this share of an input's rows changed")
     late_rows: LateRows = Field(LateRows.QUARANTINE, description="quarantine | rederive (merge): base rows landing "
                                                                 "at or below last after their block committed")

@@ -185,6 +185,8 @@ class MergeProcessor:
         full = spark_io.transform(spark, topic, self._view(spark, work, f"tm_all_{tag}", everything), view=work.views[-1])
         if not strategy.incremental:
             work.columns = list(full.columns)
+            if built:  # a recompute as plain as a rebuild can be (clustering it would cost a shuffle of every row)
+                return full, work
             return _clustered(full, spec, delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version).row_count), work
         target = spark.read.format("delta").load(dest)
         added = [c for c in full.columns if c not in target.columns]
@@ -194,7 +196,7 @@ class MergeProcessor:
             work.strategy = Strategy(False, f"full recompute because {why}", fallback=True)
             self._refuse_strict(topic, work.strategy)
             work.columns = list(full.columns)
-            return _clustered(full, spec, delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version).row_count), work
+            return full, work
         key = list(spec.key)
         missing = [k for k in key if k not in full.columns]
         if missing:
@@ -214,9 +216,9 @@ class MergeProcessor:
             c = next(ch for ch in changes if ch.table == table)
             feed = (spark.read.format("delta").option("readChangeFeed", "true")
                     .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(eng.path(table)))
-            changed, _ = spark_io.small_local(spark, feed.select(*[feed[i].alias(v) for v, i in pairs.items()]).distinct(),
-                                              LOCAL_KEYS)
-            affected.append(spark_io.semi_join(target, changed, list(pairs)).select(*key))  # rows the old input values produced
+            changed, values = spark_io.small_local(spark, feed.select(*[feed[i].alias(v) for v, i in pairs.items()]).distinct(),
+                                                   LOCAL_KEYS)
+            affected.append(_matching(target, changed, list(pairs), values).select(*key))  # rows the old input values produced
             affected.append(spark_io.semi_join(full, changed, list(pairs)).select(*key))  # rows the new input values produce
         from pyspark.sql import functions as F
 
@@ -331,13 +333,30 @@ class MergeProcessor:
 
 
 #: Rows per file of a full build clustered by its join column (at most CLUSTER_FILES files).
-CLUSTER_ROWS, CLUSTER_FILES = 100_000, 128
+CLUSTER_ROWS, CLUSTER_FILES = 50_000, 128
+#: Up to this many changed values of a single join column filter the view by a literal list, which
+#: Delta's data skipping uses (a semi join reads every file).
+IN_LIST = 1_000
+
+
+def _matching(view: DataFrame, changed: DataFrame, cols: list[str], rows: int | None) -> DataFrame:
+    """Rows of ``view`` whose ``cols`` match a row of ``changed`` (null-safe)."""
+    if len(cols) == 1 and rows is not None and rows <= IN_LIST:
+        from pyspark.sql import functions as F
+
+        values = [r[0] for r in changed.collect()]  # a local relation: no Spark job
+        col = F.col(spark_io.quote(cols[0]))
+        known = [v for v in values if v is not None]
+        cond = col.isin(known) if known else F.lit(False)
+        return view.where(cond | col.isNull() if len(known) < len(values) else cond)
+    return spark_io.semi_join(view, changed, cols)
 
 
 def _clustered(full: DataFrame, spec: TopicSpec, base_rows: int | None) -> DataFrame:
-    """A full build range-partitioned by the view column of its first ``join_keys`` into files of
-    ~``CLUSTER_ROWS`` rows: the rows a few input rows map to then share a few files, so a reverse
-    join's MERGE (copy-on-write) rewrites those files, not every file. Small views stay as they are."""
+    """The initial build range-partitioned by the view column of its first ``join_keys`` into files
+    of ~``CLUSTER_ROWS`` rows: the rows a few input rows map to then share a few files, so a reverse
+    join's MERGE (copy-on-write) rewrites those files, not every file. Small views stay as they are.
+    Later full recomputes are plain (a shuffle of every row would cost more than the recompute)."""
     cols = [c for pairs in spec.join_keys.values() for c in pairs if c in full.columns][:1]
     files = min(CLUSTER_FILES, (base_rows or 0) // CLUSTER_ROWS)
     return full.repartitionByRange(files, *cols) if cols and files > 1 else full

@@ -14,7 +14,7 @@ def spec(**extra: object) -> TopicSpec:
     return TopicSpec.model_validate(fields)
 
 
-def change(table: str = "dim.c", old: int | None = 3, new: int | None = 5, rows: int | None = 10,
+def change(table: str = "dim.c", old: int | None = 3, new: int | None = 5, rows: int | None = 4,
            total: int | None = 1000, problem: str = "") -> InputChange:
     return InputChange(table, old, new, rows, total, problem)
 
@@ -28,7 +28,7 @@ def test_the_first_unit_builds_the_view_whole_even_when_strict() -> None:
 def test_new_base_rows_and_a_reverse_joined_input_are_incremental() -> None:
     s = choose(spec(), built=True, base_rows=7, late_rows=2, changes=[change(), change("dim.d", 4, 4)])
     assert s.incremental and s.reverse == ("dim.c",)
-    assert s.reason == ("incremental: 7 new base rows; 2 late base rows re-derived; reverse join of 10 changed rows "
+    assert s.reason == ("incremental: 7 new base rows; 2 late base rows re-derived; reverse join of 4 changed rows "
                         "of dim.c (versions 4..5) on customer_id=id")
 
 
@@ -37,7 +37,7 @@ def test_new_base_rows_and_a_reverse_joined_input_are_incremental() -> None:
     (change(problem="delta.enableChangeDataFeed is not set"),
      "dim.c changed (versions 4..5) but its change data feed cannot be read: delta.enableChangeDataFeed is not set"),
     (change(old=None), "dim.c has no offset yet (added to depends_on after the view was built)"),
-    (change(rows=300), "300 rows of dim.c changed, more than full_above 20% of its 1000 rows (a full recompute is cheaper)"),
+    (change(rows=300), "300 rows of dim.c changed, more than full_above 0.5% of its 1000 rows (a full recompute is cheaper)"),
 ])
 def test_a_fallback_says_why_and_strict_refuses_it(c: InputChange, why: str) -> None:
     s = choose(spec(), built=True, base_rows=0, changes=[c])

@@ -123,7 +123,7 @@ def test_a_change_beyond_full_above_or_without_join_keys_recomputes_and_says_why
     dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id IN (1, 2, 3)")
     units = {r.topic: r.stats for r in processed(eng.run_until_caught_up())}
     assert units["mart.wide"]["strategy_reason"] == ("full recompute because 3 rows of dim.customers changed, more than "
-                                                     "full_above 20% of its 10 rows (a full recompute is cheaper)")
+                                                     "full_above 0.5% of its 10 rows (a full recompute is cheaper)")
     assert units["mart.by_country"]["strategy_reason"] == (
         "full recompute because dim.customers changed (version 1) and the spec declares no join_keys for it")
     assert units["mart.by_country"]["fallback"] is True
