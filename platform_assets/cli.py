@@ -265,6 +265,8 @@ def _print_run(r: Any) -> None:
         print(f"  {r.job:<28} FAILED (run {r.run_id[:8]}): {r.error}", flush=True)
         return
     what = f"block {m['block']}" if "block" in m else ("reload" if "rows" in m else "no-op")
+    if "strategy" in m:  # a merge unit: its number and what it did
+        what = f"unit {m.get('block', '?')} {m['strategy']}"
     rng = f" {m['last'][:23]} .. {m['next'][:23]}" if "next" in m else ""
     bad = f", {m['bad_rows']} bad rows quarantined" if m.get("bad_rows") else ""
     recovered = " [recovered: data had landed, offset caught up]" if m.get("recovered") else ""
