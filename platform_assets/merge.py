@@ -339,12 +339,13 @@ CLUSTER_ROWS, CLUSTER_FILES = 50_000, 128
 IN_LIST = 1_000
 
 
-def _matching(view: DataFrame, changed: DataFrame, cols: list[str], rows: int | None) -> DataFrame:
-    """Rows of ``view`` whose ``cols`` match a row of ``changed`` (null-safe)."""
-    if len(cols) == 1 and rows is not None and rows <= IN_LIST:
+def _matching(view: DataFrame, changed: DataFrame, cols: list[str], rows: list[Any] | None) -> DataFrame:
+    """Rows of ``view`` whose ``cols`` match a row of ``changed`` (null-safe); ``rows``: ``changed``'s
+    rows when they were collected."""
+    if len(cols) == 1 and rows is not None and len(rows) <= IN_LIST:
         from pyspark.sql import functions as F
 
-        values = [r[0] for r in changed.collect()]  # a local relation: no Spark job
+        values = [r[0] for r in rows]
         col = F.col(spark_io.quote(cols[0]))
         known = [v for v in values if v is not None]
         cond = col.isin(known) if known else F.lit(False)

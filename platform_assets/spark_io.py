@@ -311,11 +311,11 @@ def merge_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[s
         spark.catalog.dropTempView(name)
 
 
-def small_local(spark: SparkSession, df: DataFrame, limit: int) -> tuple[DataFrame, int | None]:
+def small_local(spark: SparkSession, df: DataFrame, limit: int) -> tuple[DataFrame, list[Any] | None]:
     """``df`` computed once and handed back as a local relation when it has at most ``limit`` rows
-    (then Spark broadcasts it into joins and no plan computes it again), with its row count; else
-    ``df`` itself and None."""
+    (then Spark broadcasts it into joins and no plan computes it again), with its rows; else ``df``
+    itself and None."""
     rows = df.limit(limit + 1).collect()
     if len(rows) > limit:
         return df, None
-    return spark.createDataFrame(rows, df.schema), len(rows)
+    return spark.createDataFrame(rows, df.schema), rows
