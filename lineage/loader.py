@@ -23,7 +23,18 @@ import yaml
 from pydantic import ValidationError
 
 from lineage.errors import LineageError
-from lineage.spec import PYTHON_PREFIX, Lineage, Processor, Source, SourceSpec, Topic, TopicSpec, Transform
+from lineage.replicas import ReplicatorSpec
+from lineage.spec import (
+    PYTHON_PREFIX,
+    Lineage,
+    Processor,
+    Replicator,
+    Source,
+    SourceSpec,
+    Topic,
+    TopicSpec,
+    Transform,
+)
 
 _LINE = "__line__"
 _KEY_LINES = "__key_lines__"
@@ -90,16 +101,21 @@ def _where(file: Path, line: int | None, topic: str | None = None, field: str | 
     return out
 
 
+_KINDS = {"sources": "source", "cdc": "replicator"}
+
+
 def _pydantic_problems(exc: ValidationError, file: Path, item: dict[str, Any], name: str | None,
-                       model: type[TopicSpec] | type[SourceSpec]) -> list[str]:
+                       model: type[TopicSpec] | type[SourceSpec] | type[ReplicatorSpec]) -> list[str]:
     problems = []
     for err in exc.errors():
         line = _field_line(item, err["loc"])
-        where = _where(file, line, name) if model is TopicSpec else _where(file, line) + (f": source '{name}'" if name else "")
+        kind = "source" if model is SourceSpec else "replicator"
+        where = _where(file, line, name) if model is TopicSpec else _where(file, line) + (f": {kind} '{name}'" if name else "")
         field = ".".join(str(p) for p in err["loc"]) or None
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; allowed: " + ", ".join(model.model_fields) + ")"
+            msg = "unknown field (check the spelling; allowed: " + ", ".join(
+                f.alias or n for n, f in model.model_fields.items()) + ")"
         elif err["type"] == "missing":
             msg = "is required"
         problems.append(f"{where}" + (f": field '{field}'" if field else "") + f": {msg}")
@@ -194,6 +210,7 @@ def load_lineage(path: str | Path) -> Lineage:
     problems: list[str] = []
     topics: dict[str, Topic] = {}
     sources: dict[str, Source] = {}
+    replicators: dict[str, Replicator] = {}
     field_lines: dict[str, dict[str, Any]] = {}  # topic -> its YAML mapping (for the lines of its fields)
     for file in files:
         try:
@@ -207,9 +224,9 @@ def load_lineage(path: str | Path) -> Lineage:
             problems.append(f"{file}: expected a mapping with 'topics:' and/or 'sources:' lists")
             continue
         for key in doc:
-            if key not in ("topics", "sources", _LINE, _KEY_LINES):
-                problems.append(f"{_where(file, _field_line(doc, [key]))}: unknown top-level key '{key}' (allowed: topics, sources)")
-        for kind in ("sources", "topics"):
+            if key not in ("topics", "sources", "cdc", _LINE, _KEY_LINES):
+                problems.append(f"{_where(file, _field_line(doc, [key]))}: unknown top-level key '{key}' (allowed: topics, sources, cdc)")
+        for kind in ("sources", "topics", "cdc"):
             items = doc.get(kind) or []
             if not isinstance(items, list):
                 problems.append(f"{file}: '{kind}' must be a list")
@@ -219,14 +236,22 @@ def load_lineage(path: str | Path) -> Lineage:
                 if not isinstance(item, dict):
                     problems.append(f"{file}: each entry of '{kind}' must be a mapping, got {item!r}")
                     continue
-                name = item.get("table") if isinstance(item.get("table"), str) else None
-                model: type[TopicSpec] | type[SourceSpec] = SourceSpec if kind == "sources" else TopicSpec
+                label = "name" if kind == "cdc" else "table"
+                name = item.get(label) if isinstance(item.get(label), str) else None
+                model: type[TopicSpec] | type[SourceSpec] | type[ReplicatorSpec] = {
+                    "sources": SourceSpec, "cdc": ReplicatorSpec}.get(kind, TopicSpec)
                 try:
                     spec: Any = model.model_validate(_strip_lines(item))
                 except ValidationError as exc:
                     problems.extend(_pydantic_problems(exc, file, item, name, model))
                     continue
-                if kind == "sources":
+                if kind == "cdc":
+                    if spec.name in replicators:
+                        problems.append(f"{_where(file, line)}: replicator '{spec.name}' declared twice (also at "
+                                        f"{replicators[spec.name].where})")
+                        continue
+                    replicators[spec.name] = Replicator(spec, file, line)
+                elif kind == "sources":
                     if spec.table in sources:
                         first = sources[spec.table]
                         problems.append(f"{_where(file, line)}: source '{spec.table}' declared twice (also at {_where(first.file, first.line)})")
@@ -240,6 +265,16 @@ def load_lineage(path: str | Path) -> Lineage:
                     topics[spec.name] = Topic(spec, file, line, _resolve_transforms(spec, file, _field_line(item, ["transforms"]), problems))
 
     produced = {t.spec.destination for t in topics.values()}
+    replica_schemas: dict[str, Replicator] = {}
+    for r in replicators.values():
+        other = replica_schemas.setdefault(r.spec.schema_, r)
+        if other is not r:
+            problems.append(f"{_where(r.file, r.line)}: replicator '{r.name}': schema '{r.spec.schema_}' is also the "
+                            f"replicas' schema of replicator '{other.name}' ({other.where}); give each its own schema")
+        for table in produced | set(sources):
+            if table.partition(".")[0] == r.spec.schema_:
+                problems.append(f"{_where(r.file, r.line)}: replicator '{r.name}': schema '{r.spec.schema_}' holds its "
+                                f"replicas, but '{table}' is also declared there by a topic or source")
     for t in topics.values():
         deps_line = _field_line(field_lines.get(t.name, {}), ["depends_on"]) or t.line
         if t.spec.destination in t.spec.depends_on:
@@ -249,10 +284,11 @@ def load_lineage(path: str | Path) -> Lineage:
             item = field_lines.get(t.name, {})
             problems.append(f"{_where(t.file, _field_line(item, [fname]) or t.line, t.name, fname)}: {problem}")
         for dep in t.spec.depends_on:
-            if dep not in produced and dep not in sources:
+            if dep not in produced and dep not in sources and dep.partition(".")[0] not in replica_schemas:
                 problems.append(
                     f"{_where(t.file, deps_line, t.name, 'depends_on')}: '{dep}' is produced by no topic and not declared "
-                    f"as a source (add it under 'sources:' or fix the name)"
+                    f"as a source{' or a replica schema of a cdc: replicator' if replica_schemas else ''} (add it under "
+                    f"'sources:' or fix the name)"
                 )
     for table in produced & set(sources):
         s = sources[table]
@@ -272,4 +308,4 @@ def load_lineage(path: str | Path) -> Lineage:
     order = _topological(topics, problems)
     if problems:
         raise LineageError(problems)
-    return Lineage(topics={n: topics[n] for n in order}, sources=sources, files=tuple(files))
+    return Lineage(topics={n: topics[n] for n in order}, sources=sources, files=tuple(files), replicators=replicators)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lineage.checks import ChecksSpec
 from lineage.durations import parse_duration
+from lineage.replicas import ReplicatorSpec
 
 TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
 TOPIC_RE = re.compile(
@@ -339,12 +340,30 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Replicator:
+    """A validated ``cdc:`` entry and where it was declared."""
+
+    spec: ReplicatorSpec
+    file: Path
+    line: int | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.line else str(self.file)
+
+
+@dataclass(frozen=True)
 class Lineage:
     """The validated lineage: topics in dependency order and declared sources."""
 
     topics: dict[str, Topic]  # by topic name, in dependency (topological) order
     sources: dict[str, Source]
     files: tuple[Path, ...]
+    replicators: dict[str, Replicator] = field(default_factory=dict)  # ``cdc:`` entries by name
 
     def topic(self, name: str) -> Topic:
         from lineage.errors import UnknownTopicError
@@ -385,6 +404,11 @@ class Lineage:
 
         topic, seq = parse_block_key(key)
         return topic or self._producers[table][0].name, seq
+
+    def replicator_of(self, table: str) -> Replicator | None:
+        """The replicator whose replicas' schema holds ``table`` (``replica.customers``)."""
+        schema = table.partition(".")[0]
+        return next((r for r in self.replicators.values() if r.spec.schema_ == schema), None)
 
     def tables(self) -> list[str]:
         """Every table the lineage names: sources first, then destinations."""

@@ -820,7 +820,7 @@ def test_two_reload_topics_on_one_table(lin: Path) -> None:
 def test_unknown_top_level_key(lin: Path) -> None:
     f = write(lin / "l.yaml", "sources: [{table: stage.a}]\ntopic:\n  - table: fact.x\n")
     err = load_error(lin)
-    assert err.problems == [f"{f}:2: unknown top-level key 'topic' (allowed: topics, sources)"]
+    assert err.problems == [f"{f}:2: unknown top-level key 'topic' (allowed: topics, sources, cdc)"]
 
 
 def test_invalid_yaml(lin: Path) -> None:
@@ -1018,3 +1018,42 @@ def test_topic_spec_model_validate_directly() -> None:
     assert spec.delay == dt.timedelta(minutes=1)
     assert spec.repeat == dt.timedelta(seconds=30)
     assert spec.maxstep == DEFAULT_MAXSTEP
+
+
+def test_cdc_replicators_load_and_topics_may_read_their_replicas(lin: Path) -> None:
+    f = lin / "cdc.yaml"
+    write(f, """
+cdc:
+  - name: shop
+    dsn_env: SHOP_DSN
+    tables: [public.customers, "sales.order_*"]
+    options:
+      public.customers: {scd: 2}
+topics:
+  - table: dim.customers
+    depends_on: [replica.customers]
+    processor: reload
+    transforms: [x.sql]
+""")
+    write(lin / "x.sql", "SELECT * FROM replica.customers")
+    lineage = load_lineage(lin)
+    rep = lineage.replicators["shop"].spec
+    assert rep.replica("public.customers") == "replica.customers" and rep.replica("sales.order_lines") == "replica.sales__order_lines"
+    assert rep.selects("sales.order_x") and not rep.selects("sales.orders")
+    assert rep.table_options("public.customers")[2] == 2 and rep.table_options("sales.order_1")[2] == 1
+    assert lineage.replicator_of("replica.customers") is lineage.replicators["shop"]
+
+
+def test_cdc_replicator_problems_name_file_line_and_field(lin: Path) -> None:
+    f = lin / "cdc.yaml"
+    write(f, """
+cdc:
+  - name: Shop
+    tables: [customers]
+    colour: red
+""")
+    err = load_error(lin)
+    text = "\n".join(err.problems)
+    assert f"{f}:2: replicator 'Shop': field 'name'" in text and "lower-case" in text
+    assert f"{f}:3: replicator 'Shop': field 'tables'" in text and "expected schema.table" in text
+    assert f"{f}:4: replicator 'Shop': field 'colour': unknown field" in text
