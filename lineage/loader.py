@@ -238,8 +238,8 @@ def load_lineage(path: str | Path) -> Lineage:
                     continue
                 label = "name" if kind == "cdc" else "table"
                 name = item.get(label) if isinstance(item.get(label), str) else None
-                model: type[TopicSpec] | type[SourceSpec] | type[ReplicatorSpec] = {
-                    "sources": SourceSpec, "cdc": ReplicatorSpec}.get(kind, TopicSpec)
+                model: type[TopicSpec] | type[SourceSpec] | type[ReplicatorSpec] = (
+                    SourceSpec if kind == "sources" else ReplicatorSpec if kind == "cdc" else TopicSpec)
                 try:
                     spec: Any = model.model_validate(_strip_lines(item))
                 except ValidationError as exc:
