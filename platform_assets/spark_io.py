@@ -288,23 +288,30 @@ def merge_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[s
     is not rewritten, so the change feed shows only real changes); keys whose ``present`` is null are
     deleted (``delete_missing``). Idempotent by ``(app_id, seq)`` (Delta's ``txnAppId``/``txnVersion``
     for DML, as session settings) and self-describing (``meta`` as the commit's ``userMetadata``)."""
-    name = f"tm_merge_{uuid.uuid4().hex[:10]}"
-    source.createOrReplaceTempView(name)
     on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key)
     values = [c for c in columns if c not in key]
     differs = " OR ".join(f"NOT (t.{quote(c)} <=> s.{quote(c)})" for c in values)
-    sql = (f"MERGE INTO delta.`{dest}` t USING {name} s ON {on}\n"
+    sql = (f"MERGE INTO delta.`{dest}` t USING {{source}} s ON {on}\n"
            + (f"WHEN MATCHED AND s.{present} IS NULL THEN DELETE\n" if delete_missing else "")
            + (f"WHEN MATCHED AND s.{present} AND ({differs}) THEN UPDATE SET "
               + ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in values) + "\n" if values else "")
            + f"WHEN NOT MATCHED AND s.{present} THEN INSERT ({', '.join(map(quote, columns))}) "
            + f"VALUES ({', '.join('s.' + quote(c) for c in columns)})")
+    run_merge(spark, sql, source, app_id=app_id, seq=seq, meta=meta)
+
+
+def run_merge(spark: SparkSession, sql: str, source: DataFrame, *, app_id: str, seq: int, meta: str) -> None:
+    """Run a ``MERGE`` statement whose ``{source}`` is ``source`` as one Delta commit carrying
+    ``txnAppId=app_id``/``txnVersion=seq`` (Delta's idempotency settings for DML, as session
+    settings: a replay is skipped) and ``meta`` as its ``userMetadata``."""
+    name = f"tm_merge_{uuid.uuid4().hex[:10]}"
+    source.createOrReplaceTempView(name)
     confs = {"spark.databricks.delta.write.txnAppId": app_id, "spark.databricks.delta.write.txnVersion": str(seq),
              "spark.databricks.delta.commitInfo.userMetadata": meta}
     try:
         for k, v in confs.items():
             spark.conf.set(k, v)
-        spark.sql(sql).collect()
+        spark.sql(sql.replace("{source}", name)).collect()
     finally:
         for k in confs:
             spark.conf.unset(k)

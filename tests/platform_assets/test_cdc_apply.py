@@ -1,0 +1,140 @@
+"""A change batch applied to a Delta replica in one MERGE (real Spark + Delta): the seed's worked
+examples, TOAST values carried from the replica, SCD2 history, soft deletes, truncate, replays."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from lineage.cdc import Column, Op, RowChange, TableSchema, Transaction, number, reduce_keyed, reduce_multiset
+from lineage.replicas import Deletes, Scd
+from platform_assets import cdc_apply
+from platform_assets.cdc_apply import Commit, Layout
+
+pytestmark = pytest.mark.spark
+T0 = dt.datetime(2026, 1, 1)
+CUSTOMERS = TableSchema("mydb.customers", (Column("id", "int"), Column("name", "string")), key=("id",))
+NOKEY = TableSchema("mydb.names", (Column("name", "string"),))
+
+
+def tx(xid: int, *changes: RowChange) -> Transaction:
+    return Transaction(xid, 100 + xid, T0 + dt.timedelta(seconds=xid), tuple(changes))
+
+
+def ch(op: Op, table: str = "mydb.customers", before: dict | None = None, unchanged: frozenset[str] = frozenset(),
+       **after: object) -> RowChange:
+    return RowChange(table, op, after=after or None, before=before, unchanged=unchanged)
+
+
+def rows(spark, path: str, *cols: str) -> list[tuple]:  # type: ignore[no-untyped-def]
+    return sorted(tuple(r) for r in spark.read.format("delta").load(path).select(*cols).collect())
+
+
+def apply(spark, path: str, layout: Layout, batch: list[Transaction], first_seq: int, version: int) -> None:  # type: ignore[no-untyped-def]
+    numbered = number(batch, first_seq)
+    commit = Commit("tidemark:test", version, json.dumps({"unit": version}))
+    if layout.multiset:
+        cdc_apply.apply_multiset(spark, path, layout, reduce_multiset(numbered, layout.schema), commit)
+    elif layout.scd is Scd.TYPE2:
+        cdc_apply.apply_scd2(spark, path, layout, reduce_keyed(numbered, layout.schema, layout.key, history=True), commit)
+    else:
+        cdc_apply.apply_scd1(spark, path, layout, reduce_keyed(numbered, layout.schema, layout.key), commit)
+
+
+SEED_PK = [tx(1, ch(Op.INSERT, id=0, name="alice")), tx(2, ch(Op.UPDATE, before={"id": 0}, id=1, name="alice")),
+           tx(3, ch(Op.UPDATE, before={"id": 1}, id=2, name="alice")), tx(4, ch(Op.DELETE, before={"id": 2})),
+           tx(5, ch(Op.INSERT, id=0, name="Alice"), ch(Op.INSERT, id=1, name="blob")),
+           tx(6, ch(Op.UPDATE, before={"id": 1}, id=1, name="Bob"))]
+
+
+@pytest.mark.parametrize("split", [None, 2, 3, 4])
+def test_seed_example_with_primary_key_in_any_batching(spark, tmp_path: Path, split: int | None) -> None:
+    path = str(tmp_path / "customers")
+    layout = Layout(CUSTOMERS, ("id",))
+    cdc_apply.ensure_replica(spark, path, layout)
+    batches = [SEED_PK] if split is None else [SEED_PK[:split], SEED_PK[split:]]
+    seq = 2
+    for i, b in enumerate(batches, 1):
+        apply(spark, path, layout, b, seq, i)
+        seq += sum(t.rows for t in b)
+    assert rows(spark, path, "id", "name", "_sequence_num") == [(0, "Alice", 6), (1, "Bob", 8)]
+
+
+def test_replay_of_a_unit_is_skipped_by_its_txn_version(spark, tmp_path: Path) -> None:
+    path = str(tmp_path / "customers")
+    layout = Layout(CUSTOMERS, ("id",))
+    cdc_apply.ensure_replica(spark, path, layout)
+    apply(spark, path, layout, SEED_PK[:1], 2, 1)
+    apply(spark, path, layout, [tx(7, ch(Op.UPDATE, before={"id": 0}, id=0, name="x"))], 3, 2)
+    apply(spark, path, layout, SEED_PK[:1], 2, 1)  # the same unit again: Delta skips it
+    assert rows(spark, path, "id", "name") == [(0, "x")]
+
+
+def test_seed_example_without_primary_key_keeps_exact_copies(spark, tmp_path: Path) -> None:
+    path = str(tmp_path / "names")
+    layout = Layout(NOKEY, ())
+    cdc_apply.ensure_replica(spark, path, layout)
+
+    def u(old: str, new: str) -> RowChange:
+        return ch(Op.UPDATE, "mydb.names", before={"name": old}, name=new)
+    batch = [tx(0, ch(Op.INSERT, "mydb.names", name="alice"), ch(Op.INSERT, "mydb.names", name="alice"),
+                ch(Op.INSERT, "mydb.names", name="Bob"))]
+    apply(spark, path, layout, batch, 2, 1)
+    assert Counter(r[0] for r in rows(spark, path, "name")) == {"alice": 2, "Bob": 1}
+    apply(spark, path, layout, [tx(1, u("alice", "Alyce"), u("alice", "Alyce"))], 5, 2)
+    assert Counter(r[0] for r in rows(spark, path, "name")) == {"Alyce": 2, "Bob": 1}
+    apply(spark, path, layout, [tx(2, u("Alyce", "Alice"), u("Alyce", "Alice")),
+                                tx(3, ch(Op.DELETE, "mydb.names", before={"name": "Alice"}))], 7, 3)
+    assert rows(spark, path, "name", "_copy") == [("Alice", 1), ("Bob", 1)]
+    apply(spark, path, layout, [tx(4, ch(Op.DELETE, "mydb.names", before={"name": "Alice"}))], 10, 4)
+    assert rows(spark, path, "name") == [("Bob",)]
+
+
+def test_unchanged_toast_value_is_kept_from_the_replica_also_across_a_key_change(spark, tmp_path: Path) -> None:
+    schema = TableSchema("s.docs", (Column("id", "int"), Column("doc", "string"), Column("n", "int")), key=("id",))
+    path = str(tmp_path / "docs")
+    layout = Layout(schema, ("id",))
+    cdc_apply.ensure_replica(spark, path, layout)
+    big = "x" * 10_000
+    apply(spark, path, layout, [tx(1, ch(Op.INSERT, "s.docs", id=1, doc=big, n=0), ch(Op.INSERT, "s.docs", id=2, doc="b", n=0))], 1, 1)
+    toast = frozenset({"doc"})
+    apply(spark, path, layout, [tx(2, ch(Op.UPDATE, "s.docs", unchanged=toast, id=1, n=1)),
+                                tx(3, ch(Op.UPDATE, "s.docs", before={"id": 1}, unchanged=toast, id=5, n=2)),
+                                tx(4, ch(Op.UPDATE, "s.docs", unchanged=toast, id=2, n=7))], 3, 2)
+    got = {r[0]: (r[1], r[2]) for r in rows(spark, path, "id", "doc", "n")}
+    assert got == {5: (big, 2), 2: ("b", 7)}
+
+
+def test_soft_deletes_and_truncate(spark, tmp_path: Path) -> None:
+    path = str(tmp_path / "soft")
+    layout = Layout(CUSTOMERS, ("id",), deletes=Deletes.SOFT)
+    cdc_apply.ensure_replica(spark, path, layout)
+    apply(spark, path, layout, [tx(1, ch(Op.INSERT, id=1, name="a"), ch(Op.INSERT, id=2, name="b"))], 1, 1)
+    apply(spark, path, layout, [tx(2, ch(Op.DELETE, before={"id": 1}))], 3, 2)
+    assert rows(spark, path, "id", "name", "_deleted") == [(1, "a", True), (2, "b", False)]
+    apply(spark, path, layout, [tx(3, ch(Op.INSERT, id=1, name="again"))], 4, 3)
+    assert rows(spark, path, "id", "name", "_deleted") == [(1, "again", False), (2, "b", False)]
+    hard = str(tmp_path / "hard")
+    cdc_apply.ensure_replica(spark, hard, Layout(CUSTOMERS, ("id",)))
+    apply(spark, hard, Layout(CUSTOMERS, ("id",)), [tx(1, ch(Op.INSERT, id=1, name="a"), ch(Op.INSERT, id=2, name="b"))], 1, 1)
+    apply(spark, hard, Layout(CUSTOMERS, ("id",)), [tx(2, RowChange("mydb.customers", Op.TRUNCATE)), tx(3, ch(Op.INSERT, id=3, name="c"))], 3, 2)
+    assert rows(spark, hard, "id", "name") == [(3, "c")]
+
+
+def test_scd2_history_follows_every_transaction_and_closes_changed_keys(spark, tmp_path: Path) -> None:
+    path = str(tmp_path / "scd2")
+    layout = Layout(CUSTOMERS, ("id",), scd=Scd.TYPE2)
+    cdc_apply.ensure_replica(spark, path, layout)
+    apply(spark, path, layout, [tx(1, ch(Op.INSERT, id=1, name="a"))], 1, 1)
+    apply(spark, path, layout, [tx(2, ch(Op.UPDATE, before={"id": 1}, id=1, name="b")),
+                                tx(3, ch(Op.UPDATE, before={"id": 1}, id=2, name="b")), tx(4, ch(Op.DELETE, before={"id": 2})),
+                                tx(5, ch(Op.INSERT, id=2, name="z"))], 2, 2)
+    got = rows(spark, path, "id", "name", "_valid_from", "_valid_to", "_is_current")
+    t = [T0 + dt.timedelta(seconds=s) for s in range(6)]
+    assert [(r[0], r[1], r[2].replace(tzinfo=None) if r[2] else None, r[3].replace(tzinfo=None) if r[3] else None, r[4])
+            for r in got] == [(1, "a", t[1], t[2], False), (1, "b", t[2], t[3], False), (2, "b", t[3], t[4], False),
+                              (2, "z", t[5], None, True)]
