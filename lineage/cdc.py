@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from lineage.positions import ZERO_TS, Position
+
 
 class Op(StrEnum):
     INSERT = "insert"
@@ -38,6 +40,11 @@ class DdlKind(StrEnum):
 def format_lsn(lsn: int) -> str:
     """PostgreSQL's text form of an LSN: ``16/B374D848``."""
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def lsn_position(lsn: int) -> Position:
+    """A source position as an offset-store position (the ``id`` carries it; ``pos`` is constant)."""
+    return Position(ZERO_TS, lsn)
 
 
 def parse_lsn(text: str) -> int:

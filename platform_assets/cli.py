@@ -534,6 +534,10 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--port", type=int, default=15002, help="up: the Connect server's port (default 15002)")
     cluster.set_defaults(func=cmd_cluster)
 
+    from platform_assets import cdc_cli
+
+    cdc_cli.register(sub)
+
     demo = sub.add_parser("demo", help="generate the demo shop data and run the demo lineage twice")
     demo.add_argument("--orders", type=int, default=3000)
     demo.add_argument("--keep", action="store_true", help="keep existing demo state instead of starting fresh")

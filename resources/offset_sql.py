@@ -465,6 +465,15 @@ class SqlOffsetStore(OffsetStore):
             return self._save(rec, ("reset", who, reason), last=last, next=None, state=STATE_RESET, seq=max(rec.seq, seq),
                               inputs_next=None)
 
+    def forget(self, topic: str, *, who: str, reason: str) -> None:
+        with self._tx(write=True):
+            rec = self._select(topic, lock=True)
+            if rec is None:
+                return
+            self._refuse_if_held(rec, who)
+            self._sql("DELETE FROM tidemark_offsets WHERE topic = ?", (topic,))
+            self._log(self.clock(), topic, "forget", who, rec.last, None, reason)
+
     def history(self, topic: str | None = None, limit: int = 100) -> list[OffsetLogEntry]:
         where = "" if topic is None else " WHERE topic = ?"
         with self._tx(write=False):

@@ -175,6 +175,11 @@ class OffsetStore(abc.ABC):
         recorded are never reused); refused while another owner holds the lock; logged."""
 
     @abc.abstractmethod
+    def forget(self, topic: str, *, who: str, reason: str) -> None:
+        """Delete a topic's record (e.g. ``tidemark cdc delete``); refused while another owner holds
+        its lock; logged as ``forget``. No-op when there is none."""
+
+    @abc.abstractmethod
     def history(self, topic: str | None = None, limit: int = 100) -> builtins.list[OffsetLogEntry]:
         """The log of init/plan/commit/reload/reset/unlock/steal/mark, newest first."""
 

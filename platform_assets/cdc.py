@@ -1,0 +1,405 @@
+"""The cdc processor: a replicator keeps Delta replicas of source tables, exactly once (issue 10).
+
+One unit, under the replicator's lock (the shared offset-store lease; every replica's record is
+locked by the same owner):
+
+1. **reconcile** every replica's record with its Delta log (a store that is behind, restored or lost
+   is caught up from the LSN the newest commit records);
+2. **snapshot** tables never copied: a consistent snapshot at LSN ``S`` (the source's), written with
+   the table's txn and ``S`` in ``userMetadata``; from then on only transactions committed after
+   ``S`` apply to it;
+3. **stream**: whole transactions after the lowest applied LSN, read up to ``maxstep`` wanted row
+   changes. The unit's bounds — its number, the source position it reads up to, the numbers of
+   its changes — are fixed in the replicator's record before anything is written, so a retry reads
+   exactly the same transactions. Per table the batch's net effect lands in **one Delta MERGE**
+   (:mod:`platform_assets.cdc_apply`) carrying ``txnAppId=tidemark:<replica>``/``txnVersion`` and
+   the applied LSN; schema changes captured in the stream are applied in order (:mod:`cdc_ddl`);
+4. statistics to ``etl.log``, the offset commits, and only then the source is **acknowledged** up
+   to the lowest LSN every replica (paused ones too) has applied: a lost offset store or a slot
+   acknowledged late never loses or doubles a change.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from lineage.cdc import (
+    BatchError,
+    DdlChange,
+    TableSchema,
+    Transaction,
+    format_lsn,
+    lsn_position,
+    number,
+    reduce_keyed,
+    reduce_multiset,
+)
+from lineage.errors import OffsetError, TidemarkError
+from lineage.positions import ZERO_TS, Position
+from lineage.replicas import Scd
+from lineage.spec import Replicator
+from platform_assets import cdc_apply, faults
+from platform_assets.cdc_apply import Commit, Layout
+from resources import delta_meta
+from resources.lease import LeaseKeeper
+from resources.meta_tables import LogEntry, write_etl_log
+from resources.offsets import OffsetRecord
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from platform_assets.engine import Engine
+
+PROCESSOR = "cdc"
+SNAPSHOTTING, REPLICATING, PAUSED, DROPPED = "snapshotting", "replicating", "paused", "dropped"
+
+
+class Snapshot(Protocol):
+    lsn: int
+
+    def rows(self, table: str, batch_rows: int = 50_000) -> Iterator[pa.RecordBatch]: ...
+
+
+class ChangeSource(Protocol):
+    """What the replicator needs of a source (``resources.pg_cdc``, ``resources.debezium_source``)."""
+
+    snapshots: bool
+
+    def ensure_setup(self) -> None: ...
+    def tables(self) -> dict[str, TableSchema]: ...
+    def snapshot(self) -> AbstractContextManager[Snapshot]: ...
+    def read(self, after: int, *, upto: int | None = None, max_changes: int = 100_000,
+             wanted: Callable[[str, int], bool] | None = None) -> list[Transaction]: ...
+    def ack(self, lsn: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def applied_lsn(rec: OffsetRecord) -> int | None:
+    """The source position a replica's record says it applied (None: never, a snapshot is due)."""
+    return None if rec.last.is_zero() else rec.last.id
+
+
+def state_word(rec: OffsetRecord | None) -> str:
+    return (rec.state if rec else SNAPSHOTTING).split(":", 1)[0].strip()
+
+
+@dataclass
+class Table:
+    """A replicated table in this unit."""
+
+    source: str
+    replica: str
+    path: str
+    layout: Layout
+    rec: OffsetRecord
+    from_start: bool = False  # a source without snapshots: a new replica takes every change from the start
+
+    @property
+    def applied(self) -> int | None:
+        found = applied_lsn(self.rec)
+        return 0 if found is None and self.from_start else found
+
+    @property
+    def active(self) -> bool:
+        return state_word(self.rec) in (SNAPSHOTTING, REPLICATING, "committed", "planned", "new")
+
+
+@dataclass
+class CdcResult:
+    replicator: str
+    unit: int
+    reason: str
+    transactions: int = 0
+    changes: int = 0
+    tables: dict[str, dict[str, int]] = field(default_factory=dict)  # replica -> counts
+    snapshots: dict[str, int] = field(default_factory=dict)  # replica -> rows copied
+    paused: dict[str, str] = field(default_factory=dict)  # replica -> why
+    acked: int | None = None
+    lag_s: float | None = None  # oldest applied source commit -> its replica commit
+    duration_s: float = 0.0
+
+    @property
+    def processed(self) -> bool:
+        return bool(self.tables or self.snapshots)
+
+
+class ReplicatorUnit:
+    """Runs units of one replicator for an :class:`~platform_assets.engine.Engine`."""
+
+    def __init__(self, engine: Engine, rep: Replicator, source: ChangeSource) -> None:
+        self.engine, self.rep, self.spec, self.source = engine, rep, rep.spec, source
+        self.owner = engine.owner
+        self.tables: dict[str, Table] = {}
+
+    # ------------------------------------------------------------------ state
+    def _record(self, key: str, note: str) -> OffsetRecord:
+        store = self.engine.store
+        if store.get(key) is None:
+            try:
+                store.init(key, Position.zero(), PROCESSOR, who=self.owner, note=note)
+            except OffsetError:
+                pass  # another process created it first
+        return store.acquire(key, self.owner)
+
+    def layout(self, schema: TableSchema) -> Layout:
+        key, deletes, scd = self.spec.table_options(schema.table)
+        key_cols = tuple(key) or schema.key
+        missing = [k for k in key_cols if schema.column(k) is None]
+        if missing:
+            raise TidemarkError(f"replicator '{self.spec.name}' ({self.rep.where}): key {missing} of {schema.table} is "
+                                f"not a column (columns: {', '.join(schema.names)})")
+        if not key_cols and scd is Scd.TYPE2:
+            raise TidemarkError(f"replicator '{self.spec.name}': {schema.table} has no key, so it is replicated as a "
+                                f"multiset; scd 2 needs a key (set options: {{{schema.table}: {{key: [...]}}}})")
+        return Layout(schema, key_cols, scd, deletes)
+
+    def _table(self, schema: TableSchema) -> Table:
+        replica = self.spec.replica(schema.table)
+        other = next((t for t in self.tables.values() if t.replica == replica and t.source != schema.table), None)
+        if other is not None:
+            raise TidemarkError(f"replicator '{self.spec.name}': source tables {other.source} and {schema.table} both map "
+                                f"to replica {replica}; exclude one of them")
+        path = self.engine.settings.table_path(replica)
+        rec = self._reconcile(replica, path, self._record(replica, f"replica of {schema.table}"))
+        table = self.tables[schema.table] = Table(schema.table, replica, path, self.layout(schema), rec,
+                                                  from_start=not self.source.snapshots)
+        if table.applied is not None and delta_meta.open_table(path) is not None:
+            from platform_assets import cdc_ddl
+
+            problem = cdc_ddl.alter(self, table, schema)  # columns the source has now and the replica lacks
+            if problem and state_word(rec) != PAUSED:
+                self.engine.store.set_state(replica, self.owner, f"paused: {problem}; fix the replica's column type or "
+                                                                 f"re-copy it: tidemark cdc resume {replica} --resync")
+                table.rec = self.engine.store.get(replica) or rec
+        return table
+
+    def _reconcile(self, replica: str, path: str, rec: OffsetRecord) -> OffsetRecord:
+        """The record caught up with what the replica's Delta log records (the log is the truth)."""
+        store, app = self.engine.store, f"tidemark:{replica}"
+        seq = delta_meta.recorded_txn(path, app)
+        if seq <= rec.seq and not (rec.pending and seq == rec.seq):
+            return rec
+        commit = delta_meta.find_txn_commit(path, app, seq, hint=rec.delta_version)
+        meta = commit.user_metadata if commit else {}
+        if commit is None or "lsn" not in meta:
+            raise OffsetError(f"replica {replica} ({path}): its Delta log records unit {seq} but not the source position "
+                              f"it applied (commit removed by log retention?); re-copy it: tidemark cdc resume {replica} "
+                              f"--resync")
+        if rec.pending and seq == rec.seq:  # landed, the offset commit was lost: finish it
+            return store.commit(replica, self.owner, seq=seq, last=rec.last, next=rec.next or rec.last, rows=commit.rows,
+                                state=REPLICATING, note="landed before a crash", delta_version=commit.version)
+        return store.recover(replica, who=self.owner, expected_seq=rec.seq, seq=seq, last=lsn_position(int(meta["lsn"])),
+                             rows=commit.rows, run=commit.timestamp, state=REPLICATING, source_version=None,
+                             delta_version=commit.version, inputs={"changes": int((meta.get("changes") or [0, 0])[1])},
+                             note=f"caught up from the Delta log: unit {seq} applied "
+                                                                f"{format_lsn(int(meta['lsn']))}")
+
+    def _meta(self, unit: int, lsn: int, **extra: Any) -> str:
+        return json.dumps({"replicator": self.spec.name, "processor": PROCESSOR, "unit": unit, "lsn": lsn,
+                           "lsn_text": format_lsn(lsn), "run_id": self.engine.run_id, "owner": self.owner, **extra})
+
+    # ------------------------------------------------------------------ one unit
+    def run_once(self) -> CdcResult:
+        started = time.monotonic()
+        key = self.spec.state_key
+        rec = self._record(key, f"replicator {self.spec.name}")
+        lease = LeaseKeeper(self.engine.store, key, self.owner).start()
+        try:
+            self.source.ensure_setup()
+            for schema in self.source.tables().values():
+                self._table(schema)
+            result = CdcResult(self.spec.name, rec.seq, "caught up")
+            self._snapshots(result, lease)
+            self._stream(rec, result, lease)
+            result.duration_s = round(time.monotonic() - started, 3)
+            return result
+        except Exception as exc:
+            self.engine.store.set_state(key, self.owner, f"failing: {str(exc).splitlines()[0][:400]}")
+            raise
+        finally:
+            lease.stop()
+            for t in self.tables.values():
+                self.engine.store.release(t.replica, self.owner)
+            self.engine.store.release(key, self.owner)
+
+    def _snapshots(self, result: CdcResult, lease: LeaseKeeper) -> None:
+        todo = [t for t in self.tables.values() if t.applied is None and t.active]
+        if not todo or not self.source.snapshots:
+            return
+        store, spark = self.engine.store, self.engine.spark
+        with self.source.snapshot() as snap:
+            for t in todo:
+                if t.rec.pending:  # a snapshot interrupted before it landed: copy again at this snapshot
+                    t.rec = store.reset(t.replica, t.rec.last, who=self.owner, reason="snapshot interrupted: copied again")
+                seq = t.rec.seq + 1
+                t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(snap.lsn), seq=seq,
+                                   source_version=None)
+                lease.check()
+                rows = cdc_apply.write_snapshot(spark, t.path, t.layout, snap.rows(t.source),
+                                                Commit(f"tidemark:{t.replica}", seq, self._meta(seq, snap.lsn, kind="snapshot")))
+                faults.crashpoint("cdc-written")
+                self._log(t, seq, "snapshot", {"rows": rows}, rows, lag=None)
+                t.rec = store.commit(t.replica, self.owner, seq=seq, last=t.rec.last, next=lsn_position(snap.lsn), rows=rows,
+                                     state=REPLICATING, note=f"snapshot at {format_lsn(snap.lsn)}: {rows} rows")
+                result.snapshots[t.replica] = rows
+
+    def _wanted(self, table: str, lsn: int) -> bool:
+        t = self.tables.get(table)
+        if t is None:
+            return self.spec.selects(table)  # a table new to the replicator: all its changes
+        return t.active and t.applied is not None and lsn > t.applied
+
+    def _stream(self, rec: OffsetRecord, result: CdcResult, lease: LeaseKeeper) -> None:
+        store = self.engine.store
+        key = self.spec.state_key
+        held = [t.applied for t in self.tables.values() if t.applied is not None and state_word(t.rec) != DROPPED]
+        after = min(held) if held else 0
+        if rec.pending:  # a unit planned before a crash: exactly its transactions again
+            unit, upto, first = rec.seq, int(rec.source_version or 0), rec.inputs.get("changes", 0) + 1
+            txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
+        else:
+            txs = self.source.read(after, max_changes=self.spec.maxstep, wanted=self._wanted)
+            if not txs:
+                result.acked = self._ack()
+                return
+            unit, upto, first = rec.seq + 1, txs[-1].lsn, max([rec.inputs.get("changes", 0)] + [t.rec.inputs.get("changes", 0) for t in self.tables.values()]) + 1
+            rows = sum(t.rows for t in txs)
+            rec = store.plan(key, self.owner, last=rec.last, next=Position(ZERO_TS, unit), seq=unit, source_version=upto,
+                             inputs_next={"changes": first + rows - 1})
+        result.unit, result.transactions = unit, len(txs)
+        per_table = self._split(txs)
+        seq_of = {id(n.change): n for n in number(txs, first)}
+        lease.check()
+        from platform_assets import cdc_ddl
+
+        for source_table, segments in per_table.items():
+            t = self.tables.get(source_table)
+            for seg in segments:
+                if isinstance(seg, tuple):
+                    t = cdc_ddl.apply(self, t, seg[0], seg[1].lsn, result)
+                    if t is None or not t.active:
+                        break
+                    continue
+                if t is None:
+                    t = self._table(self.source.tables()[source_table])
+                cdc_apply.ensure_replica(self.engine.spark, t.path, t.layout)
+                self._apply(t, unit, [seq_of[id(c)] for c, _tx in seg], seg[-1][1], result)
+        if rec.pending:
+            store.commit(key, self.owner, seq=unit, last=rec.last, next=rec.next or rec.last, rows=result.changes,
+                         note=f"unit {unit}: {len(txs)} transactions up to {format_lsn(upto)}")
+        for t in self.tables.values():  # tables without changes up to upto: nothing to land, they are there
+            if t.active and t.applied is not None and t.applied < upto and not t.rec.pending:
+                t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(upto), seq=t.rec.seq + 1,
+                                   source_version=None)
+                t.rec = store.commit(t.replica, self.owner, seq=t.rec.seq, last=t.rec.last, next=lsn_position(upto), rows=0,
+                                     state=REPLICATING, note="no changes")
+        faults.crashpoint("cdc-committed")
+        result.acked = self._ack()
+        result.reason = f"unit {unit}: {len(txs)} transactions, {result.changes} changes up to {format_lsn(upto)}"
+
+    def _split(self, txs: list[Transaction]) -> dict[str, list[Any]]:
+        """Per source table, in order: runs of ``(RowChange, Transaction)`` separated by its DDL changes."""
+        out: dict[str, list[Any]] = {}
+        for tx in txs:
+            for ch in tx.changes:
+                segs = out.setdefault(ch.table, [])
+                if isinstance(ch, DdlChange):
+                    segs.append((ch, tx))
+                    continue
+                if not segs or isinstance(segs[-1], tuple):
+                    segs.append([])
+                segs[-1].append((ch, tx))
+        return out
+
+    def _apply(self, t: Table, unit: int, changes: list[Any], last_tx: Transaction, result: CdcResult) -> None:
+        store, spark = self.engine.store, self.engine.spark
+        lsn = last_tx.lsn
+        if t.rec.pending and t.rec.next != lsn_position(lsn):  # planned with other bounds and never landed
+            t.rec = store.reset(t.replica, t.rec.last, who=self.owner, reason="unit re-planned after a crash")
+        if t.rec.pending:  # planned before a crash and not landed: exactly it again
+            seq = t.rec.seq
+        else:
+            seq = t.rec.seq + 1
+            t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(lsn), seq=seq, source_version=None,
+                               inputs_next={"changes": changes[-1].seq})
+        commit = Commit(f"tidemark:{t.replica}", seq, self._meta(unit, lsn, changes=[changes[0].seq, changes[-1].seq]))
+        try:
+            if t.layout.multiset:
+                effect = reduce_multiset(changes, t.layout.schema)
+                counts = effect.counts
+                cdc_apply.apply_multiset(spark, t.path, t.layout, effect, commit)
+            else:
+                keyed = reduce_keyed(changes, t.layout.schema, t.layout.key, history=t.layout.scd is Scd.TYPE2)
+                counts = keyed.counts
+                (cdc_apply.apply_scd2 if t.layout.scd is Scd.TYPE2 else cdc_apply.apply_scd1)(spark, t.path, t.layout, keyed, commit)
+        except BatchError as exc:
+            raise TidemarkError(f"replica {t.replica}: {exc}") from None
+        faults.crashpoint("cdc-written")
+        oldest = min(n.commit_time for n in changes)
+        lag = (dt.datetime.now(dt.UTC).replace(tzinfo=None) - oldest).total_seconds()
+        self._log(t, seq, "apply", counts, len(changes), lag=lag)
+        t.rec = store.commit(t.replica, self.owner, seq=seq, last=t.rec.last, next=lsn_position(lsn), rows=len(changes),
+                             state=REPLICATING, note=f"unit {unit}: {len(changes)} changes up to {format_lsn(lsn)}")
+        result.changes += len(changes)
+        totals = result.tables.setdefault(t.replica, {})
+        for k, v in counts.items():
+            totals[k] = totals.get(k, 0) + v
+        result.lag_s = max(result.lag_s or 0.0, lag)
+
+    def _log(self, t: Table, seq: int, strategy: str, counts: dict[str, int], rows: int, *, lag: float | None) -> None:
+        commit = delta_meta.find_txn_commit(t.path, f"tidemark:{t.replica}", seq)
+        now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        write_etl_log(self.engine.settings, LogEntry(
+            topic=t.replica, ts=now, rows=rows, max_id=None, min_ts=None, max_ts=None, nulls={}, run_id=self.engine.run_id,
+            processor=PROCESSOR, seq=seq, last=str(t.applied or 0), next=str((commit.user_metadata if commit else {}).get("lsn")),
+            base_rows=rows, bad_rows=0, delta_version=commit.version if commit else None, duration_s=0.0, max_lag=lag,
+            strategy=strategy, detail=f"replicator {self.spec.name}, source table {t.source}", changes=dict(counts)))
+
+    def _ack(self) -> int | None:
+        """Acknowledge the source up to the lowest position every kept replica applied."""
+        held = [t.applied for t in self.tables.values() if t.applied is not None and state_word(t.rec) != DROPPED]
+        if not held or any(t.applied is None and t.active for t in self.tables.values()):
+            return None
+        lsn = min(held)
+        self.source.ack(lsn)
+        return lsn
+
+
+def open_source(rep: Replicator) -> ChangeSource:
+    """The replicator's source: PostgreSQL logical replication, or Debezium JSON files."""
+    import os
+    from pathlib import Path
+
+    spec = rep.spec
+    if spec.source == "debezium":
+        from resources.debezium_source import DebeziumFileSource
+
+        path = Path(spec.path or ".")
+        return DebeziumFileSource(path if path.is_absolute() else rep.file.parent / path, name=spec.name,
+                                  selects=spec.selects)
+    dsn = spec.dsn or os.environ.get(spec.dsn_env or "", "")
+    if not dsn:
+        raise TidemarkError(f"replicator '{spec.name}' ({rep.where}): environment variable {spec.dsn_env} is not set; "
+                            f"export it with the source's connection string, e.g. postgresql://user@host:5432/db")
+    from resources.pg_cdc import PostgresSource
+
+    return PostgresSource(dsn, name=spec.name, tables=spec.tables, exclude=spec.exclude)  # type: ignore[return-value]
+
+
+def run_replicator(engine: Engine, rep: Replicator, *, until_caught_up: bool = False) -> Iterator[CdcResult]:
+    """Units of one replicator: one, or until a unit finds nothing to do."""
+    source = open_source(rep)
+    try:
+        while True:
+            result = ReplicatorUnit(engine, rep, source).run_once()
+            yield result
+            if not until_caught_up or not result.processed or result.paused:
+                return
+    finally:
+        source.close()

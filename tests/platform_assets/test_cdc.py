@@ -1,0 +1,144 @@
+"""The cdc processor end to end on real Spark + Delta, fed by the Debezium JSON file source: the
+seed's examples, transactions never split, a lost offset store, SIGKILL between the Delta commit
+and the offset commit. (The PostgreSQL source runs the same processor in test_cdc_postgres.py.)"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lineage.loader import load_lineage
+from platform_assets.cdc import run_replicator
+from platform_assets.engine import Engine
+from resources.meta_tables import read_etl_log
+from resources.settings import Settings
+from tests.platform_assets.shop import tidemark
+
+pytestmark = pytest.mark.spark
+MS = 1_767_225_600_000  # 2026-01-01
+
+
+def event(table: str, op: str, tx: int, *, after: dict | None = None, before: dict | None = None,
+          key: dict | None = None) -> str:
+    payload = {"op": op, "before": before, "after": after, "ts_ms": MS + tx * 1000,
+               "source": {"connector": "postgresql", "schema": "public", "table": table, "txId": tx, "lsn": tx * 100}}
+    return json.dumps({"key": key, "value": {"payload": payload}} if key is not None else {"payload": payload})
+
+
+def customers_events() -> list[str]:
+    """The seed's 'with primary key' example as Debezium writes it (key changes: delete + create)."""
+    k = lambda i: {"id": i}  # noqa: E731
+    return [event("customers", "c", 1, after={"id": 0, "name": "alice"}, key=k(0)),
+            event("customers", "u", 2, before={"id": 0, "name": "alice"}, after={"id": 1, "name": "alice"}, key=k(1)),
+            event("customers", "u", 3, before={"id": 1, "name": "alice"}, after={"id": 2, "name": "alice"}, key=k(2)),
+            event("customers", "d", 4, before={"id": 2, "name": "alice"}, key=k(2)),
+            event("customers", "c", 5, after={"id": 0, "name": "Alice"}, key=k(0)),
+            event("customers", "c", 5, after={"id": 1, "name": "blob"}, key=k(1)),
+            event("customers", "u", 6, before={"id": 1, "name": "blob"}, after={"id": 1, "name": "Bob"}, key=k(1))]
+
+
+def names_events() -> list[str]:
+    """The seed's 'without primary key' example (REPLICA IDENTITY FULL: whole old rows)."""
+    u = lambda tx, a, b: event("names", "u", tx, before={"name": a}, after={"name": b})  # noqa: E731
+    return [event("names", "c", 10, after={"name": "alice"}), event("names", "c", 10, after={"name": "alice"}),
+            event("names", "c", 10, after={"name": "Bob"}), u(11, "alice", "Alyce"), u(11, "alice", "Alyce"),
+            u(12, "Alyce", "Alice"), u(12, "Alyce", "Alice"), event("names", "d", 13, before={"name": "Alice"}),
+            event("names", "d", 13, before={"name": "Alice"})]
+
+
+def setup(settings: Settings, root: Path, *, maxstep: int = 1000) -> Settings:
+    (root / "events").mkdir(parents=True, exist_ok=True)
+    lineage = root / "lineage.yaml"
+    lineage.write_text(f"cdc:\n  - name: shop\n    source: debezium\n    path: events\n    tables: [public.*]\n"
+                       f"    maxstep: {maxstep}\n    options:\n      public.customers: {{key: [id]}}\n")
+    return settings.with_(lineage=lineage)
+
+
+def write_events(root: Path, name: str, lines: list[str]) -> None:
+    (root / "events" / name).write_text("".join(line + "\n" for line in lines))
+
+
+def engine(spark: Any, settings: Settings) -> Engine:
+    return Engine(settings, load_lineage(settings.lineage), spark=spark)
+
+
+def replica(spark: Any, settings: Settings, table: str, *cols: str) -> list[tuple]:
+    return sorted(tuple(r) for r in spark.read.format("delta").load(settings.table_path(table)).select(*cols).collect())
+
+
+def run(spark: Any, settings: Settings) -> list[Any]:
+    eng = engine(spark, settings)
+    try:
+        rep = eng.lineage.replicators["shop"]
+        return list(run_replicator(eng, rep, until_caught_up=True))
+    finally:
+        eng.close()
+
+
+def test_seed_examples_replicated_exactly_once_and_resumed(spark, settings: Settings, tmp_path: Path) -> None:
+    s = setup(settings, tmp_path)
+    write_events(tmp_path, "0001.json", customers_events() + names_events())
+    results = run(spark, s)
+    assert results[0].tables["replica.customers"]["inserts"] >= 3 and results[-1].processed is False
+    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Alice"), (1, "Bob")]
+    assert replica(spark, s, "replica.names", "name") == [("Bob",)]
+    # nothing new: nothing applied again; then a new file: only its events
+    assert not run(spark, s)[0].processed
+    write_events(tmp_path, "0002.json", [event("names", "c", 20, after={"name": "Bob"}),
+                                         event("customers", "d", 21, before={"id": 0, "name": "Alice"}, key={"id": 0})])
+    run(spark, s)
+    assert replica(spark, s, "replica.customers", "id", "name") == [(1, "Bob")]
+    assert replica(spark, s, "replica.names", "name", "_copy") == [("Bob", 1), ("Bob", 2)]
+    log = [e for e in read_etl_log(s, limit=50) if e["processor"] == "cdc"]
+    assert {e["topic"] for e in log} == {"replica.customers", "replica.names"}
+    # a lost offset store: the replicas' Delta logs say what landed; nothing is applied twice
+    lost = s.with_(offsets_url=f"sqlite:///{tmp_path / 'fresh-offsets.db'}")
+    assert not run(spark, lost)[0].processed
+    write_events(tmp_path, "0003.json", [event("names", "c", 30, after={"name": "Cy"})])
+    run(spark, lost)
+    assert Counter(r[0] for r in replica(spark, s, "replica.names", "name")) == {"Bob": 2, "Cy": 1}
+    seqs = [r[0] for r in replica(spark, s, "replica.names", "_sequence_num")]
+    assert max(seqs) == 19  # numbered above every change the replicas recorded, though the store started empty
+
+
+def test_a_unit_never_splits_a_transaction(spark, settings: Settings, tmp_path: Path) -> None:
+    """The seed's Transactions example with a limit (3) that falls inside the first transaction."""
+    s = setup(settings, tmp_path, maxstep=3)
+    k = lambda i: {"id": i}  # noqa: E731
+    write_events(tmp_path, "0001.json", [
+        event("customers", "c", 123, after={"id": 0, "name": "alice"}, key=k(0)),
+        event("customers", "c", 123, after={"id": 1, "name": "bob"}, key=k(1)),
+        event("customers", "u", 123, after={"id": 0, "name": "Alice"}, key=k(0)),
+        event("customers", "u", 123, after={"id": 1, "name": "Bob"}, key=k(1)),
+        event("customers", "d", 456, before={"id": 1}, key=k(1)),
+        event("customers", "c", 456, after={"id": 1, "name": "Bobby"}, key=k(1))])
+    eng = engine(spark, s)
+    try:
+        units = run_replicator(eng, eng.lineage.replicators["shop"])
+        first = next(units)
+    finally:
+        eng.close()
+    assert first.transactions == 1 and first.changes == 4  # all of tx123, none of tx456
+    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Alice"), (1, "Bob")]
+    run(spark, s)
+    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Alice"), (1, "Bobby")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["cdc-written", "cdc-committed"])
+def test_sigkill_after_the_delta_commit_neither_loses_nor_doubles(settings: Settings, tmp_path: Path, spark, point: str) -> None:
+    s = setup(settings, tmp_path)
+    write_events(tmp_path, "0001.json", customers_events() + names_events())
+    crashed = tidemark(s, "cdc", "run", "shop", env={"TIDEMARK_CRASH_AT": point})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    done = tidemark(s, "cdc", "run", "shop", "--until-caught-up")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Alice"), (1, "Bob")]
+    assert replica(spark, s, "replica.names", "name", "_copy") == [("Bob", 1)]
+    status = tidemark(s, "cdc", "status")
+    assert status.returncode == 0 and "REPLICATING" in status.stdout, status.stdout + status.stderr
