@@ -214,7 +214,7 @@ def load_intake(path: str | Path, env: Mapping[str, str] | None = None) -> Intak
 
 
 def _problems(exc: ValidationError, file: Path, doc: dict[str, Any]) -> list[str]:
-    out = []
+    out: list[tuple[int, str]] = []
     for err in exc.errors():
         loc = err["loc"]
         line = _field_line(doc, loc)
@@ -226,5 +226,5 @@ def _problems(exc: ValidationError, file: Path, doc: dict[str, Any]) -> list[str
             msg = "unknown field (check the spelling; allowed: " + ", ".join(parent.model_fields) + ")"
         elif err["type"] == "missing":
             msg = "is required"
-        out.append(f"{file}:{line}" + (f": field '{field}'" if field else "") + f": {msg}")
-    return out
+        out.append((line or 0, f"{file}:{line}" + (f": field '{field}'" if field else "") + f": {msg}"))
+    return [text for _, text in sorted(out, key=lambda p: p[0])]  # in file order
