@@ -31,6 +31,7 @@ import datetime as dt
 import fcntl
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -219,8 +220,8 @@ class TokenWriter:
     async def append(self, data: bytes, events: int) -> None:
         """Returns once ``data`` (complete lines) is durable in the log; raises ``OSError`` if it
         could not be written."""
-        if self._closing:
-            raise OSError("the collector is stopping")
+        if self._closing or self._task.done():
+            raise OSError("the collector is stopping" if self._closing else "the log writer has stopped")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append(data)
         self._pending_events += events
@@ -261,7 +262,11 @@ class TokenWriter:
                             f.set_result(None)
             if self._fd is not None and (self._size >= self.log.rotate_bytes or time.monotonic() >= self._deadline
                                          or (self._closing and not self._pending)):
-                await asyncio.to_thread(self._rotate)
+                try:
+                    await asyncio.to_thread(self._rotate)
+                except OSError as exc:  # the file is closed either way; its lines were fsynced before
+                    self.log.metrics.write_errors += 1
+                    print(f"incoming log: could not move {self.token}'s file to ready/: {exc}", file=sys.stderr, flush=True)
             if self._closing and not self._pending:
                 return
 

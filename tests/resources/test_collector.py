@@ -266,3 +266,18 @@ def test_sigkill_mid_load_loses_no_acknowledged_event(tmp_path):
     assert max(uids.values()) == 1 and uids["after"] == 1
     assert set(uids) <= {*sent, "after"}
     assert stats.corrupt_lines == []
+
+
+def test_print_config_names_where_it_listens_the_token_ids_and_the_log(tmp_path, monkeypatch, capsys):
+    from platform_assets.cli import main
+
+    monkeypatch.setenv("T_WEB", WEB)
+    monkeypatch.setenv("T_API", API)
+    monkeypatch.setenv("TIDEMARK_INTAKE", str(config(tmp_path, port=9123)))
+    assert main(["--home", str(tmp_path / "h"), "collect", "--host", "0.0.0.0", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "listen http://0.0.0.0:9123" in out and "tokens web (browser), api (server)" in out
+    assert f"log {tmp_path / 'h' / 'events' / 'incoming'}" in out and WEB not in out and API not in out
+    monkeypatch.delenv("T_WEB")
+    assert main(["--home", str(tmp_path / "h"), "collect", "--print-config"]) == 2
+    assert "environment variable T_WEB is not set" in capsys.readouterr().err
