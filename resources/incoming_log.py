@@ -20,7 +20,10 @@ groups and the group is fsynced before any request whose events it holds is answ
 acknowledged event is on a complete line. What a crash can leave after the last fsync is
 never-acknowledged data: an unterminated last line (a torn write), or after a power loss bytes
 that are not JSON. :func:`read_events` drops an unterminated tail and skips lines that are not a
-JSON object, and counts both in :class:`ReadStats`; it never raises for them.
+JSON object, and counts both in :class:`ReadStats`; it never raises for them. An event whose
+request got no 2xx (killed, 503) may still be in the log; a client that retries it can add it
+twice, so deduplicate on ``eventn_ctx.event_id`` where that matters. After a failed write or
+fsync the file is closed (moved to ``ready/``), so a partial group can only be a file's torn tail.
 """
 
 from __future__ import annotations
