@@ -160,7 +160,7 @@ def test_batch_forms_enrichment_and_no_secret_in_the_log(collector):
 
 
 def test_rotation_by_size_and_by_time(tmp_path):
-    c = Collector(tmp_path / "home", config(tmp_path, rotate_bytes="2KB", rotate_minutes=0.02, trust_proxy="true"))
+    c = Collector(tmp_path / "home", config(tmp_path, rotate_bytes="2KB", rotate_minutes=0.05, trust_proxy="true"))
     try:
         events = tmp_path / "home" / "events"
         h = {"X-Auth-Token": API, "X-Forwarded-For": "203.0.113.9, 10.0.0.1"}
@@ -168,8 +168,9 @@ def test_rotation_by_size_and_by_time(tmp_path):
             assert httpx.post(c.url + "/api/v1/s2s/event", headers=h, json={"i": i, "pad": "p" * 150}).status_code == 200
         sized = iter_ready_files(events)
         assert len(sized) >= 1 and all(f.path.stat().st_size >= 2000 for f in sized)
-        time.sleep(1.2 + 0.5)  # rotate_minutes 0.02 = 1.2 s after the file's first event
-        by_time = iter_ready_files(events)
+        deadline = time.monotonic() + 15  # rotate_minutes 0.05 = 3 s after the file's first event
+        while len(by_time := iter_ready_files(events)) == len(sized) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert len(by_time) == len(sized) + 1, "the open file was not closed by time"
         assert not list((events / "incoming").glob("*.log")), "a file is still open after its time"
         got = [e for f in by_time for _, e in read_events(f.path)]
