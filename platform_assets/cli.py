@@ -470,6 +470,34 @@ def _print_cluster(found: Any) -> None:
         print(f"export TIDEMARK_SPARK_MASTER={found.connect.url}")
 
 
+def cmd_collect(args: argparse.Namespace) -> int:
+    """``collect``: the event collector (HTTP) writing the durable incoming log."""
+    from lineage.intake import IntakeConfigError, intake_path, load_intake
+    from resources import collector
+
+    try:
+        intake = load_intake(intake_path(args.config))
+    except IntakeConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    c = intake.collector
+    host, port = args.host or c.host, c.port if args.port is None else args.port
+    events_dir = _settings(args).events_dir()
+    tokens = ", ".join(f"{t.id} ({t.kind})" for t in intake.tokens)
+    if args.print_config:
+        print(f"config {intake.file}\nlisten http://{host}:{port}\ntokens {tokens}\nlog {events_dir / 'incoming'}")
+        print(intake.spec.collector.model_dump_json(indent=2))
+        return 0
+    app = collector.Collector(intake, events_dir)
+    recovered = app.log.open()
+    sock = collector.bind(host, port)
+    print(f"collector listening on http://{host}:{sock.getsockname()[1]} (config {intake.file}); tokens: {tokens}; "
+          f"incoming log: {app.log.folder}" + (f"; {len(recovered)} file(s) of a previous run moved to ready/"
+                                              if recovered else ""), flush=True)
+    collector.serve(app, sock)  # uvicorn re-raises SIGTERM/SIGINT after its graceful stop
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidemark", description="Incremental Delta tables, block by block.")
     p.add_argument("--lineage", help="lineage YAML file or directory (env TIDEMARK_LINEAGE; default demo/lineage)")
@@ -542,6 +570,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--orders", type=int, default=3000)
     demo.add_argument("--keep", action="store_true", help="keep existing demo state instead of starting fresh")
     demo.set_defaults(func=cmd_demo)
+
+    collect = sub.add_parser("collect", help="the event collector: HTTP endpoints writing the durable incoming log")
+    collect.add_argument("--config", help="intake YAML (env TIDEMARK_INTAKE; default demo/intake.yaml)")
+    collect.add_argument("--host", help="bind address (default: collector.host, 127.0.0.1)")
+    collect.add_argument("--port", type=int, help="port (default: collector.port, 8421; 0: any free port)")
+    collect.add_argument("--print-config", action="store_true", help="print the checked config and exit")
+    collect.set_defaults(func=cmd_collect)
     return p
 
 

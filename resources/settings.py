@@ -12,6 +12,7 @@
 | ``TIDEMARK_SPARK_CONF`` | (none) | extra Spark settings, ``key=value`` pairs separated by ``;`` |
 | ``TIDEMARK_LOCK_LEASE`` | ``5m`` | a topic lock expires this long after its holder's last heartbeat (``resources.offset_sql``) |
 | ``TIDEMARK_OWNER_HOST`` | the hostname | host part of lock owner ids (e.g. a pod name) |
+| ``TIDEMARK_INTAKE`` | ``./demo/intake.yaml`` | event collector config (``lineage.intake``); its log is ``$TIDEMARK_HOME/events`` |
 | ``TIDEMARK_S3_*`` | the ``AWS_*`` variables | object store of an ``s3://`` warehouse: see ``resources.storage`` |
 """
 
@@ -77,6 +78,10 @@ class Settings:
         if not (path / "dagster.yaml").exists() and shipped.exists():
             (path / "dagster.yaml").write_text(shipped.read_text())
         return path
+
+    def events_dir(self) -> Path:
+        """The event intake's files (``incoming/``, later ``archive/``, ``failed/``): ``<home>/events``."""
+        return self.home / "events"
 
     def table_path(self, table: str, override: str | None = None) -> str:
         """Location of a Delta table: ``<warehouse>/<schema>/<table>`` unless the source spec says otherwise."""
