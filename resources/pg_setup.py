@@ -133,6 +133,11 @@ def assess(conn: psycopg.Connection[Any], src: PostgresSource) -> list[Problem]:
     if not (superuser or create):
         out.append(Problem("error", f"user {user} may not create the publication (no CREATE on database {db})", where,
                            f'GRANT CREATE ON DATABASE "{db}" TO "{user}";'))
+    schema_ok = conn.execute("SELECT has_schema_privilege(oid, 'CREATE') FROM pg_namespace WHERE nspname = 'tidemark'"
+                             ).fetchone()
+    if schema_ok is not None and not (schema_ok[0] or superuser):
+        out.append(Problem("error", f"user {user} may not create the DDL log in the existing schema tidemark", where,
+                           f'GRANT USAGE, CREATE ON SCHEMA tidemark TO "{user}";'))
     pub = conn.execute("SELECT pg_has_role(pubowner, 'USAGE'), puballtables FROM pg_publication WHERE pubname = %s",
                        (src.publication,)).fetchone()
     if pub is not None and not (pub[0] or superuser):

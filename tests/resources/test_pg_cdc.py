@@ -411,6 +411,27 @@ def test_assess_lists_every_problem_with_a_fix(pg: str) -> None:
         assert unreachable.severity == "error" and "cannot connect" in unreachable.what
 
 
+def test_a_replication_user_without_superuser_replicates_data_but_not_ddl(pg: str) -> None:
+    sql(pg, "CREATE SCHEMA IF NOT EXISTS tidemark", "CREATE ROLE rep LOGIN REPLICATION", "GRANT CREATE ON DATABASE tidemark TO rep",
+        "CREATE SCHEMA su AUTHORIZATION rep", "CREATE TABLE su.t (id int PRIMARY KEY)", "ALTER TABLE su.t OWNER TO rep")
+    src = PostgresSource(pg.replace("postgres@", "rep@"), name="su", tables=["su.*"])
+    try:
+        problems = src.assess()
+        assert [p.fix for p in problems if p.severity == "error"] == ['GRANT USAGE, CREATE ON SCHEMA tidemark TO "rep";']
+        sql(pg, "GRANT USAGE, CREATE ON SCHEMA tidemark TO rep")
+        assert [p.severity for p in src.assess()] == ["warning"]  # DDL will not be captured
+        src.ensure_setup()
+        sql(pg, "INSERT INTO su.t VALUES (1)", "ALTER TABLE su.t ADD COLUMN x int", "INSERT INTO su.t VALUES (2, 2)")
+        got = src.read(0)
+        assert changes(got) == [RowChange("su.t", Op.INSERT, after={"id": 1}),
+                                RowChange("su.t", Op.INSERT, after={"id": 2, "x": 2})]  # the new column, no DdlChange
+        src.ack(got.end)
+        assert src.position().confirmed_flush == got.end
+    finally:
+        src.drop()
+        sql(pg, "DROP SCHEMA su CASCADE", "DROP OWNED BY rep", "DROP ROLE rep")
+
+
 def test_assess_reports_wal_level() -> None:
     with running_postgres(options={"wal_level": "replica"}) as url:
         sql(url, "CREATE TABLE t (id int PRIMARY KEY)")
