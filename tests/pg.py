@@ -8,7 +8,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from resources import local_pg
@@ -19,13 +19,13 @@ TEST_OPTIONS = {"wal_level": "logical", "fsync": "off"}
 
 
 @contextlib.contextmanager
-def running_postgres(bindir: Path | None = None) -> Iterator[str]:
+def running_postgres(bindir: Path | None = None, options: Mapping[str, str] | None = None) -> Iterator[str]:
     """Start a server, yield ``postgresql://postgres@127.0.0.1:<port>/tidemark``, stop it and
-    remove its files."""
+    remove its files. ``options``: server settings on top of :data:`TEST_OPTIONS`."""
     root = Path(tempfile.mkdtemp(prefix="tidemark-pg-"))
     os.chmod(root, 0o755)  # as root, the server's user must be able to enter it
     try:
-        server = local_pg.start(root, port=free_port(), options=TEST_OPTIONS, bindir=bindir)
+        server = local_pg.start(root, port=free_port(), options={**TEST_OPTIONS, **(options or {})}, bindir=bindir)
         try:
             yield server.url
         finally:

@@ -1,0 +1,368 @@
+"""PostgreSQL types and the ``pgoutput`` logical-replication protocol (version 1), decoded into
+the change events of :mod:`lineage.cdc` — pure Python, no I/O (``resources.pg_cdc`` does the I/O).
+
+One definition per rule: :func:`column_of` maps a PostgreSQL type to the replica's Spark type and
+:func:`parse_text` turns a value's text form into the Python object the processor gets; both the
+stream (pgoutput sends values as text) and the snapshot (``resources.pg_cdc``) go through them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from lineage.cdc import Change, Column, DdlChange, DdlKind, Op, RowChange, TableSchema, Transaction
+
+# ------------------------------------------------------------------ types
+
+BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
+FLOAT4, FLOAT8, BPCHAR, VARCHAR, DATE, TIMESTAMP, TIMESTAMPTZ, NUMERIC = 700, 701, 1042, 1043, 1082, 1114, 1184, 1700
+
+_SPARK: dict[int, str] = {
+    BOOL: "boolean", INT2: "smallint", INT4: "int", INT8: "bigint", OID: "bigint", FLOAT4: "float", FLOAT8: "double",
+    TEXT: "string", VARCHAR: "string", BPCHAR: "string", CHAR: "string", NAME: "string",
+    DATE: "date", TIMESTAMP: "timestamp", TIMESTAMPTZ: "timestamp", BYTEA: "binary",
+}
+#: Unbounded ``numeric`` (no precision declared) becomes ``decimal(38,18)``: exact for the usual
+#: amounts, and a value that does not fit fails loudly (Arrow/Spark refuse to round) instead of
+#: being silently rounded; ``assess`` warns about every such column. ``numeric(p,s)`` with p > 38
+#: (more than Spark can hold) is replicated as its text.
+UNBOUNDED_NUMERIC = "decimal(38,18)"
+
+
+def numeric_type(typmod: int) -> str:
+    """Spark type of ``numeric`` with this type modifier (``((p << 16) | s) + 4``; -1 = unbounded)."""
+    if typmod < 4:
+        return UNBOUNDED_NUMERIC
+    p = ((typmod - 4) >> 16) & 0xFFFF
+    s = (((typmod - 4) & 0x7FF) ^ 1024) - 1024  # PostgreSQL 15 allows a negative scale and scale > precision
+    if s < 0:
+        p, s = p - s, 0  # numeric(5,-2) holds integers up to 9,999,900
+    p = max(p, s)
+    return f"decimal({p},{s})" if p <= 38 else "string"
+
+
+def column_of(name: str, typid: int, typmod: int, source_type: str = "", notnull: bool = False) -> Column:
+    """The replica column of a source column. Types without a Spark equivalent (json, jsonb, uuid,
+    arrays, enums, interval, time, money, domains …) are replicated as their PostgreSQL text."""
+    spark = numeric_type(typmod) if typid == NUMERIC else _SPARK.get(typid, "string")
+    return Column(name, spark, source_type or str(typid), not notnull)
+
+
+def text_only(column: Column, typid: int) -> bool:
+    """Whether a column is replicated only as its text (worth a warning: queries see a string)."""
+    return column.type == "string" and typid not in (TEXT, VARCHAR, BPCHAR, CHAR, NAME)
+
+
+def _timestamp(text: str) -> dt.datetime:
+    if text in ("infinity", "-infinity"):
+        return dt.datetime.max if text == "infinity" else dt.datetime.min
+    if text.endswith(" BC"):
+        raise ValueError(f"timestamp {text!r} is before year 1 (BC): Spark cannot hold it")
+    value = dt.datetime.fromisoformat(text)
+    if value.tzinfo is not None:  # timestamptz: the session runs in UTC, still normalise
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value
+
+
+def _date(text: str) -> dt.date:
+    if text in ("infinity", "-infinity"):
+        return dt.date.max if text == "infinity" else dt.date.min
+    if text.endswith(" BC"):
+        raise ValueError(f"date {text!r} is before year 1 (BC): Spark cannot hold it")
+    return dt.date.fromisoformat(text)
+
+
+def _bytea(text: str) -> bytes:
+    if not text.startswith("\\x"):
+        raise ValueError(f"bytea value not in hex format ({text[:20]!r}…): the session must use bytea_output=hex")
+    return bytes.fromhex(text[2:])
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "boolean": lambda t: t == "t", "smallint": int, "int": int, "bigint": int, "float": float, "double": float,
+    "date": _date, "timestamp": _timestamp, "binary": _bytea, "string": str,
+}
+
+
+def parse_text(column: Column, text: str) -> Any:
+    """The Python value of a column's text form (as PostgreSQL prints it with ``TimeZone=UTC``,
+    ``DateStyle=ISO``, ``bytea_output=hex``): int, float, Decimal, bool, str, date, naive-UTC
+    datetime, bytes."""
+    if column.type.startswith("decimal"):
+        return Decimal(text)
+    return _PARSERS[column.type](text)
+
+
+#: Session settings under which values print the way :func:`parse_text` reads them.
+SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres -c bytea_output=hex -c extra_float_digits=3"
+
+
+# ------------------------------------------------------------------ table selection
+
+
+def glob_regex(patterns: Iterable[str]) -> str | None:
+    """One anchored regular expression (valid for Python's ``re`` and PostgreSQL's ``~``) matching
+    ``schema.table`` names against fnmatch-style patterns (``*``, ``?``, ``[...]``); a pattern
+    without a schema means ``public``. None when there are no patterns."""
+    parts = []
+    for pattern in patterns:
+        if "." not in pattern:
+            pattern = f"public.{pattern}"
+        out, i = [], 0
+        while i < len(pattern):
+            ch = pattern[i]
+            if ch == "*":
+                out.append(".*")
+            elif ch == "?":
+                out.append(".")
+            elif ch == "[":
+                j = i + 1 + (pattern[i + 1:i + 2] == "!")
+                j += pattern[j:j + 1] == "]"  # a leading ] is a member
+                end = pattern.find("]", j)
+                if end < 0:
+                    out.append("\\[")
+                else:
+                    body = pattern[i + 1:end]
+                    body = "^" + body[1:] if body.startswith("!") else body
+                    out.append("[" + body.replace("\\", "\\\\") + "]")
+                    i = end
+            elif ch.isalnum() or ch == "_":
+                out.append(ch)
+            else:
+                out.append("\\" + ch)
+            i += 1
+        parts.append("".join(out))
+    return f"^({'|'.join(parts)})$" if parts else None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which ``schema.table`` names a source replicates: included by a name or pattern, not
+    excluded, never Tidemark's own ``tidemark`` schema."""
+
+    include: tuple[str, ...]
+    exclude: tuple[str, ...] = ()
+
+    @property
+    def include_re(self) -> str | None:
+        return glob_regex(self.include)
+
+    @property
+    def exclude_re(self) -> str | None:
+        return glob_regex(self.exclude)
+
+    def __call__(self, table: str) -> bool:
+        inc, exc = self.include_re, self.exclude_re
+        return (not table.startswith("tidemark.") and inc is not None and re.match(inc, table, re.S) is not None
+                and (exc is None or re.match(exc, table, re.S) is None))
+
+
+# ------------------------------------------------------------------ pgoutput messages
+
+_PG_EPOCH = dt.datetime(2000, 1, 1)
+
+
+def pg_time(micros: int) -> dt.datetime:
+    """A protocol timestamp (microseconds since 2000-01-01 UTC) as a naive UTC datetime."""
+    return _PG_EPOCH + dt.timedelta(microseconds=micros)
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf, self.pos = buf, 0
+
+    def unpack(self, fmt: str) -> tuple[Any, ...]:
+        values = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return values
+
+    def byte(self) -> str:
+        self.pos += 1
+        return chr(self.buf[self.pos - 1])
+
+    def string(self) -> str:
+        end = self.buf.index(b"\0", self.pos)
+        text = self.buf[self.pos:end].decode()
+        self.pos = end + 1
+        return text
+
+    def tuple(self) -> list[tuple[str, bytes | None]]:
+        (ncols,) = self.unpack("!H")
+        cols: list[tuple[str, bytes | None]] = []
+        for _ in range(ncols):
+            kind = self.byte()
+            if kind in ("t", "b"):
+                (n,) = self.unpack("!I")
+                cols.append((kind, self.buf[self.pos:self.pos + n]))
+                self.pos += n
+            else:  # 'n' null, 'u' unchanged TOAST value (not sent)
+                cols.append((kind, None))
+        return cols
+
+
+@dataclass
+class Relation:
+    """A published table as the last Relation message described it (its columns can change
+    mid-stream: a new Relation message precedes the first change with the new columns)."""
+
+    relid: int
+    table: str
+    columns: list[Column]
+    key_flags: list[bool]  # part of the replica identity
+
+
+@dataclass
+class _Open:
+    xid: int
+    lsn: int
+    commit_time: dt.datetime
+    changes: list[Change] = field(default_factory=list)
+
+
+def ddl_schema(table: str, columns_json: str | None, key_json: str | None) -> TableSchema:
+    """A table's schema from the JSON the DDL trigger (and :func:`resources.pg_cdc` 's catalog
+    query) records: ``[{"name", "typid", "typmod", "type", "notnull"}]`` and ``["key", …]``."""
+    cols = json.loads(columns_json or "[]")
+    return TableSchema(table, tuple(column_of(c["name"], c["typid"], c["typmod"], c["type"], c["notnull"]) for c in cols),
+                       tuple(json.loads(key_json or "[]")))
+
+
+class DecodeError(ValueError):
+    """A pgoutput message this decoder cannot read (a protocol bug or an unsupported option)."""
+
+
+class Decoder:
+    """Turns pgoutput messages (the payload of XLogData) into whole :class:`Transaction` s.
+
+    Changes of tables outside ``selected`` are dropped; so are changes ``wanted(table,
+    commit_lsn)`` declines. INSERTs into the DDL log table ``ddl_table`` become
+    :class:`DdlChange` s. :meth:`feed` returns a transaction when its COMMIT arrives."""
+
+    def __init__(self, selected: Callable[[str], bool], ddl_table: str,
+                 wanted: Callable[[str, int], bool] | None = None) -> None:
+        self.selected, self.ddl_table, self.wanted = selected, ddl_table, wanted
+        self.relations: dict[int, Relation] = {}
+        self.open: _Open | None = None
+
+    def _keep(self, table: str) -> bool:
+        return self.selected(table) and self._keep_ddl(table)
+
+    def feed(self, msg: bytes) -> Transaction | None:
+        r = _Reader(msg)
+        tag = r.byte()
+        if tag == "B":
+            lsn, ts, xid = r.unpack("!QqI")
+            self.open = _Open(xid, lsn, pg_time(ts))
+        elif tag == "C":
+            _flags, lsn, end_lsn, ts = r.unpack("!BQQq")
+            tx, self.open = self.open, None
+            if tx is None or tx.lsn != lsn:
+                raise DecodeError(f"COMMIT at {lsn:X} without its BEGIN")
+            return Transaction(tx.xid, lsn, pg_time(ts), tuple(tx.changes), end_lsn)
+        elif tag == "R":
+            (relid,) = r.unpack("!I")
+            table = f"{r.string() or 'pg_catalog'}.{r.string()}"
+            _identity, ncols = r.unpack("!BH")
+            cols, keys = [], []
+            for _ in range(ncols):
+                (flags,) = r.unpack("!B")
+                name = r.string()
+                typid, typmod = r.unpack("!Ii")
+                cols.append(column_of(name, typid, typmod))
+                keys.append(bool(flags & 1))
+            self.relations[relid] = Relation(relid, table, cols, keys)
+        elif tag in ("I", "U", "D"):
+            self._row(tag, r)
+        elif tag == "T":
+            nrels, _options = r.unpack("!IB")
+            for relid in r.unpack(f"!{nrels}I"):
+                rel = self.relations[relid]
+                if rel.table != self.ddl_table and self._keep(rel.table):
+                    self._add(RowChange(rel.table, Op.TRUNCATE))
+        elif tag in ("Y", "O", "M"):
+            pass  # types, origins, logical messages: nothing to replicate
+        else:
+            raise DecodeError(f"unknown pgoutput message {tag!r} (streaming or two-phase options are not used)")
+        return None
+
+    def _add(self, change: Change) -> None:
+        if self.open is None:
+            raise DecodeError("a change outside a transaction")
+        self.open.changes.append(change)
+
+    def _row(self, tag: str, r: _Reader) -> None:
+        (relid,) = r.unpack("!I")
+        rel = self.relations.get(relid)
+        if rel is None:
+            raise DecodeError(f"a change of relation {relid} before its Relation message")
+        before: dict[str, Any] | None = None
+        after: dict[str, Any] | None = None
+        unchanged: set[str] = set()
+        kind = r.byte()
+        if kind in ("K", "O"):  # old key (default identity) or old row (REPLICA IDENTITY FULL)
+            before, _ = self._values(rel, r.tuple(), key_only=kind == "K")
+            if tag == "U":
+                kind = r.byte()
+        if kind == "N":
+            after, unchanged = self._values(rel, r.tuple(), key_only=False)
+        if rel.table == self.ddl_table:
+            if tag == "I" and after is not None:
+                self._ddl(after)
+            return
+        if not self._keep(rel.table):
+            return
+        op = {"I": Op.INSERT, "U": Op.UPDATE, "D": Op.DELETE}[tag]
+        self._add(RowChange(rel.table, op, after=after, before=before, unchanged=frozenset(unchanged)))
+
+    @staticmethod
+    def _values(rel: Relation, values: Sequence[tuple[str, bytes | None]],
+                key_only: bool) -> tuple[dict[str, Any], set[str]]:
+        out: dict[str, Any] = {}
+        unchanged: set[str] = set()
+        for col, is_key, (kind, raw) in zip(rel.columns, rel.key_flags, values, strict=True):
+            if key_only and not is_key:
+                continue
+            if kind == "u":
+                unchanged.add(col.name)
+            elif kind == "n" or raw is None:
+                out[col.name] = None
+            elif kind == "b":
+                raise DecodeError(f"{rel.table}.{col.name}: binary values are not requested")
+            else:
+                out[col.name] = parse_text(col, bytes(raw).decode())
+        return out, unchanged
+
+    def _ddl(self, row: dict[str, Any]) -> None:
+        """A row of the DDL log as a :class:`DdlChange` when it concerns the selection. A rename
+        into the selection is a CREATE (the replica starts: snapshot it), out of it a DROP."""
+        tag, old, new, stmt = row["command_tag"], row["old_name"], row["new_name"], row["statement"] or ""
+        sel_old, sel_new = old is not None and self.selected(old), new is not None and self.selected(new)
+        change: DdlChange | None = None
+        if tag == "DROP TABLE":
+            change = DdlChange(old, DdlKind.DROP, statement=stmt) if sel_old else None
+        elif new is not None:
+            schema = ddl_schema(new, row["columns"], row["key"])
+            renamed = tag == "ALTER TABLE" and old is not None and old != new
+            if renamed and sel_old and sel_new:
+                change = DdlChange(old, DdlKind.RENAME, schema=schema, new_table=new, statement=stmt)
+            elif renamed and sel_old:
+                change = DdlChange(old, DdlKind.DROP, statement=stmt)
+            elif sel_new:
+                kind = DdlKind.ALTER if tag == "ALTER TABLE" and not renamed else DdlKind.CREATE
+                change = DdlChange(new, kind, schema=schema, statement=stmt)
+        if change is not None and self._keep_ddl(change.table):
+            self._add(change)
+
+    def _keep_ddl(self, table: str) -> bool:
+        if self.open is None:
+            raise DecodeError("a change outside a transaction")
+        return self.wanted is None or self.wanted(table, self.open.lsn)
