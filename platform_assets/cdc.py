@@ -136,6 +136,7 @@ class ReplicatorUnit:
         self.engine, self.rep, self.spec, self.source = engine, rep, rep.spec, source
         self.owner = engine.owner
         self.tables: dict[str, Table] = {}
+        self.paused: dict[str, str] = {}  # replicas paused while the unit looked at the source's schemas
 
     # ------------------------------------------------------------------ state
     def _record(self, key: str, note: str) -> OffsetRecord:
@@ -174,9 +175,10 @@ class ReplicatorUnit:
 
             problem = cdc_ddl.alter(self, table, schema)  # columns the source has now and the replica lacks
             if problem and state_word(rec) != PAUSED:
-                self.engine.store.set_state(replica, self.owner, f"paused: {problem}; fix the replica's column type or "
-                                                                 f"re-copy it: tidemark cdc resume {replica} --resync")
+                why = f"paused: {problem}; fix the replica's column type or re-copy it: tidemark cdc resume {replica} --resync"
+                self.engine.store.set_state(replica, self.owner, why)
                 table.rec = self.engine.store.get(replica) or rec
+                self.paused[replica] = why
         return table
 
     def _reconcile(self, replica: str, path: str, rec: OffsetRecord) -> OffsetRecord:
@@ -214,10 +216,11 @@ class ReplicatorUnit:
             self.source.ensure_setup()
             for schema in self.source.tables().values():
                 self._table(schema)
-            result = CdcResult(self.spec.name, rec.seq, "caught up")
+            result = CdcResult(self.spec.name, rec.seq, "caught up", paused=dict(self.paused))
             self._snapshots(result, lease)
             self._stream(rec, result, lease)
             result.duration_s = round(time.monotonic() - started, 3)
+            self.engine.store.set_state(key, self.owner, REPLICATING)
             return result
         except Exception as exc:
             self.engine.store.set_state(key, self.owner, f"failing: {str(exc).splitlines()[0][:400]}")
@@ -258,50 +261,58 @@ class ReplicatorUnit:
     def _stream(self, rec: OffsetRecord, result: CdcResult, lease: LeaseKeeper) -> None:
         store = self.engine.store
         key = self.spec.state_key
-        held = [t.applied for t in self.tables.values() if t.applied is not None and state_word(t.rec) != DROPPED]
-        after = min(held) if held else 0
+        active = [t.applied for t in self.tables.values() if t.applied is not None and t.active]
+        after = min(active) if active else 0  # paused replicas hold the acknowledgement back, not the reading
         if rec.pending:  # a unit planned before a crash: exactly its transactions again
             unit, upto, first = rec.seq, int(rec.source_version or 0), rec.inputs.get("changes", 0) + 1
             txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
         else:
             txs = self.source.read(after, max_changes=self.spec.maxstep, wanted=self._wanted)
+            # the source holds nothing more of the selection up to ``end`` (PostgreSQL: also past skipped WAL)
+            upto = max(int(getattr(txs, "end", 0) or 0), txs[-1].lsn if txs else 0)
             if not txs:
+                self._advance(upto)
                 result.acked = self._ack()
                 return
-            unit, upto, first = rec.seq + 1, txs[-1].lsn, max([rec.inputs.get("changes", 0)] + [t.rec.inputs.get("changes", 0) for t in self.tables.values()]) + 1
+            unit = rec.seq + 1
+            first = max([rec.inputs.get("changes", 0)] + [t.rec.inputs.get("changes", 0) for t in self.tables.values()]) + 1
             rows = sum(t.rows for t in txs)
             rec = store.plan(key, self.owner, last=rec.last, next=Position(ZERO_TS, unit), seq=unit, source_version=upto,
                              inputs_next={"changes": first + rows - 1})
+            faults.crashpoint("cdc-planned")
         result.unit, result.transactions = unit, len(txs)
-        per_table = self._split(txs)
         seq_of = {id(n.change): n for n in number(txs, first)}
         lease.check()
         from platform_assets import cdc_ddl
 
-        for source_table, segments in per_table.items():
+        for source_table, segments in self._split(txs).items():
             t = self.tables.get(source_table)
             for seg in segments:
                 if isinstance(seg, tuple):
                     t = cdc_ddl.apply(self, t, seg[0], seg[1].lsn, result)
-                    if t is None or not t.active:
-                        break
+                    if t is None or not t.active or t.applied is None:
+                        break  # paused, dropped, or new: copied by the next unit's snapshot
                     continue
                 if t is None:
                     t = self._table(self.source.tables()[source_table])
                 cdc_apply.ensure_replica(self.engine.spark, t.path, t.layout)
                 self._apply(t, unit, [seq_of[id(c)] for c, _tx in seg], seg[-1][1], result)
-        if rec.pending:
-            store.commit(key, self.owner, seq=unit, last=rec.last, next=rec.next or rec.last, rows=result.changes,
-                         note=f"unit {unit}: {len(txs)} transactions up to {format_lsn(upto)}")
-        for t in self.tables.values():  # tables without changes up to upto: nothing to land, they are there
+        store.commit(key, self.owner, seq=unit, last=rec.last, next=rec.next or rec.last, rows=result.changes,
+                     note=f"unit {unit}: {len(txs)} transactions up to {format_lsn(upto)}")
+        self._advance(upto)
+        faults.crashpoint("cdc-committed")
+        result.acked = self._ack()
+        result.reason = f"unit {unit}: {len(txs)} transactions, {result.changes} changes up to {format_lsn(upto)}"
+
+    def _advance(self, upto: int) -> None:
+        """Replicas with nothing more up to ``upto`` are there: their records move without a write."""
+        store = self.engine.store
+        for t in self.tables.values():
             if t.active and t.applied is not None and t.applied < upto and not t.rec.pending:
                 t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(upto), seq=t.rec.seq + 1,
                                    source_version=None)
                 t.rec = store.commit(t.replica, self.owner, seq=t.rec.seq, last=t.rec.last, next=lsn_position(upto), rows=0,
                                      state=REPLICATING, note="no changes")
-        faults.crashpoint("cdc-committed")
-        result.acked = self._ack()
-        result.reason = f"unit {unit}: {len(txs)} transactions, {result.changes} changes up to {format_lsn(upto)}"
 
     def _split(self, txs: list[Transaction]) -> dict[str, list[Any]]:
         """Per source table, in order: runs of ``(RowChange, Transaction)`` separated by its DDL changes."""
@@ -362,7 +373,8 @@ class ReplicatorUnit:
             strategy=strategy, detail=f"replicator {self.spec.name}, source table {t.source}", changes=dict(counts)))
 
     def _ack(self) -> int | None:
-        """Acknowledge the source up to the lowest position every kept replica applied."""
+        """Acknowledge the source up to the lowest position every kept replica (paused ones too)
+        applied; nothing while a replica waits for its first copy."""
         held = [t.applied for t in self.tables.values() if t.applied is not None and state_word(t.rec) != DROPPED]
         if not held or any(t.applied is None and t.active for t in self.tables.values()):
             return None

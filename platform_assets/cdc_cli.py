@@ -104,8 +104,9 @@ def _slot_line(rep: Replicator) -> str:
             src.close()
     except Exception as exc:  # noqa: BLE001 - status shows what it could not read
         return f"slot: cannot read ({str(exc).splitlines()[0]})"
-    return (f"slot {rep.spec.slot}: confirmed {format_lsn(pos.confirmed_flush_lsn)}, WAL at {format_lsn(pos.current_lsn)}, "
-            f"{pos.pending_bytes:,} bytes pending")
+    return (f"slot {rep.spec.slot}: acknowledged {format_lsn(pos.confirmed_flush)}, WAL at {format_lsn(pos.current)}, "
+            f"{pos.behind_bytes:,} bytes behind, {pos.retained_bytes:,} bytes of WAL retained"
+            + (", a reader is connected" if pos.active else ""))
 
 
 def cmd_assess(args: argparse.Namespace) -> int:

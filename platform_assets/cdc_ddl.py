@@ -56,13 +56,16 @@ def apply(unit: ReplicatorUnit, t: Table | None, ddl: DdlChange, tx_lsn: int, re
     store, owner, spark = unit.engine.store, unit.owner, unit.engine.spark
     if ddl.kind is DdlKind.CREATE and ddl.schema is not None and (t is None or t.applied is None):
         t = unit._table(ddl.schema)
+        counts = result.tables.setdefault(t.replica, {})
+        counts["ddl"] = counts.get("ddl", 0) + 1
+        if unit.source.snapshots:  # rows of a CREATE TABLE AS or a rename into the selection were never streamed:
+            return t  # the next unit copies the table from a snapshot (stream changes up to it are skipped)
         cdc_apply.ensure_replica(spark, t.path, t.layout)
         start = lsn_position(tx_lsn - 1)
         if t.rec.last < start:
             t.rec = store.plan(t.replica, owner, last=t.rec.last, next=start, seq=t.rec.seq + 1, source_version=None)
             t.rec = store.commit(t.replica, owner, seq=t.rec.seq, last=t.rec.last, next=start, rows=0, state="replicating",
                                  note=f"created in the source at {format_lsn(tx_lsn)}: {ddl.statement[:200]}")
-        result.tables.setdefault(t.replica, {})["ddl"] = result.tables.get(t.replica, {}).get("ddl", 0) + 1
         return t
     if t is None:
         return None

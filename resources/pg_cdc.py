@@ -132,6 +132,8 @@ class PostgresSource:
     schema means ``public``). ``idle_timeout``: how long :meth:`read` waits for the server when it
     sends nothing at all (it never waits for new traffic: it stops at the WAL end of the call)."""
 
+    snapshots = True  # new replicas are copied from a consistent snapshot, then follow the slot
+
     def __init__(self, dsn: str, *, name: str, tables: Sequence[str], exclude: Sequence[str] = (),
                  idle_timeout: float = 10.0) -> None:
         pg_setup.check_name(name)
@@ -144,6 +146,9 @@ class PostgresSource:
         self.idle_timeout = idle_timeout
         info = conninfo_to_dict(dsn)
         self.where = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+    def close(self) -> None:
+        """Nothing held between calls: every call opens and closes its own connections."""
 
     # ------------------------------------------------------------------ connections
 
