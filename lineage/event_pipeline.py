@@ -9,13 +9,14 @@ Nothing here reads files or tables: the geo database is passed in as a lookup fu
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from jinja2 import StrictUndefined, TemplateSyntaxError
+from jinja2 import StrictUndefined, TemplateSyntaxError, meta
 from jinja2.sandbox import SandboxedEnvironment
 
 from lineage.event_types import CoercionError, SqlType, coerce, implicit_type, promote
@@ -29,6 +30,10 @@ _SPECIAL = re.compile(r"[^a-z0-9_]")
 _ENV = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
 
 GeoLookup = Callable[[str], dict[str, Any] | None]
+_MISSING = object()
+#: the Python type a column of each type stores as it is (no conversion needed)
+_NATIVE = {SqlType.STRING: str, SqlType.DOUBLE: float, SqlType.BOOLEAN: bool, SqlType.BIGINT: int}
+_FAST_TYPES = {str: SqlType.STRING, float: SqlType.DOUBLE, bool: SqlType.BOOLEAN}
 
 
 class EventFailure(Exception):  # noqa: N818 - an outcome of one event, not a failure of Tidemark
@@ -122,9 +127,14 @@ class Destination:
     template: Any = None
     explicit: dict[str, SqlType] = field(default_factory=dict)
     kept: set[str] = field(default_factory=set)  # columns named by rules (keep_unmapped: false keeps only these)
+    _names: tuple[str, ...] = ()
+    _cache: dict[tuple[Any, ...], str | None | EventFailure] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.template = compile_template(self.spec.table_name_template)
+        # the template's result depends only on the top-level fields it names: render once per
+        # distinct tuple of their (scalar) values
+        self._names = tuple(sorted(meta.find_undeclared_variables(_ENV.parse(self.spec.table_name_template))))
         self.explicit = dict(IMPLICIT_CASTS)
         for r in self.spec.mappings.rules:
             col = path_column(r.dst or r.src or "")
@@ -140,6 +150,22 @@ class Destination:
     def table_name(self, event: dict[str, Any]) -> str | None:
         """The table (``schema.name``) of ``event``, ``None`` to skip it; :class:`EventFailure`
         when the template fails or gives no usable name."""
+        key = tuple(event.get(n, _MISSING) for n in self._names)
+        if all(v is _MISSING or v is None or isinstance(v, str | int | float) for v in key):
+            hit = self._cache.get(key, _MISSING)
+            if hit is _MISSING:
+                try:
+                    hit = self._table_name(event)
+                except EventFailure as exc:
+                    hit = exc
+                if len(self._cache) < 100_000:
+                    self._cache[key] = hit  # type: ignore[assignment]
+            if isinstance(hit, EventFailure):
+                raise EventFailure(str(hit))
+            return hit  # type: ignore[return-value]
+        return self._table_name(event)
+
+    def _table_name(self, event: dict[str, Any]) -> str | None:
         try:
             raw = self.template.render(event)
         except Exception as exc:  # noqa: BLE001 - any template error is this event's failure
@@ -247,7 +273,7 @@ class BatchHeader:
     def add(self, row: dict[str, Any], explicit: dict[str, SqlType]) -> None:
         fields = self.fields
         for k, v in row.items():
-            t = explicit.get(k)
+            t = explicit.get(k) or _FAST_TYPES.get(type(v))
             if t is None:
                 t = implicit_type(v)
                 if t is None:
@@ -307,6 +333,10 @@ def type_batch(header: BatchHeader, rows: list[tuple[int, dict[str, Any]]], tabl
             ct = targets.get(k)
             if ct is None or v is None:
                 continue  # a null-only field: no column
+            if type(v) is _NATIVE.get(ct.type) and ct.int_bits == 64 and (  # type: ignore[arg-type]
+                    type(v) is not int or -(2**63) <= v < 2**63):
+                values[k] = v  # already what the column stores
+                continue
             try:
                 if ct.type is None:
                     raise CoercionError("the column's type is not one the intake writes")
@@ -319,7 +349,8 @@ def type_batch(header: BatchHeader, rows: list[tuple[int, dict[str, Any]]], tabl
         lines.append(line)
         for n, col in cols.items():
             col.append(values.get(n))
-        unmapped_col.append(orjson.dumps(bad, option=orjson.OPT_SORT_KEYS).decode() if bad else None)
+        # stdlib json: rare, and it also writes integers beyond 64 bits
+        unmapped_col.append(json.dumps(bad, sort_keys=True, separators=(",", ":"), default=str) if bad else None)
         out.unmapped_values += len(bad)
     out.columns = {n: (targets[n], c) for n, c in cols.items()}
     if out.unmapped_values or UNMAPPED in table:

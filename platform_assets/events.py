@@ -117,6 +117,7 @@ class UnitResult:
     failed: int = 0
     skipped: int = 0
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)  # "<dest>:<table>" -> status entry
+    failed_by_dest: dict[str, int] = field(default_factory=dict)
 
 
 class EventProcessor:
@@ -220,7 +221,9 @@ class EventProcessor:
             store.write_json_atomic(status_file, status)
         # 3. log (idempotent per pair and version), then the caller acknowledges the unit
         for dest, dstat in status["destinations"].items():
-            result.failed += (dstat.get("failed") or {}).get("count", 0) or 0
+            n_failed = (dstat.get("failed") or {}).get("count", 0) or 0
+            result.failed += n_failed
+            result.failed_by_dest[dest] = n_failed
             for table, entry in dstat["tables"].items():
                 result.written += entry.get("rows") or 0
                 result.tables[f"{dest}:{table}"] = entry

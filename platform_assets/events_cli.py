@@ -157,6 +157,12 @@ def cmd_events(args: argparse.Namespace) -> int:
                             + (f", +{len(e['columns_added'])} columns" if e.get("columns_added") else "")
                             + (f", {e['unmapped_values']} unmapped values" if e.get("unmapped_values") else "")
                             for k, e in r.tables.items()))
+            for spec in intake.spec.destinations:
+                n = r.failed_by_dest.get(spec.id, 0)
+                if n and r.events_in and n / r.events_in > spec.failed_share_threshold:
+                    print(f"  warning: {n} of {r.events_in} events failed for destination {spec.id} (over its "
+                          f"failed_share_threshold {spec.failed_share_threshold:.0%}); see `tidemark events status`, "
+                          "fix the config, then `tidemark events replay`", file=sys.stderr)
         print(f"{len(results)} file(s) processed")
         return 0
     if args.action == "status":

@@ -170,3 +170,20 @@ destinations:
                  .replace("rename", "remove").replace("unmaped", "unmapped"))
     with pytest.raises(IntakeConfigError, match=rf"{p}:5: field 'destinations.0.only_keys.1': unknown token id 'nope'"):
         load_intake(p, {}, secrets=False)
+
+
+def test_a_huge_integer_is_a_string_and_does_not_fit_a_bigint_column():
+    h = BatchHeader("t")
+    h.add({"n": 2**70}, {})
+    assert h.fields == {"n": S}
+    batch = type_batch(h, [(1, {"n": 2**70})], {"n": ColumnType(I)}, UnmappedPolicy.COLUMN)
+    assert batch.columns["n"][1] == [None] and batch.unmapped_values == 1
+
+
+def test_template_results_are_cached_per_field_values_and_failures_stay_failures():
+    d = dest(table_name_template="{{ 'e_' ~ event_type }}")
+    assert d.table_name({"event_type": "a", "x": 1}) == d.table_name({"event_type": "a", "x": 2}) == "stage.e_a"
+    for _ in range(2):
+        with pytest.raises(EventFailure, match="undefined"):
+            d.table_name({"x": 1})
+    assert d.table_name({"event_type": ["list"]}) == "stage.e___list__"  # unhashable: rendered each time
