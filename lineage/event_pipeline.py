@@ -322,36 +322,49 @@ def type_batch(header: BatchHeader, rows: list[tuple[int, dict[str, Any]]], tabl
         else:
             targets[name] = ColumnType(t)
             added.append(name)
-    cols: dict[str, list[Any]] = {n: [] for n in targets}
-    unmapped_col: list[Any] = []
-    lines: list[int] = []
-    out = TypedBatch({}, lines, added)
-    for line, row in rows:
-        values: dict[str, Any] = {}
-        bad: dict[str, Any] = {}
+    n = len(rows)
+    cols: dict[str, list[Any]] = {name: [None] * n for name in targets}
+    # the Python type a column stores as it comes (no conversion): the hot path
+    fast = {name: (_NATIVE.get(ct.type) if ct.type is not None and ct.int_bits == 64 else None)  # type: ignore[arg-type]
+            for name, ct in targets.items()}
+    unmapped_col: list[Any] = [None] * n
+    dropped: list[int] = []
+    out = TypedBatch({}, [], added)
+    lo, hi = -(2**63), 2**63
+    for i, (line, row) in enumerate(rows):
+        bad: dict[str, Any] | None = None
         for k, v in row.items():
-            ct = targets.get(k)
-            if ct is None or v is None:
-                continue  # a null-only field: no column
-            if type(v) is _NATIVE.get(ct.type) and ct.int_bits == 64 and (  # type: ignore[arg-type]
-                    type(v) is not int or -(2**63) <= v < 2**63):
-                values[k] = v  # already what the column stores
+            if v is None:
                 continue
+            ft = fast.get(k, _MISSING)
+            if ft is _MISSING:
+                continue  # a null-only field: no column
+            if type(v) is ft and (ft is not int or lo <= v < hi):
+                cols[k][i] = v
+                continue
+            ct = targets[k]
             try:
                 if ct.type is None:
                     raise CoercionError("the column's type is not one the intake writes")
-                values[k] = coerce(v, ct.type, int_bits=ct.int_bits)
+                cols[k][i] = coerce(v, ct.type, int_bits=ct.int_bits)
             except CoercionError as exc:
+                bad = bad if bad is not None else {}
                 bad[k] = {"value": v, "reason": str(exc)}
-        if bad and policy is UnmappedPolicy.FAIL:
-            out.failed.append((line, "values fit no column: " + "; ".join(f"{k}: {b['reason']}" for k, b in bad.items())))
-            continue
-        lines.append(line)
-        for n, col in cols.items():
-            col.append(values.get(n))
-        # stdlib json: rare, and it also writes integers beyond 64 bits
-        unmapped_col.append(json.dumps(bad, sort_keys=True, separators=(",", ":"), default=str) if bad else None)
-        out.unmapped_values += len(bad)
+        if bad:
+            if policy is UnmappedPolicy.FAIL:
+                out.failed.append((line, "values fit no column: " + "; ".join(f"{k}: {b['reason']}" for k, b in bad.items())))
+                dropped.append(i)
+                continue
+            # stdlib json: rare, and it also writes integers beyond 64 bits
+            unmapped_col[i] = json.dumps(bad, sort_keys=True, separators=(",", ":"), default=str)
+            out.unmapped_values += len(bad)
+    out.lines = [line for line, _ in rows]
+    if dropped:
+        gone = set(dropped)
+        keep = [i for i in range(n) if i not in gone]
+        cols = {name: [c[i] for i in keep] for name, c in cols.items()}
+        unmapped_col = [unmapped_col[i] for i in keep]
+        out.lines = [out.lines[i] for i in keep]
     out.columns = {n: (targets[n], c) for n, c in cols.items()}
     if out.unmapped_values or UNMAPPED in table:
         out.columns[UNMAPPED] = (ColumnType(SqlType.STRING), unmapped_col)
