@@ -130,7 +130,7 @@ class TokenSpec(_Strict):
 
 
 class IntakeSpec(_Strict):
-    """The whole intake file. ``destinations`` is kept as written for the later pipeline steps."""
+    """The whole intake file: the collector, its tokens and the destinations of the event processor."""
 
     collector: CollectorSpec = Field(default_factory=lambda: CollectorSpec.model_validate({}))
     tokens: list[TokenSpec] = Field(min_length=1, description="at least one token")
