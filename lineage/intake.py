@@ -16,7 +16,7 @@ a YAML file and validated before the server starts.
       - id: web                # goes into every event as api_key; never the secret
         kind: browser          # browser: POST /api/v1/event; server: POST /api/v1/s2s/event
         secret_env: TIDEMARK_TOKEN_WEB   # the secret comes from this environment variable
-    destinations: []           # issue 11 part 4; accepted and kept, not used by the collector
+    destinations: []           # where events go: see lineage/intake_destinations.py
 
 The file is ``--config PATH``, else ``$TIDEMARK_INTAKE``, else the repo's ``demo/intake.yaml``.
 Every problem is reported at once as ``file:line: field 'x': what is wrong``. Secrets are read
@@ -39,6 +39,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lineage.errors import ConfigError
+from lineage.intake_destinations import (
+    DestinationSpec,
+    LookupsSpec,
+    MappingRule,
+    MappingsSpec,
+    check_destinations,
+)
 from lineage.loader import _field_line, _LineLoader, _strip_lines, _yaml_problem
 
 DEFAULT_INTAKE = Path(__file__).resolve().parents[1] / "demo" / "intake.yaml"
@@ -123,11 +130,11 @@ class TokenSpec(_Strict):
 
 
 class IntakeSpec(_Strict):
-    """The whole intake file. ``destinations`` is kept as written for the later pipeline steps."""
+    """The whole intake file: the collector, its tokens and the destinations of the event processor."""
 
     collector: CollectorSpec = Field(default_factory=lambda: CollectorSpec.model_validate({}))
     tokens: list[TokenSpec] = Field(min_length=1, description="at least one token")
-    destinations: list[dict[str, Any]] = Field(default_factory=list, description="issue 11 part 4 (not used yet)")
+    destinations: list[DestinationSpec] = Field(default_factory=list, description="where events go (tidemark events process)")
 
     @model_validator(mode="after")
     def _unique_ids(self) -> IntakeSpec:
@@ -137,6 +144,13 @@ class IntakeSpec(_Strict):
                 raise ValueError(f"token id {t.id!r} is used twice; ids must be unique")
             seen.add(t.id)
         return self
+
+    def destination(self, dest_id: str) -> DestinationSpec:
+        for d in self.destinations:
+            if d.id == dest_id:
+                return d
+        raise IntakeConfigError(f"unknown destination {dest_id!r} (configured: "
+                                f"{', '.join(d.id for d in self.destinations) or 'none'})")
 
 
 @dataclass(frozen=True)
@@ -177,9 +191,10 @@ def intake_path(arg: str | Path | None, env: Mapping[str, str] | None = None) ->
     return Path(arg or env.get("TIDEMARK_INTAKE") or DEFAULT_INTAKE).absolute()
 
 
-def load_intake(path: str | Path, env: Mapping[str, str] | None = None) -> Intake:
+def load_intake(path: str | Path, env: Mapping[str, str] | None = None, *, secrets: bool = True) -> Intake:
     """Read and validate the intake file at ``path`` and the token secrets from ``env``; raise
-    :class:`IntakeConfigError` listing every problem."""
+    :class:`IntakeConfigError` listing every problem. ``secrets=False`` (the event processor):
+    the secrets are not needed, not read, and ``Intake.tokens`` is empty."""
     env = os.environ if env is None else env
     file = Path(path)
     try:
@@ -197,7 +212,9 @@ def load_intake(path: str | Path, env: Mapping[str, str] | None = None) -> Intak
     except ValidationError as exc:
         raise IntakeConfigError(_problems(exc, file, doc)) from exc
     problems, tokens = [], []
-    for i, t in enumerate(spec.tokens):
+    for loc, msg in check_destinations(spec.destinations, {t.id for t in spec.tokens}):
+        problems.append(f"{file}:{_field_line(doc, loc)}: field '{'.'.join(str(p) for p in loc)}': {msg}")
+    for i, t in enumerate(spec.tokens if secrets else []):
         secret = env.get(t.secret_env, "")
         if not secret:
             line = _field_line(doc, ("tokens", i, "secret_env"))
@@ -221,10 +238,19 @@ def _problems(exc: ValidationError, file: Path, doc: dict[str, Any]) -> list[str
         field = ".".join(str(p) for p in loc)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            models: dict[str, type[BaseModel]] = {"collector": CollectorSpec, "tokens": TokenSpec}
-            parent = models.get(str(loc[0]), IntakeSpec) if len(loc) > 1 else IntakeSpec
+            parent = _model_at(loc[:-1])
             msg = "unknown field (check the spelling; allowed: " + ", ".join(parent.model_fields) + ")"
         elif err["type"] == "missing":
             msg = "is required"
         out.append((line or 0, f"{file}:{line}" + (f": field '{field}'" if field else "") + f": {msg}"))
     return [text for _, text in sorted(out, key=lambda p: p[0])]  # in file order
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
+    """The model of the mapping at ``loc`` (for the list of allowed fields)."""
+    models: dict[tuple[str, ...], type[BaseModel]] = {
+        (): IntakeSpec, ("collector",): CollectorSpec, ("tokens",): TokenSpec, ("destinations",): DestinationSpec,
+        ("destinations", "mappings"): MappingsSpec, ("destinations", "lookups"): LookupsSpec,
+        ("destinations", "mappings", "rules"): MappingRule,
+    }
+    return models.get(tuple(str(p) for p in loc if not isinstance(p, int)), IntakeSpec)

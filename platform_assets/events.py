@@ -1,0 +1,287 @@
+"""The batch event processor (issue 11, seed 002 "Batch processing"): ready incoming files, in
+order, into the destinations' Delta stage tables, each (file, destination, table) exactly once.
+
+A file is one unit of the commit protocol (DESIGN.md):
+
+1. *plan*: its ordinal (row ids are ``ordinal << 32 | line``) and, for every (destination,
+   table) pair and every destination's failed events, a Delta transaction version
+   (``tidemark-intake:<dest>:<table>`` / ``tidemark-intake-failed:<dest>``, the table's last
+   version + 1), are stored in ``<file>.status`` before anything is written;
+2. *land*: failed events first (the ``failed.dst=<id>.log`` file, then ``etl.failed_events``),
+   then each pair in one Delta commit carrying its transaction and userMetadata (file, lines);
+3. *reconcile*: on a retry a planned pair whose transaction the table holds is done, whatever
+   the status file says; a lost status file is covered by the commits' userMetadata;
+4. *log*: per pair statistics to ``etl.log`` (processor ``events``), then the file is archived.
+
+``pos`` is the receive time (``_timestamp``) raised to the running maximum of the table, so
+``(pos, id)`` only grows in commit order: a step topic over a stage table never sees a late row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from lineage.event_pipeline import (
+    BatchHeader,
+    Destination,
+    EventFailure,
+    GeoLookup,
+    lookup_enrichment,
+    route,
+    type_batch,
+)
+from lineage.event_types import parse_timestamp
+from lineage.intake_destinations import DestinationSpec
+from platform_assets.faults import crashpoint
+from resources import event_store as store
+from resources.incoming_log import ReadStats, ReadyFile, read_events
+from resources.meta_tables import LogEntry, write_etl_log
+from resources.settings import Settings
+
+
+def stage_app_id(dest: str, table: str) -> str:
+    return f"tidemark-intake:{dest}:{table}"
+
+
+@dataclass
+class Pair:
+    """The events of one unit for one (destination, table)."""
+
+    dest: Destination
+    table: str
+    header: BatchHeader
+    rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    received: list[dt.datetime | None] = field(default_factory=list)
+
+
+@dataclass
+class Prepared:
+    pairs: dict[tuple[str, str], Pair] = field(default_factory=dict)
+    failures: dict[str, list[tuple[int, str | None, str]]] = field(default_factory=dict)  # dest -> (line, table, error)
+    events_in: int = 0
+    skipped: int = 0
+
+
+def _received(event: dict[str, Any]) -> dt.datetime | None:
+    ts = event.get("_timestamp")
+    if isinstance(ts, str):
+        try:
+            return parse_timestamp(ts)
+        except ValueError:
+            return None
+    return None
+
+
+def prepare(events: Iterable[tuple[int, dict[str, Any]]], destinations: list[Destination],
+            geo: dict[str, GeoLookup]) -> Prepared:
+    """Multiplex, name, enrich and map every event: rows grouped by (destination, table) with
+    their BatchHeader, and the events that failed (a template error)."""
+    out = Prepared()
+    for line, event in events:
+        out.events_in += 1
+        targets = route(event, destinations)
+        received = _received(event)
+        for i, d in enumerate(targets):
+            ev = event if i == len(targets) - 1 else orjson.loads(orjson.dumps(event))  # steps change it in place
+            try:
+                table = d.table_name(ev)
+            except EventFailure as exc:
+                out.failures.setdefault(d.id, []).append((line, None, str(exc)))
+                continue
+            if table is None:
+                out.skipped += 1
+                continue
+            lookup_enrichment(ev, user_agent=d.spec.lookups.user_agent, geo=geo.get(d.id))
+            row = d.map_event(ev)
+            pair = out.pairs.get((d.id, table))
+            if pair is None:
+                pair = out.pairs[(d.id, table)] = Pair(d, table, BatchHeader(table))
+            pair.header.add(row, d.explicit)
+            pair.rows.append((line, row))
+            pair.received.append(received)
+    return out
+
+
+@dataclass
+class UnitResult:
+    unit: str
+    events_in: int = 0
+    written: int = 0
+    failed: int = 0
+    skipped: int = 0
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)  # "<dest>:<table>" -> status entry
+    failed_by_dest: dict[str, int] = field(default_factory=dict)
+
+
+class EventProcessor:
+    """Runs units (incoming files, replays) of one intake config against one warehouse."""
+
+    def __init__(self, settings: Settings, destinations: list[DestinationSpec]) -> None:
+        from lineage.event_pipeline import build_destinations
+
+        self.settings = settings
+        self.events_dir = settings.events_dir()
+        self.destinations = build_destinations(destinations)
+        self.geo: dict[str, GeoLookup] = {}
+        for d in self.destinations:
+            if d.spec.lookups.geo_db:
+                self.geo[d.id] = store.open_geo(d.spec.lookups.geo_db)
+
+    # -- one unit ---------------------------------------------------------------------------
+    def run_unit(self, unit: str, status_file: Path, events: Callable[[], Iterable[tuple[int, dict[str, Any]]]],
+                 originals: Callable[[set[int]], dict[int, dict[str, Any]]], *,
+                 failure_ids: Callable[[int, str], str], replace: dict[str, list[str]] | None = None) -> UnitResult:
+        """Plan, land and log one unit (see the module docstring). ``replace``: per destination,
+        the failure ids this unit takes out of ``etl.failed_events`` (a replay)."""
+        started = time.monotonic()
+        status = store.read_json(status_file)
+        if status is None or "ordinal" not in status:
+            status = {"unit": unit, "ordinal": store.next_ordinal(self.events_dir), "destinations": {}}
+            store.write_json_atomic(status_file, status)
+        ordinal = int(status["ordinal"])
+        prepared = prepare(events(), self.destinations, self.geo)
+        result = UnitResult(unit, prepared.events_in, skipped=prepared.skipped)
+        failures = {d: list(f) for d, f in prepared.failures.items()}
+        typed: dict[tuple[str, str], Any] = {}
+        # 1. plan: every pair's transaction version, before anything is written
+        for key, pair in prepared.pairs.items():
+            dest, table = key
+            dstat = status["destinations"].setdefault(dest, {"tables": {}})
+            entry = dstat["tables"].get(table)
+            path = self.settings.table_path(table)
+            app = stage_app_id(dest, table)
+            st = store.table_state(path, app)
+            if entry is not None and (entry["state"] == "ok" or st.txn_version >= entry["version"]):
+                entry["state"] = "ok"  # landed before a crash: the Delta log is the truth
+                continue
+            if entry is None and st.txn_version and store.committed_unit(path, app, unit):
+                dstat["tables"][table] = {"version": st.txn_version, "state": "ok", "rows": None, "recovered": True}
+                continue
+            batch = type_batch(pair.header, pair.rows, st.columns, pair.dest.spec.unmapped)
+            failures.setdefault(dest, []).extend((line, table, why) for line, why in batch.failed)
+            written_lines = set(batch.lines)
+            pos, running = [], st.max_pos
+            for (line, _), rec in zip(pair.rows, pair.received, strict=True):
+                if line not in written_lines:
+                    continue
+                rec = rec or running or dt.datetime.now(dt.UTC)
+                running = rec if running is None or rec > running else running
+                pos.append(running)
+            typed[key] = (batch, pos)
+            dstat["tables"][table] = {
+                "version": entry["version"] if entry else st.txn_version + 1, "state": "planned",
+                "rows": len(batch.lines), "lines": [batch.lines[0], batch.lines[-1]] if batch.lines else None,
+                "columns_added": batch.added, "promotions": pair.header.promotions,
+                "unmapped_values": batch.unmapped_values, "failed": len(batch.failed),
+                "min_pos": pos[0].isoformat() if pos else None, "max_pos": pos[-1].isoformat() if pos else None,
+                "max_id": (ordinal << 32 | batch.lines[-1]) if batch.lines else None,
+            }
+        failed_path = self.settings.table_path(store.FAILED_EVENTS)
+        for dest in sorted(set(failures) | set(replace or {})):
+            dstat = status["destinations"].setdefault(dest, {"tables": {}})
+            if "failed" not in dstat:
+                flog = store.failed_log(self.events_dir, dest)
+                dstat["failed"] = {"version": store.failed_version(failed_path, dest) + 1, "state": "planned",
+                                   "offset": flog.stat().st_size if flog.exists() else 0, "count": len(failures.get(dest, []))}
+        store.write_json_atomic(status_file, status)
+        crashpoint("events_planned")
+        # 2. land: failed events first, so a retry that finds a pair landed never recomputes them
+        for dest, dstat in status["destinations"].items():
+            f = dstat.get("failed")
+            if not f or f["state"] == "ok":
+                continue
+            if store.failed_version(failed_path, dest) >= f["version"]:
+                f["state"] = "ok"
+                continue
+            rows = self._failure_rows(unit, dest, failures.get(dest, []), originals, failure_ids)
+            store.append_failed(store.failed_log(self.events_dir, dest), f["offset"],
+                                [orjson.dumps(_event_error(r)) + b"\n" for r in rows])
+            crashpoint("events_failed_file")
+            store.write_failed_events(failed_path, rows, dest, f["version"], unit,
+                                      replace_ids=(replace or {}).get(dest))
+            f["state"] = "ok"
+            store.write_json_atomic(status_file, status)
+            crashpoint("events_failed_written")
+        for (dest, table), (batch, pos) in typed.items():
+            entry = status["destinations"][dest]["tables"][table]
+            ids = [ordinal << 32 | line for line in batch.lines]
+            if batch.lines:
+                store.write_stage(self.settings.table_path(table), batch.columns, pos, ids, stage_app_id(dest, table),
+                                  entry["version"], {"unit": unit, "destination": dest, "table": table,
+                                                     "lines": entry["lines"], "rows": len(ids)})
+            crashpoint("events_written")
+            entry["state"] = "ok"
+            store.write_json_atomic(status_file, status)
+        # 3. log (idempotent per pair and version), then the caller acknowledges the unit
+        for dest, dstat in status["destinations"].items():
+            n_failed = (dstat.get("failed") or {}).get("count", 0) or 0
+            result.failed += n_failed
+            result.failed_by_dest[dest] = n_failed
+            for table, entry in dstat["tables"].items():
+                result.written += entry.get("rows") or 0
+                result.tables[f"{dest}:{table}"] = entry
+                self._log(dest, table, entry, unit, prepared, time.monotonic() - started)
+        crashpoint("events_logged")
+        return result
+
+    def _failure_rows(self, unit: str, dest: str, failures: list[tuple[int, str | None, str]],
+                      originals: Callable[[set[int]], dict[int, dict[str, Any]]],
+                      failure_ids: Callable[[int, str], str]) -> list[dict[str, Any]]:
+        events = originals({line for line, _, _ in failures})
+        now = dt.datetime.now(dt.UTC)
+        rows = []
+        for line, table, error in sorted(failures, key=lambda f: f[0]):
+            ev = events.get(line, {})
+            rows.append({"failure_id": failure_ids(line, dest), "destination": dest, "table": table, "error": error,
+                         "event": orjson.dumps(ev).decode(), "file": unit, "line": line, "failed_at": now,
+                         "received_at": _received(ev)})
+        return rows
+
+    def _log(self, dest: str, table: str, entry: dict[str, Any], unit: str, prepared: Prepared, seconds: float) -> None:
+        if entry.get("rows") is None:
+            return  # recovered from the Delta log alone: the statistics went with the lost status
+        ts = dt.datetime.now(dt.UTC)
+        pair = prepared.pairs.get((dest, table))
+        changes = {"events_in": len(pair.rows) if pair else 0, "written": entry["rows"], "failed": entry.get("failed", 0),
+                   "columns_added": len(entry.get("columns_added") or []), "promotions": entry.get("promotions", 0),
+                   "unmapped_values": entry.get("unmapped_values", 0)}
+        lines = entry.get("lines") or [0, 0]
+        write_etl_log(self.settings, LogEntry(
+            topic=f"events:{dest}:{table}", ts=ts, rows=entry["rows"], max_id=entry.get("max_id"),
+            min_ts=_ts(entry.get("min_pos")), max_ts=_ts(entry.get("max_pos")), nulls={}, run_id=unit,
+            processor="events", seq=entry["version"], last=f"{unit}:{lines[0]}", next=f"{unit}:{lines[1]}",
+            base_rows=changes["events_in"], bad_rows=changes["failed"] + changes["unmapped_values"],
+            delta_version=None, duration_s=seconds, detail=",".join(entry.get("columns_added") or []) or None,
+            changes=changes))
+
+    # -- files ------------------------------------------------------------------------------
+    def process_file(self, rf: ReadyFile) -> UnitResult:
+        stats = ReadStats()
+
+        def originals(lines: set[int]) -> dict[int, dict[str, Any]]:
+            return {n: ev for n, ev in read_events(rf.path) if n in lines} if lines else {}
+
+        name = rf.path.name
+        result = self.run_unit(name, store.status_path(rf.path), lambda: read_events(rf.path, stats), originals,
+                               failure_ids=lambda line, dest: f"{name}:{line}:{dest}")
+        store.archive_file(self.events_dir, rf.path, rf.start.date())
+        crashpoint("events_archived")
+        return result
+
+
+def _ts(value: str | None) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(value) if value else None
+
+
+def _event_error(row: dict[str, Any]) -> dict[str, Any]:
+    """A failed-events file line: the seed's EventError (original event + error) and where it failed."""
+    return {"event": orjson.loads(row["event"]), "error": row["error"], "destination": row["destination"],
+            "table": row["table"], "failure_id": row["failure_id"], "file": row["file"], "line": row["line"],
+            "failed_at": row["failed_at"].isoformat()}

@@ -1,0 +1,290 @@
+"""The event processor's files and Delta tables (seed 002, "Directory structure"):
+
+| path under ``$TIDEMARK_HOME/events/`` | what |
+|---|---|
+| ``incoming/ready/<file>.log.status`` | DestinationStatus of a file being processed (JSON, written atomically) |
+| ``archive/yyyy-mm-dd/<file>.log.gz`` | processed files (the day of the file's first event) |
+| ``failed/failed.dst=<id>.log`` | EventError JSON lines: ``{event, error, destination, table, file, line, failed_at}`` |
+| ``failed/replay.dst=<id>.json`` | the plan of a replay under way |
+| ``processor.json`` | the last file ordinal given out (row ids) |
+| ``.processor.lock`` | held (flock) by the running processor |
+
+Delta: stage tables (appended with ``deltalake``, schema merged, a Delta transaction per unit)
+and ``etl.failed_events``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import gzip
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from lineage.errors import TidemarkError
+from lineage.event_pipeline import ColumnType
+from lineage.event_types import SqlType
+from resources.delta_meta import open_table
+from resources.storage import storage_options
+
+FAILED_EVENTS = "etl.failed_events"
+_TS = pa.timestamp("us", tz="UTC")
+FAILED_SCHEMA = pa.schema([
+    ("failure_id", pa.string()),  # <file>:<line>:<destination>, or the replayed failure's id
+    ("destination", pa.string()), ("table", pa.string()), ("error", pa.string()),
+    ("event", pa.string()),  # the original event (after ContextEnrichment), JSON
+    ("file", pa.string()), ("line", pa.int64()), ("failed_at", _TS), ("received_at", _TS),
+])
+_DELTA_TYPES: dict[str, ColumnType] = {
+    "long": ColumnType(SqlType.BIGINT), "integer": ColumnType(SqlType.BIGINT, 32),
+    "short": ColumnType(SqlType.BIGINT, 16), "byte": ColumnType(SqlType.BIGINT, 8),
+    "double": ColumnType(SqlType.DOUBLE), "float": ColumnType(SqlType.DOUBLE, 32),
+    "boolean": ColumnType(SqlType.BOOLEAN), "string": ColumnType(SqlType.STRING),
+    "timestamp": ColumnType(SqlType.TIMESTAMP),
+}
+
+
+class ProcessorLockedError(TidemarkError):
+    """Another ``tidemark events process|replay`` runs on the same events folder."""
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    """Write ``value`` to ``path`` so that a crash leaves the old or the new content, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+
+
+class ProcessorLock:
+    """One processor per events folder (process and replay both take it)."""
+
+    def __init__(self, events_dir: Path) -> None:
+        self.path = events_dir / ".processor.lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> ProcessorLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ProcessorLockedError(f"another event processor (pid {holder}) works on {self.path.parent}; "
+                                       "wait for it or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def next_ordinal(events_dir: Path, at_least: int = 0) -> int:
+    """Give out the next file ordinal (the high 32 bits of row ids), durably, before it is used."""
+    path = events_dir / "processor.json"
+    state = read_json(path) or {}
+    n = max(int(state.get("last_ordinal", 0)), at_least) + 1
+    write_json_atomic(path, {**state, "last_ordinal": n})
+    return n
+
+
+def status_path(file: Path) -> Path:
+    return file.with_name(file.name + ".status")
+
+
+def failed_dir(events_dir: Path) -> Path:
+    return events_dir / "failed"
+
+
+def failed_log(events_dir: Path, dest: str) -> Path:
+    return failed_dir(events_dir) / f"failed.dst={dest}.log"
+
+
+def append_failed(path: Path, offset: int, lines: list[bytes]) -> int:
+    """Make ``path`` hold exactly its first ``offset`` bytes plus ``lines``, durably (a retry after
+    a crash mid-append truncates what the crashed attempt wrote); returns the new size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab+") as f:
+        f.truncate(offset)
+        f.seek(offset)
+        for line in lines:
+            f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+        return f.tell()
+
+
+def archive_file(events_dir: Path, file: Path, day: dt.date) -> Path:
+    """Gzip ``file`` into ``archive/<day>/`` (durably), then remove it and its status file."""
+    folder = events_dir / "archive" / day.isoformat()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / (file.name + ".gz")
+    if file.exists():
+        tmp = target.with_name(target.name + ".tmp")
+        with open(file, "rb") as src, gzip.open(tmp, "wb", compresslevel=1) as dst:
+            shutil.copyfileobj(src, dst, 1024 * 1024)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        fsync_dir(folder)
+        file.unlink()
+    status_path(file).unlink(missing_ok=True)
+    fsync_dir(file.parent)
+    return target
+
+
+@dataclass(frozen=True)
+class TableState:
+    """What the processor needs from a stage table before writing to it."""
+
+    columns: dict[str, ColumnType]
+    txn_version: int  # of this writer's app id; 0 if none
+    max_pos: dt.datetime | None
+
+
+def table_state(path: str, app_id: str) -> TableState:
+    table = open_table(path)
+    if table is None:
+        return TableState({}, 0, None)
+    cols = {}
+    for f in table.schema().fields:
+        name = getattr(f.type, "type", None)
+        cols[f.name] = _DELTA_TYPES.get(str(name), ColumnType(None))
+    max_pos = None
+    if "pos" in cols:
+        actions = pa.table(table.get_add_actions(flatten=True))
+        if "max.pos" in actions.column_names and actions.num_rows:
+            values = [v for v in actions.column("max.pos").to_pylist() if v is not None]
+            max_pos = max(values) if values else None
+            if max_pos is not None and max_pos.tzinfo is None:
+                max_pos = max_pos.replace(tzinfo=dt.UTC)
+    return TableState(cols, table.transaction_version(app_id) or 0, max_pos)
+
+
+def committed_unit(path: str, app_id: str, unit: str, depth: int = 200) -> bool:
+    """Whether one of the newest ``depth`` commits of the table is ``unit`` of ``app_id`` (by its
+    userMetadata): the Delta log's word when a status file was lost."""
+    table = open_table(path)
+    if table is None:
+        return False
+    for commit in table.history(depth):
+        meta = commit.get("userMetadata")
+        if not meta:
+            continue
+        try:
+            m = orjson.loads(meta)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(m, dict) and m.get("app_id") == app_id and m.get("unit") == unit:
+            return True
+    return False
+
+
+def _arrow_type(ct: ColumnType) -> pa.DataType:
+    t = ct.type
+    if t is SqlType.BIGINT:
+        return {8: pa.int8(), 16: pa.int16(), 32: pa.int32()}.get(ct.int_bits, pa.int64())
+    if t is SqlType.DOUBLE:
+        return pa.float32() if ct.int_bits == 32 else pa.float64()
+    if t is SqlType.BOOLEAN:
+        return pa.bool_()
+    if t is SqlType.TIMESTAMP:
+        return _TS
+    return pa.string()
+
+
+def write_stage(path: str, columns: dict[str, tuple[ColumnType, list[Any]]], pos: list[dt.datetime],
+                ids: list[int], app_id: str, version: int, metadata: dict[str, Any]) -> None:
+    """Append one unit's rows (``pos``, ``id`` first) in one Delta commit that carries the
+    transaction ``(app_id, version)`` and ``metadata`` (with ``app_id``) as userMetadata; new
+    columns are added (schema merge)."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    arrays = [pa.array(pos, _TS), pa.array(ids, pa.int64())]
+    fields = [pa.field("pos", _TS), pa.field("id", pa.int64())]
+    for name, (ct, values) in columns.items():
+        at = _arrow_type(ct)
+        arrays.append(pa.array(values, at))
+        fields.append(pa.field(name, at))
+    data = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    meta = orjson.dumps({**metadata, "app_id": app_id, "version": version}, option=orjson.OPT_SORT_KEYS).decode()
+    write_deltalake(path, data, mode="append", schema_mode="merge", storage_options=storage_options(path),
+                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=version)],
+                                                       custom_metadata={"userMetadata": meta}))
+
+
+def failed_app_id(dest: str) -> str:
+    return f"tidemark-intake-failed:{dest}"
+
+
+def failed_version(path: str, dest: str) -> int:
+    table = open_table(path)
+    return (table.transaction_version(failed_app_id(dest)) or 0) if table is not None else 0
+
+
+def write_failed_events(path: str, rows: list[dict[str, Any]], dest: str, version: int, unit: str,
+                        replace_ids: list[str] | None = None) -> None:
+    """Append failed events (``replace_ids``: replace those rows in the same commit, for a
+    replay) in one commit carrying the transaction ``(tidemark-intake-failed:<dest>, version)``."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    data = pa.Table.from_pylist(rows, schema=FAILED_SCHEMA)
+    app_id = failed_app_id(dest)
+    props = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=version)],
+                             custom_metadata={"userMetadata": orjson.dumps({"app_id": app_id, "unit": unit}).decode()})
+    opts = storage_options(path)
+    if replace_ids is not None and open_table(path) is not None:
+        ids = ", ".join("'" + i.replace("'", "''") + "'" for i in replace_ids) or "''"
+        write_deltalake(path, data, mode="overwrite", predicate=f"failure_id IN ({ids})", storage_options=opts,
+                        commit_properties=props)
+    else:
+        write_deltalake(path, data, mode="append", storage_options=opts, commit_properties=props)
+
+
+def read_failed_events(path: str, dest: str | None = None) -> list[dict[str, Any]]:
+    table = open_table(path)
+    if table is None:
+        return []
+    rows = table.to_pyarrow_table().to_pylist()
+    return [r for r in rows if dest is None or r["destination"] == dest]
+
+
+def open_geo(path: str) -> Any:
+    """``ip -> record`` of a MaxMind-format database (GeoLite2/GeoIP2 City or Country, or any .mmdb)."""
+    import maxminddb
+
+    try:
+        reader = maxminddb.open_database(path)
+    except (OSError, ValueError) as exc:
+        raise TidemarkError(f"lookups.geo_db {path!r}: cannot open the MaxMind database ({exc}); "
+                            "give the path of a .mmdb file or remove geo_db") from exc
+    return reader.get
