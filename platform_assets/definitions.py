@@ -167,9 +167,13 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
             ] or None,
         )(_step_compute(lineage, table) if step else _merge_compute(lineage, table, topics[0]) if merge
           else _reload_compute(topics[0])))
+    from platform_assets.cdc_assets import build_cdc
+
+    cdc_assets, cdc_jobs, cdc_sensors = build_cdc(settings, lineage)
     return dg.Definitions(
-        assets=[*sources, *assets],
-        sensors=[build_planner_sensor(settings, lineage), build_alert_sensor()],
+        assets=[*sources, *assets, *cdc_assets],
+        jobs=cdc_jobs,
+        sensors=[build_planner_sensor(settings, lineage), build_alert_sensor(), *cdc_sensors],
         resources={
             RESOURCE_KEY: AlertNotifierResource(log_path=str(settings.home / "alerts.log")),
             IO_MANAGER_KEY: OffsetIOManager(home=str(settings.home), warehouse=settings.warehouse,

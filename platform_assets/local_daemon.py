@@ -60,11 +60,12 @@ def apply_partition_requests(instance: dg.DagsterInstance, requests: Any) -> Non
 
 def run_until_idle(defs: dg.Definitions, instance: dg.DagsterInstance, *, max_runs: int = 10_000,
                    on_run: Callable[[RunSummary], None] | None = None,
-                   log_level: str = "INFO") -> tuple[list[RunSummary], str]:
+                   log_level: str = "INFO", sensor_name: str = PLANNER) -> tuple[list[RunSummary], str]:
     """Tick the planner sensor and execute what it requests until it requests nothing or a run
     fails. Returns the runs and the last tick's skip reason (why the topics wait).
-    ``log_level``: the runs' console log level (their full logs are in the instance anyway)."""
-    sensor = defs.resolve_sensor_def(PLANNER)
+    ``log_level``: the runs' console log level (their full logs are in the instance anyway).
+    ``sensor_name``: the sensor to tick (default the planner; ``tidemark_cdc`` for replicators)."""
+    sensor = defs.resolve_sensor_def(sensor_name)
     run_config = {"loggers": {"console": {"config": {"log_level": log_level}}}}
     runs: list[RunSummary] = []
     cursor: str | None = None  # carried from tick to tick, as the daemon does

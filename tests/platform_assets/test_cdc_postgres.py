@@ -202,3 +202,31 @@ def test_sigkill_between_the_delta_commit_and_the_slot_ack(settings: Settings, t
     _equal(spark, s, pg, "s4")
     slot = query(pg, "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'tidemark_s4'")[0][0]
     assert slot is not None  # acknowledged after the last commit
+
+
+def test_replicas_are_dagster_assets_run_by_the_slot_sensor_with_metadata_and_checks(spark, settings: Settings, tmp_path: Path,
+                                                                                       pg: str, dagster_storage) -> None:
+    import dagster as dg
+
+    from platform_assets.cdc_assets import pending
+    from platform_assets.definitions import build_definitions
+    from platform_assets.local_daemon import run_until_idle
+
+    sql(pg, "CREATE SCHEMA s5", "CREATE TABLE s5.t (id int PRIMARY KEY, v int)", "INSERT INTO s5.t VALUES (1, 1)")
+    s = setup(settings, tmp_path, pg, "s5")
+    run(spark, s, "s5")  # the first copy (its replica is then known to the code location)
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
+        defs = build_definitions(s)
+        assert defs.resolve_assets_def(dg.AssetKey(["r_s5", "s5__t"])) is not None
+        runs, why = run_until_idle(defs, instance, log_level="WARNING", sensor_name="tidemark_cdc")
+        assert runs == [] and "s5: caught up" in why, why
+        sql(pg, "INSERT INTO s5.t VALUES (2, 2)", "UPDATE s5.t SET v = 5 WHERE id = 1")
+        assert pending(s, load_lineage(s.lineage).replicators["s5"])[0]
+        runs, why = run_until_idle(defs, instance, log_level="WARNING", sensor_name="tidemark_cdc")
+        assert len(runs) == 1 and runs[0].success, runs
+        assert (runs[0].metadata["inserts"], runs[0].metadata["updates"]) == (1, 1)
+        assert runs[0].checks == {"state": True, "lag": True}
+        sql(pg, "ALTER TABLE s5.t ALTER COLUMN v TYPE text", "UPDATE s5.t SET v = 'x'")
+        runs, _ = run_until_idle(defs, instance, log_level="WARNING", sensor_name="tidemark_cdc")
+        assert runs and runs[0].checks["state"] is False  # paused: the alert sensor alerts on it
+    assert replica(spark, s, "r_s5.s5__t", "id,v") == [(1, 5), (2, 2)]
