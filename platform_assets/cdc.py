@@ -218,6 +218,8 @@ class ReplicatorUnit:
                 self._table(schema)
             result = CdcResult(self.spec.name, rec.seq, "caught up", paused=dict(self.paused))
             self._snapshots(result, lease)
+            if result.snapshots:
+                result.reason = f"copied {len(result.snapshots)} table(s) from a consistent snapshot"
             self._stream(rec, result, lease)
             result.duration_s = round(time.monotonic() - started, 3)
             self.engine.store.set_state(key, self.owner, REPLICATING)

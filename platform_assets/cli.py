@@ -362,7 +362,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"with a position ({check.stage_orders_valid}); {check.quarantined} fact.orders rows in etl.quarantine "
           f"-> {'OK, each row exactly once' if exact else 'MISMATCH'}")
     view_ok = _view_check(eng, "mart.daily_revenue")
-    exact = exact and view_ok
+    print("\n6. CDC: a PostgreSQL table replicated into the lakehouse (tidemark cdc):", flush=True)
+    from platform_assets import cdc_demo
+
+    exact = exact and view_ok and cdc_demo.run(eng)
     print(f"demo finished in {time.monotonic() - t0:.0f}s; see the runs in the UI: ./scripts/dev.sh (FEED=0 to only look); "
           "or try: tidemark lag | tidemark log | tidemark offsets show --history")
     return 0 if ok and exact else 1
