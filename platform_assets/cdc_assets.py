@@ -117,7 +117,7 @@ def build_cdc(settings: Settings, lineage: Lineage) -> tuple[list[Any], list[Any
         assets.append(dg.multi_asset(name=f"cdc_{rep.name}", specs=specs, check_specs=check_specs, can_subset=False,
                                      required_resource_keys={IO_MANAGER_KEY}, pool=f"tidemark/cdc/{rep.name}")(
             _compute(rep, keys)))
-        jobs.append(dg.define_asset_job(f"cdc_{rep.name}", selection=dg.AssetSelection.assets(*keys)))
+        jobs.append(dg.define_asset_job(f"tidemark__cdc__{rep.name}", selection=dg.AssetSelection.assets(*keys)))
     sensors = [build_cdc_sensor(settings, lineage, jobs)] if jobs else []
     return assets, jobs, sensors
 
@@ -157,7 +157,7 @@ def build_cdc_sensor(settings: Settings, lineage: Lineage, jobs: list[Any],
     def cdc_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         requests, notes = [], []
         for rep in lineage.replicators.values():
-            job = by_name.get(f"cdc_{rep.name}")
+            job = by_name.get(f"tidemark__cdc__{rep.name}")
             if job is None:
                 continue
             active = context.instance.get_runs(dg.RunsFilter(job_name=job.name, statuses=[

@@ -982,7 +982,8 @@ def test_demo_lineage_loads() -> None:
     assert set(lineage.sources) == {"stage.customers", "stage.orders", "stage.order_items"}
     assert_before(lineage, "fact.orders", "fact.order_items")
     assert_before(lineage, "fact.order_items", "mart.daily_revenue")
-    assert lineage.files == (DEMO / "shop.yaml",)
+    assert lineage.files == (DEMO / "crm.yaml", DEMO / "shop.yaml")
+    assert lineage.replicators["crm"].spec.replica("public.customers") == "crm.customers"
 
     dim = lineage.topic("dim.customers").spec
     assert dim.processor is Processor.RELOAD

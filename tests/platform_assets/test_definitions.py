@@ -27,7 +27,11 @@ def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {"stage/customers", "stage/orders", "stage/order_items", "dim/customers", "fact/orders",
-                    "fact/order_items", "mart/daily_revenue"}
+                    "fact/order_items", "mart/daily_revenue", "crm/customers"}
+    crm = dg.AssetKey(["crm", "customers"])  # a CDC replica, kept by the replicator crm
+    assert {k.name for k in graph.asset_check_keys if k.asset_key == crm} == {"state", "lag"}
+    assert "tidemark__cdc__crm" in {j.name for j in defs.get_repository_def().get_all_jobs()}
+    assert "tidemark_cdc" in {s.name for s in defs.sensors}
     items = graph.get(dg.AssetKey(["fact", "order_items"]))
     assert {p.to_user_string() for p in items.parent_keys} == {"stage/order_items", "fact/orders"}
     assert items.group_name == "fact" and items.pools == {"tidemark/fact.order_items"}
