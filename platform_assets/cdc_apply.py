@@ -108,9 +108,9 @@ def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
 
 def ensure_replica(spark: SparkSession, path: str, layout: Layout) -> bool:
     """Create the replica (empty, with its properties) when it does not exist; True if created."""
-    from delta.tables import DeltaTable
+    from resources.delta_meta import open_table
 
-    if DeltaTable.isDeltaTable(spark, path):
+    if open_table(path) is not None:  # JVM-free, and works over Spark Connect too
         return False
     cols = ", ".join(f"{quote(n)} {t}" for n, t in layout.columns())
     props = ", ".join(f"'{k}' = '{v}'" for k, v in REPLICA_PROPERTIES.items())
