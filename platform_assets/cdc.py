@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -57,7 +58,16 @@ if TYPE_CHECKING:
     from platform_assets.engine import Engine
 
 PROCESSOR = "cdc"
+log = logging.getLogger(__name__)
 SNAPSHOTTING, REPLICATING, PAUSED, DROPPED = "snapshotting", "replicating", "paused", "dropped"
+
+
+def retryable(exc: BaseException) -> bool:
+    """A failure that may pass by itself (the source is down or busy), as opposed to one that needs a fix."""
+    text = str(exc)
+    return isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "OperationalError" or any(
+        s in text for s in ("cannot connect", "cannot open a replication connection", "is in use by process",
+                            "replication stream of slot", "Connection refused", "server closed the connection"))
 
 
 class Snapshot(Protocol):
@@ -289,22 +299,38 @@ class ReplicatorUnit:
 
         for source_table, segments in self._split(txs).items():
             t = self.tables.get(source_table)
-            for seg in segments:
-                if isinstance(seg, tuple):
-                    t = cdc_ddl.apply(self, t, seg[0], seg[1].lsn, result)
-                    if t is None or not t.active or t.applied is None:
-                        break  # paused, dropped, or new: copied by the next unit's snapshot
-                    continue
-                if t is None:
-                    t = self._table(self.source.tables()[source_table])
-                cdc_apply.ensure_replica(self.engine.spark, t.path, t.layout)
-                self._apply(t, unit, [seq_of[id(c)] for c, _tx in seg], seg[-1][1], result)
+            try:
+                for seg in segments:
+                    if isinstance(seg, tuple):
+                        t = cdc_ddl.apply(self, t, seg[0], seg[1].lsn, result)
+                        if t is None or not t.active or t.applied is None:
+                            break  # paused, dropped, or new: copied by the next unit's snapshot
+                        continue
+                    if t is None:
+                        t = self._table(self.source.tables()[source_table])
+                    cdc_apply.ensure_replica(self.engine.spark, t.path, t.layout)
+                    self._apply(t, unit, [seq_of[id(c)] for c, _tx in seg], seg[-1][1], result)
+            except Exception as exc:
+                if t is None or retryable(exc) or isinstance(exc, OffsetError):
+                    raise
+                self._pause(t, f"applying its changes failed: {str(exc).splitlines()[0][:300]}", result)
         store.commit(key, self.owner, seq=unit, last=rec.last, next=rec.next or rec.last, rows=result.changes,
                      note=f"unit {unit}: {len(txs)} transactions up to {format_lsn(upto)}")
         self._advance(upto)
         faults.crashpoint("cdc-committed")
         result.acked = self._ack()
         result.reason = f"unit {unit}: {len(txs)} transactions, {result.changes} changes up to {format_lsn(upto)}"
+
+    def _pause(self, t: Table, problem: str, result: CdcResult) -> None:
+        """A failure that needs a fix: this replica stops (nothing after it applied or acknowledged), the
+        others go on; its state says why and what to run."""
+        why = f"paused: {problem}; after fixing it: tidemark cdc resume {t.replica} (or --resync to copy it again)"
+        self.engine.store.set_state(t.replica, self.owner, why)
+        t.rec = self.engine.store.get(t.replica) or t.rec
+        result.paused[t.replica] = why
+        counts = result.tables.setdefault(t.replica, {})
+        counts["failed"] = counts.get("failed", 0) + 1
+        log.error("replicator %s: replica %s %s", self.spec.name, t.replica, why)
 
     def _advance(self, upto: int) -> None:
         """Replicas with nothing more up to ``upto`` are there: their records move without a write."""
@@ -383,37 +409,3 @@ class ReplicatorUnit:
         lsn = min(held)
         self.source.ack(lsn)
         return lsn
-
-
-def open_source(rep: Replicator) -> ChangeSource:
-    """The replicator's source: PostgreSQL logical replication, or Debezium JSON files."""
-    import os
-    from pathlib import Path
-
-    spec = rep.spec
-    if spec.source == "debezium":
-        from resources.debezium_source import DebeziumFileSource
-
-        path = Path(spec.path or ".")
-        return DebeziumFileSource(path if path.is_absolute() else rep.file.parent / path, name=spec.name,
-                                  selects=spec.selects)
-    dsn = spec.dsn or os.environ.get(spec.dsn_env or "", "")
-    if not dsn:
-        raise TidemarkError(f"replicator '{spec.name}' ({rep.where}): environment variable {spec.dsn_env} is not set; "
-                            f"export it with the source's connection string, e.g. postgresql://user@host:5432/db")
-    from resources.pg_cdc import PostgresSource
-
-    return PostgresSource(dsn, name=spec.name, tables=spec.tables, exclude=spec.exclude)  # type: ignore[return-value]
-
-
-def run_replicator(engine: Engine, rep: Replicator, *, until_caught_up: bool = False) -> Iterator[CdcResult]:
-    """Units of one replicator: one, or until a unit finds nothing to do."""
-    source = open_source(rep)
-    try:
-        while True:
-            result = ReplicatorUnit(engine, rep, source).run_once()
-            yield result
-            if not until_caught_up or not result.processed or result.paused:
-                return
-    finally:
-        source.close()

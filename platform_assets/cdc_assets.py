@@ -54,7 +54,7 @@ def _compute(rep: Replicator, keys: set[dg.AssetKey]) -> Any:
     spec = rep.spec
 
     def compute(context):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 - Dagster inspects the signature
-        from platform_assets.cdc import run_replicator
+        from platform_assets.cdc_run import run_replicator
         from platform_assets.io_manager import IO_MANAGER_KEY
 
         engine = getattr(context.resources, IO_MANAGER_KEY).engine()
@@ -124,7 +124,7 @@ def build_cdc(settings: Settings, lineage: Lineage) -> tuple[list[Any], list[Any
 
 def pending(settings: Settings, rep: Replicator) -> tuple[bool, str]:
     """Whether changes wait for the replicator, and a description (JVM-free)."""
-    from platform_assets.cdc import open_source
+    from platform_assets.cdc_run import open_source
 
     source = open_source(rep)
     try:

@@ -41,7 +41,7 @@ def _replicator_of(lineage: Lineage, replica: str) -> Replicator:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from platform_assets.cdc import run_replicator
+    from platform_assets.cdc_run import run_replicator
     from platform_assets.cli import _engine
 
     eng = _engine(args)
@@ -66,7 +66,7 @@ def status_rows(store: Any, rep: Replicator) -> list[tuple[Any, ...]]:
         word, _, why = rec.state.partition(":")
         state = {"committed": "REPLICATING", "new": "SNAPSHOTTING", "planned": "REPLICATING"}.get(word.strip(), word.strip().upper())
         applied = "-" if rec.last.is_zero() else format_lsn(rec.last.id)
-        rows.append((rec.topic, state, applied, rec.seq, rec.run, why.strip()[:160]))
+        rows.append((rec.topic, state, applied, rec.seq, rec.run, why.strip()))
     return rows
 
 
@@ -87,14 +87,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(head + f"unit {rec.seq}, changes numbered up to {rec.inputs.get('changes', 0)}, state {rec.state}{pending}")
             if rep.spec.source == "postgres":
                 print("  " + _slot_line(rep))
-            print(_table(status_rows(store, rep), ["replica", "state", "applied", "units", "last run", "note"]))
+            rows = status_rows(store, rep)
+            print(_table([(*r[:5], r[5][:70] + ("…" if len(r[5]) > 70 else "")) for r in rows],
+                         ["replica", "state", "applied", "units", "last run", "note"]))
+            for r in rows:
+                if r[1] in ("PAUSED", "FAILING"):
+                    print(f"{r[0]} {r[1]}: {r[5]}")
     finally:
         store.close()
     return 0
 
 
 def _slot_line(rep: Replicator) -> str:
-    from platform_assets.cdc import open_source
+    from platform_assets.cdc_run import open_source
 
     try:
         src = open_source(rep)
@@ -110,7 +115,7 @@ def _slot_line(rep: Replicator) -> str:
 
 
 def cmd_assess(args: argparse.Namespace) -> int:
-    from platform_assets.cdc import open_source
+    from platform_assets.cdc_run import open_source
 
     _, lineage = _lineage(args)
     errors = 0
@@ -177,7 +182,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     from platform_assets import cdc_ddl
-    from platform_assets.cdc import open_source
+    from platform_assets.cdc_run import open_source
     from resources.offset_sql import open_offset_store
 
     settings, lineage = _lineage(args)

@@ -17,7 +17,7 @@ def run(engine: Any) -> bool:
     ends equal to the source."""
     import psycopg
 
-    from platform_assets.cdc import run_replicator
+    from platform_assets.cdc_run import run_replicator
     from resources import local_pg
 
     rep = engine.lineage.replicators.get("crm")

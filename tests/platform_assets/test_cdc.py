@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from lineage.loader import load_lineage
-from platform_assets.cdc import run_replicator
+from platform_assets.cdc_run import run_replicator
 from platform_assets.engine import Engine
 from resources.meta_tables import read_etl_log
 from resources.settings import Settings
@@ -142,3 +142,16 @@ def test_sigkill_after_the_delta_commit_neither_loses_nor_doubles(settings: Sett
     assert replica(spark, s, "replica.names", "name", "_copy") == [("Bob", 1)]
     status = tidemark(s, "cdc", "status")
     assert status.returncode == 0 and "REPLICATING" in status.stdout, status.stdout + status.stderr
+
+
+def test_a_change_a_replica_cannot_take_pauses_only_that_replica(spark, settings: Settings, tmp_path: Path) -> None:
+    s = setup(settings, tmp_path)
+    write_events(tmp_path, "0001.json", [
+        event("names", "c", 1, after={"name": "a"}),
+        event("names", "u", 2, after={"name": "b"}),  # no old row: a table without a key cannot find its copy
+        event("customers", "c", 3, after={"id": 1, "name": "x"}, key={"id": 1})])
+    results = run(spark, s)
+    assert "replica.names" in results[0].paused and "REPLICA IDENTITY FULL" in results[0].paused["replica.names"]
+    assert replica(spark, s, "replica.customers", "id", "name") == [(1, "x")]  # the others go on
+    status = tidemark(s, "cdc", "status")
+    assert "PAUSED" in status.stdout and "tidemark cdc resume replica.names" in status.stdout, status.stdout

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from lineage.loader import load_lineage
-from platform_assets.cdc import run_replicator
+from platform_assets.cdc_run import run_replicator
 from platform_assets.engine import Engine
 from resources.settings import Settings
 from tests.pg import PostgresUnavailable, find_bindir, running_postgres
@@ -230,3 +230,20 @@ def test_replicas_are_dagster_assets_run_by_the_slot_sensor_with_metadata_and_ch
         runs, _ = run_until_idle(defs, instance, log_level="WARNING", sensor_name="tidemark_cdc")
         assert runs and runs[0].checks["state"] is False  # paused: the alert sensor alerts on it
     assert replica(spark, s, "r_s5.s5__t", "id,v") == [(1, 5), (2, 2)]
+
+
+def test_an_unreachable_source_is_retried_with_backoff_then_fails_clearly(settings: Settings, tmp_path: Path) -> None:
+    from resources.local_pg import free_port
+
+    s = setup(settings, tmp_path, f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere", "s6")
+    eng = Engine(s, load_lineage(s.lineage))
+    waits: list[float] = []
+    try:
+        with pytest.raises(Exception, match="cannot connect to PostgreSQL") as err:
+            list(run_replicator(eng, eng.lineage.replicators["s6"], retries=3, sleep=waits.append))
+        assert waits == [2.0, 4.0, 8.0]
+        assert "Fix:" in str(err.value)
+        rec = eng.store.get("cdc:s6")
+        assert rec is not None and rec.state.startswith("failing: cannot connect")
+    finally:
+        eng.close()
