@@ -58,7 +58,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def status_rows(store: Any, rep: Replicator) -> list[tuple[Any, ...]]:
-    """One row per replica: replica, state, applied, units, last run, note (JVM-free)."""
+    """One row per replica: replica, state, applied, units, last run, note (JVM-free). While the
+    replicator's last unit failed (e.g. the source is down), its active replicas show FAILING."""
+    own = store.get(rep.spec.state_key)
+    failing = own.state.partition(":")[2].strip() if own is not None and own.state.startswith("failing") else ""
     rows = []
     for rec in store.list():
         if rec.processor != "cdc" or rec.topic == rep.spec.state_key or rec.topic.partition(".")[0] != rep.spec.schema_:
@@ -66,6 +69,8 @@ def status_rows(store: Any, rep: Replicator) -> list[tuple[Any, ...]]:
         word, _, why = rec.state.partition(":")
         state = {"committed": "REPLICATING", "new": "SNAPSHOTTING", "planned": "REPLICATING"}.get(word.strip(), word.strip().upper())
         applied = "-" if rec.last.is_zero() else format_lsn(rec.last.id)
+        if failing and state in ("REPLICATING", "SNAPSHOTTING"):
+            state, why = "FAILING", f"the replicator's last unit failed (retried with backoff): {failing}"
         rows.append((rec.topic, state, applied, rec.seq, rec.run, why.strip()))
     return rows
 

@@ -64,16 +64,27 @@ def settings(tmp_path: Path) -> Settings:
     return Settings.from_env({}, home=home, lineage=tmp_path / "lineage", spark_master="local[2]")
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """URL of a throw-away PostgreSQL server with an empty database ``tidemark``. Fails (never
-    skips) when PostgreSQL is not installed."""
+def throwaway_postgres() -> Iterator[str]:
+    """URL of a throw-away PostgreSQL server with an empty database ``tidemark``, stopped after.
+    Fails (never skips) when PostgreSQL is not installed."""
     try:
         bindir = find_bindir()
     except PostgresUnavailable as exc:
         pytest.fail(str(exc), pytrace=False)
     with running_postgres(bindir) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A server shared by the session's tests."""
+    yield from throwaway_postgres()
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[str]:
+    """A server of the module's own (the CDC sources' event triggers fire on every DDL of its database)."""
+    yield from throwaway_postgres()
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ import random
 import signal
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +20,11 @@ from lineage.loader import load_lineage
 from platform_assets.cdc_run import run_replicator
 from platform_assets.engine import Engine
 from resources.settings import Settings
-from tests.pg import PostgresUnavailable, find_bindir, running_postgres
 from tests.platform_assets.shop import tidemark
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[str]:
-    try:
-        bindir = find_bindir()
-    except PostgresUnavailable as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with running_postgres(bindir) as url:
-        yield url
 
 
 def sql(url: str, *statements: str) -> None:

@@ -19,20 +19,11 @@ import pytest
 
 from lineage.cdc import DdlChange, DdlKind, Op, RowChange, Transaction, number, reduce_keyed, reduce_multiset
 from resources.pg_cdc import CdcSourceError, PostgresSource
-from tests.pg import PostgresUnavailable, find_bindir, running_postgres
+from tests.pg import running_postgres
 
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[str]:
-    """A server of its own: the sources' event triggers fire on every DDL of the database."""
-    try:
-        bindir = find_bindir()
-    except PostgresUnavailable as exc:
-        pytest.fail(str(exc), pytrace=False)
-    with running_postgres(bindir) as url:
-        yield url
 
 
 def sql(url: str, *statements: str, tx: bool = False) -> None:
