@@ -74,7 +74,7 @@ class OffsetRecord:
 class OffsetLogEntry:
     at: dt.datetime
     topic: str
-    action: str  # init | plan | commit | reload | recover | reset | unlock | steal | release-dead | mark
+    action: str  # init | plan | commit | reload | recover | reset | unlock | steal | release-dead | mark | forget
     who: str
     old_last: Position | None
     new_last: Position | None

@@ -314,6 +314,18 @@ def test_reset_moves_backwards_keeps_seq_and_is_logged(store: OffsetStore) -> No
         store.plan(T, A, last=Position.zero(), next=P(1), seq=2, source_version=None)
 
 
+def test_forget_deletes_a_record_is_logged_and_refused_while_another_owner_holds_it(store: OffsetStore) -> None:
+    locked(store)
+    with pytest.raises(TopicLockedError, match=re.escape(A)):
+        store.forget(T, who="admin", reason="replicator deleted")
+    store.release(T, A)
+    store.forget(T, who="admin", reason="replicator deleted")
+    assert store.get(T) is None
+    assert store.history(T)[0].action == "forget" and store.history(T)[0].note == "replicator deleted"
+    store.forget(T, who="admin", reason="again")  # nothing there: a no-op
+    store.init(T, P(0), "step", who="test")  # the name is free again
+
+
 def test_reset_is_refused_while_another_owner_holds_the_lock(store: OffsetStore) -> None:
     locked(store)
     with pytest.raises(TopicLockedError, match=re.escape(A)):
