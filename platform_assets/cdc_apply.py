@@ -118,9 +118,21 @@ def ensure_replica(spark: SparkSession, path: str, layout: Layout) -> bool:
     return True
 
 
-def replica_columns(spark: SparkSession, path: str) -> dict[str, str]:
-    """The replica's columns now, name -> Spark SQL type."""
-    return {f.name: f.dataType.simpleString() for f in spark.read.format("delta").load(path).schema.fields}
+_DELTA_TYPES = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint"}
+
+
+def replica_columns(path: str) -> dict[str, str]:
+    """The replica's columns now, name -> Spark SQL type, from its Delta log (no JVM)."""
+    from resources.delta_meta import open_table
+
+    table = open_table(path)
+    if table is None:
+        return {}
+    out = {}
+    for f in table.schema().fields:
+        name = str(getattr(f.type, "type", f.type))
+        out[f.name] = _DELTA_TYPES.get(name, name)
+    return out
 
 
 def write_snapshot(spark: SparkSession, path: str, layout: Layout, batches: Iterable[pa.RecordBatch], commit: Commit,

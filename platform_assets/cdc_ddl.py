@@ -114,20 +114,21 @@ def apply(unit: ReplicatorUnit, t: Table | None, ddl: DdlChange, tx_lsn: int, re
 
 def alter(unit: ReplicatorUnit, t: Table, schema: TableSchema) -> str | None:
     """Bring the replica's columns to ``schema``; the reason when a change cannot be applied."""
-    spark = unit.engine.spark
-    have = cdc_apply.replica_columns(spark, t.path)
+    have = cdc_apply.replica_columns(t.path)
     for col in schema.columns:
         old = have.get(col.name)
         if old is not None and not widens(old, col.type):
             return (f"column {t.source}.{col.name} changed type from {old} to {col.type} ({col.source_type or col.type}), "
                     f"which the replica's Delta table cannot take in place")
     added = [c for c in schema.columns if c.name not in have]
-    if added:
+    spark = unit.engine.spark if added or any(c.name in have and have[c.name].lower() != c.type.lower()
+                                              for c in schema.columns) else None
+    if added and spark is not None:
         spark.sql(f"ALTER TABLE delta.`{t.path}` ADD COLUMNS ("
                   + ", ".join(f"{quote(c.name)} {c.type}" for c in added) + ")")
     for col in schema.columns:
         old = have.get(col.name)
-        if old is not None and old.lower() != col.type.lower():
+        if old is not None and old.lower() != col.type.lower() and spark is not None:
             spark.sql(f"ALTER TABLE delta.`{t.path}` ALTER COLUMN {quote(col.name)} TYPE {col.type}")
     kept = [c for c in t.layout.schema.columns if schema.column(c.name) is None]  # dropped in the source: kept, null
     t.layout = replace(t.layout, schema=TableSchema(schema.table, schema.columns + tuple(kept), t.layout.key))
