@@ -410,8 +410,6 @@ def run_lag(spark: SparkSession, base: Path, rows: int, rate: float, per_tx: int
                     running = writer.is_alive()
                     t = time.monotonic()
                     result = ReplicatorUnit(engine, rep, source).run_once()
-                    if os.environ.get("CDC_BENCH_DEBUG"):
-                        print("unit", len(seen), sum(t.rows for t in seen), result.changes, result.reason, result.tables)
                     if result.tables:
                         from deltalake import DeltaTable
 
