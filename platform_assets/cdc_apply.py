@@ -157,6 +157,8 @@ def write_snapshot(spark: SparkSession, path: str, layout: Layout, batches: Iter
         w = df.write.format("delta").mode("overwrite" if first else "append")
         if first:
             w = w.option("overwriteSchema", "true")
+            for k, v in REPLICA_PROPERTIES.items():  # the table's properties, as ensure_replica sets them
+                w = w.option(k, v)
         if last:
             w = w.option("txnAppId", commit.app_id).option("txnVersion", commit.version).option("userMetadata", commit.meta)
         w.save(path)

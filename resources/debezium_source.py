@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from lineage.cdc import Column, Op, RowChange, TableSchema, Transaction
 from lineage.errors import TidemarkError
 
@@ -103,6 +105,7 @@ class DebeziumFileSource:
         self.name = name
         self.selects = selects
         self._schemas: dict[str, TableSchema] = {}
+        self._selected: dict[str, bool] = {}  # table -> selected (fnmatch once per table, not per event)
         self._names: dict[str, set[str]] = {}  # column names of each table's schema
         self._scanned = 0  # events up to here were learned by tables() (files never change once written)
 
@@ -147,15 +150,15 @@ class DebeziumFileSource:
         for i, path in enumerate(self.files()):
             if i < start_file:
                 continue
-            with path.open(encoding="utf-8") as fh:
+            with path.open("rb") as fh:
                 for n, line in enumerate(fh, 1):
                     pos = position(i, n)
                     if pos <= after or not line.strip():
                         continue
-                    if not line.endswith("\n"):
+                    if not line.endswith(b"\n"):
                         break  # a line still being written: read it next time
                     try:
-                        doc = json.loads(line)
+                        doc = orjson.loads(line)
                     except json.JSONDecodeError as exc:
                         raise DebeziumFormatError(f"{path}:{n}: not JSON ({exc.msg} at column {exc.colno})") from None
                     value, key = (doc.get("value"), doc.get("key")) if isinstance(doc, dict) and "value" in doc else (doc, None)
@@ -167,7 +170,10 @@ class DebeziumFileSource:
                                                   f"c/r/u/d/t)")
                     src = payload.get("source") or {}
                     table = f"{src.get('schema') or src.get('db') or 'public'}.{src.get('table')}"
-                    if not self.selects(table):
+                    selected = self._selected.get(table)
+                    if selected is None:
+                        selected = self._selected[table] = self.selects(table)
+                    if not selected:
                         continue
                     self._learn(table, value if isinstance(value, dict) else {}, payload, key, where=f"{path}:{n}")
                     yield pos, table, payload, key
