@@ -38,6 +38,7 @@ from lineage.loader import load_lineage
 from lineage.partitions import partitions_name
 from lineage.spec import Lineage, Processor
 from platform_assets.alerts import RESOURCE_KEY, AlertNotifierResource, build_alert_sensor
+from platform_assets.intake_assets import build_intake_definitions
 from platform_assets.io_manager import IO_MANAGER_KEY, OffsetIOManager, already_committed
 from platform_assets.sensors import build_planner_sensor
 from resources.settings import Settings
@@ -133,10 +134,11 @@ def _freshness(specs: list[Any]) -> dg.FreshnessPolicy:
 def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     settings = settings or Settings.from_env()
     lineage = load_lineage(settings.lineage)
+    intake = build_intake_definitions(settings, lineage)  # the event intake's assets, job and sensor
     sources = [
         dg.AssetSpec(asset_key(s.name), group_name=s.name.split(".")[0], kinds={"delta"},
                      description=s.spec.comment or f"source table {s.name}")
-        for s in lineage.sources.values()
+        for s in lineage.sources.values() if s.name not in intake.tables
     ]
     assets = []
     for table, topics in lineage.destinations().items():
@@ -168,8 +170,9 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
         )(_step_compute(lineage, table) if step else _merge_compute(lineage, table, topics[0]) if merge
           else _reload_compute(topics[0])))
     return dg.Definitions(
-        assets=[*sources, *assets],
-        sensors=[build_planner_sensor(settings, lineage), build_alert_sensor()],
+        assets=[*sources, *assets, *intake.assets],
+        jobs=intake.jobs,
+        sensors=[build_planner_sensor(settings, lineage), build_alert_sensor(), *intake.sensors],
         resources={
             RESOURCE_KEY: AlertNotifierResource(log_path=str(settings.home / "alerts.log")),
             IO_MANAGER_KEY: OffsetIOManager(home=str(settings.home), warehouse=settings.warehouse,

@@ -27,7 +27,7 @@ def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {"stage/customers", "stage/orders", "stage/order_items", "dim/customers", "fact/orders",
-                    "fact/order_items", "mart/daily_revenue"}
+                    "fact/order_items", "mart/daily_revenue", "intake/stage"}
     items = graph.get(dg.AssetKey(["fact", "order_items"]))
     assert {p.to_user_string() for p in items.parent_keys} == {"stage/order_items", "fact/orders"}
     assert items.group_name == "fact" and items.pools == {"tidemark/fact.order_items"}
@@ -36,7 +36,7 @@ def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
     dg.Definitions.validate_loadable(defs)
     jobs = {j.name for j in defs.get_repository_def().get_all_jobs()}
     assert {"tidemark__fact__orders", "tidemark__dim__customers"} <= jobs
-    assert {s.name for s in defs.sensors} >= {"tidemark_planner", "tidemark_alerts"}
+    assert {s.name for s in defs.sensors} >= {"tidemark_planner", "tidemark_alerts", "tidemark_intake_files"}
     checks = {k.name for k in graph.asset_check_keys if k.asset_key == dg.AssetKey(["fact", "orders"])}
     assert checks == {"rows", "lag", "nulls", "late_rows"}
     # a merge view: one unpartitioned asset, judged per unit by its own checks
