@@ -27,7 +27,10 @@ def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {"stage/customers", "stage/orders", "stage/order_items", "dim/customers", "fact/orders",
-                    "fact/order_items", "mart/daily_revenue", "intake/stage"}
+                    "fact/order_items", "mart/daily_revenue", "intake/stage", "stage/events_page_view", "fact/page_views"}
+    # the intake's stage table is an asset of the intake job, the source of fact.page_views
+    assert graph.get(dg.AssetKey(["stage", "events_page_view"])).is_materializable
+    assert dg.AssetKey(["stage", "events_page_view"]) in graph.get(dg.AssetKey(["fact", "page_views"])).parent_keys
     items = graph.get(dg.AssetKey(["fact", "order_items"]))
     assert {p.to_user_string() for p in items.parent_keys} == {"stage/order_items", "fact/orders"}
     assert items.group_name == "fact" and items.pools == {"tidemark/fact.order_items"}
