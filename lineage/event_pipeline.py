@@ -200,8 +200,9 @@ class Destination:
         return row
 
 
-def build_destinations(specs: Iterable[DestinationSpec]) -> list[Destination]:
-    return [Destination(s) for s in specs if s.mode is DestinationMode.BATCH]
+def build_destinations(specs: Iterable[DestinationSpec],
+                       modes: tuple[DestinationMode, ...] = (DestinationMode.BATCH,)) -> list[Destination]:
+    return [Destination(s) for s in specs if s.mode in modes]
 
 
 def route(event: dict[str, Any], destinations: list[Destination]) -> list[Destination]:

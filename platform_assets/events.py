@@ -38,7 +38,7 @@ from lineage.event_pipeline import (
     type_batch,
 )
 from lineage.event_types import parse_timestamp
-from lineage.intake_destinations import DestinationSpec
+from lineage.intake_destinations import DestinationMode, DestinationSpec
 from platform_assets.faults import crashpoint
 from resources import event_store as store
 from resources.incoming_log import ReadStats, ReadyFile, read_events
@@ -123,12 +123,15 @@ class UnitResult:
 class EventProcessor:
     """Runs units (incoming files, replays) of one intake config against one warehouse."""
 
-    def __init__(self, settings: Settings, destinations: list[DestinationSpec]) -> None:
+    def __init__(self, settings: Settings, destinations: list[DestinationSpec],
+                 modes: tuple[DestinationMode, ...] = (DestinationMode.BATCH,)) -> None:
         from lineage.event_pipeline import build_destinations
 
         self.settings = settings
         self.events_dir = settings.events_dir()
-        self.destinations = build_destinations(destinations)
+        self.destinations = build_destinations(destinations, modes)
+        # stream destinations read the same incoming files: the last reader archives a file
+        self.stream_ids = [d.id for d in destinations if d.mode is DestinationMode.STREAM]
         self.geo: dict[str, GeoLookup] = {}
         for d in self.destinations:
             if d.spec.lookups.geo_db:
@@ -263,6 +266,11 @@ class EventProcessor:
 
     # -- files ------------------------------------------------------------------------------
     def process_file(self, rf: ReadyFile) -> UnitResult:
+        from resources.event_queue import batch_done, finish_file
+
+        if batch_done(rf.path):  # processed; waits for a stream destination to read it too
+            finish_file(self.events_dir, rf.path, rf.start.date(), batch=True, stream_ids=self.stream_ids, has_batch=True)
+            return UnitResult(rf.path.name)
         stats = ReadStats()
 
         def originals(lines: set[int]) -> dict[int, dict[str, Any]]:
@@ -271,7 +279,7 @@ class EventProcessor:
         name = rf.path.name
         result = self.run_unit(name, store.status_path(rf.path), lambda: read_events(rf.path, stats), originals,
                                failure_ids=lambda line, dest: f"{name}:{line}:{dest}")
-        store.archive_file(self.events_dir, rf.path, rf.start.date())
+        finish_file(self.events_dir, rf.path, rf.start.date(), batch=True, stream_ids=self.stream_ids, has_batch=True)
         crashpoint("events_archived")
         return result
 

@@ -25,8 +25,10 @@ import orjson
 from lineage.errors import TidemarkError
 from lineage.event_types import parse_timestamp
 from lineage.intake import Intake, IntakeConfigError, intake_path, load_intake
+from lineage.intake_destinations import DestinationMode
 from platform_assets.events import EventProcessor, UnitResult, _event_error
 from resources import event_store as store
+from resources.event_queue import batch_done
 from resources.incoming_log import iter_ready_files
 from resources.settings import Settings
 
@@ -36,11 +38,18 @@ def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = Fal
     meanwhile, until none is left)."""
     proc = EventProcessor(settings, list(intake.spec.destinations))
     out = []
+    seen: set[str] = set()
     with store.ProcessorLock(proc.events_dir):
         while True:
-            files = iter_ready_files(proc.events_dir)
+            # a file processed earlier that a stream destination has not read to its end yet stays
+            # in ready/ (the stream loop archives it): it is only looked at once per call
+            files = [rf for rf in iter_ready_files(proc.events_dir) if rf.path.name not in seen]
             for rf in files:
-                out.append(proc.process_file(rf))
+                seen.add(rf.path.name)
+                done_before = batch_done(rf.path)
+                result = proc.process_file(rf)
+                if not done_before:
+                    out.append(result)
             if not files or not until_empty:
                 return out
 
@@ -72,7 +81,8 @@ def replay(settings: Settings, intake: Intake, dest: str | None = None,
     events_dir = settings.events_dir()
     out: dict[str, UnitResult] = {}
     with store.ProcessorLock(events_dir):
-        pending = [rf.path.name for rf in iter_ready_files(events_dir) if store.status_path(rf.path).exists()]
+        pending = [rf.path.name for rf in iter_ready_files(events_dir)
+                   if store.status_path(rf.path).exists() and not batch_done(rf.path)]
         if pending:
             raise TidemarkError(f"{pending[0]} is half-processed; run `tidemark events process` before a replay")
         failed_path = settings.table_path(store.FAILED_EVENTS)
@@ -91,7 +101,7 @@ def replay(settings: Settings, intake: Intake, dest: str | None = None,
                 plan_path.parent.mkdir(parents=True, exist_ok=True)
                 store.write_json_atomic(plan_path, plan)
             failures: list[dict[str, Any]] = plan["failures"]
-            proc = EventProcessor(settings, [spec])
+            proc = EventProcessor(settings, [spec], modes=tuple(DestinationMode))
 
             def events(failures: list[dict[str, Any]] = failures) -> Any:
                 return ((i, orjson.loads(f["event"])) for i, f in enumerate(failures, start=1))
@@ -165,6 +175,20 @@ def cmd_events(args: argparse.Namespace) -> int:
                           "fix the config, then `tidemark events replay`", file=sys.stderr)
         print(f"{len(results)} file(s) processed")
         return 0
+    if args.action == "stream":
+        from platform_assets.event_stream import StreamLoop, describe
+
+        loop = StreamLoop(settings, intake, args.destination or None, interval_ms=args.interval_ms,
+                          max_events=args.max_events)
+        print(f"streaming destination(s) {', '.join(s.id for s in loop.specs)} from {settings.events_dir() / 'incoming'} "
+              f"(a micro-batch every {args.interval_ms} ms or {args.max_events} events); SIGTERM or Ctrl-C stops",
+              flush=True)
+        n = 0
+        for mb in loop.run(once=args.once):
+            n += 1
+            print(describe(mb), flush=True)
+        print(f"stream stopped after {n} micro-batch(es)", flush=True)
+        return 0
     if args.action == "status":
         print(orjson.dumps(status(settings, intake), option=orjson.OPT_INDENT_2).decode())
         return 0
@@ -192,6 +216,11 @@ def register(sub: Any) -> None:
     r = acts.add_parser("replay", help="send failed events through the pipeline again (after fixing the config)")
     r.add_argument("--destination", help="only this destination's failed events")
     r.add_argument("--since", help="only events that failed at or after this time (ISO 8601)")
-    for a in (p, acts.choices["status"], r):
+    st = acts.add_parser("stream", help="apply the events of `mode: stream` destinations continuously, in micro-batches")
+    st.add_argument("--destination", action="append", help="only this stream destination (repeatable)")
+    st.add_argument("--interval-ms", type=int, default=500, help="a micro-batch at most this often (default 500)")
+    st.add_argument("--max-events", type=int, default=10_000, help="at most this many events per micro-batch (default 10000)")
+    st.add_argument("--once", action="store_true", help="apply what waits now, then exit")
+    for a in (p, acts.choices["status"], r, st):
         a.add_argument("--config", help="intake YAML (env TIDEMARK_INTAKE; default demo/intake.yaml)")
         a.set_defaults(func=cmd_events)

@@ -111,9 +111,15 @@ class ProcessorLock:
 def next_ordinal(events_dir: Path, at_least: int = 0) -> int:
     """Give out the next file ordinal (the high 32 bits of row ids), durably, before it is used."""
     path = events_dir / "processor.json"
-    state = read_json(path) or {}
-    n = max(int(state.get("last_ordinal", 0)), at_least) + 1
-    write_json_atomic(path, {**state, "last_ordinal": n})
+    events_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(events_dir / ".ordinal.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the batch processor and stream loops share the counter
+        state = read_json(path) or {}
+        n = max(int(state.get("last_ordinal", 0)), at_least) + 1
+        write_json_atomic(path, {**state, "last_ordinal": n})
+    finally:
+        os.close(fd)
     return n
 
 
