@@ -59,22 +59,31 @@ def flatten(event: dict[str, Any]) -> dict[str, Any]:
     """Nested objects joined with ``_``; arrays as JSON strings; empty objects dropped; the
     stage table's own column names (``pos``, ``id``, ``_unmapped_data``) get a ``_`` suffix."""
     out: dict[str, Any] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for k, v in node.items():
-            name = prefix + column_name(k)
-            if isinstance(v, dict):
-                walk(v, name + "_")
-            elif isinstance(v, list):
-                out[name] = orjson.dumps(v).decode()
-            else:
-                out[name] = v
-
-    walk(event, "")
+    _walk(event, "", out)
     for r in RESERVED:
         if r in out:
             out[r + "_"] = out.pop(r)
     return out
+
+
+_FLAT_NAMES: dict[tuple[str, str], str] = {}  # (prefix, key) -> column: the hot path of every event
+
+
+def _walk(node: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
+    names = _FLAT_NAMES
+    for k, v in node.items():
+        name = names.get((prefix, k))
+        if name is None:
+            name = prefix + column_name(k)
+            if len(names) < 100_000:
+                names[(prefix, k)] = name
+        t = type(v)
+        if t is dict or (t is not list and isinstance(v, dict)):
+            _walk(v, name + "_", out)
+        elif t is list or isinstance(v, list):
+            out[name] = orjson.dumps(v).decode()
+        else:
+            out[name] = v
 
 
 def path_column(path: str) -> str:

@@ -12,11 +12,13 @@ failed set exactly once and lands exactly once; the failed file is rewritten fro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gzip
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +35,24 @@ from resources.incoming_log import iter_ready_files
 from resources.settings import Settings
 
 
+@contextlib.contextmanager
+def _worker_pool() -> Iterator[None]:
+    """The worker processes (started on first use, for large files) end with the call."""
+    from platform_assets.event_workers import shutdown_pool
+
+    try:
+        yield
+    finally:
+        shutdown_pool()
+
+
 def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = False) -> list[UnitResult]:
     """Process the ready incoming files in order (``until_empty``: also those that become ready
     meanwhile, until none is left)."""
     proc = EventProcessor(settings, list(intake.spec.destinations))
     out = []
     seen: set[str] = set()
-    with store.ProcessorLock(proc.events_dir):
+    with store.ProcessorLock(proc.events_dir), _worker_pool():
         while True:
             # a file processed earlier that a stream destination has not read to its end yet stays
             # in ready/ (the stream loop archives it): it is only looked at once per call
