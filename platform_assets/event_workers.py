@@ -16,7 +16,7 @@ import datetime as dt
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,7 @@ class TypedPair:
     rows_in: int
     types: dict[str, SqlType | None] = field(default_factory=dict)  # each column's type (None: not one we write)
     header: dict[str, SqlType] = field(default_factory=dict)
+    table_columns: dict[str, ColumnType] = field(default_factory=dict)  # what the table had when typed
 
 
 @dataclass
@@ -100,7 +101,7 @@ def type_events(events: Iterable[tuple[int, dict[str, Any]]], destinations: list
         out.pairs[key] = TypedPair(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), batch.lines, received,
                                    batch.added, batch.unmapped_values, batch.failed, pair.header.promotions,
                                    len(pair.rows), {n: ct.type for n, (ct, _) in batch.columns.items()},
-                                   dict(pair.header.fields))
+                                   dict(pair.header.fields), dict(table_cols))
     return out
 
 
@@ -251,19 +252,53 @@ def shutdown_pool() -> None:
         ex.shutdown(wait=True, cancel_futures=True)
 
 
-def type_file_parallel(path: Path, specs: list[DestinationSpec], modes: tuple[str, ...], settings: Any,
-                       workers: int) -> TypedUnit:
-    """Type one incoming file in ``workers`` processes (see the module docstring)."""
-    bounds = split_file(path, workers * 2)
-    tasks = [ChunkTask(str(path), a, b, first, specs, modes, settings) for a, b, first in bounds]
-    ex = pool(workers)
-    chunks = list(ex.map(run_chunk, tasks))
-    merged, forced, redo = merge_chunks(chunks)
-    if forced:
-        again = [ChunkTask(t.path, t.start, t.end, t.first_line, specs, modes, settings, forced) for t in tasks]
-        for i, c in zip(sorted(redo), ex.map(run_chunk, [again[i] for i in sorted(redo)]), strict=True):
-            chunks[i] = c
-        merged, forced, _ = merge_chunks(chunks)
-        if forced:  # cannot happen: every chunk of a pair now has the same header
-            raise RuntimeError(f"{path}: chunks typed differently after promotion: {sorted(forced)}")
-    return merged
+class ParallelTyper:
+    """Types large files in the worker pool, one file ahead: while the caller writes a file's
+    tables, the next file is typed against the tables as they were. A file typed against
+    columns that changed since (the previous file added some) is typed again."""
+
+    def __init__(self, specs: list[DestinationSpec], modes: tuple[str, ...], settings: Any, workers: int) -> None:
+        self.specs, self.modes, self.settings, self.workers = specs, modes, settings, workers
+        self.ahead: dict[Path, tuple[list[ChunkTask], list[Future[TypedUnit]]]] = {}
+
+    def _submit(self, path: Path, forced: dict[Key, dict[str, SqlType]] | None = None) -> tuple[list[ChunkTask], list[Future[TypedUnit]]]:
+        tasks = [ChunkTask(str(path), a, b, first, self.specs, self.modes, self.settings, forced)
+                 for a, b, first in split_file(path, self.workers * 2)]
+        ex = pool(self.workers)
+        return tasks, [ex.submit(run_chunk, t) for t in tasks]
+
+    def prefetch(self, path: Path) -> None:
+        if path not in self.ahead and path.exists():
+            self.ahead[path] = self._submit(path)
+
+    def _stale(self, chunks: list[TypedUnit]) -> bool:
+        from resources import event_store as store
+
+        now: dict[str, dict[str, ColumnType]] = {}
+        for c in chunks:
+            for (_, table), p in c.pairs.items():
+                if table not in now:
+                    now[table] = store.table_columns(self.settings.table_path(table))
+                if p.table_columns != now[table]:
+                    return True
+        return False
+
+    def type_file(self, path: Path) -> TypedUnit:
+        """Type one incoming file (see the module docstring)."""
+        ahead = self.ahead.pop(path, None)
+        tasks, futures = ahead if ahead is not None else self._submit(path)
+        chunks = [f.result() for f in futures]
+        if ahead is not None and self._stale(chunks):  # typed ahead, before the tables changed: again
+            tasks, futures = self._submit(path)
+            chunks = [f.result() for f in futures]
+        merged, forced, redo = merge_chunks(chunks)
+        if forced:
+            ex = pool(self.workers)
+            again = [ChunkTask(t.path, t.start, t.end, t.first_line, self.specs, self.modes, self.settings, forced)
+                     for t in tasks]
+            for i, c in zip(sorted(redo), ex.map(run_chunk, [again[i] for i in sorted(redo)]), strict=True):
+                chunks[i] = c
+            merged, forced, _ = merge_chunks(chunks)
+            if forced:  # cannot happen: every chunk of a pair now has the same header
+                raise RuntimeError(f"{path}: chunks typed differently after promotion: {sorted(forced)}")
+        return merged

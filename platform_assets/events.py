@@ -40,10 +40,10 @@ from lineage.event_pipeline import (
 from lineage.event_types import parse_timestamp
 from lineage.intake_destinations import DestinationMode, DestinationSpec
 from platform_assets.event_workers import (
+    ParallelTyper,
     TypedUnit,
     parallel_bytes_setting,
     type_events,
-    type_file_parallel,
     workers_setting,
 )
 from platform_assets.faults import crashpoint
@@ -142,10 +142,18 @@ class EventProcessor:
         # stream destinations read the same incoming files: the last reader archives a file
         self.stream_ids = [d.id for d in destinations if d.mode is DestinationMode.STREAM]
         self.workers = workers_setting()
+        self.typer: ParallelTyper | None = None
+        self.next_file: Path | None = None  # the file after the one being processed (typed ahead)
         self.geo: dict[str, GeoLookup] = {}
         for d in self.destinations:
             if d.spec.lookups.geo_db:
                 self.geo[d.id] = store.open_geo(d.spec.lookups.geo_db)
+
+    def _parallel(self, file: Path) -> bool:
+        try:
+            return self.workers > 1 and file.stat().st_size >= parallel_bytes_setting()
+        except FileNotFoundError:
+            return False
 
     # -- one unit ---------------------------------------------------------------------------
     def run_unit(self, unit: str, status_file: Path, events: Callable[[], Iterable[tuple[int, dict[str, Any]]]],
@@ -168,9 +176,13 @@ class EventProcessor:
                 tables[table] = store.table_columns(self.settings.table_path(table))
             return tables[table]
 
-        if file is not None and self.workers > 1 and file.stat().st_size >= parallel_bytes_setting():
-            modes = tuple(sorted({d.spec.mode.value for d in self.destinations}))
-            prepared = type_file_parallel(file, [d.spec for d in self.destinations], modes, self.settings, self.workers)
+        if file is not None and self._parallel(file):
+            if self.typer is None:
+                modes = tuple(sorted({d.spec.mode.value for d in self.destinations}))
+                self.typer = ParallelTyper([d.spec for d in self.destinations], modes, self.settings, self.workers)
+            prepared = self.typer.type_file(file)
+            if self.next_file is not None and self._parallel(self.next_file):
+                self.typer.prefetch(self.next_file)  # typed while this one is written
         else:
             prepared = type_events(events(), self.destinations, self.geo, columns_of)
         result = UnitResult(unit, prepared.events_in, skipped=prepared.skipped)

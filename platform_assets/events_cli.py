@@ -57,7 +57,8 @@ def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = Fal
             # a file processed earlier that a stream destination has not read to its end yet stays
             # in ready/ (the stream loop archives it): it is only looked at once per call
             files = [rf for rf in iter_ready_files(proc.events_dir) if rf.path.name not in seen]
-            for rf in files:
+            for i, rf in enumerate(files):
+                proc.next_file = files[i + 1].path if i + 1 < len(files) else None
                 seen.add(rf.path.name)
                 done_before = batch_done(rf.path)
                 result = proc.process_file(rf)

@@ -21,11 +21,12 @@ from resources.settings import Settings
 from tests.platform_assets.test_events import T0, config, write_file
 
 
-def _big_file(settings: Settings) -> Path:
+def _big_file(settings: Settings, minutes: int = 5, extra: str = "late", w_text: bool = False) -> Path:
     evs: list[dict[str, Any]] = []
     for i in range(3000):
         ev: dict[str, Any] = {"eid": i, "event_type": ["pv", "cart"][i % 2], "n": i, "u": {"id": i, "tags": [i, "x"]}}
         ev["v"] = i if i < 1500 else f"s{i}"  # bigint in the first chunks, string later: promoted for the file
+        ev["w"] = f"w{i}" if w_text else i  # a new bigint column of the first file; text in the second
         if i % 97 == 5:
             ev["n"] = "not a number"  # fits no existing bigint column: _unmapped_data
         if i % 101 == 7:
@@ -33,9 +34,9 @@ def _big_file(settings: Settings) -> Path:
         if i % 89 == 3:
             ev["_timestamp"] = "garbage"  # no receive time: pos is the running maximum
         if i == 2000:
-            ev["late"] = {"deep": True}
+            ev[extra] = {"deep": True}  # a column the next file, typed ahead, did not see in the table
         evs.append(ev)
-    path = write_file(settings, "web", T0 + dt.timedelta(minutes=5), evs)
+    path = write_file(settings, "web", T0 + dt.timedelta(minutes=minutes), evs)
     with open(path, "ab") as f:  # a corrupt line and a torn tail
         f.write(b"not json\n")
         f.write(b'{"eid": 99999, "event')
@@ -81,6 +82,14 @@ def test_workers_write_what_a_single_pass_writes(tmp_path: Path, monkeypatch):
         return out
 
     monkeypatch.setattr(event_workers, "merge_chunks", spy)
+    stale: list[bool] = []  # files typed ahead: were the tables they were typed against changed since?
+    real_stale = event_workers.ParallelTyper._stale
+
+    def stale_spy(self, chunks):  # noqa: ANN001, ANN202
+        stale.append(real_stale(self, chunks))
+        return stale[-1]
+
+    monkeypatch.setattr(event_workers.ParallelTyper, "_stale", stale_spy)
     homes = {}
     for mode in ("single", "workers"):
         settings = Settings.from_env({}, home=tmp_path / mode / "home", lineage=tmp_path / "lineage")
@@ -91,20 +100,24 @@ def test_workers_write_what_a_single_pass_writes(tmp_path: Path, monkeypatch):
         monkeypatch.setenv("TIDEMARK_EVENT_WORKERS", "1")
         process_ready(settings, load_intake(cfg, secrets=False))
         _big_file(settings)
+        _big_file(settings, 10, "later", w_text=True)
         monkeypatch.setenv("TIDEMARK_EVENT_WORKERS", "1" if mode == "single" else "2")
         monkeypatch.setenv("TIDEMARK_EVENT_PARALLEL_BYTES", "1")
         try:
             done = process_ready(settings, load_intake(cfg, secrets=False))
         finally:
             shutdown_pool()
-        assert len(done) == 1 and done[0].written > 2500
+        assert len(done) == 2 and all(r.written > 2500 for r in done)
         assert not list(ready_dir(settings.events_dir()).glob("*.log"))
         homes[mode] = settings
-    assert merges == [(4, True), (4, False)]  # 2 workers x 2 chunks; v typed bigint and string: typed again
+    # 2 workers x 2 chunks; v typed bigint and string: typed again with the file's promotion; the
+    # second file, typed ahead before the first added its columns, was typed again
+    assert merges == [(4, True), (4, False), (4, False)] and stale == [True]
     single, workers = _snapshot(homes["single"]), _snapshot(homes["workers"])
     assert single["stage.events_pv"][0] == workers["stage.events_pv"][0]  # same columns, same order
     for table in ("stage.events_pv", "stage.events_cart"):
         assert single[table] == workers[table], table
-    assert single["failed"] == workers["failed"] and len(single["failed"]) == 30
+    assert single["failed"] == workers["failed"] and len(single["failed"]) == 60
     rows = single["stage.events_pv"][1]
+    assert sum(1 for r in rows if r["_unmapped_data"] and '"w"' in r["_unmapped_data"]) > 1000  # text in bigint w
     assert any(r["_unmapped_data"] for r in rows) and {type(r["v"]) for r in rows if r["v"] is not None} == {str}
