@@ -66,6 +66,7 @@ def flatten(event: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 _FLAT_NAMES: dict[tuple[str, str], str] = {}  # (prefix, key) -> column: the hot path of every event
 
 
@@ -78,7 +79,9 @@ def _walk(node: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
             if len(names) < 100_000:
                 names[(prefix, k)] = name
         t = type(v)
-        if t is dict or (t is not list and isinstance(v, dict)):
+        if t in _SCALARS:
+            out[name] = v
+        elif t is dict or isinstance(v, dict):
             _walk(v, name + "_", out)
         elif t is list or isinstance(v, list):
             out[name] = orjson.dumps(v).decode()
@@ -280,10 +283,16 @@ class BatchHeader:
     fields: dict[str, SqlType] = field(default_factory=dict)
     promotions: int = 0  # how many times a field's type was promoted in this batch
 
+    _seen: dict[str, type] = field(default_factory=dict, repr=False, compare=False)
+
     def add(self, row: dict[str, Any], explicit: dict[str, SqlType]) -> None:
         fields = self.fields
+        seen = self._seen  # field -> Python type of the last value merged: the same type again changes nothing
         for k, v in row.items():
-            t = explicit.get(k) or _FAST_TYPES.get(type(v))
+            tv = type(v)
+            if seen.get(k) is tv and (tv is not int or -(2**63) <= v < 2**63):
+                continue
+            t = explicit.get(k) or _FAST_TYPES.get(tv)
             if t is None:
                 t = implicit_type(v)
                 if t is None:
@@ -296,6 +305,7 @@ class BatchHeader:
                 if new is not cur:
                     fields[k] = new
                     self.promotions += 1
+            seen[k] = tv
 
 
 @dataclass(frozen=True)
