@@ -284,14 +284,21 @@ class BatchHeader:
     promotions: int = 0  # how many times a field's type was promoted in this batch
 
     _seen: dict[str, type] = field(default_factory=dict, repr=False, compare=False)
+    #: every Python type of a field's values (``object``: an int beyond 64 bits), and the rows
+    #: added: :func:`type_batch` takes a column whose values all fit as it is
+    pytypes: dict[str, set[type]] = field(default_factory=dict, repr=False, compare=False)
+    rows: int = field(default=0, repr=False, compare=False)
 
     def add(self, row: dict[str, Any], explicit: dict[str, SqlType]) -> None:
         fields = self.fields
         seen = self._seen  # field -> Python type of the last value merged: the same type again changes nothing
+        self.rows += 1
         for k, v in row.items():
             tv = type(v)
             if seen.get(k) is tv and (tv is not int or -(2**63) <= v < 2**63):
                 continue
+            if v is not None:
+                self.pytypes.setdefault(k, set()).add(object if tv is int and not -(2**63) <= v < 2**63 else tv)
             t = explicit.get(k) or _FAST_TYPES.get(tv)
             if t is None:
                 t = implicit_type(v)
@@ -343,41 +350,46 @@ def type_batch(header: BatchHeader, rows: list[tuple[int, dict[str, Any]]], tabl
             targets[name] = ColumnType(t)
             added.append(name)
     n = len(rows)
-    cols: dict[str, list[Any]] = {name: [None] * n for name in targets}
-    # the Python type a column stores as it comes (no conversion): the hot path
+    cols: dict[str, list[Any]] = {}
+    # the Python type a column stores as it comes (no conversion)
     fast = {name: (_NATIVE.get(ct.type) if ct.type is not None and ct.int_bits == 64 else None)  # type: ignore[arg-type]
             for name, ct in targets.items()}
     unmapped_col: list[Any] = [None] * n
     dropped: list[int] = []
     out = TypedBatch({}, [], added)
     lo, hi = -(2**63), 2**63
-    for i, (line, row) in enumerate(rows):
-        bad: dict[str, Any] | None = None
-        for k, v in row.items():
+    complete = header.rows == n  # the header saw exactly these rows: its pytypes cover them
+    bad_rows: dict[int, dict[str, Any]] = {}
+    for name, ct in targets.items():
+        ft: Any = fast[name]
+        seen = header.pytypes.get(name) if complete else None
+        if ft is not None and seen is not None and seen <= {ft}:
+            cols[name] = [row.get(name) for _, row in rows]  # the hot path: every value fits as it is
+            continue
+        col: list[Any] = [None] * n
+        for i, (_, row) in enumerate(rows):
+            v: Any = row.get(name)
             if v is None:
                 continue
-            ft = fast.get(k, _MISSING)
-            if ft is _MISSING:
-                continue  # a null-only field: no column
             if type(v) is ft and (ft is not int or lo <= v < hi):
-                cols[k][i] = v
+                col[i] = v
                 continue
-            ct = targets[k]
             try:
                 if ct.type is None:
                     raise CoercionError("the column's type is not one the intake writes")
-                cols[k][i] = coerce(v, ct.type, int_bits=ct.int_bits)
+                col[i] = coerce(v, ct.type, int_bits=ct.int_bits)
             except CoercionError as exc:
-                bad = bad if bad is not None else {}
-                bad[k] = {"value": v, "reason": str(exc)}
-        if bad:
-            if policy is UnmappedPolicy.FAIL:
-                out.failed.append((line, "values fit no column: " + "; ".join(f"{k}: {b['reason']}" for k, b in bad.items())))
-                dropped.append(i)
-                continue
-            # stdlib json: rare, and it also writes integers beyond 64 bits
-            unmapped_col[i] = json.dumps(bad, sort_keys=True, separators=(",", ":"), default=str)
-            out.unmapped_values += len(bad)
+                bad_rows.setdefault(i, {})[name] = {"value": v, "reason": str(exc)}
+        cols[name] = col
+    for i in sorted(bad_rows):
+        bad = bad_rows[i]
+        if policy is UnmappedPolicy.FAIL:
+            out.failed.append((rows[i][0], "values fit no column: " + "; ".join(f"{k}: {b['reason']}" for k, b in bad.items())))
+            dropped.append(i)
+            continue
+        # stdlib json: rare, and it also writes integers beyond 64 bits
+        unmapped_col[i] = json.dumps(bad, sort_keys=True, separators=(",", ":"), default=str)
+        out.unmapped_values += len(bad)
     out.lines = [line for line, _ in rows]
     if dropped:
         gone = set(dropped)

@@ -12,7 +12,6 @@ Files smaller than ``$TIDEMARK_EVENT_PARALLEL_BYTES`` (default 8 MiB) are typed 
 
 from __future__ import annotations
 
-import datetime as dt
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable
@@ -29,6 +28,7 @@ from lineage.event_types import SqlType, promote
 from lineage.intake_destinations import DestinationSpec
 
 Key = tuple[str, str]  # (destination, table)
+_TS = pa.timestamp("us", tz="UTC")
 
 
 def workers_setting() -> int:
@@ -50,7 +50,7 @@ class TypedPair:
 
     data: pa.Table
     lines: list[int]
-    received: list[dt.datetime | None]  # the rows' receive times, aligned to ``lines``
+    received: pa.Array  # the rows' receive times (timestamp, null when unknown), aligned to ``lines``
     added: list[str]
     unmapped_values: int
     failed: list[tuple[int, str]]
@@ -87,7 +87,8 @@ def type_events(events: Iterable[tuple[int, dict[str, Any]]], destinations: list
     for key, pair in prepared.pairs.items():
         header = pair.header
         if forced and key in forced:
-            header = BatchHeader(header.table, dict(forced[key]), header.promotions)
+            header = BatchHeader(header.table, dict(forced[key]), header.promotions, pytypes=header.pytypes,
+                                 rows=header.rows)
         table_cols = columns_of(pair.table)
         batch = type_batch(header, pair.rows, table_cols, pair.dest.spec.unmapped)
         written = set(batch.lines)
@@ -98,7 +99,8 @@ def type_events(events: Iterable[tuple[int, dict[str, Any]]], destinations: list
             at = _arrow_type(ct)
             arrays.append(pa.array(values, at))
             fields.append(pa.field(name, at))
-        out.pairs[key] = TypedPair(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), batch.lines, received,
+        out.pairs[key] = TypedPair(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), batch.lines,
+                                   pa.array(received, _TS),
                                    batch.added, batch.unmapped_values, batch.failed, pair.header.promotions,
                                    len(pair.rows), {n: ct.type for n, (ct, _) in batch.columns.items()},
                                    dict(pair.header.fields), dict(table_cols))
@@ -225,7 +227,7 @@ def merge_chunks(chunks: list[TypedUnit]) -> tuple[TypedUnit, dict[Key, dict[str
         if any(UNMAPPED in p.added for p in parts):
             added.append(UNMAPPED)
         merged.pairs[key] = TypedPair(
-            data, [x for p in parts for x in p.lines], [x for p in parts for x in p.received], added,
+            data, [x for p in parts for x in p.lines], pa.concat_arrays([p.received for p in parts]), added,
             sum(p.unmapped_values for p in parts), [x for p in parts for x in p.failed],
             sum(p.promotions for p in parts), sum(p.rows_in for p in parts))
     return merged, {}, set()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,8 @@ class EventProcessor:
         self.workers = workers_setting()
         self.typer: ParallelTyper | None = None
         self.next_file: Path | None = None  # the file after the one being processed (typed ahead)
+        self._archiver: ThreadPoolExecutor | None = None
+        self._archiving: list[Future[None]] = []
         self.geo: dict[str, GeoLookup] = {}
         for d in self.destinations:
             if d.spec.lookups.geo_db:
@@ -308,19 +311,37 @@ class EventProcessor:
         name = rf.path.name
         result = self.run_unit(name, store.status_path(rf.path), lambda: read_events(rf.path, stats), originals,
                                failure_ids=lambda line, dest: f"{name}:{line}:{dest}", file=rf.path)
-        finish_file(self.events_dir, rf.path, rf.start.date(), batch=True, stream_ids=self.stream_ids, has_batch=True)
-        crashpoint("events_archived")
+        def archive() -> None:
+            finish_file(self.events_dir, rf.path, rf.start.date(), batch=True, stream_ids=self.stream_ids, has_batch=True)
+            crashpoint("events_archived")
+
+        # gzip (zlib frees the GIL) while the next file is processed; a crash before it ends leaves
+        # the file in ready/ with every pair done, and the next run only archives it
+        if self._archiver is None:
+            self._archiver = ThreadPoolExecutor(1, thread_name_prefix="tidemark-archive")
+        self._archiving.append(self._archiver.submit(archive))
         return result
 
+    def wait_archived(self) -> None:
+        """Wait for the files handed to the archiving thread (raises what it raised)."""
+        try:
+            for f in self._archiving:
+                f.result()
+        finally:
+            self._archiving.clear()
+            if self._archiver is not None:
+                self._archiver.shutdown(wait=True)
+                self._archiver = None
 
-def positions(received: list[dt.datetime | None], start: dt.datetime | None) -> pa.Array:
+
+def positions(received: pa.Array, start: dt.datetime | None) -> pa.Array:
     """``pos`` of rows in order: the receive time raised to the running maximum (from ``start``,
     the table's newest ``pos``); a row without one gets the running maximum (or now)."""
     import pyarrow.compute as pc
 
-    if not received:
+    if not len(received):
         return pa.array([], _TS)
-    raw = pa.array(received, _TS).cast(pa.int64())
+    raw = received.cast(pa.int64())
     seed = start if start is not None else (dt.datetime.now(dt.UTC) if raw[0].as_py() is None else None)
     if seed is not None:
         raw = pa.concat_arrays([pa.array([seed], _TS).cast(pa.int64()), raw])

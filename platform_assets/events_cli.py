@@ -35,6 +35,14 @@ from resources.incoming_log import iter_ready_files
 from resources.settings import Settings
 
 
+class _Archived:
+    def __init__(self, proc: EventProcessor) -> None:
+        self.proc = proc
+
+    def close(self) -> None:
+        self.proc.wait_archived()
+
+
 @contextlib.contextmanager
 def _worker_pool() -> Iterator[None]:
     """The worker processes (started on first use, for large files) end with the call."""
@@ -52,7 +60,7 @@ def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = Fal
     proc = EventProcessor(settings, list(intake.spec.destinations))
     out = []
     seen: set[str] = set()
-    with store.ProcessorLock(proc.events_dir), _worker_pool():
+    with store.ProcessorLock(proc.events_dir), _worker_pool(), contextlib.closing(_Archived(proc)):
         while True:
             # a file processed earlier that a stream destination has not read to its end yet stays
             # in ready/ (the stream loop archives it): it is only looked at once per call
