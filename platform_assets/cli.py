@@ -337,7 +337,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     posted = demo_events.collect_demo_events(settings)
     print(f"   events: a collector on a free loopback port acknowledged {posted.accepted} of {posted.posted} events "
-          f"({posted.page_views} page views, {posted.carts} cart events) in {posted.seconds:.1f}s; stopped, files rotated")
+          f"({posted.page_views} page views, {posted.carts} cart events) in {posted.seconds * 1000:.0f} ms; stopped, files rotated")
     eng = _engine(args, settings)
     print(f"2. lineage valid: {len(eng.lineage.topics)} topics; published to sch.lineage")
     eng.publish_lineage()

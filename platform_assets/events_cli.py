@@ -160,11 +160,22 @@ def status(settings: Settings, intake: Intake) -> dict[str, Any]:
                 in_progress[rf.path.name] = {t: e["state"] for t, e in st["destinations"][spec.id]["tables"].items()}
         plan = store.failed_dir(events_dir) / f"replay.dst={spec.id}.json"
         out["destinations"][spec.id] = {
-            "mode": spec.mode.value + ("" if spec.mode.value == "batch" else " (not implemented: skipped)"),
+            "mode": spec.mode.value,
             "pending_files": sum(1 for rf in ready if not spec.only_keys or rf.token in spec.only_keys),
             "in_progress": in_progress, "failed_events": sum(1 for r in failed if r["destination"] == spec.id),
             "replay_pending": plan.exists(),
         }
+        if spec.mode is DestinationMode.STREAM:  # its queue: micro-batches committed, and one under way
+            from resources import event_queue as q
+
+            qdir = q.queue_dir(events_dir, spec.id)
+            qs = q.read_state(qdir)
+            out["destinations"][spec.id]["stream"] = {
+                "micro_batches": qs.seq, "files_read": len(qs.done),
+                "micro_batch_under_way": (qdir / "pending.json").exists(),
+                "bytes_waiting": sum(max(0, (p.stat().st_size if (p := q.find_file(events_dir, n)) else 0) - qs.offsets.get(n, [0])[0])
+                                     for n, _ in q.incoming_files(events_dir) if n not in qs.done),
+            }
     return out
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from lineage.intake import load_intake
 from platform_assets.event_stream import StreamLoop
-from platform_assets.events_cli import process_ready
+from platform_assets.events_cli import process_ready, status
 from resources import event_queue as q
 from resources import event_store as store
 from resources.delta_meta import open_table
@@ -142,6 +142,8 @@ def test_sigkill_at_every_point_of_a_micro_batch_no_event_lost_or_doubled(settin
     assert sorted(file_ids) == sorted(r["failure_id"] for r in failed)
     ids = [r["id"] for t in ("stage.live_pv", "stage.live_cart") for r in table_rows(settings, t)]
     assert len(set(ids)) == len(ids)
+    st = status(settings, load_intake(cfg, secrets=False))["destinations"]["live"]["stream"]
+    assert st["files_read"] == 3 and not st["micro_batch_under_way"] and st["bytes_waiting"] == len(b'{"eid": "torn')
     state = q.read_state(q.queue_dir(settings.events_dir(), "live"))
     assert open_file.name not in state.done and state.offsets[open_file.name] == [sum(map(len, lines)), 4]
     # the closed files wait in ready/ for the batch destination (it reads api's events only)
