@@ -14,7 +14,8 @@ acknowledged event is in the incoming log exactly once, and the issue's target f
 mode (>= 20,000 events/s with p99 < 50 ms) as met or MISSED (a miss still exits 0).
 
 Then processing: ``--process-events`` (default 500,000) generated 1 KB events in ready files,
-``tidemark events process`` (in this process, deltalake) from the files to the Delta stage table,
+``tidemark events process`` (in this process, deltalake; ``TIDEMARK_EVENT_WORKERS`` worker processes,
+default 2) from the files to the Delta stage table,
 and on the same files in the same run Spark Structured Streaming's JSON file source (schema
 inferred once, trigger availableNow, local[2]) writing a Delta table with the same flattened
 columns; events/s of both, their ratio and the target (>= 2x) as met or MISSED. The JVM's start
@@ -265,7 +266,10 @@ def processing_vs_structured_streaming(home: Path, n: int, per_file: int) -> Non
     ours_eps, theirs_eps = written / ours, ss_rows / theirs
     ratio = ours_eps / theirs_eps if theirs_eps else float("inf")
     print(f"\n{'pipeline':<42} {'rows':>9} {'seconds':>8} {'events/s':>10}")
-    print(f"{'tidemark events process (deltalake)':<42} {written:>9,} {ours:>8.1f} {ours_eps:>10,.0f}")
+    from platform_assets.event_workers import workers_setting
+
+    label = f"tidemark events process ({workers_setting()} workers)"
+    print(f"{label:<42} {written:>9,} {ours:>8.1f} {ours_eps:>10,.0f}")
     print(f"{'Structured Streaming JSON -> Delta':<42} {ss_rows:>9,} {theirs:>8.1f} {theirs_eps:>10,.0f}"
           f"   (+{jvm:.1f} s JVM start, not counted)")
     print(f"target: processing >= 2x Structured Streaming: {ratio:.2f}x -> {'met' if ratio >= 2 else 'MISSED'}"

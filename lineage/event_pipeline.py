@@ -59,22 +59,34 @@ def flatten(event: dict[str, Any]) -> dict[str, Any]:
     """Nested objects joined with ``_``; arrays as JSON strings; empty objects dropped; the
     stage table's own column names (``pos``, ``id``, ``_unmapped_data``) get a ``_`` suffix."""
     out: dict[str, Any] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for k, v in node.items():
-            name = prefix + column_name(k)
-            if isinstance(v, dict):
-                walk(v, name + "_")
-            elif isinstance(v, list):
-                out[name] = orjson.dumps(v).decode()
-            else:
-                out[name] = v
-
-    walk(event, "")
+    _walk(event, "", out)
     for r in RESERVED:
         if r in out:
             out[r + "_"] = out.pop(r)
     return out
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_FLAT_NAMES: dict[tuple[str, str], str] = {}  # (prefix, key) -> column: the hot path of every event
+
+
+def _walk(node: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
+    names = _FLAT_NAMES
+    for k, v in node.items():
+        name = names.get((prefix, k))
+        if name is None:
+            name = prefix + column_name(k)
+            if len(names) < 100_000:
+                names[(prefix, k)] = name
+        t = type(v)
+        if t in _SCALARS:
+            out[name] = v
+        elif t is dict or isinstance(v, dict):
+            _walk(v, name + "_", out)
+        elif t is list or isinstance(v, list):
+            out[name] = orjson.dumps(v).decode()
+        else:
+            out[name] = v
 
 
 def path_column(path: str) -> str:
@@ -200,8 +212,9 @@ class Destination:
         return row
 
 
-def build_destinations(specs: Iterable[DestinationSpec]) -> list[Destination]:
-    return [Destination(s) for s in specs if s.mode is DestinationMode.BATCH]
+def build_destinations(specs: Iterable[DestinationSpec],
+                       modes: tuple[DestinationMode, ...] = (DestinationMode.BATCH,)) -> list[Destination]:
+    return [Destination(s) for s in specs if s.mode in modes]
 
 
 def route(event: dict[str, Any], destinations: list[Destination]) -> list[Destination]:
@@ -270,10 +283,23 @@ class BatchHeader:
     fields: dict[str, SqlType] = field(default_factory=dict)
     promotions: int = 0  # how many times a field's type was promoted in this batch
 
+    _seen: dict[str, type] = field(default_factory=dict, repr=False, compare=False)
+    #: every Python type of a field's values (``object``: an int beyond 64 bits), and the rows
+    #: added: :func:`type_batch` takes a column whose values all fit as it is
+    pytypes: dict[str, set[type]] = field(default_factory=dict, repr=False, compare=False)
+    rows: int = field(default=0, repr=False, compare=False)
+
     def add(self, row: dict[str, Any], explicit: dict[str, SqlType]) -> None:
         fields = self.fields
+        seen = self._seen  # field -> Python type of the last value merged: the same type again changes nothing
+        self.rows += 1
         for k, v in row.items():
-            t = explicit.get(k) or _FAST_TYPES.get(type(v))
+            tv = type(v)
+            if seen.get(k) is tv and (tv is not int or -(2**63) <= v < 2**63):
+                continue
+            if v is not None:
+                self.pytypes.setdefault(k, set()).add(object if tv is int and not -(2**63) <= v < 2**63 else tv)
+            t = explicit.get(k) or _FAST_TYPES.get(tv)
             if t is None:
                 t = implicit_type(v)
                 if t is None:
@@ -286,6 +312,7 @@ class BatchHeader:
                 if new is not cur:
                     fields[k] = new
                     self.promotions += 1
+            seen[k] = tv
 
 
 @dataclass(frozen=True)
@@ -323,41 +350,46 @@ def type_batch(header: BatchHeader, rows: list[tuple[int, dict[str, Any]]], tabl
             targets[name] = ColumnType(t)
             added.append(name)
     n = len(rows)
-    cols: dict[str, list[Any]] = {name: [None] * n for name in targets}
-    # the Python type a column stores as it comes (no conversion): the hot path
+    cols: dict[str, list[Any]] = {}
+    # the Python type a column stores as it comes (no conversion)
     fast = {name: (_NATIVE.get(ct.type) if ct.type is not None and ct.int_bits == 64 else None)  # type: ignore[arg-type]
             for name, ct in targets.items()}
     unmapped_col: list[Any] = [None] * n
     dropped: list[int] = []
     out = TypedBatch({}, [], added)
     lo, hi = -(2**63), 2**63
-    for i, (line, row) in enumerate(rows):
-        bad: dict[str, Any] | None = None
-        for k, v in row.items():
+    complete = header.rows == n  # the header saw exactly these rows: its pytypes cover them
+    bad_rows: dict[int, dict[str, Any]] = {}
+    for name, ct in targets.items():
+        ft: Any = fast[name]
+        seen = header.pytypes.get(name) if complete else None
+        if ft is not None and seen is not None and seen <= {ft}:
+            cols[name] = [row.get(name) for _, row in rows]  # the hot path: every value fits as it is
+            continue
+        col: list[Any] = [None] * n
+        for i, (_, row) in enumerate(rows):
+            v: Any = row.get(name)
             if v is None:
                 continue
-            ft = fast.get(k, _MISSING)
-            if ft is _MISSING:
-                continue  # a null-only field: no column
             if type(v) is ft and (ft is not int or lo <= v < hi):
-                cols[k][i] = v
+                col[i] = v
                 continue
-            ct = targets[k]
             try:
                 if ct.type is None:
                     raise CoercionError("the column's type is not one the intake writes")
-                cols[k][i] = coerce(v, ct.type, int_bits=ct.int_bits)
+                col[i] = coerce(v, ct.type, int_bits=ct.int_bits)
             except CoercionError as exc:
-                bad = bad if bad is not None else {}
-                bad[k] = {"value": v, "reason": str(exc)}
-        if bad:
-            if policy is UnmappedPolicy.FAIL:
-                out.failed.append((line, "values fit no column: " + "; ".join(f"{k}: {b['reason']}" for k, b in bad.items())))
-                dropped.append(i)
-                continue
-            # stdlib json: rare, and it also writes integers beyond 64 bits
-            unmapped_col[i] = json.dumps(bad, sort_keys=True, separators=(",", ":"), default=str)
-            out.unmapped_values += len(bad)
+                bad_rows.setdefault(i, {})[name] = {"value": v, "reason": str(exc)}
+        cols[name] = col
+    for i in sorted(bad_rows):
+        bad = bad_rows[i]
+        if policy is UnmappedPolicy.FAIL:
+            out.failed.append((rows[i][0], "values fit no column: " + "; ".join(f"{k}: {b['reason']}" for k, b in bad.items())))
+            dropped.append(i)
+            continue
+        # stdlib json: rare, and it also writes integers beyond 64 bits
+        unmapped_col[i] = json.dumps(bad, sort_keys=True, separators=(",", ":"), default=str)
+        out.unmapped_values += len(bad)
     out.lines = [line for line, _ in rows]
     if dropped:
         gone = set(dropped)

@@ -5,7 +5,8 @@ named, mapped and typed. Validated with the rest of the intake file (``lineage/i
 
     destinations:
       - id: events                   # part of file names (failed.dst=<id>.log) and txn ids
-        mode: batch                  # batch (files -> Delta); stream is accepted, not implemented yet
+        mode: batch                  # batch: rotated files -> Delta (tidemark events process, the Dagster job);
+                                     # stream: micro-batches within seconds (tidemark events stream)
         only_keys: [web, backend]    # token ids whose events go here (empty: every token)
         table_name_template: "events_{{ event_type }}"   # Jinja2 sandbox; empty result = skip the event
         schema: stage                # warehouse schema of the tables
@@ -42,7 +43,7 @@ class _Strict(BaseModel):
 
 class DestinationMode(StrEnum):
     BATCH = "batch"
-    STREAM = "stream"  # accepted by the config; `tidemark events process` skips it (not implemented)
+    STREAM = "stream"  # `tidemark events stream` applies it continuously; `events process` skips it
 
 
 class MappingAction(StrEnum):

@@ -324,6 +324,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             Path(settings.offsets_url.removeprefix("sqlite:///")).unlink(missing_ok=True)
         if own_dagster_home:  # the runs and partitions of the wiped warehouse
             shutil.rmtree(settings.home / "dagster", ignore_errors=True)
+        shutil.rmtree(settings.events_dir(), ignore_errors=True)  # the event intake's files of the wiped tables
     t0 = time.monotonic()
     print(f"== Tidemark demo (state in {settings.home}; Dagster instance in {settings.dagster_home()})")
     os.environ["DAGSTER_HOME"] = str(settings.dagster_home())
@@ -332,6 +333,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     made = feeder.append(orders=args.orders, start=now - dt.timedelta(hours=2), end=now - dt.timedelta(minutes=1),
                          new_customers=200, bad_rows=2)
     print(f"1. stage layer written: {made}")
+    from platform_assets import demo_events
+
+    posted = demo_events.collect_demo_events(settings)
+    print(f"   events: a collector on a free loopback port acknowledged {posted.accepted} of {posted.posted} events "
+          f"({posted.page_views} page views, {posted.carts} cart events) in {posted.seconds * 1000:.0f} ms; stopped, files rotated")
     eng = _engine(args, settings)
     print(f"2. lineage valid: {len(eng.lineage.topics)} topics; published to sch.lineage")
     eng.publish_lineage()
@@ -339,6 +345,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     eng.spark  # noqa: B018 - start the session the in-process runs share
     ok = True
     with DagsterInstance.get() as instance:
+        ok &= demo_events.process_with_dagster(settings, instance, posted)  # the intake job: files -> stage tables
         ok &= _demo_runs(settings, instance)
         print("\n" + _lag_rows(eng))
         now = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
@@ -362,10 +369,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"with a position ({check.stage_orders_valid}); {check.quarantined} fact.orders rows in etl.quarantine "
           f"-> {'OK, each row exactly once' if exact else 'MISMATCH'}")
     view_ok = _view_check(eng, "mart.daily_revenue")
+    exact = exact and view_ok and demo_events.report(settings, posted)
     print("\n6. CDC: a PostgreSQL table replicated into the lakehouse (tidemark cdc):", flush=True)
     from platform_assets import cdc_demo
 
-    exact = exact and view_ok and cdc_demo.run(eng)
+    exact = cdc_demo.run(eng) and exact
     print(f"demo finished in {time.monotonic() - t0:.0f}s; see the runs in the UI: ./scripts/dev.sh (FEED=0 to only look); "
           "or try: tidemark lag | tidemark log | tidemark offsets show --history")
     return 0 if ok and exact else 1

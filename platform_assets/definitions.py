@@ -38,6 +38,7 @@ from lineage.loader import load_lineage
 from lineage.partitions import partitions_name
 from lineage.spec import Lineage, Processor
 from platform_assets.alerts import RESOURCE_KEY, AlertNotifierResource, build_alert_sensor
+from platform_assets.intake_assets import build_intake_definitions
 from platform_assets.io_manager import IO_MANAGER_KEY, OffsetIOManager, already_committed
 from platform_assets.sensors import build_planner_sensor
 from resources.settings import Settings
@@ -133,10 +134,11 @@ def _freshness(specs: list[Any]) -> dg.FreshnessPolicy:
 def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     settings = settings or Settings.from_env()
     lineage = load_lineage(settings.lineage)
+    intake = build_intake_definitions(settings, lineage)  # the event intake's assets, job and sensor
     sources = [
         dg.AssetSpec(asset_key(s.name), group_name=s.name.split(".")[0], kinds={"delta"},
                      description=s.spec.comment or f"source table {s.name}")
-        for s in lineage.sources.values()
+        for s in lineage.sources.values() if s.name not in intake.tables
     ]
     assets = []
     for table, topics in lineage.destinations().items():
@@ -171,9 +173,9 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
 
     cdc_assets, cdc_jobs, cdc_sensors = build_cdc(settings, lineage)
     return dg.Definitions(
-        assets=[*sources, *assets, *cdc_assets],
-        jobs=cdc_jobs,
-        sensors=[build_planner_sensor(settings, lineage), build_alert_sensor(), *cdc_sensors],
+        assets=[*sources, *assets, *cdc_assets, *intake.assets],
+        jobs=[*cdc_jobs, *intake.jobs],
+        sensors=[build_planner_sensor(settings, lineage), build_alert_sensor(), *cdc_sensors, *intake.sensors],
         resources={
             RESOURCE_KEY: AlertNotifierResource(log_path=str(settings.home / "alerts.log")),
             IO_MANAGER_KEY: OffsetIOManager(home=str(settings.home), warehouse=settings.warehouse,

@@ -22,11 +22,13 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
 from lineage.event_pipeline import (
     BatchHeader,
@@ -35,15 +37,23 @@ from lineage.event_pipeline import (
     GeoLookup,
     lookup_enrichment,
     route,
-    type_batch,
 )
 from lineage.event_types import parse_timestamp
-from lineage.intake_destinations import DestinationSpec
+from lineage.intake_destinations import DestinationMode, DestinationSpec
+from platform_assets.event_workers import (
+    ParallelTyper,
+    TypedUnit,
+    parallel_bytes_setting,
+    type_events,
+    workers_setting,
+)
 from platform_assets.faults import crashpoint
 from resources import event_store as store
 from resources.incoming_log import ReadStats, ReadyFile, read_events
 from resources.meta_tables import LogEntry, write_etl_log
 from resources.settings import Settings
+
+_TS = pa.timestamp("us", tz="UTC")
 
 
 def stage_app_id(dest: str, table: str) -> str:
@@ -123,30 +133,61 @@ class UnitResult:
 class EventProcessor:
     """Runs units (incoming files, replays) of one intake config against one warehouse."""
 
-    def __init__(self, settings: Settings, destinations: list[DestinationSpec]) -> None:
+    def __init__(self, settings: Settings, destinations: list[DestinationSpec],
+                 modes: tuple[DestinationMode, ...] = (DestinationMode.BATCH,)) -> None:
         from lineage.event_pipeline import build_destinations
 
         self.settings = settings
         self.events_dir = settings.events_dir()
-        self.destinations = build_destinations(destinations)
+        self.destinations = build_destinations(destinations, modes)
+        # stream destinations read the same incoming files: the last reader archives a file
+        self.stream_ids = [d.id for d in destinations if d.mode is DestinationMode.STREAM]
+        self.workers = workers_setting()
+        self.typer: ParallelTyper | None = None
+        self.next_file: Path | None = None  # the file after the one being processed (typed ahead)
+        self._archiver: ThreadPoolExecutor | None = None
+        self._archiving: list[Future[None]] = []
         self.geo: dict[str, GeoLookup] = {}
         for d in self.destinations:
             if d.spec.lookups.geo_db:
                 self.geo[d.id] = store.open_geo(d.spec.lookups.geo_db)
 
+    def _parallel(self, file: Path) -> bool:
+        try:
+            return self.workers > 1 and file.stat().st_size >= parallel_bytes_setting()
+        except FileNotFoundError:
+            return False
+
     # -- one unit ---------------------------------------------------------------------------
     def run_unit(self, unit: str, status_file: Path, events: Callable[[], Iterable[tuple[int, dict[str, Any]]]],
                  originals: Callable[[set[int]], dict[int, dict[str, Any]]], *,
-                 failure_ids: Callable[[int, str], str], replace: dict[str, list[str]] | None = None) -> UnitResult:
+                 failure_ids: Callable[[int, str], str], replace: dict[str, list[str]] | None = None,
+                 file: Path | None = None) -> UnitResult:
         """Plan, land and log one unit (see the module docstring). ``replace``: per destination,
-        the failure ids this unit takes out of ``etl.failed_events`` (a replay)."""
+        the failure ids this unit takes out of ``etl.failed_events`` (a replay). ``file``: the
+        unit is this whole incoming file (a large one is typed by worker processes)."""
         started = time.monotonic()
         status = store.read_json(status_file)
         if status is None or "ordinal" not in status:
             status = {"unit": unit, "ordinal": store.next_ordinal(self.events_dir), "destinations": {}}
             store.write_json_atomic(status_file, status)
         ordinal = int(status["ordinal"])
-        prepared = prepare(events(), self.destinations, self.geo)
+        tables: dict[str, dict[str, Any]] = {}  # each table's columns, read once per unit
+
+        def columns_of(table: str) -> Any:
+            if table not in tables:
+                tables[table] = store.table_columns(self.settings.table_path(table))
+            return tables[table]
+
+        if file is not None and self._parallel(file):
+            if self.typer is None:
+                modes = tuple(sorted({d.spec.mode.value for d in self.destinations}))
+                self.typer = ParallelTyper([d.spec for d in self.destinations], modes, self.settings, self.workers)
+            prepared = self.typer.type_file(file)
+            if self.next_file is not None and self._parallel(self.next_file):
+                self.typer.prefetch(self.next_file)  # typed while this one is written
+        else:
+            prepared = type_events(events(), self.destinations, self.geo, columns_of)
         result = UnitResult(unit, prepared.events_in, skipped=prepared.skipped)
         failures = {d: list(f) for d, f in prepared.failures.items()}
         typed: dict[tuple[str, str], Any] = {}
@@ -164,27 +205,21 @@ class EventProcessor:
             if entry is None and st.txn_version and store.committed_unit(path, app, unit):
                 dstat["tables"][table] = {"version": st.txn_version, "state": "ok", "rows": None, "recovered": True}
                 continue
-            batch = type_batch(pair.header, pair.rows, st.columns, pair.dest.spec.unmapped)
-            failures.setdefault(dest, []).extend((line, table, why) for line, why in batch.failed)
-            written_lines = set(batch.lines)
-            pos, running = [], st.max_pos
-            for (line, _), rec in zip(pair.rows, pair.received, strict=True):
-                if line not in written_lines:
-                    continue
-                rec = rec or running or dt.datetime.now(dt.UTC)
-                running = rec if running is None or rec > running else running
-                pos.append(running)
-            typed[key] = (batch, pos)
+            if pair.failed:
+                failures.setdefault(dest, []).extend((line, table, why) for line, why in pair.failed)
+            pos = positions(pair.received, st.max_pos)
+            typed[key] = (pair, pos)
+            first, last = (pos[0].as_py(), pos[-1].as_py()) if len(pos) else (None, None)
             dstat["tables"][table] = {
                 "version": entry["version"] if entry else st.txn_version + 1, "state": "planned",
-                "rows": len(batch.lines), "lines": [batch.lines[0], batch.lines[-1]] if batch.lines else None,
-                "columns_added": batch.added, "promotions": pair.header.promotions,
-                "unmapped_values": batch.unmapped_values, "failed": len(batch.failed),
-                "min_pos": pos[0].isoformat() if pos else None, "max_pos": pos[-1].isoformat() if pos else None,
-                "max_id": (ordinal << 32 | batch.lines[-1]) if batch.lines else None,
+                "rows": len(pair.lines), "lines": [pair.lines[0], pair.lines[-1]] if pair.lines else None,
+                "columns_added": pair.added, "promotions": pair.promotions,
+                "unmapped_values": pair.unmapped_values, "failed": len(pair.failed),
+                "min_pos": first.isoformat() if first else None, "max_pos": last.isoformat() if last else None,
+                "max_id": (ordinal << 32 | pair.lines[-1]) if pair.lines else None,
             }
         failed_path = self.settings.table_path(store.FAILED_EVENTS)
-        for dest in sorted(set(failures) | set(replace or {})):
+        for dest in sorted({d for d, f in failures.items() if f} | set(replace or {})):  # no empty commits
             dstat = status["destinations"].setdefault(dest, {"tables": {}})
             if "failed" not in dstat:
                 flog = store.failed_log(self.events_dir, dest)
@@ -209,11 +244,11 @@ class EventProcessor:
             f["state"] = "ok"
             store.write_json_atomic(status_file, status)
             crashpoint("events_failed_written")
-        for (dest, table), (batch, pos) in typed.items():
+        for (dest, table), (pair, pos) in typed.items():
             entry = status["destinations"][dest]["tables"][table]
-            ids = [ordinal << 32 | line for line in batch.lines]
-            if batch.lines:
-                store.write_stage(self.settings.table_path(table), batch.columns, pos, ids, stage_app_id(dest, table),
+            ids = pa.array([ordinal << 32 | line for line in pair.lines], pa.int64())
+            if pair.lines:
+                store.write_stage(self.settings.table_path(table), pair.data, pos, ids, stage_app_id(dest, table),
                                   entry["version"], {"unit": unit, "destination": dest, "table": table,
                                                      "lines": entry["lines"], "rows": len(ids)})
             crashpoint("events_written")
@@ -244,12 +279,12 @@ class EventProcessor:
                          "received_at": _received(ev)})
         return rows
 
-    def _log(self, dest: str, table: str, entry: dict[str, Any], unit: str, prepared: Prepared, seconds: float) -> None:
+    def _log(self, dest: str, table: str, entry: dict[str, Any], unit: str, prepared: TypedUnit, seconds: float) -> None:
         if entry.get("rows") is None:
             return  # recovered from the Delta log alone: the statistics went with the lost status
         ts = dt.datetime.now(dt.UTC)
         pair = prepared.pairs.get((dest, table))
-        changes = {"events_in": len(pair.rows) if pair else 0, "written": entry["rows"], "failed": entry.get("failed", 0),
+        changes = {"events_in": pair.rows_in if pair else 0, "written": entry["rows"], "failed": entry.get("failed", 0),
                    "columns_added": len(entry.get("columns_added") or []), "promotions": entry.get("promotions", 0),
                    "unmapped_values": entry.get("unmapped_values", 0)}
         lines = entry.get("lines") or [0, 0]
@@ -263,6 +298,11 @@ class EventProcessor:
 
     # -- files ------------------------------------------------------------------------------
     def process_file(self, rf: ReadyFile) -> UnitResult:
+        from resources.event_queue import batch_done, finish_file
+
+        if batch_done(rf.path):  # processed; waits for a stream destination to read it too
+            finish_file(self.events_dir, rf.path, rf.start.date(), batch=True, stream_ids=self.stream_ids, has_batch=True)
+            return UnitResult(rf.path.name)
         stats = ReadStats()
 
         def originals(lines: set[int]) -> dict[int, dict[str, Any]]:
@@ -270,10 +310,45 @@ class EventProcessor:
 
         name = rf.path.name
         result = self.run_unit(name, store.status_path(rf.path), lambda: read_events(rf.path, stats), originals,
-                               failure_ids=lambda line, dest: f"{name}:{line}:{dest}")
-        store.archive_file(self.events_dir, rf.path, rf.start.date())
-        crashpoint("events_archived")
+                               failure_ids=lambda line, dest: f"{name}:{line}:{dest}", file=rf.path)
+        def archive() -> None:
+            finish_file(self.events_dir, rf.path, rf.start.date(), batch=True, stream_ids=self.stream_ids, has_batch=True)
+            crashpoint("events_archived")
+
+        # gzip (zlib frees the GIL) while the next file is processed; a crash before it ends leaves
+        # the file in ready/ with every pair done, and the next run only archives it
+        if self._archiver is None:
+            self._archiver = ThreadPoolExecutor(1, thread_name_prefix="tidemark-archive")
+        self._archiving.append(self._archiver.submit(archive))
         return result
+
+    def wait_archived(self) -> None:
+        """Wait for the files handed to the archiving thread (raises what it raised)."""
+        try:
+            for f in self._archiving:
+                f.result()
+        finally:
+            self._archiving.clear()
+            if self._archiver is not None:
+                self._archiver.shutdown(wait=True)
+                self._archiver = None
+
+
+def positions(received: pa.Array, start: dt.datetime | None) -> pa.Array:
+    """``pos`` of rows in order: the receive time raised to the running maximum (from ``start``,
+    the table's newest ``pos``); a row without one gets the running maximum (or now)."""
+    import pyarrow.compute as pc
+
+    if not len(received):
+        return pa.array([], _TS)
+    raw = received.cast(pa.int64())
+    seed = start if start is not None else (dt.datetime.now(dt.UTC) if raw[0].as_py() is None else None)
+    if seed is not None:
+        raw = pa.concat_arrays([pa.array([seed], _TS).cast(pa.int64()), raw])
+    running = pc.fill_null_forward(pc.cumulative_max(raw, skip_nulls=True))
+    if seed is not None:
+        running = running.slice(1)
+    return running.cast(_TS)
 
 
 def _ts(value: str | None) -> dt.datetime | None:

@@ -12,11 +12,13 @@ failed set exactly once and lands exactly once; the failed file is rewritten fro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gzip
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +27,31 @@ import orjson
 from lineage.errors import TidemarkError
 from lineage.event_types import parse_timestamp
 from lineage.intake import Intake, IntakeConfigError, intake_path, load_intake
+from lineage.intake_destinations import DestinationMode
 from platform_assets.events import EventProcessor, UnitResult, _event_error
 from resources import event_store as store
+from resources.event_queue import batch_done
 from resources.incoming_log import iter_ready_files
 from resources.settings import Settings
+
+
+class _Archived:
+    def __init__(self, proc: EventProcessor) -> None:
+        self.proc = proc
+
+    def close(self) -> None:
+        self.proc.wait_archived()
+
+
+@contextlib.contextmanager
+def _worker_pool() -> Iterator[None]:
+    """The worker processes (started on first use, for large files) end with the call."""
+    from platform_assets.event_workers import shutdown_pool
+
+    try:
+        yield
+    finally:
+        shutdown_pool()
 
 
 def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = False) -> list[UnitResult]:
@@ -36,11 +59,19 @@ def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = Fal
     meanwhile, until none is left)."""
     proc = EventProcessor(settings, list(intake.spec.destinations))
     out = []
-    with store.ProcessorLock(proc.events_dir):
+    seen: set[str] = set()
+    with store.ProcessorLock(proc.events_dir), _worker_pool(), contextlib.closing(_Archived(proc)):
         while True:
-            files = iter_ready_files(proc.events_dir)
-            for rf in files:
-                out.append(proc.process_file(rf))
+            # a file processed earlier that a stream destination has not read to its end yet stays
+            # in ready/ (the stream loop archives it): it is only looked at once per call
+            files = [rf for rf in iter_ready_files(proc.events_dir) if rf.path.name not in seen]
+            for i, rf in enumerate(files):
+                proc.next_file = files[i + 1].path if i + 1 < len(files) else None
+                seen.add(rf.path.name)
+                done_before = batch_done(rf.path)
+                result = proc.process_file(rf)
+                if not done_before:
+                    out.append(result)
             if not files or not until_empty:
                 return out
 
@@ -72,7 +103,8 @@ def replay(settings: Settings, intake: Intake, dest: str | None = None,
     events_dir = settings.events_dir()
     out: dict[str, UnitResult] = {}
     with store.ProcessorLock(events_dir):
-        pending = [rf.path.name for rf in iter_ready_files(events_dir) if store.status_path(rf.path).exists()]
+        pending = [rf.path.name for rf in iter_ready_files(events_dir)
+                   if store.status_path(rf.path).exists() and not batch_done(rf.path)]
         if pending:
             raise TidemarkError(f"{pending[0]} is half-processed; run `tidemark events process` before a replay")
         failed_path = settings.table_path(store.FAILED_EVENTS)
@@ -91,7 +123,7 @@ def replay(settings: Settings, intake: Intake, dest: str | None = None,
                 plan_path.parent.mkdir(parents=True, exist_ok=True)
                 store.write_json_atomic(plan_path, plan)
             failures: list[dict[str, Any]] = plan["failures"]
-            proc = EventProcessor(settings, [spec])
+            proc = EventProcessor(settings, [spec], modes=tuple(DestinationMode))
 
             def events(failures: list[dict[str, Any]] = failures) -> Any:
                 return ((i, orjson.loads(f["event"])) for i, f in enumerate(failures, start=1))
@@ -128,11 +160,22 @@ def status(settings: Settings, intake: Intake) -> dict[str, Any]:
                 in_progress[rf.path.name] = {t: e["state"] for t, e in st["destinations"][spec.id]["tables"].items()}
         plan = store.failed_dir(events_dir) / f"replay.dst={spec.id}.json"
         out["destinations"][spec.id] = {
-            "mode": spec.mode.value + ("" if spec.mode.value == "batch" else " (not implemented: skipped)"),
+            "mode": spec.mode.value,
             "pending_files": sum(1 for rf in ready if not spec.only_keys or rf.token in spec.only_keys),
             "in_progress": in_progress, "failed_events": sum(1 for r in failed if r["destination"] == spec.id),
             "replay_pending": plan.exists(),
         }
+        if spec.mode is DestinationMode.STREAM:  # its queue: micro-batches committed, and one under way
+            from resources import event_queue as q
+
+            qdir = q.queue_dir(events_dir, spec.id)
+            qs = q.read_state(qdir)
+            out["destinations"][spec.id]["stream"] = {
+                "micro_batches": qs.seq, "files_read": len(qs.done),
+                "micro_batch_under_way": (qdir / "pending.json").exists(),
+                "bytes_waiting": sum(max(0, (p.stat().st_size if (p := q.find_file(events_dir, n)) else 0) - qs.offsets.get(n, [0])[0])
+                                     for n, _ in q.incoming_files(events_dir) if n not in qs.done),
+            }
     return out
 
 
@@ -165,6 +208,20 @@ def cmd_events(args: argparse.Namespace) -> int:
                           "fix the config, then `tidemark events replay`", file=sys.stderr)
         print(f"{len(results)} file(s) processed")
         return 0
+    if args.action == "stream":
+        from platform_assets.event_stream import StreamLoop, describe
+
+        loop = StreamLoop(settings, intake, args.destination or None, interval_ms=args.interval_ms,
+                          max_events=args.max_events)
+        print(f"streaming destination(s) {', '.join(s.id for s in loop.specs)} from {settings.events_dir() / 'incoming'} "
+              f"(a micro-batch every {args.interval_ms} ms or {args.max_events} events); SIGTERM or Ctrl-C stops",
+              flush=True)
+        n = 0
+        for mb in loop.run(once=args.once):
+            n += 1
+            print(describe(mb), flush=True)
+        print(f"stream stopped after {n} micro-batch(es)", flush=True)
+        return 0
     if args.action == "status":
         print(orjson.dumps(status(settings, intake), option=orjson.OPT_INDENT_2).decode())
         return 0
@@ -192,6 +249,11 @@ def register(sub: Any) -> None:
     r = acts.add_parser("replay", help="send failed events through the pipeline again (after fixing the config)")
     r.add_argument("--destination", help="only this destination's failed events")
     r.add_argument("--since", help="only events that failed at or after this time (ISO 8601)")
-    for a in (p, acts.choices["status"], r):
+    st = acts.add_parser("stream", help="apply the events of `mode: stream` destinations continuously, in micro-batches")
+    st.add_argument("--destination", action="append", help="only this stream destination (repeatable)")
+    st.add_argument("--interval-ms", type=int, default=500, help="a micro-batch at most this often (default 500)")
+    st.add_argument("--max-events", type=int, default=10_000, help="at most this many events per micro-batch (default 10000)")
+    st.add_argument("--once", action="store_true", help="apply what waits now, then exit")
+    for a in (p, acts.choices["status"], r, st):
         a.add_argument("--config", help="intake YAML (env TIDEMARK_INTAKE; default demo/intake.yaml)")
         a.set_defaults(func=cmd_events)

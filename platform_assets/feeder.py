@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import signal
 import sys
 import time
@@ -94,9 +95,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, metavar="ORDERS",
                    help="first, if the sources are empty, write a history of ORDERS orders over the last two hours")
     p.add_argument("--random-seed", type=int, default=None, help="random seed of the generated rows (default: time)")
+    p.add_argument("--collector", help="also POST page views and cart events to this event collector (http://host:port; "
+                                       "secrets from TIDEMARK_TOKEN_WEB / TIDEMARK_TOKEN_BACKEND)")
+    p.add_argument("--events", type=int, default=40, help="page views per append with --collector (default 40; a third as many cart events)")
     p.add_argument("--home", help="state directory (env TIDEMARK_HOME; default .tidemark)")
     p.add_argument("--warehouse", help="Delta warehouse root (env TIDEMARK_WAREHOUSE)")
     return p
+
+
+def _post_events(url: str, page_views: int, stamp: str) -> None:
+    """POST one round of page views and cart events; a collector that is down is reported, not fatal."""
+    from platform_assets import demo_events
+
+    tokens = {t: os.environ.get(env, "") for t, env in demo_events.TOKEN_ENV.items()}
+    try:
+        posted = demo_events.post_events(url.rstrip("/"), tokens, page_views=page_views, carts=max(1, page_views // 3))
+        print(f"{stamp} feeder: posted {posted.page_views} page views and {posted.carts} cart events to {url}: "
+              f"{posted.accepted} acknowledged", flush=True)
+    except (OSError, RuntimeError) as exc:
+        print(f"{stamp} feeder: could not post events to {url}: {exc}", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 done += 1
                 print(f"{stamp} feeder: appended {made['orders']} orders, {made['order_items']} order lines, "
                       f"{made['customers']} customers, pos {start:%H:%M:%S}..{end:%H:%M:%S}", flush=True)
+            if args.collector:
+                _post_events(args.collector, args.events, stamp)
             if args.iterations is not None and done >= args.iterations:
                 break
             pause = args.interval - (time.monotonic() - t0)

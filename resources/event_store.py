@@ -111,9 +111,15 @@ class ProcessorLock:
 def next_ordinal(events_dir: Path, at_least: int = 0) -> int:
     """Give out the next file ordinal (the high 32 bits of row ids), durably, before it is used."""
     path = events_dir / "processor.json"
-    state = read_json(path) or {}
-    n = max(int(state.get("last_ordinal", 0)), at_least) + 1
-    write_json_atomic(path, {**state, "last_ordinal": n})
+    events_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(events_dir / ".ordinal.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the batch processor and stream loops share the counter
+        state = read_json(path) or {}
+        n = max(int(state.get("last_ordinal", 0)), at_least) + 1
+        write_json_atomic(path, {**state, "last_ordinal": n})
+    finally:
+        os.close(fd)
     return n
 
 
@@ -171,14 +177,25 @@ class TableState:
     max_pos: dt.datetime | None
 
 
-def table_state(path: str, app_id: str) -> TableState:
-    table = open_table(path)
-    if table is None:
-        return TableState({}, 0, None)
+def _columns(table: Any) -> dict[str, ColumnType]:
     cols = {}
     for f in table.schema().fields:
         name = getattr(f.type, "type", None)
         cols[f.name] = _DELTA_TYPES.get(str(name), ColumnType(None))
+    return cols
+
+
+def table_columns(path: str) -> dict[str, ColumnType]:
+    """The columns of a stage table as the intake sees them (none if it does not exist yet)."""
+    table = open_table(path)
+    return {} if table is None else _columns(table)
+
+
+def table_state(path: str, app_id: str) -> TableState:
+    table = open_table(path)
+    if table is None:
+        return TableState({}, 0, None)
+    cols = _columns(table)
     max_pos = None
     if "pos" in cols:
         actions = pa.table(table.get_add_actions(flatten=True))
@@ -209,7 +226,7 @@ def committed_unit(path: str, app_id: str, unit: str, depth: int = 200) -> bool:
     return False
 
 
-def _arrow_type(ct: ColumnType) -> pa.DataType:
+def arrow_type(ct: ColumnType) -> pa.DataType:
     t = ct.type
     if t is SqlType.BIGINT:
         return {8: pa.int8(), 16: pa.int16(), 32: pa.int32()}.get(ct.int_bits, pa.int64())
@@ -222,20 +239,14 @@ def _arrow_type(ct: ColumnType) -> pa.DataType:
     return pa.string()
 
 
-def write_stage(path: str, columns: dict[str, tuple[ColumnType, list[Any]]], pos: list[dt.datetime],
-                ids: list[int], app_id: str, version: int, metadata: dict[str, Any]) -> None:
-    """Append one unit's rows (``pos``, ``id`` first) in one Delta commit that carries the
-    transaction ``(app_id, version)`` and ``metadata`` (with ``app_id``) as userMetadata; new
-    columns are added (schema merge)."""
+def write_stage(path: str, columns: pa.Table, pos: pa.Array, ids: pa.Array, app_id: str, version: int,
+                metadata: dict[str, Any]) -> None:
+    """Append one unit's rows (``pos``, ``id`` first, then ``columns``) in one Delta commit that
+    carries the transaction ``(app_id, version)`` and ``metadata`` (with ``app_id``) as
+    userMetadata; new columns are added (schema merge)."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
-    arrays = [pa.array(pos, _TS), pa.array(ids, pa.int64())]
-    fields = [pa.field("pos", _TS), pa.field("id", pa.int64())]
-    for name, (ct, values) in columns.items():
-        at = _arrow_type(ct)
-        arrays.append(pa.array(values, at))
-        fields.append(pa.field(name, at))
-    data = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    data = columns.add_column(0, pa.field("id", pa.int64()), ids).add_column(0, pa.field("pos", _TS), pos)
     meta = orjson.dumps({**metadata, "app_id": app_id, "version": version}, option=orjson.OPT_SORT_KEYS).decode()
     write_deltalake(path, data, mode="append", schema_mode="merge", storage_options=storage_options(path),
                     commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=version)],

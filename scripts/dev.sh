@@ -7,6 +7,7 @@
 #   ./scripts/dev.sh                    # state in ./.tidemark, Dagster's in ./.tidemark/dagster
 #   PORT=3001 FEED_INTERVAL=10 FEED_ORDERS=20 ./scripts/dev.sh
 #   FEED=0 ./scripts/dev.sh             # no background feeder
+#   COLLECT=0 ./scripts/dev.sh          # no event collector (else on COLLECTOR_PORT, default 8421)
 #   SPARK=local ./scripts/dev.sh        # every run starts its own local JVM (no Connect server)
 #   SPARK_PORT=15010 ./scripts/dev.sh   # the Connect server's port (default 15002)
 #   ./scripts/dev.sh --profile prod     # (or PROFILE=prod) Dagster's instance and the offsets in
@@ -42,8 +43,12 @@ if [ ! -f "$DAGSTER_HOME/dagster.yaml" ]; then
   cp "$instance_yaml" "$DAGSTER_HOME/dagster.yaml"
 fi
 echo "dev: TIDEMARK_HOME=$TIDEMARK_HOME DAGSTER_HOME=$DAGSTER_HOME"
+# The event collector's token secrets (demo/intake.yaml): throw-away ones unless you set yours.
+export TIDEMARK_TOKEN_WEB="${TIDEMARK_TOKEN_WEB:-dev-web-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
+export TIDEMARK_TOKEN_BACKEND="${TIDEMARK_TOKEN_BACKEND:-dev-backend-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
 
 feeder_pid=""
+collector_pid=""
 dagster_pid=""
 spark_started=0
 pg_started=0
@@ -61,6 +66,10 @@ cleanup() {
   if [ -n "$feeder_pid" ] && kill -0 "$feeder_pid" 2>/dev/null; then
     kill "$feeder_pid" 2>/dev/null || true
     wait "$feeder_pid" 2>/dev/null || true
+  fi
+  if [ -n "$collector_pid" ] && kill -0 "$collector_pid" 2>/dev/null; then  # SIGTERM: its files rotate to ready/
+    kill -TERM "$collector_pid" 2>/dev/null || true
+    wait "$collector_pid" 2>/dev/null || true
   fi
   if [ "$spark_started" = 1 ]; then
     .venv/bin/tidemark spark down 2>/dev/null || true
@@ -104,8 +113,17 @@ if [ "${SPARK:-connect}" = "connect" ]; then
   echo "dev: runs use the Spark Connect server at $TIDEMARK_SPARK_MASTER"
 fi
 
+collector_url=""
+if [ "${COLLECT:-1}" != "0" ]; then
+  .venv/bin/tidemark collect --port "${COLLECTOR_PORT:-8421}" &
+  collector_pid=$!
+  collector_url="http://127.0.0.1:${COLLECTOR_PORT:-8421}"
+  echo "dev: event collector (pid $collector_pid) on $collector_url; the tidemark_intake_files sensor processes its rotated files"
+fi
+
 if [ "${FEED:-1}" != "0" ]; then
-  .venv/bin/python -m platform_assets.feeder --interval "${FEED_INTERVAL:-5}" --orders "${FEED_ORDERS:-50}" &
+  .venv/bin/python -m platform_assets.feeder --interval "${FEED_INTERVAL:-5}" --orders "${FEED_ORDERS:-50}" \
+    ${collector_url:+--collector "$collector_url"} &
   feeder_pid=$!
   echo "dev: feeder running (pid $feeder_pid), one line per append"
 fi

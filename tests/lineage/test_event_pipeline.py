@@ -187,3 +187,18 @@ def test_template_results_are_cached_per_field_values_and_failures_stay_failures
         with pytest.raises(EventFailure, match="undefined"):
             d.table_name({"x": 1})
     assert d.table_name({"event_type": ["list"]}) == "stage.e___list__"  # unhashable: rendered each time
+
+
+def test_type_batch_takes_a_column_whole_only_when_every_value_fits():
+    h = BatchHeader("stage.t")
+    rows = [(1, {"n": 1, "s": "a"}), (2, {"n": 2**70, "s": "b"}), (3, {"s": None})]
+    for _, r in rows:
+        h.add(r, {})
+    assert h.pytypes == {"n": {int, object}, "s": {str}} and h.rows == 3
+    batch = type_batch(h, rows, {"n": ColumnType(I)}, UnmappedPolicy.COLUMN)
+    assert batch.columns["s"][1] == ["a", "b", None]  # taken whole
+    assert batch.columns["n"][1] == [1, None, None] and '"value":1180591620717411303424' in batch.columns[UNMAPPED][1][1]
+    # a header that did not see these rows never vouches for them: the values are checked one by one
+    other = [(1, {"n": "x"}), (2, {"n": 3})]
+    checked = type_batch(h, other, {"n": ColumnType(I)}, UnmappedPolicy.COLUMN)
+    assert checked.columns["n"][1] == [None, 3] and checked.unmapped_values == 1

@@ -978,8 +978,8 @@ def test_valid_topics_unaffected_by_unknown_dependency_check(lin: Path) -> None:
 
 def test_demo_lineage_loads() -> None:
     lineage = load_lineage(DEMO)
-    assert set(lineage.topics) == {"dim.customers", "fact.orders", "fact.order_items", "mart.daily_revenue"}
-    assert set(lineage.sources) == {"stage.customers", "stage.orders", "stage.order_items"}
+    assert set(lineage.topics) == {"dim.customers", "fact.orders", "fact.order_items", "mart.daily_revenue", "fact.page_views"}
+    assert set(lineage.sources) == {"stage.customers", "stage.orders", "stage.order_items", "stage.events_page_view"}
     assert_before(lineage, "fact.orders", "fact.order_items")
     assert_before(lineage, "fact.order_items", "mart.daily_revenue")
     assert lineage.files == (DEMO / "crm.yaml", DEMO / "shop.yaml")

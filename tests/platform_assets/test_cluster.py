@@ -95,6 +95,8 @@ def test_demo_lineage_on_a_standalone_cluster_equals_local_mode(spark, tmp_path)
             print(f"pass {n}: local {t_local:.0f}s, cluster {time.monotonic() - t1:.0f}s (side by side)")
 
         for topic in lineage.topics.values():
+            if topic.name == "fact.page_views":
+                continue  # its source is written by the event intake, not by ShopFeeder
             table = topic.spec.destination
             expected = _rows(local, table)
             assert expected, f"{table}: the local run wrote no rows"

@@ -27,7 +27,11 @@ def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {"stage/customers", "stage/orders", "stage/order_items", "dim/customers", "fact/orders",
-                    "fact/order_items", "mart/daily_revenue", "crm/customers"}
+                    "fact/order_items", "mart/daily_revenue", "intake/stage", "stage/events_page_view", "fact/page_views",
+                    "crm/customers"}
+    # the intake's stage table is an asset of the intake job, the source of fact.page_views
+    assert graph.get(dg.AssetKey(["stage", "events_page_view"])).is_materializable
+    assert dg.AssetKey(["stage", "events_page_view"]) in graph.get(dg.AssetKey(["fact", "page_views"])).parent_keys
     crm = dg.AssetKey(["crm", "customers"])  # a CDC replica, kept by the replicator crm
     assert {k.name for k in graph.asset_check_keys if k.asset_key == crm} == {"state", "lag"}
     assert "tidemark__cdc__crm" in {j.name for j in defs.get_repository_def().get_all_jobs()}
@@ -40,7 +44,7 @@ def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
     dg.Definitions.validate_loadable(defs)
     jobs = {j.name for j in defs.get_repository_def().get_all_jobs()}
     assert {"tidemark__fact__orders", "tidemark__dim__customers"} <= jobs
-    assert {s.name for s in defs.sensors} >= {"tidemark_planner", "tidemark_alerts"}
+    assert {s.name for s in defs.sensors} >= {"tidemark_planner", "tidemark_alerts", "tidemark_intake_files"}
     checks = {k.name for k in graph.asset_check_keys if k.asset_key == dg.AssetKey(["fact", "orders"])}
     assert checks == {"rows", "lag", "nulls", "late_rows"}
     # a merge view: one unpartitioned asset, judged per unit by its own checks

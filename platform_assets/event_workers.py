@@ -1,0 +1,306 @@
+"""Typing a unit's events into Arrow, in this process or split over worker processes.
+
+A large incoming file is cut at line boundaries into chunks; worker processes (a
+``ProcessPoolExecutor``, ``$TIDEMARK_EVENT_WORKERS``, default 2) parse, route, name, enrich, map
+and type each chunk against the tables' current columns and return Arrow tables. The result is
+the one a single pass over the file gives: when chunks typed a new column differently (int in
+one, string in another), the type promotion of the whole file is applied and those chunks are
+typed again with it. Only the type promotion *count* (a statistic) may differ.
+
+Files smaller than ``$TIDEMARK_EVENT_PARALLEL_BYTES`` (default 8 MiB) are typed in-process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from lineage.event_pipeline import UNMAPPED, BatchHeader, ColumnType, Destination, GeoLookup, type_batch
+from lineage.event_types import SqlType, promote
+from lineage.intake_destinations import DestinationSpec
+
+Key = tuple[str, str]  # (destination, table)
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def workers_setting() -> int:
+    raw = os.environ.get("TIDEMARK_EVENT_WORKERS", "2")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"TIDEMARK_EVENT_WORKERS={raw!r}: give a number of worker processes (1: none)") from None
+    return max(1, n)
+
+
+def parallel_bytes_setting() -> int:
+    return int(os.environ.get("TIDEMARK_EVENT_PARALLEL_BYTES", str(8 * 1024**2)))
+
+
+@dataclass
+class TypedPair:
+    """One (destination, table) of a unit, typed: columns (no ``pos``/``id``) and their lines."""
+
+    data: pa.Table
+    lines: list[int]
+    received: pa.Array  # the rows' receive times (timestamp, null when unknown), aligned to ``lines``
+    added: list[str]
+    unmapped_values: int
+    failed: list[tuple[int, str]]
+    promotions: int
+    rows_in: int
+    types: dict[str, SqlType | None] = field(default_factory=dict)  # each column's type (None: not one we write)
+    header: dict[str, SqlType] = field(default_factory=dict)
+    table_columns: dict[str, ColumnType] = field(default_factory=dict)  # what the table had when typed
+
+
+@dataclass
+class TypedUnit:
+    pairs: dict[Key, TypedPair] = field(default_factory=dict)
+    failures: dict[str, list[tuple[int, str | None, str]]] = field(default_factory=dict)  # template failures
+    events_in: int = 0
+    skipped: int = 0
+
+
+def _arrow_type(ct: ColumnType) -> pa.DataType:
+    from resources.event_store import arrow_type
+
+    return arrow_type(ct)
+
+
+def type_events(events: Iterable[tuple[int, dict[str, Any]]], destinations: list[Destination],
+                geo: dict[str, GeoLookup], columns_of: Callable[[str], dict[str, ColumnType]],
+                forced: dict[Key, dict[str, SqlType]] | None = None) -> TypedUnit:
+    """Every step of the pipeline over ``events``, typed against ``columns_of(table)``;
+    ``forced``: the header to type a pair with (a whole file's promotion)."""
+    from platform_assets.events import prepare
+
+    prepared = prepare(events, destinations, geo)
+    out = TypedUnit(failures=prepared.failures, events_in=prepared.events_in, skipped=prepared.skipped)
+    for key, pair in prepared.pairs.items():
+        header = pair.header
+        if forced and key in forced:
+            header = BatchHeader(header.table, dict(forced[key]), header.promotions, pytypes=header.pytypes,
+                                 rows=header.rows)
+        table_cols = columns_of(pair.table)
+        batch = type_batch(header, pair.rows, table_cols, pair.dest.spec.unmapped)
+        written = set(batch.lines)
+        received = [rec for (line, _), rec in zip(pair.rows, pair.received, strict=True) if line in written] \
+            if len(written) != len(pair.rows) else list(pair.received)
+        arrays, fields = [], []
+        for name, (ct, values) in batch.columns.items():
+            at = _arrow_type(ct)
+            arrays.append(pa.array(values, at))
+            fields.append(pa.field(name, at))
+        out.pairs[key] = TypedPair(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), batch.lines,
+                                   pa.array(received, _TS),
+                                   batch.added, batch.unmapped_values, batch.failed, pair.header.promotions,
+                                   len(pair.rows), {n: ct.type for n, (ct, _) in batch.columns.items()},
+                                   dict(pair.header.fields), dict(table_cols))
+    return out
+
+
+# -- the worker side --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChunkTask:
+    path: str
+    start: int
+    end: int
+    first_line: int
+    specs: list[DestinationSpec]
+    modes: tuple[str, ...]
+    settings: Any  # resources.settings.Settings
+    forced: dict[Key, dict[str, SqlType]] | None = None
+
+
+_CACHE: dict[str, Any] = {}
+
+
+def _chunk_events(task: ChunkTask) -> Iterable[tuple[int, dict[str, Any]]]:
+    with open(task.path, "rb") as f:
+        f.seek(task.start)
+        data = f.read(task.end - task.start)
+    lines = data.split(b"\n")
+    lines.pop()  # b"" after the last newline, or an unterminated tail: a torn write, never acknowledged
+    for k, line in enumerate(lines):
+        try:
+            ev = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(ev, dict):
+            yield task.first_line + k, ev
+
+
+def run_chunk(task: ChunkTask) -> TypedUnit:
+    """In a worker process: one chunk of a file, typed."""
+    from lineage.event_pipeline import build_destinations
+    from lineage.intake_destinations import DestinationMode
+    from resources import event_store as store
+
+    key = repr((task.specs, task.modes))
+    if _CACHE.get("key") != key:
+        dests = build_destinations(task.specs, tuple(DestinationMode(m) for m in task.modes))
+        geo = {d.id: store.open_geo(d.spec.lookups.geo_db) for d in dests if d.spec.lookups.geo_db}
+        _CACHE.update(key=key, dests=dests, geo=geo)
+    settings = task.settings
+    return type_events(_chunk_events(task), _CACHE["dests"], _CACHE["geo"],
+                       lambda table: store.table_columns(settings.table_path(table)), task.forced)
+
+
+# -- the main side ----------------------------------------------------------------------------
+
+def split_file(path: Path, parts: int) -> list[tuple[int, int, int]]:
+    """``(start, end, first line)`` of ``parts`` chunks of ``path`` cut after a newline."""
+    size = path.stat().st_size
+    bounds = [0]
+    with open(path, "rb") as f:
+        for i in range(1, parts):
+            f.seek(max(bounds[-1], size * i // parts))
+            f.readline()  # to the end of the line the cut falls in
+            pos = f.tell()
+            if pos >= size:
+                break
+            bounds.append(pos)
+        bounds.append(size)
+        out, line = [], 1
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            if b <= a:
+                continue
+            out.append((a, b, line))
+            f.seek(a)
+            line += f.read(b - a).count(b"\n")
+    return out
+
+
+def _target_types(p: TypedPair) -> dict[str, SqlType | None]:
+    return {n: t for n, t in p.types.items() if n != UNMAPPED}
+
+
+def merge_chunks(chunks: list[TypedUnit]) -> tuple[TypedUnit, dict[Key, dict[str, SqlType]], set[int]]:
+    """Merge typed chunks (in file order). Returns the merged unit, and when chunks typed a column
+    differently: the whole file's headers to type again with, and the chunks that need it."""
+    forced: dict[Key, dict[str, SqlType]] = {}
+    redo: set[int] = set()
+    keys: list[Key] = []
+    for c in chunks:
+        keys += [k for k in c.pairs if k not in keys]
+    for key in keys:
+        indexed = [(i, c.pairs[key]) for i, c in enumerate(chunks) if key in c.pairs]
+        types: dict[str, SqlType | None] = {}
+        conflict = False
+        for _, p in indexed:
+            for n, t in _target_types(p).items():
+                if n in types and types[n] is not t:
+                    conflict = True
+                types.setdefault(n, t)
+        if conflict:
+            header: dict[str, SqlType] = {}
+            for _, p in indexed:
+                for n, t in p.header.items():
+                    header[n] = promote(header[n], t) if n in header else t
+            forced[key] = header
+            redo |= {i for i, _ in indexed}
+    merged = TypedUnit()
+    for c in chunks:
+        merged.events_in += c.events_in
+        merged.skipped += c.skipped
+        for d, f in c.failures.items():
+            merged.failures.setdefault(d, []).extend(f)
+    if forced:
+        return merged, forced, redo
+    for key in keys:
+        parts = [c.pairs[key] for c in chunks if key in c.pairs]
+        data = pa.concat_tables([p.data for p in parts], promote_options="default")
+        if UNMAPPED in data.column_names:  # last, as a single pass puts it
+            data = data.select([n for n in data.column_names if n != UNMAPPED] + [UNMAPPED])
+        added: list[str] = []
+        for p in parts:
+            added += [n for n in p.added if n not in added and n != UNMAPPED]
+        if any(UNMAPPED in p.added for p in parts):
+            added.append(UNMAPPED)
+        merged.pairs[key] = TypedPair(
+            data, [x for p in parts for x in p.lines], pa.concat_arrays([p.received for p in parts]), added,
+            sum(p.unmapped_values for p in parts), [x for p in parts for x in p.failed],
+            sum(p.promotions for p in parts), sum(p.rows_in for p in parts))
+    return merged, {}, set()
+
+
+_POOL: dict[str, Any] = {}
+
+
+def pool(workers: int) -> Executor:
+    """One pool per process, started on first use (forkserver: the workers do not inherit the
+    parent's threads, e.g. deltalake's runtime)."""
+    ex = _POOL.get("ex")
+    if ex is None or _POOL.get("n") != workers:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["platform_assets.event_workers", "platform_assets.events", "resources.event_store"])
+        ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+        _POOL.update(ex=ex, n=workers)
+    return ex
+
+
+def shutdown_pool() -> None:
+    ex = _POOL.pop("ex", None)
+    if ex is not None:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+class ParallelTyper:
+    """Types large files in the worker pool, one file ahead: while the caller writes a file's
+    tables, the next file is typed against the tables as they were. A file typed against
+    columns that changed since (the previous file added some) is typed again."""
+
+    def __init__(self, specs: list[DestinationSpec], modes: tuple[str, ...], settings: Any, workers: int) -> None:
+        self.specs, self.modes, self.settings, self.workers = specs, modes, settings, workers
+        self.ahead: dict[Path, tuple[list[ChunkTask], list[Future[TypedUnit]]]] = {}
+
+    def _submit(self, path: Path, forced: dict[Key, dict[str, SqlType]] | None = None) -> tuple[list[ChunkTask], list[Future[TypedUnit]]]:
+        tasks = [ChunkTask(str(path), a, b, first, self.specs, self.modes, self.settings, forced)
+                 for a, b, first in split_file(path, self.workers * 2)]
+        ex = pool(self.workers)
+        return tasks, [ex.submit(run_chunk, t) for t in tasks]
+
+    def prefetch(self, path: Path) -> None:
+        if path not in self.ahead and path.exists():
+            self.ahead[path] = self._submit(path)
+
+    def _stale(self, chunks: list[TypedUnit]) -> bool:
+        from resources import event_store as store
+
+        now: dict[str, dict[str, ColumnType]] = {}
+        for c in chunks:
+            for (_, table), p in c.pairs.items():
+                if table not in now:
+                    now[table] = store.table_columns(self.settings.table_path(table))
+                if p.table_columns != now[table]:
+                    return True
+        return False
+
+    def type_file(self, path: Path) -> TypedUnit:
+        """Type one incoming file (see the module docstring)."""
+        ahead = self.ahead.pop(path, None)
+        tasks, futures = ahead if ahead is not None else self._submit(path)
+        chunks = [f.result() for f in futures]
+        if ahead is not None and self._stale(chunks):  # typed ahead, before the tables changed: again
+            tasks, futures = self._submit(path)
+            chunks = [f.result() for f in futures]
+        merged, forced, redo = merge_chunks(chunks)
+        if forced:
+            ex = pool(self.workers)
+            again = [ChunkTask(t.path, t.start, t.end, t.first_line, self.specs, self.modes, self.settings, forced)
+                     for t in tasks]
+            for i, c in zip(sorted(redo), ex.map(run_chunk, [again[i] for i in sorted(redo)]), strict=True):
+                chunks[i] = c
+            merged, forced, _ = merge_chunks(chunks)
+            if forced:  # cannot happen: every chunk of a pair now has the same header
+                raise RuntimeError(f"{path}: chunks typed differently after promotion: {sorted(forced)}")
+        return merged

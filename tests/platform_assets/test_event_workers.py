@@ -1,0 +1,123 @@
+"""Typing a file in worker processes gives the tables a single pass gives: the same rows, ids,
+positions, columns, unmapped values and failed events, also when chunks type a new column
+differently (the whole file's promotion is applied to them)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from lineage.intake import load_intake
+from platform_assets.event_workers import shutdown_pool, split_file
+from platform_assets.events_cli import process_ready
+from resources import event_store as store
+from resources.delta_meta import open_table
+from resources.incoming_log import ready_dir
+from resources.settings import Settings
+from tests.platform_assets.test_events import T0, config, write_file
+
+
+def _big_file(settings: Settings, minutes: int = 5, extra: str = "late", w_text: bool = False) -> Path:
+    evs: list[dict[str, Any]] = []
+    for i in range(3000):
+        ev: dict[str, Any] = {"eid": i, "event_type": ["pv", "cart"][i % 2], "n": i, "u": {"id": i, "tags": [i, "x"]}}
+        ev["v"] = i if i < 1500 else f"s{i}"  # bigint in the first chunks, string later: promoted for the file
+        ev["w"] = f"w{i}" if w_text else i  # a new bigint column of the first file; text in the second
+        if i % 97 == 5:
+            ev["n"] = "not a number"  # fits no existing bigint column: _unmapped_data
+        if i % 101 == 7:
+            del ev["event_type"]  # fails the template
+        if i % 89 == 3:
+            ev["_timestamp"] = "garbage"  # no receive time: pos is the running maximum
+        if i == 2000:
+            ev[extra] = {"deep": True}  # a column the next file, typed ahead, did not see in the table
+        evs.append(ev)
+    path = write_file(settings, "web", T0 + dt.timedelta(minutes=minutes), evs)
+    with open(path, "ab") as f:  # a corrupt line and a torn tail
+        f.write(b"not json\n")
+        f.write(b'{"eid": 99999, "event')
+    return path
+
+
+def _snapshot(settings: Settings) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for table in ("stage.events_pv", "stage.events_cart"):
+        t = open_table(settings.table_path(table))
+        assert t is not None
+        data = t.to_pyarrow_table()
+        out[table] = (data.schema.names, sorted(data.to_pylist(), key=lambda r: r["id"]))
+    failed = store.read_failed_events(settings.table_path(store.FAILED_EVENTS))
+    out["failed"] = sorted(({k: v for k, v in r.items() if k != "failed_at"} for r in failed), key=lambda r: r["failure_id"])
+    return out
+
+
+def test_split_file_cuts_after_newlines_and_counts_lines(tmp_path: Path):
+    p = tmp_path / "f.log"
+    p.write_bytes(b"".join(orjson.dumps({"i": i, "pad": "x" * (i % 13)}) + b"\n" for i in range(100)) + b"torn")
+    parts = split_file(p, 4)
+    assert len(parts) == 4 and parts[0][0] == 0 and parts[-1][1] == p.stat().st_size
+    data = p.read_bytes()
+    for (a, b, first), nxt in zip(parts, [*parts[1:], None], strict=True):
+        assert a == 0 or data[a - 1:a] == b"\n"
+        assert first == data[:a].count(b"\n") + 1
+        if nxt:
+            assert nxt[0] == b
+    assert sum(data[a:b].count(b"\n") for a, b, _ in parts) == 100
+
+
+@pytest.mark.slow
+def test_workers_write_what_a_single_pass_writes(tmp_path: Path, monkeypatch):
+    from platform_assets import event_workers
+
+    merges: list[tuple[int, bool]] = []  # (chunks, promoted again) of each merge in the main process
+    real_merge = event_workers.merge_chunks
+
+    def spy(chunks):  # noqa: ANN001, ANN202
+        out = real_merge(chunks)
+        merges.append((len(chunks), bool(out[1])))
+        return out
+
+    monkeypatch.setattr(event_workers, "merge_chunks", spy)
+    stale: list[bool] = []  # files typed ahead: were the tables they were typed against changed since?
+    real_stale = event_workers.ParallelTyper._stale
+
+    def stale_spy(self, chunks):  # noqa: ANN001, ANN202
+        stale.append(real_stale(self, chunks))
+        return stale[-1]
+
+    monkeypatch.setattr(event_workers.ParallelTyper, "_stale", stale_spy)
+    homes = {}
+    for mode in ("single", "workers"):
+        settings = Settings.from_env({}, home=tmp_path / mode / "home", lineage=tmp_path / "lineage")
+        (tmp_path / mode).mkdir()
+        cfg = config(tmp_path / mode)
+        # an existing table: n is bigint there, so "not a number" fits no column
+        write_file(settings, "web", T0, [{"event_type": "pv", "n": 1}, {"event_type": "cart", "n": 2}])
+        monkeypatch.setenv("TIDEMARK_EVENT_WORKERS", "1")
+        process_ready(settings, load_intake(cfg, secrets=False))
+        _big_file(settings)
+        _big_file(settings, 10, "later", w_text=True)
+        monkeypatch.setenv("TIDEMARK_EVENT_WORKERS", "1" if mode == "single" else "2")
+        monkeypatch.setenv("TIDEMARK_EVENT_PARALLEL_BYTES", "1")
+        try:
+            done = process_ready(settings, load_intake(cfg, secrets=False))
+        finally:
+            shutdown_pool()
+        assert len(done) == 2 and all(r.written > 2500 for r in done)
+        assert not list(ready_dir(settings.events_dir()).glob("*.log"))
+        homes[mode] = settings
+    # 2 workers x 2 chunks; v typed bigint and string: typed again with the file's promotion; the
+    # second file, typed ahead before the first added its columns, was typed again
+    assert merges == [(4, True), (4, False), (4, False)] and stale == [True]
+    single, workers = _snapshot(homes["single"]), _snapshot(homes["workers"])
+    assert single["stage.events_pv"][0] == workers["stage.events_pv"][0]  # same columns, same order
+    for table in ("stage.events_pv", "stage.events_cart"):
+        assert single[table] == workers[table], table
+    assert single["failed"] == workers["failed"] and len(single["failed"]) == 60
+    rows = single["stage.events_pv"][1]
+    assert sum(1 for r in rows if r["_unmapped_data"] and '"w"' in r["_unmapped_data"]) > 1000  # text in bigint w
+    assert any(r["_unmapped_data"] for r in rows) and {type(r["v"]) for r in rows if r["v"] is not None} == {str}
