@@ -205,7 +205,7 @@ def make_lineage(base: Path, events_dir: Path, maxstep: int) -> Path:
 def run_cdc(spark: SparkSession, settings: Settings) -> tuple[float, list[Any], Timer]:
     """The replicator until caught up, timed; its parts timed by wrappers."""
     from lineage.loader import load_lineage
-    from platform_assets import cdc, cdc_apply, spark_io
+    from platform_assets import cdc, cdc_apply, cdc_run, spark_io
     from platform_assets.engine import Engine
     from resources.debezium_source import DebeziumFileSource
 
@@ -218,7 +218,7 @@ def run_cdc(spark: SparkSession, settings: Settings) -> tuple[float, list[Any], 
     engine = Engine(settings, load_lineage(settings.lineage), spark=spark, owner="bench-cdc")
     try:
         t0 = time.monotonic()
-        results = list(cdc.run_replicator(engine, engine.lineage.replicators[REPLICATOR], until_caught_up=True))
+        results = list(cdc_run.run_replicator(engine, engine.lineage.replicators[REPLICATOR], until_caught_up=True))
         took = time.monotonic() - t0
     finally:
         engine.close()
@@ -362,7 +362,8 @@ def run_lag(spark: SparkSession, base: Path, rows: int, rate: float, per_tx: int
     import psycopg
 
     from lineage.loader import load_lineage
-    from platform_assets.cdc import ReplicatorUnit, open_source
+    from platform_assets.cdc import ReplicatorUnit
+    from platform_assets.cdc_run import open_source
     from platform_assets.engine import Engine
     from resources import local_pg
 

@@ -24,7 +24,7 @@ def home_args(tmp_path: Path) -> list[str]:
 def test_validate_demo_lineage(capsys):
     assert main(["--lineage", str(ROOT / "demo" / "lineage"), "lineage", "validate"]) == 0
     out = capsys.readouterr().out
-    assert "OK: 5 topics, 4 sources in 1 file(s)" in out and "fact.order_items" in out and "5s" in out
+    assert "OK: 5 topics, 4 sources in 2 file(s)" in out and "fact.order_items" in out and "5s" in out
 
 
 def test_validate_bad_lineage_exits_2_naming_file_topic_field(tmp_path, capsys):
