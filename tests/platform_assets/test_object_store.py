@@ -41,17 +41,18 @@ def _tidemark(settings: Settings, spark_url: str, *args: str) -> str:
 
 
 def _run_demo(settings: Settings, spark_url: str) -> None:
-    """Seed the shop, run until caught up, append more rows (two late), run again."""
+    """Seed the shop, run until caught up, append more rows (two late), run again (the shop's topics:
+    fact.page_views reads the event intake's table, which ShopFeeder does not write)."""
     from platform_assets.demo import ShopFeeder
 
     t0 = dt.datetime(2026, 1, 1, 12)
     feeder = ShopFeeder(settings)
     feeder.append(orders=80, start=t0, end=t0 + dt.timedelta(hours=1), new_customers=20, bad_rows=2)
-    first = _tidemark(settings, spark_url, "run", "--until-caught-up")
+    first = _tidemark(settings, spark_url, "run", "--until-caught-up", *TABLES)
     assert "block 1" in first, first
     feeder.append(orders=20, start=t0 + dt.timedelta(hours=1, minutes=1), end=t0 + dt.timedelta(hours=2),
                   new_customers=5, late=2)
-    _tidemark(settings, spark_url, "run", "--until-caught-up")
+    _tidemark(settings, spark_url, "run", "--until-caught-up", *TABLES)
 
 
 @pytest.fixture
