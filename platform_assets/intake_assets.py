@@ -18,7 +18,6 @@ destination compares its failed events / events in with ``failed_share_threshold
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import dagster as dg
 from lineage.intake import Intake, intake_path, load_intake
 from lineage.intake_destinations import DestinationMode, DestinationSpec
 from lineage.spec import Lineage
+from resources.pidlock import held
 from resources.settings import Settings
 
 JOB_NAME = "tidemark_intake"
@@ -88,17 +88,7 @@ def _load(file: Path | None) -> Intake | None:
 
 def processor_busy(events_dir: Path) -> bool:
     """Whether an event processor holds the folder's lock now (a non-blocking flock probe)."""
-    lock = events_dir / ".processor.lock"
-    if not lock.exists():
-        return False
-    fd = os.open(lock, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing releases a lock we took
-    return False
+    return held(events_dir / ".processor.lock")
 
 
 def summarize(results: list[Any], specs: list[DestinationSpec]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:

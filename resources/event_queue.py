@@ -35,6 +35,7 @@ from typing import Any
 from lineage.errors import TidemarkError
 from resources import event_store as store
 from resources.incoming_log import incoming_dir, parse_name, ready_dir
+from resources.pidlock import PidFileLock
 
 
 class QueueLockedError(TidemarkError):
@@ -153,32 +154,12 @@ def read_range(events_dir: Path, r: Range) -> bytes:
         return f.read(r.end - r.start)
 
 
-class QueueLock:
+class QueueLock(PidFileLock):
     """One stream loop per destination."""
 
     def __init__(self, folder: Path) -> None:
-        self.path = folder / ".lock"
-        self.fd: int | None = None
-
-    def __enter__(self) -> QueueLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise QueueLockedError(f"another stream loop (pid {holder}) works on {self.path.parent}; "
-                                   "stop it first") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        super().__init__(folder / ".lock", lambda holder: QueueLockedError(
+            f"another stream loop (pid {holder}) works on {folder}; stop it first"))
 
 
 @contextmanager

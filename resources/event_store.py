@@ -31,6 +31,7 @@ from lineage.errors import TidemarkError
 from lineage.event_pipeline import ColumnType
 from lineage.event_types import SqlType
 from resources.delta_meta import open_table
+from resources.pidlock import PidFileLock
 from resources.storage import storage_options
 
 FAILED_EVENTS = "etl.failed_events"
@@ -80,32 +81,13 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
-class ProcessorLock:
+class ProcessorLock(PidFileLock):
     """One processor per events folder (process and replay both take it)."""
 
     def __init__(self, events_dir: Path) -> None:
-        self.path = events_dir / ".processor.lock"
-        self.fd: int | None = None
-
-    def __enter__(self) -> ProcessorLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise ProcessorLockedError(f"another event processor (pid {holder}) works on {self.path.parent}; "
-                                       "wait for it or stop it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        path = events_dir / ".processor.lock"
+        super().__init__(path, lambda holder: ProcessorLockedError(
+            f"another event processor (pid {holder}) works on {path.parent}; wait for it or stop it"))
 
 
 def next_ordinal(events_dir: Path, at_least: int = 0) -> int:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import fcntl
 import os
 import re
 import sys
@@ -44,6 +43,7 @@ from typing import Any
 import orjson
 
 from lineage.errors import TidemarkError
+from resources.pidlock import PidFileLock
 
 NAME_RE = re.compile(r"^incoming\.tok=(?P<token>[A-Za-z0-9_-]+)\.(?P<start>\d{8}T\d{12}Z)\.log$")
 _TS_FORMAT = "%Y%m%dT%H%M%S%fZ"
@@ -150,24 +150,15 @@ class IncomingLog:
         self.group_ms = group_ms
         self.metrics = LogMetrics()
         self.writers: dict[str, TokenWriter] = {}
-        self._lock_fd: int | None = None
+        self._lock: PidFileLock | None = None
 
     def open(self) -> list[Path]:
         """Take the lock and move files a crashed collector left behind to ``ready/``; returns them."""
         self.ready.mkdir(parents=True, exist_ok=True)
-        lock = self.folder / ".collector.lock"
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise IncomingLogLockedError(
-                f"another collector (pid {holder}) writes to {self.folder}; stop it first, or give this one "
-                "another TIDEMARK_HOME") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
+        folder = self.folder
+        self._lock = PidFileLock(folder / ".collector.lock", lambda holder: IncomingLogLockedError(
+            f"another collector (pid {holder}) writes to {folder}; stop it first, or give this one another TIDEMARK_HOME"))
+        self._lock.acquire()
         moved = []
         for p in sorted(self.folder.glob("incoming.tok=*.log")):
             target = self.ready / p.name
@@ -189,9 +180,8 @@ class IncomingLog:
         """Write what is pending, fsync, move every open file to ``ready/``, release the lock."""
         for w in self.writers.values():
             await w.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._lock is not None:
+            self._lock.release()
 
     def _last_start(self, token: str) -> dt.datetime | None:
         starts = [parsed[1] for folder in (self.folder, self.ready) for p in folder.glob(f"incoming.tok={token}.*.log")

@@ -1,0 +1,58 @@
+"""An exclusive lock on a file that names its holder's pid: one collector per incoming log, one
+event processor per events folder, one stream loop per destination queue. ``flock`` releases it
+when the holder closes it or dies (SIGKILL included), so a crash never leaves it held."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+class PidFileLock:
+    """Taken without waiting: a second holder gets ``refused(holder_pid)`` raised."""
+
+    def __init__(self, path: Path, refused: Callable[[str], Exception]) -> None:
+        self.path = path
+        self.refused = refused
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise self.refused(holder) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> PidFileLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def held(path: Path) -> bool:
+    """Whether some process holds the lock at ``path`` now (a non-blocking probe)."""
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock we took
+    return False
