@@ -180,10 +180,11 @@ class ReplicatorUnit:
         rec = self._reconcile(replica, path, self._record(replica, f"replica of {schema.table}"))
         table = self.tables[schema.table] = Table(schema.table, replica, path, self.layout(schema), rec,
                                                   from_start=not self.source.snapshots)
-        if table.applied is not None and delta_meta.open_table(path) is not None:
+        have = cdc_apply.replica_columns(path) if table.applied is not None else {}
+        if have:  # the replica exists
             from platform_assets import cdc_ddl
 
-            problem = cdc_ddl.alter(self, table, schema)  # columns the source has now and the replica lacks
+            problem = cdc_ddl.alter(self, table, schema, have)  # columns the source has now and the replica lacks
             if problem and state_word(rec) != PAUSED:
                 why = f"paused: {problem}; fix the replica's column type or re-copy it: tidemark cdc resume {replica} --resync"
                 self.engine.store.set_state(replica, self.owner, why)

@@ -112,9 +112,10 @@ def apply(unit: ReplicatorUnit, t: Table | None, ddl: DdlChange, tx_lsn: int, re
     return t
 
 
-def alter(unit: ReplicatorUnit, t: Table, schema: TableSchema) -> str | None:
-    """Bring the replica's columns to ``schema``; the reason when a change cannot be applied."""
-    have = cdc_apply.replica_columns(t.path)
+def alter(unit: ReplicatorUnit, t: Table, schema: TableSchema, have: dict[str, str] | None = None) -> str | None:
+    """Bring the replica's columns to ``schema`` (``have``: its columns now, if already read); the
+    reason when a change cannot be applied."""
+    have = cdc_apply.replica_columns(t.path) if have is None else have
     for col in schema.columns:
         old = have.get(col.name)
         if old is not None and not widens(old, col.type):
