@@ -8,15 +8,18 @@ A unit of a merge topic applies two kinds of change:
   the input's change data feed, from the version the topic applied last (its per-input offset).
 
 Incremental: the view keys those changes touch are re-derived from the full inputs and MERGEd.
-That is only possible when every changed input declares ``join_keys`` (how its rows map to view
-columns) and its change feed can be read; and it is only worth it while a small share of the
-input changed. Otherwise the whole view is recomputed, and the reason is recorded; a topic with
+The keys come by the delta rule (:func:`inexact` says when it applies): new base rows give the
+transform's keys over them; a changed input gives the transform's keys over the base rows that
+join to a changed row of it (``join_keys``: base column -> input column), evaluated against the
+input's previous and its new version. That is only possible when every changed input declares
+its base join column and its change feed can be read; and it is only worth it while a small
+share of the input changed. Otherwise the whole view is recomputed, and the reason is recorded; a topic with
 ``refresh: incremental_strict`` fails instead (:class:`RefreshRefused`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from lineage.errors import ProcessingError
@@ -62,14 +65,42 @@ class Strategy:
         return "incremental" if self.incremental else "full"
 
 
-def choose(spec: TopicSpec, *, built: bool, base_rows: int, late_rows: int = 0,
-           changes: Sequence[InputChange] = ()) -> Strategy:
+def inexact(spec: TopicSpec, table: str, base_columns: Collection[str], *, python_transform: bool = False) -> str:
+    """Why a change of input ``table`` cannot be applied to the view by the delta rule ('' if it can).
+
+    The rule: the view keys a changed reference row affects are the transform's keys of the base
+    rows that join to it, evaluated against the input's previous version (their old groups) and
+    its new version (their new groups). That needs ``join_keys`` to name the base's join column
+    (``{customer_id: id}``: base column -> input column), and a SQL transform (the previous
+    version is substituted for the table's name). A view column that merely carries a reference
+    value cannot say which base rows move: a row whose reference vanished or appeared, or whose
+    key is an expression of it (``coalesce``, ``CASE``, a bucket), lands in a group no changed
+    reference row names."""
+    pairs = spec.join_keys.get(table)
+    if not pairs:
+        return f"the spec declares no join_keys for {table}"
+    missing = [c for c in pairs if c not in base_columns]
+    if missing:
+        return (f"its join_keys name {', '.join(missing)}, which the base {spec.base} does not have, so the affected keys "
+                f"cannot be derived exactly (view columns cannot say which base rows move between groups when a "
+                f"reference row vanishes, appears or maps to an expression); declare the base's join column instead, "
+                f"e.g. {{{table}: {{<{spec.base} column>: {pairs[missing[0]]}}}}}")
+    if python_transform:
+        return (f"a Python transform reads {table} by name, so its previous version cannot be substituted and the "
+                f"affected keys cannot be derived exactly (write the transform in SQL)")
+    return ""
+
+
+def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collection[str], late_rows: int = 0,
+           changes: Sequence[InputChange] = (), python_transform: bool = False) -> Strategy:
     """The strategy of the next unit of merge topic ``spec``.
 
     ``built``: the view holds a commit of this topic (else the first unit builds it whole);
-    ``base_rows``: base rows in the block; ``late_rows``: late base rows to re-derive;
-    ``changes``: every other input. Raises :class:`RefreshRefused` when ``refresh:
-    incremental_strict`` and only a full recompute can do the unit."""
+    ``base_rows``: base rows in the block; ``base_columns``: the base table's columns (which
+    ``join_keys`` name base join columns, see :func:`inexact`); ``late_rows``: late base rows to
+    re-derive; ``changes``: every other input; ``python_transform``: a transform is Python code.
+    Raises :class:`RefreshRefused` when ``refresh: incremental_strict`` and only a full
+    recompute can do the unit."""
     if not built:
         return Strategy(False, f"initial build: {spec.destination} holds no commit of topic '{spec.name}'")
     if spec.refresh is Refresh.FULL:
@@ -84,6 +115,8 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, late_rows: int = 0,
             why.append(f"{c.table} has no offset yet (added to depends_on after the view was built)")
         elif c.table not in spec.join_keys:
             why.append(f"{c.table} changed ({c.versions}) and the spec declares no join_keys for it")
+        elif problem := inexact(spec, c.table, base_columns, python_transform=python_transform):
+            why.append(f"{c.table} changed ({c.versions}) and {problem}")
         elif c.problem:
             why.append(f"{c.table} changed ({c.versions}) but its change data feed cannot be read: {c.problem}")
         elif (not strict and c.changed_rows is not None and c.table_rows
@@ -96,7 +129,8 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, late_rows: int = 0,
         reason = "full recompute because " + "; ".join(why)
         if strict:
             raise RefreshRefused(f"topic '{spec.name}': refresh: incremental_strict refuses a {reason}. Fix the cause "
-                                 f"(declare join_keys, enable delta.enableChangeDataFeed on the input), or run it once "
+                                 f"(declare join_keys on the base's join column, enable delta.enableChangeDataFeed on the "
+                                 f"input), or run it once "
                                  f"with refresh: incremental")
         return Strategy(False, reason, fallback=True)
     parts = []

@@ -327,6 +327,11 @@ class Topic:
     def where(self) -> str:
         return f"{self.file}:{self.line}" if self.line else str(self.file)
 
+    @property
+    def python(self) -> bool:
+        """Whether a transform is Python code (it reads any table by name, at its newest version)."""
+        return any(t.python is not None for t in self.transforms)
+
 
 @dataclass(frozen=True)
 class Source:

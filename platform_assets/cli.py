@@ -70,9 +70,37 @@ def cmd_validate(args: argparse.Namespace) -> int:
              t.spec.maxstep, t.where) for t in lineage.topics.values()]
     print(_table(rows, ["topic", "processor", "depends_on", "delay", "repeat", "maxstep", "declared at"]))
     print(f"\nOK: {len(lineage.topics)} topics, {len(lineage.sources)} sources in {len(lineage.files)} file(s) under {settings.lineage}")
-    for warning in _wait_warnings(settings, lineage):
+    for warning in [*_wait_warnings(settings, lineage), *_exactness_warnings(settings, lineage)]:
         print(f"warning: {warning}")
     return 0
+
+
+def _exactness_warnings(settings: Settings, lineage: Any) -> list[str]:
+    """Merge topics whose ``join_keys`` cannot give the affected keys exactly (a change of that
+    input will recompute the whole view): a view column instead of the base's join column, or a
+    Python transform. Reads the base's schema from its Delta log (no JVM); a base that does not
+    exist yet is not judged."""
+    from lineage.refresh import inexact
+    from resources.delta_meta import TableSnapshot
+
+    out = []
+    for t in lineage.topics.values():
+        if t.spec.processor is not Processor.MERGE or not t.spec.join_keys:
+            continue
+        base = TableSnapshot.open(settings.table_path(t.spec.base, _source_path(lineage, t.spec.base)))
+        if base.version is None:
+            continue
+        for table in t.spec.join_keys:
+            why = inexact(t.spec, table, base.columns, python_transform=t.python)
+            if why:
+                out.append(f"{t.where}: topic '{t.name}': join_keys of {table}: {why}; every change of {table} will "
+                           f"recompute the whole view (refused under refresh: incremental_strict)")
+    return out
+
+
+def _source_path(lineage: Any, table: str) -> str | None:
+    src = lineage.sources.get(table)
+    return src.spec.path if src is not None else None
 
 
 def _wait_warnings(settings: Settings, lineage: Any) -> list[str]:
@@ -124,7 +152,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if topic.spec.processor is Processor.MERGE:
         from platform_assets import views
 
-        print("\n".join(views.explain(eng, topic)))
+        print("\n".join(views.explain(eng, topic, keys=args.keys)))
         return 0
     row = next(r for r in eng.lag() if r.topic == topic.name)
     print(f"topic {topic.name} ({topic.spec.processor.value} into {topic.spec.destination}): last {_cell(row.last)}"
@@ -537,6 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     explain = sub.add_parser("explain", help="what the next run of a topic would do and why (no Spark, nothing written)")
     explain.add_argument("topic")
+    explain.add_argument("--keys", type=int, nargs="?", const=20, default=0, metavar="N",
+                         help="merge topics: also list the view keys the next unit would re-derive, by where they come "
+                              "from (up to N each, default 20; starts Spark, writes nothing)")
     explain.set_defaults(func=cmd_explain)
 
     run = sub.add_parser("run", help="process topics (one block each, or until caught up)")

@@ -87,6 +87,9 @@ class MergeWork:
     late_rows: int
     columns: list[str] = field(default_factory=list)
     views: list[str] = field(default_factory=list)  # temporary views to drop when done
+    built: bool = True  # the view holds a commit of this topic
+    #: Incremental: the affected keys by where they come from (label, keys), see MergeProcessor.derive.
+    affected: list[tuple[str, DataFrame]] = field(default_factory=list)
 
 
 class MergeProcessor:
@@ -162,32 +165,75 @@ class MergeProcessor:
 
     def _build(self, topic: Topic, rec: OffsetRecord, planned: Planned) -> tuple[DataFrame, MergeWork]:
         """The unit's strategy and its output: the whole view (full) or the MERGE source (incremental)."""
+        from pyspark.sql import functions as F
+
+        spec = topic.spec
+        full, work = self.derive(topic, rec, planned)
+        if not work.strategy.incremental:
+            if work.built:  # a recompute as plain as a rebuild can be (clustering it would cost a shuffle of every row)
+                return full, work
+            rows = delta_meta.TableSnapshot.open(self.engine.path(spec.base), planned.source_version).row_count
+            return _clustered(full, spec, rows), work
+        key = list(spec.key)
+        try:
+            keys, _ = spark_io.small_local(self.engine.spark, functools.reduce(
+                lambda a, b: a.unionByName(b), [k for _, k in work.affected]).distinct(), LOCAL_KEYS)
+        except Exception as exc:
+            if not (work.strategy.reverse and _removed(exc)):
+                raise
+            # The previous version of a changed input (or its change feed) was removed by VACUUM: its
+            # rows' old groups are unknown, so only a recompute is exact.
+            work.strategy = Strategy(False, f"full recompute because a previous version of "
+                                            f"{', '.join(work.strategy.reverse)} cannot be read ({spark_io.first_line(exc)[:300]})",
+                                     fallback=True)
+            self._refuse_strict(topic, work.strategy)
+            return full, work
+        rederived = spark_io.semi_join(full, keys, key).withColumn(PRESENT, F.lit(True))
+        return spark_io.rows_of_keys(keys, rederived, key), work
+
+    def derive(self, topic: Topic, rec: OffsetRecord, planned: Planned) -> tuple[DataFrame, MergeWork]:
+        """The view over the unit's inputs (every input at the version the unit planned) and the
+        unit's strategy; for an incremental unit also the affected keys (``MergeWork.affected``, by
+        source), by the delta rule (:mod:`lineage.refresh`):
+
+        * new and late base rows: the transform's keys over them;
+        * a changed input ``R`` (``join_keys``: base column -> ``R``'s column): the base rows whose
+          join column matches a changed row of ``R`` (its change feed's before and after images),
+          their keys evaluated with ``R`` at its previous version (the groups they leave) and at
+          its new one (the groups they join); rows whose reference vanished or appeared included;
+        * rows the transform makes from the changed inputs alone (an outer join keeping a
+          reference without base rows): the keys whose rows differ between the transform over
+          no base rows at the previous and at the new versions.
+
+        Nothing is computed yet; the caller drops ``work.views`` when done."""
         eng, spec = self.engine, topic.spec
         block = planned.block
         if block is None or rec.inputs_next is None:
             raise ProcessingError(f"topic '{topic.name}': unit {rec.seq} has no planned bounds")
         dest = eng.path(spec.destination)
         done = rec.inputs.get(spec.base)
+        base = delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version)
         late = delta_meta.LateRows(delta_meta.pa.table({}))
         if spec.late_rows is LateRows.REDERIVE and done is not None and not block.last.is_zero():
-            late = delta_meta.late_rows(delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version), done, block.last)
+            late = delta_meta.late_rows(base, done, block.last)
         changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t), upto=rec.inputs_next.get(t))
                         for t in spec.depends_on[1:])
         built = bool(rec.inputs) and delta_meta.open_table(dest) is not None
         base_rows = planned.base_rows if planned.base_rows >= 0 else delta_meta.count_block(
             eng.path(spec.base), block.last, block.next, planned.source_version)
-        strategy = choose(spec, built=built, base_rows=base_rows, late_rows=late.rows.num_rows, changes=changes)
+        strategy = choose(spec, built=built, base_rows=base_rows, base_columns=base.columns, late_rows=late.rows.num_rows,
+                          changes=changes, python_transform=topic.python)
         eng.register_tables(topic)
         spark = eng.spark
         tag = uuid.uuid4().hex[:10]
-        work = MergeWork(strategy, changes, late.rows.num_rows)
+        work = MergeWork(strategy, changes, late.rows.num_rows, built=built)
+        pinned = self._pin(work, topic, {t: v for t, v in rec.inputs_next.items() if t != spec.base}, f"tm_in_{tag}")
         everything = self._base(spark, topic, planned, upto=True)
-        full = spark_io.transform(spark, topic, self._view(spark, work, f"tm_all_{tag}", everything), view=work.views[-1])
+        full = spark_io.transform(spark, topic, self._view(spark, work, f"tm_all_{tag}", everything), view=work.views[-1],
+                                  tables=pinned)
+        work.columns = list(full.columns)
         if not strategy.incremental:
-            work.columns = list(full.columns)
-            if built:  # a recompute as plain as a rebuild can be (clustering it would cost a shuffle of every row)
-                return full, work
-            return _clustered(full, spec, delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version).row_count), work
+            return full, work
         target = spark.read.format("delta").load(dest)
         added = [c for c in full.columns if c not in target.columns]
         gone = [c for c in target.columns if c not in full.columns]
@@ -195,39 +241,62 @@ class MergeProcessor:
             why = f"the transform's columns changed (added: {', '.join(added) or '-'}; removed: {', '.join(gone) or '-'})"
             work.strategy = Strategy(False, f"full recompute because {why}", fallback=True)
             self._refuse_strict(topic, work.strategy)
-            work.columns = list(full.columns)
             return full, work
         key = list(spec.key)
         missing = [k for k in key if k not in full.columns]
         if missing:
             raise ProcessingError(f"topic '{topic.name}' ({topic.where}): key column(s) {', '.join(missing)} are not in the "
                                   f"transform's output ({', '.join(full.columns)})")
-        affected: list[DataFrame] = []
-        if block.next > block.last or late.rows.num_rows:
-            new = self._base(spark, topic, planned, upto=False)
-            if late.rows.num_rows:
-                ids = spark.createDataFrame([(int(i),) for i in late.rows.column("id").to_pylist()], "id bigint")
-                late_df = self._base(spark, topic, planned, upto=True, last_only=True).join(ids, "id", "left_semi")
-                new = new.unionByName(late_df)
-            fresh = spark_io.transform(spark, topic, self._view(spark, work, f"tm_new_{tag}", new), view=work.views[-1])
-            affected.append(fresh.select(*key))
-        for table in strategy.reverse:
-            pairs = spec.join_keys[table]
-            c = next(ch for ch in changes if ch.table == table)
-            feed = (spark.read.format("delta").option("readChangeFeed", "true")
-                    .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(eng.path(table)))
-            changed, values = spark_io.small_local(spark, feed.select(*[feed[i].alias(v) for v, i in pairs.items()]).distinct(),
-                                                   LOCAL_KEYS)
-            affected.append(_matching(target, changed, list(pairs), values).select(*key))  # rows the old input values produced
-            affected.append(spark_io.semi_join(full, changed, list(pairs)).select(*key))  # rows the new input values produce
-        from pyspark.sql import functions as F
 
-        keys, _ = spark_io.small_local(spark, functools.reduce(lambda a, b: a.unionByName(b), affected).distinct(),
-                                       LOCAL_KEYS)
-        rederived = spark_io.semi_join(full, keys, key).withColumn(PRESENT, F.lit(True))
-        source = spark_io.rows_of_keys(keys, rederived, key)
-        work.columns = list(full.columns)
-        return source, work
+        def keys_of(name: str, rows: DataFrame, tables: dict[str, str]) -> DataFrame:
+            return spark_io.transform(spark, topic, self._view(spark, work, f"{name}_{tag}", rows), view=work.views[-1],
+                                      tables=tables).select(*key)
+
+        if block.next > block.last:
+            work.affected.append((f"{base_rows} new base rows", keys_of("tm_new", self._base(spark, topic, planned, upto=False),
+                                                                        pinned)))
+        if late.rows.num_rows:
+            ids = spark.createDataFrame([(int(i),) for i in late.rows.column("id").to_pylist()], "id bigint")
+            late_df = self._base(spark, topic, planned, upto=True, last_only=True).join(ids, "id", "left_semi")
+            work.affected.append((f"{late.rows.num_rows} late base rows", keys_of("tm_late", late_df, pinned)))
+        if strategy.reverse:
+            by_table = {c.table: c for c in changes}
+            # Base rows joining a changed reference row: those up to ``last`` (what the view holds)
+            # left their old groups; those up to ``next`` join their new ones.
+            joining: list[tuple[DataFrame, DataFrame]] = []
+            held = self._base(spark, topic, planned, upto=True, last_only=True)
+            for table in strategy.reverse:
+                pairs, c = spec.join_keys[table], by_table[table]
+                feed = (spark.read.format("delta").option("readChangeFeed", "true")
+                        .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(eng.path(table)))
+                changed, values = spark_io.small_local(spark, feed.select(*[feed[i].alias(b) for b, i in pairs.items()])
+                                                       .distinct(), LOCAL_KEYS)
+                joining.append((_matching(held, changed, list(pairs), values), _matching(everything, changed, list(pairs), values)))
+            moved_old = functools.reduce(lambda a, b: a.unionByName(b), [old for old, _ in joining])
+            moved_new = functools.reduce(lambda a, b: a.unionByName(b), [new for _, new in joining])
+            before = {**pinned, **self._pin(work, topic, {t: by_table[t].old or 0 for t in strategy.reverse}, f"tm_old_{tag}")}
+            names = ", ".join(f"{t} version {by_table[t].old}" for t in strategy.reverse)
+            work.affected.append((f"base rows joining a changed row, before ({names})", keys_of("tm_left", moved_old, before)))
+            work.affected.append((f"base rows joining a changed row, after ({', '.join(f'{t} version {by_table[t].new}' for t in strategy.reverse)})",
+                                  keys_of("tm_joined", moved_new, pinned)))
+            nothing = self._view(spark, work, f"tm_none_{tag}", everything.where("false"))
+            old_alone = spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=before)
+            new_alone = spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=pinned)
+            work.affected.append(("rows of the changed inputs alone (no base row)",
+                                  new_alone.exceptAll(old_alone).unionByName(old_alone.exceptAll(new_alone)).select(*key)))
+        return full, work
+
+    def _pin(self, work: MergeWork, topic: Topic, versions: dict[str, int], prefix: str) -> dict[str, str]:
+        """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
+        lineage table -> view name (for :func:`spark_io.transform`'s ``tables``)."""
+        eng, out = self.engine, dict[str, str]()
+        if topic.python:  # Python code reads what it names (lineage.refresh.inexact says so)
+            return out
+        for i, table in enumerate(spark_io.tables_read(topic, versions)):
+            df = eng.spark.read.format("delta").option("versionAsOf", versions[table]).load(eng.path(table))
+            self._view(eng.spark, work, f"{prefix}_{i}", df)
+            out[table] = work.views[-1]
+        return out
 
     def _view(self, spark: SparkSession, work: MergeWork, name: str, df: DataFrame) -> DataFrame:
         df.createOrReplaceTempView(name)
@@ -330,6 +399,13 @@ class MergeProcessor:
                           base_rows=max(planned.base_rows, 0), bad_rows=planned.bad_rows, delta_version=landed.version,
                           duration_s=time.monotonic() - opened.started, recovered=recovered,
                           stats={**protocol.stats_dict(entry), **figures, "warnings": list(planned.warnings)})
+
+
+def _removed(exc: BaseException) -> bool:
+    """Whether ``exc`` says a Delta version, change-feed file or data file no longer exists."""
+    text = str(exc)
+    return any(s in text for s in ("FileNotFound", "DELTA_FILE_NOT_FOUND", "VERSION_NOT_FOUND", "does not exist",
+                                   "CHANGE_DATA_NOT_RECORDED", "DELTA_CHANGE_DATA_FILE_NOT_FOUND", "cannot time travel"))
 
 
 #: Rows per file of a full build clustered by its join column (at most CLUSTER_FILES files).

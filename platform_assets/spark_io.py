@@ -180,27 +180,54 @@ def tables_read(topic: Topic, tables: Iterable[str]) -> list[str]:
     ``after``) names, plain or back-quoted, in any case; all of them when a transform is Python
     code (it may read any table)."""
     tables = list(tables)
-    if any(t.python is not None for t in topic.transforms):
+    if topic.python:
         return tables
     text = "\n".join([*(t.sql or "" for t in topic.transforms), *topic.spec.before, *topic.spec.after])
-    found = []
-    for table in tables:
-        schema, _, name = table.partition(".")
-        part = r"(?:`{0}`|(?<![\w`]){0}(?![\w`]))"
-        pattern = part.format(re.escape(schema)) + r"\s*\.\s*" + part.format(re.escape(name))
-        if re.search(pattern, text, flags=re.IGNORECASE):
-            found.append(table)
-    return found
+    return [table for table in tables if _table_pattern(table).search(text)]
 
 
-def transform(spark: SparkSession, topic: Topic, block_df: DataFrame, view: str = "block") -> DataFrame:
+@functools.cache
+def _table_pattern(table: str) -> re.Pattern[str]:
+    """How SQL names ``table`` (``schema.name``): plain or back-quoted parts, in any case."""
+    schema, _, name = table.partition(".")
+    part = r"(?:`{0}`|(?<![\w`]){0}(?![\w`]))"
+    return re.compile(part.format(re.escape(schema)) + r"\s*\.\s*" + part.format(re.escape(name)), flags=re.IGNORECASE)
+
+
+#: A SQL string literal or comment: names inside them are not table references.
+_NOT_CODE = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.)*\"|--[^\n]*|/\*.*?\*/", flags=re.S)
+
+
+def bind_tables(sql: str, views: dict[str, str]) -> str:
+    """``sql`` with every reference to a lineage table of ``views`` (``schema.name`` -> temporary
+    view) replaced by the view, outside string literals and comments: how a transform reads an
+    input at a pinned Delta version (the version a unit planned, or the one before a change)."""
+    if not views:
+        return sql
+    out, at = [], 0
+    for m in [*_NOT_CODE.finditer(sql), None]:
+        code = sql[at:m.start()] if m is not None else sql[at:]
+        for table, view in views.items():
+            code = _table_pattern(table).sub(view, code)
+        out.append(code)
+        if m is not None:
+            out.append(m.group(0))
+            at = m.end()
+    return "".join(out)
+
+
+def transform(spark: SparkSession, topic: Topic, block_df: DataFrame, view: str = "block",
+              tables: dict[str, str] | None = None) -> DataFrame:
     """The topic's output over ``block_df`` (the view ``block``): its transforms' results, unioned by name.
 
     ``view``: the temporary view holding ``block_df`` when it is not ``block``; SQL transforms then
     read it as ``block`` through a CTE bound in their own plan, so one process can build outputs
     over different blocks at once (a view replaced later, or resolved late by Spark Connect, cannot
-    change them)."""
-    outs = [_one_transform(spark, topic, t, block_df, view) for t in topic.transforms]
+    change them).
+
+    ``tables``: lineage tables a SQL transform reads from the given temporary views instead (see
+    :func:`bind_tables`; a Python transform reads what it names)."""
+    outs = [_one_transform(spark, topic, t, block_df, view, tables or {}) for t in topic.transforms]
     out = outs[0]
     for other in outs[1:]:
         out = out.unionByName(other, allowMissingColumns=True)
@@ -219,7 +246,8 @@ def bind_block(sql: str, view: str) -> str:
     return f"{sql[:at]}WITH {cte}\n{rest}"
 
 
-def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: DataFrame, view: str = "block") -> DataFrame:
+def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: DataFrame, view: str,
+                   tables: dict[str, str]) -> DataFrame:
     from pyspark.sql import DataFrame as SparkDataFrame
 
     try:
@@ -229,7 +257,7 @@ def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: Da
             if not isinstance(result, SparkDataFrame) and not hasattr(result, "write"):
                 raise ProcessingError(f"{t.ref} returned {type(result).__name__}, not a Spark DataFrame")
             return result
-        sql = t.sql or ""
+        sql = bind_tables(t.sql or "", tables)
         return spark.sql(sql if view == "block" else bind_block(sql, view))
     except ProcessingError:
         raise

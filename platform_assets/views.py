@@ -16,10 +16,14 @@ from resources import delta_meta
 
 if TYPE_CHECKING:
     from platform_assets.engine import Engine
+    from platform_assets.merge import MergeLook
+    from resources.offsets import OffsetRecord
 
 
-def explain(engine: Engine, topic: Topic) -> list[str]:
-    """What the next unit would do, without running it or starting Spark."""
+def explain(engine: Engine, topic: Topic, *, keys: int = 0) -> list[str]:
+    """What the next unit would do, without running it or starting Spark; with ``keys`` (> 0) also
+    the view keys it would re-derive, by where they come from (up to ``keys`` of each; this
+    starts Spark and evaluates the transform, writing nothing)."""
     from lineage.refresh import RefreshRefused
 
     eng, spec = engine, topic.spec
@@ -45,10 +49,45 @@ def explain(engine: Engine, topic: Topic) -> list[str]:
         return [*lines, f"  nothing to do: {look.reason}"]
     built = bool(rec.inputs) and delta_meta.open_table(eng.path(spec.destination)) is not None
     try:
-        s = choose(spec, built=built, base_rows=look.base_rows, late_rows=look.late.rows.num_rows, changes=look.changes)
+        s = choose(spec, built=built, base_rows=look.base_rows, base_columns=look.base.columns,
+                   late_rows=look.late.rows.num_rows, changes=look.changes, python_transform=topic.python)
     except RefreshRefused as exc:
         return [*lines, f"  strategy: REFUSED: {exc}"]
-    return [*lines, f"  strategy: {s.reason}" if s.incremental else f"  strategy: full: {s.reason}"]
+    lines.append(f"  strategy: {s.reason}" if s.incremental else f"  strategy: full: {s.reason}")
+    if keys > 0 and s.incremental:
+        lines += affected_keys(eng, topic, rec, look, limit=keys)
+    return lines
+
+
+def affected_keys(engine: Engine, topic: Topic, rec: OffsetRecord, look: MergeLook, *, limit: int) -> list[str]:
+    """The keys the next unit of merge topic ``topic`` would re-derive, by where they come from
+    (the unit is derived as :meth:`MergeProcessor.derive` would, on the inputs as they are now;
+    nothing is planned or written)."""
+    import dataclasses
+
+    from lineage.positions import Block
+    from platform_assets.protocol import Planned
+
+    eng, spec = engine, topic.spec
+    inputs: dict[str, int] = {c.table: c.new for c in look.changes if c.new is not None}
+    if look.base.version is not None:
+        inputs[spec.base] = look.base.version
+    planned = Planned(Block(topic.name, rec.seq + 1, rec.last, look.end, may_be_empty=True), "explain",
+                      base_rows=look.base_rows, source_version=look.base.version)
+    _, work = eng.merge.derive(topic, dataclasses.replace(rec, inputs_next=inputs), planned)
+    try:
+        if not work.strategy.incremental:
+            return [f"  affected keys: every key ({work.strategy.reason})"]
+        out = [f"  affected keys by the delta rule ({', '.join(spec.key)}):"]
+        for label, df in work.affected:
+            rows = sorted((tuple(r) for r in df.distinct().limit(limit + 1).collect()), key=repr)
+            more = f", showing {limit}" if len(rows) > limit else ""
+            out.append(f"    from {label}: {len(rows) if not more else f'more than {limit}'} key(s){more}")
+            out += ["      " + ", ".join(f"{k}={v!r}" for k, v in zip(spec.key, r, strict=True)) for r in rows[:limit]]
+        return out
+    finally:
+        for view in work.views:
+            eng.spark.catalog.dropTempView(view)
 
 
 def adopt(engine: Engine, topic: Topic, *, dry_run: bool) -> list[str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lineage.refresh import InputChange, RefreshRefused, choose
+from lineage.refresh import InputChange, RefreshRefused
+from lineage.refresh import choose as choose_
 from lineage.spec import TopicSpec
 
 
@@ -12,6 +13,13 @@ def spec(**extra: object) -> TopicSpec:
     fields = {"table": "mart.v", "depends_on": ["stage.orders", "dim.c", "dim.d"], "processor": "merge",
               "transforms": ["v.sql"], "key": ["id"], "join_keys": {"dim.c": {"customer_id": "id"}}, **extra}
     return TopicSpec.model_validate(fields)
+
+
+BASE = {"pos", "id", "customer_id", "amount"}
+
+
+def choose(spec: TopicSpec, **kw: object) -> object:
+    return choose_(spec, base_columns=BASE, **kw)  # type: ignore[arg-type]
 
 
 def change(table: str = "dim.c", old: int | None = 3, new: int | None = 5, rows: int | None = 4,
@@ -55,3 +63,25 @@ def test_full_above_is_the_spec_setting_and_refresh_full_always_rebuilds() -> No
     assert (s.incremental, s.fallback, s.reason) == (False, False, "refresh: full (the spec asks for a full recompute every time)")
     # an unknown change count never forces a fallback
     assert choose(spec(), built=True, base_rows=0, changes=[change(rows=None)]).incremental
+
+
+def test_join_keys_on_a_view_column_cannot_be_exact_and_say_so() -> None:
+    """``{country: country}`` names a view column: a base row whose customer vanished moves to the
+    NULL/'?' group, which no changed customer row names. A visible full recompute, refused if strict."""
+    s = choose(spec(join_keys={"dim.c": {"country": "country"}}), built=True, base_rows=0, changes=[change()])
+    assert (s.incremental, s.fallback) == (False, True)
+    assert s.reason.startswith("full recompute because dim.c changed (versions 4..5) and its join_keys name country, "
+                               "which the base stage.orders does not have, so the affected keys cannot be derived exactly")
+    assert "declare the base's join column instead, e.g. {dim.c: {<stage.orders column>: country}}" in s.reason
+    with pytest.raises(RefreshRefused, match="cannot be derived exactly"):
+        choose(spec(join_keys={"dim.c": {"country": "country"}}, refresh="incremental_strict"), built=True, base_rows=0,
+               changes=[change()])
+    # an unchanged input with such a declaration costs nothing
+    assert choose(spec(join_keys={"dim.c": {"country": "country"}}), built=True, base_rows=3,
+                  changes=[change(old=5)]).incremental
+
+
+def test_a_python_transform_cannot_read_the_previous_version() -> None:
+    s = choose(spec(), built=True, base_rows=0, changes=[change()], python_transform=True)
+    assert not s.incremental and "a Python transform reads dim.c by name" in s.reason
+    assert choose(spec(), built=True, base_rows=2, changes=[change(old=5)], python_transform=True).incremental
