@@ -29,6 +29,10 @@ class ChecksSpec(BaseModel):
     max_offset_age: dt.timedelta | None = Field(
         None, description="merge: every input's offset (the newest data applied) may be at most this old (Datapipe's "
                           "offset_age_seconds alert)")
+    verify_sample: int = Field(0, ge=0, description="merge: after every unit compare this many random keys of the view "
+                                                     "with its transform recomputed from scratch (tidemark verify "
+                                                     "--sample N); the 'exact' check fails with severity error when any "
+                                                     "differs. 0: off (each check costs a recompute of those keys)")
     severity: Severity = Field(Severity.WARN, description="severity of a failed check: warn or error")
     blocking: bool = Field(False, description="a failed check stops downstream assets of the run")
 
@@ -48,6 +52,13 @@ class ChecksSpec(BaseModel):
 
 CHECK_NAMES = ("rows", "lag", "nulls", "late_rows")
 MERGE_CHECK_NAMES = ("offset_age", "late_rows", "refresh")
+#: The merge check ``checks.verify_sample`` adds.
+VERIFY_CHECK = "exact"
+
+
+def merge_check_names(spec: ChecksSpec) -> tuple[str, ...]:
+    """The asset checks of a merge topic with these ``checks``."""
+    return (*MERGE_CHECK_NAMES, VERIFY_CHECK) if spec.verify_sample else MERGE_CHECK_NAMES
 
 
 @dataclass(frozen=True)
@@ -132,4 +143,18 @@ def evaluate_unit(spec: ChecksSpec, stats: dict[str, Any]) -> list[CheckOutcome]
     fallback = bool(stats.get("fallback"))
     out.append(CheckOutcome("refresh", not fallback, Severity.WARN, str(stats.get("strategy_reason") or stats.get("strategy") or ""),
                             {"strategy": stats.get("strategy")}))
+    if spec.verify_sample:
+        v = dict(stats.get("verify") or {})
+        if "error" in v:
+            ok, desc = False, f"could not verify the view: {v['error']}"
+        elif not v:
+            ok, desc = False, "the unit reported no verification (checks.verify_sample is set)"
+        else:
+            ok = not v.get("differing") and not v.get("duplicates")
+            desc = (f"{v.get('keys')} sampled keys equal a recompute" if ok else
+                    f"{v.get('differing')} of {v.get('keys')} sampled keys differ from a recompute"
+                    + (f", {v.get('duplicates')} duplicate keys" if v.get("duplicates") else "")
+                    + (f" (e.g. {v.get('example')})" if v.get("example") else "") + "; run: tidemark verify TOPIC")
+        out.append(CheckOutcome(VERIFY_CHECK, ok, Severity.ERROR, desc,
+                                {k: v.get(k) for k in ("keys", "differing", "duplicates")}))
     return out

@@ -160,6 +160,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from platform_assets.verify import verify
+
+    eng = _engine(args)
+    verdict = verify(eng, eng.lineage.topic(args.topic), sample=args.sample, show=args.show, seed=args.seed)
+    print("\n".join(verdict.lines()))
+    return 0 if verdict.ok else 1
+
+
 def cmd_lag(args: argparse.Namespace) -> int:
     print(_lag_rows(_engine(args)))
     return 0
@@ -569,6 +578,15 @@ def build_parser() -> argparse.ArgumentParser:
                          help="merge topics: also list the view keys the next unit would re-derive, by where they come "
                               "from (up to N each, default 20; starts Spark, writes nothing)")
     explain.set_defaults(func=cmd_explain)
+
+    ver = sub.add_parser("verify", help="compare a materialized view (merge topic) with its transform recomputed from "
+                                        "scratch over the inputs its last unit applied; exit 1 listing the keys that differ")
+    ver.add_argument("topic")
+    ver.add_argument("--sample", type=int, default=0, metavar="N", help="compare N keys drawn at random from the view "
+                                                                         "instead of every key")
+    ver.add_argument("--show", type=int, default=20, metavar="N", help="print up to N differing keys with both rows (default 20)")
+    ver.add_argument("--seed", type=int, default=None, help="the random seed of --sample")
+    ver.set_defaults(func=cmd_verify)
 
     run = sub.add_parser("run", help="process topics (one block each, or until caught up)")
     run.add_argument("topics", nargs="*", help="topics to run (default: all, in dependency order)")

@@ -26,12 +26,12 @@ import dagster as dg
 
 from lineage.checks import (
     CHECK_NAMES,
-    MERGE_CHECK_NAMES,
     CheckOutcome,
     ChecksSpec,
     Severity,
     evaluate_block,
     evaluate_unit,
+    merge_check_names,
 )
 from lineage.errors import ProcessingError
 from lineage.loader import load_lineage
@@ -145,7 +145,7 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
         specs = [lineage.topic(n).spec for n in topics]
         step = specs[0].processor is Processor.STEP
         merge = specs[0].processor is Processor.MERGE
-        checks = CHECK_NAMES if step else MERGE_CHECK_NAMES if merge else ()
+        checks = CHECK_NAMES if step else merge_check_names(specs[0].checks) if merge else ()
         deps = sorted({d for sp in specs for d in sp.depends_on})
         assets.append(dg.asset(
             key=asset_key(table),

@@ -289,14 +289,7 @@ class MergeProcessor:
     def _pin(self, work: MergeWork, topic: Topic, versions: dict[str, int], prefix: str) -> dict[str, str]:
         """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
         lineage table -> view name (for :func:`spark_io.transform`'s ``tables``)."""
-        eng, out = self.engine, dict[str, str]()
-        if topic.python:  # Python code reads what it names (lineage.refresh.inexact says so)
-            return out
-        for i, table in enumerate(spark_io.tables_read(topic, versions)):
-            df = eng.spark.read.format("delta").option("versionAsOf", versions[table]).load(eng.path(table))
-            self._view(eng.spark, work, f"{prefix}_{i}", df)
-            out[table] = work.views[-1]
-        return out
+        return pin_inputs(self.engine, topic, versions, prefix, work.views)
 
     def _view(self, spark: SparkSession, work: MergeWork, name: str, df: DataFrame) -> DataFrame:
         df.createOrReplaceTempView(name)
@@ -306,21 +299,24 @@ class MergeProcessor:
     def _base(self, spark: SparkSession, topic: Topic, planned: Planned, *, upto: bool, last_only: bool = False) -> DataFrame:
         """Base rows at the planned version: every row up to ``next`` (``upto``; only those up to
         ``last`` with ``last_only``), else the block's rows ``(last, next]``."""
-        from pyspark.sql import functions as F
-
         block = planned.block
         if block is None:
             raise ProcessingError(f"topic '{topic.name}': a unit without bounds")
         if not upto:
             return self.engine.step.block_df(topic.spec.base, block, planned.source_version)
-        end = block.last if last_only else block.next
-        reader = spark.read.format("delta")
-        if planned.source_version is not None:
-            reader = reader.option("versionAsOf", planned.source_version)
-        np_, ni = spark_io.ts_literal(end.pos), F.lit(end.id).cast("bigint")
-        pos, id_ = F.col("pos"), F.col("id")
-        return (reader.load(self.engine.path(topic.spec.base))
-                .where((pos <= np_) & id_.isNotNull()).where((pos < np_) | (id_ <= ni)))
+        return rows_upto(spark, self.engine.path(topic.spec.base), block.last if last_only else block.next,
+                         planned.source_version)
+
+    def _verify(self, topic: Topic) -> dict[str, Any]:
+        """``checks.verify_sample`` random keys of the view against a recompute (the ``exact`` check)."""
+        from platform_assets.verify import verify
+
+        try:
+            v = verify(self.engine, topic, sample=topic.spec.checks.verify_sample, show=1)
+        except Exception as exc:  # noqa: BLE001 - the unit has landed; the check reports the failure
+            return {"error": spark_io.first_line(exc)[:500]}
+        example = ", ".join(f"{k}={val!r}" for k, val in zip(v.key, v.examples[0][0], strict=True)) if v.examples else None
+        return {"keys": v.keys_compared, "differing": v.differing, "duplicates": v.duplicates, "example": example}
 
     def _refuse_strict(self, topic: Topic, strategy: Strategy) -> None:
         from lineage.refresh import RefreshRefused
@@ -395,10 +391,43 @@ class MergeProcessor:
                              note=f"{figures['strategy']}: {work.strategy.reason} delta_version={landed.version}"
                                   + (" (recovered after crash)" if recovered else ""), delta_version=landed.version)
         faults.crashpoint("committed")
+        if spec.checks.verify_sample:
+            with eng.phases.timed("verify"):
+                figures["verify"] = self._verify(topic)
         return StepResult(topic.name, True, f"unit {block.seq} ({figures['strategy']})", block=block, rows=written,
                           base_rows=max(planned.base_rows, 0), bad_rows=planned.bad_rows, delta_version=landed.version,
                           duration_s=time.monotonic() - opened.started, recovered=recovered,
                           stats={**protocol.stats_dict(entry), **figures, "warnings": list(planned.warnings)})
+
+
+def rows_upto(spark: SparkSession, path: str, end: Position, version: int | None) -> DataFrame:
+    """The rows of the table at ``path`` (at Delta ``version``; None: the newest) whose ``(pos, id)``
+    is at most ``end``."""
+    from pyspark.sql import functions as F
+
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    np_, ni = spark_io.ts_literal(end.pos), F.lit(end.id).cast("bigint")
+    pos, id_ = F.col("pos"), F.col("id")
+    return reader.load(path).where((pos <= np_) & id_.isNotNull()).where((pos < np_) | (id_ <= ni))
+
+
+def pin_inputs(engine: Engine, topic: Topic, versions: dict[str, int], prefix: str, views: list[str]) -> dict[str, str]:
+    """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
+    lineage table -> view name (for :func:`spark_io.transform`'s ``tables``); the names are added
+    to ``views`` (to drop when done). None for a Python transform: it reads what it names
+    (:func:`lineage.refresh.inexact` says what that costs)."""
+    out: dict[str, str] = {}
+    if topic.python:
+        return out
+    for i, table in enumerate(spark_io.tables_read(topic, versions)):
+        name = f"{prefix}_{i}"
+        engine.spark.read.format("delta").option("versionAsOf", versions[table]).load(engine.path(table)) \
+            .createOrReplaceTempView(name)
+        views.append(name)
+        out[table] = name
+    return out
 
 
 def _removed(exc: BaseException) -> bool:

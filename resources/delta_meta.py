@@ -374,7 +374,7 @@ def _commit_has_txn(actions: list[dict[str, Any]], app_id: str, txn_version: int
     return any(a.get("txn", {}).get("appId") == app_id and a["txn"].get("version") == txn_version for a in actions)
 
 
-def _txn_at(path: str, version: int, app_id: str) -> int | None:
+def txn_at(path: str, version: int, app_id: str) -> int | None:
     """The txn version recorded for ``app_id`` as of table ``version`` (0 if none); None if the
     log can no longer reconstruct that version (cleaned up)."""
     from deltalake import DeltaTable
@@ -428,7 +428,7 @@ def find_txn_commit(path: str, app_id: str, txn_version: int, *, hint: int | Non
     lo, hi = 0, newest
     while lo < hi:
         mid = (lo + hi) // 2
-        at = _txn_at(path, mid, app_id)
+        at = txn_at(path, mid, app_id)
         if at is not None and at >= txn_version:
             hi = mid
         else:
@@ -436,7 +436,7 @@ def find_txn_commit(path: str, app_id: str, txn_version: int, *, hint: int | Non
     actions = read(lo)
     if actions is not None and _commit_has_txn(actions, app_id, txn_version):
         return _stats(lo, actions)
-    if actions is None or (lo > 0 and _txn_at(path, lo - 1, app_id) is None):
+    if actions is None or (lo > 0 and txn_at(path, lo - 1, app_id) is None):
         raise CommitUnavailableError(
             f"{path}: the Delta log records transaction {app_id!r} version {txn_version} (or later), but the commit "
             f"that wrote it is no longer in the log (removed by log retention)"

@@ -66,3 +66,24 @@ def test_null_share_of_a_column_nobody_counted_fails():
 def test_bad_check_specs_are_rejected(bad):
     with pytest.raises(ValidationError):
         ChecksSpec.model_validate(bad)
+
+
+def test_the_exact_check_comes_with_verify_sample_and_fails_as_an_error() -> None:
+    from lineage.checks import evaluate_unit, merge_check_names
+
+    off = ChecksSpec()
+    assert "exact" not in merge_check_names(off)
+    assert [o.name for o in evaluate_unit(off, {})] == ["offset_age", "late_rows", "refresh"]
+    on = ChecksSpec(verify_sample=5)
+    assert merge_check_names(on)[-1] == "exact"
+
+    def exact(stats: dict) -> tuple[bool, str]:
+        [o] = [o for o in evaluate_unit(on, stats) if o.name == "exact"]
+        assert o.severity is Severity.ERROR
+        return o.passed, o.description
+
+    assert exact({"verify": {"keys": 5, "differing": 0, "duplicates": 0}}) == (True, "5 sampled keys equal a recompute")
+    assert exact({"verify": {"keys": 5, "differing": 1, "duplicates": 0, "example": "country='?'"}}) == (
+        False, "1 of 5 sampled keys differ from a recompute (e.g. country='?'); run: tidemark verify TOPIC")
+    assert exact({"verify": {"error": "boom"}}) == (False, "could not verify the view: boom")
+    assert not exact({})[0]  # asked for and not reported: never a silent pass

@@ -319,7 +319,7 @@ def test_a_vanished_or_appearing_reference_moves_rows_to_and_from_the_unknown_gr
     eng = engine(spark, settings, tmp_path,
                  "- table: mart.by_country\n  depends_on: [stage.orders, dim.customers]\n  processor: merge\n"
                  "  transforms: [sql/by_country.sql]\n  key: [country]\n  join_keys: {dim.customers: {customer_id: id}}\n"
-                 "  full_above: 1\n  late_rows: rederive\n"
+                 "  full_above: 1\n  late_rows: rederive\n  checks: {verify_sample: 3}\n"
                  "- table: mart.by_country_view_col\n  depends_on: [stage.orders, dim.customers]\n  processor: merge\n"
                  "  transforms: [sql/by_country.sql]\n  key: [country]\n  join_keys: {dim.customers: {country: country}}\n"
                  "  full_above: 1\n")
@@ -337,6 +337,7 @@ def test_a_vanished_or_appearing_reference_moves_rows_to_and_from_the_unknown_gr
     units = {r.topic: r.stats for r in processed(eng.run_until_caught_up())}
     assert units["mart.by_country"]["strategy"] == "incremental"
     assert units["mart.by_country"]["keys_rederived"] == 2
+    assert units["mart.by_country"]["verify"] == {"keys": 3, "differing": 0, "duplicates": 0, "example": None}
     assert assert_view_equals_recompute(eng, "mart.by_country") == 4
     view_col = units["mart.by_country_view_col"]
     assert (view_col["strategy"], view_col["fallback"]) == ("full", True)
@@ -356,4 +357,24 @@ def test_a_vanished_or_appearing_reference_moves_rows_to_and_from_the_unknown_gr
 
     [warning] = _exactness_warnings(eng.settings, eng.lineage)
     assert "topic 'mart.by_country_view_col': join_keys of dim.customers: its join_keys name country" in warning
+
+    # tidemark verify: equal now, whole and sampled; then a view changed behind Tidemark's back
+    from platform_assets.verify import verify
+
+    topic = eng.lineage.topic("mart.by_country")
+    whole = verify(eng, topic)
+    assert whole.ok and (whole.keys_compared, whole.view_rows, whole.sampled) == (5, 5, False), whole.lines()
+    assert "OK: the view equals its transform recomputed from scratch" in "\n".join(whole.lines())
+    assert verify(eng, topic, sample=2, seed=1).keys_compared == 2
+    dim_sql(eng, "UPDATE DIM SET country = 'ZZ' WHERE id = 0")  # an input change not applied yet is no difference
+    assert verify(eng, topic).ok
+    view = f"delta.`{eng.path('mart.by_country')}`"
+    eng.spark.sql(f"UPDATE {view} SET n = n + 1 WHERE country = 'C1'")
+    eng.spark.sql(f"DELETE FROM {view} WHERE country = '?'")
+    bad = verify(eng, topic)
+    assert (bad.ok, bad.differing) == (False, 2)
+    text = "\n".join(bad.lines())
+    assert "DIFFERS: 2 key(s), the first 2:" in text
+    assert "    country='?'\n      view:      (no row)\n      recompute: country='?', n=" in text
+    assert "    country='C1'\n      view:      country='C1', n=" in text
     eng.close()
