@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -181,12 +182,7 @@ class MergeProcessor:
         except Exception as exc:
             if not (work.strategy.reverse and _removed(exc)):
                 raise
-            # The previous version of a changed input (or its change feed) was removed by VACUUM: its
-            # rows' old groups are unknown, so only a recompute is exact.
-            work.strategy = Strategy(False, f"full recompute because a previous version of "
-                                            f"{', '.join(work.strategy.reverse)} cannot be read ({spark_io.first_line(exc)[:300]})",
-                                     fallback=True)
-            self._refuse_strict(topic, work.strategy)
+            self._removed_fallback(topic, work, exc)
             return full, work
         rederived = spark_io.semi_join(full, keys, key).withColumn(PRESENT, F.lit(True))
         return spark_io.rows_of_keys(keys, rederived, key), work
@@ -260,31 +256,50 @@ class MergeProcessor:
             late_df = self._base(spark, topic, planned, upto=True, last_only=True).join(ids, "id", "left_semi")
             work.affected.append((f"{late.rows.num_rows} late base rows", keys_of("tm_late", late_df, pinned)))
         if strategy.reverse:
-            by_table = {c.table: c for c in changes}
-            # Base rows joining a changed reference row: those up to ``last`` (what the view holds)
-            # left their old groups; those up to ``next`` join their new ones.
-            joining: list[tuple[DataFrame, DataFrame]] = []
-            held = self._base(spark, topic, planned, upto=True, last_only=True)
-            for table in strategy.reverse:
-                pairs, c = spec.join_keys[table], by_table[table]
-                feed = (spark.read.format("delta").option("readChangeFeed", "true")
-                        .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(eng.path(table)))
-                changed, values = spark_io.small_local(spark, feed.select(*[feed[i].alias(b) for b, i in pairs.items()])
-                                                       .distinct(), LOCAL_KEYS)
-                joining.append((_matching(held, changed, list(pairs), values), _matching(everything, changed, list(pairs), values)))
-            moved_old = functools.reduce(lambda a, b: a.unionByName(b), [old for old, _ in joining])
-            moved_new = functools.reduce(lambda a, b: a.unionByName(b), [new for _, new in joining])
-            before = {**pinned, **self._pin(work, topic, {t: by_table[t].old or 0 for t in strategy.reverse}, f"tm_old_{tag}")}
-            names = ", ".join(f"{t} version {by_table[t].old}" for t in strategy.reverse)
-            work.affected.append((f"base rows joining a changed row, before ({names})", keys_of("tm_left", moved_old, before)))
-            work.affected.append((f"base rows joining a changed row, after ({', '.join(f'{t} version {by_table[t].new}' for t in strategy.reverse)})",
-                                  keys_of("tm_joined", moved_new, pinned)))
-            nothing = self._view(spark, work, f"tm_none_{tag}", everything.where("false"))
-            old_alone = spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=before)
-            new_alone = spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=pinned)
-            work.affected.append(("rows of the changed inputs alone (no base row)",
-                                  new_alone.exceptAll(old_alone).unionByName(old_alone.exceptAll(new_alone)).select(*key)))
+            try:
+                self._reverse(topic, work, held=self._base(spark, topic, planned, upto=True, last_only=True),
+                              everything=everything, pinned=pinned, tag=tag, keys_of=keys_of)
+            except Exception as exc:
+                if not _removed(exc):
+                    raise
+                self._removed_fallback(topic, work, exc)
         return full, work
+
+    def _removed_fallback(self, topic: Topic, work: MergeWork, exc: BaseException) -> None:
+        """The previous version of a changed input, or its change feed, was removed (VACUUM, log
+        retention): the rows' old groups are unknown, so only a recompute is exact."""
+        work.strategy = Strategy(False, f"full recompute because a previous version of {', '.join(work.strategy.reverse)} "
+                                        f"cannot be read ({spark_io.first_line(exc)[:300]})", fallback=True)
+        work.affected.clear()
+        self._refuse_strict(topic, work.strategy)
+
+    def _reverse(self, topic: Topic, work: MergeWork, *, held: DataFrame, everything: DataFrame, pinned: dict[str, str],
+                 tag: str, keys_of: Callable[[str, DataFrame, dict[str, str]], DataFrame]) -> None:
+        """The affected keys of the changed inputs (see :meth:`derive`) into ``work.affected``."""
+        spark, spec, strategy = self.engine.spark, topic.spec, work.strategy
+        by_table = {c.table: c for c in work.changes}
+        # Base rows joining a changed reference row: those up to ``last`` (what the view holds)
+        # left their old groups; those up to ``next`` join their new ones.
+        joining: list[tuple[DataFrame, DataFrame]] = []
+        for table in strategy.reverse:
+            pairs, c = spec.join_keys[table], by_table[table]
+            feed = (spark.read.format("delta").option("readChangeFeed", "true")
+                    .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(self.engine.path(table)))
+            changed, values = spark_io.small_local(spark, feed.select(*[feed[i].alias(b) for b, i in pairs.items()])
+                                                   .distinct(), LOCAL_KEYS)
+            joining.append((_matching(held, changed, list(pairs), values), _matching(everything, changed, list(pairs), values)))
+        moved_old = functools.reduce(lambda a, b: a.unionByName(b), [old for old, _ in joining])
+        moved_new = functools.reduce(lambda a, b: a.unionByName(b), [new for _, new in joining])
+        before = {**pinned, **self._pin(work, topic, {t: by_table[t].old or 0 for t in strategy.reverse}, f"tm_old_{tag}")}
+        names = ", ".join(f"{t} version {by_table[t].old}" for t in strategy.reverse)
+        work.affected.append((f"base rows joining a changed row, before ({names})", keys_of("tm_left", moved_old, before)))
+        work.affected.append((f"base rows joining a changed row, after ({', '.join(f'{t} version {by_table[t].new}' for t in strategy.reverse)})",
+                              keys_of("tm_joined", moved_new, pinned)))
+        nothing = self._view(spark, work, f"tm_none_{tag}", everything.where("false"))
+        old_alone = spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=before)
+        new_alone = spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=pinned)
+        work.affected.append(("rows of the changed inputs alone (no base row)",
+                              new_alone.exceptAll(old_alone).unionByName(old_alone.exceptAll(new_alone)).select(*spec.key)))
 
     def _pin(self, work: MergeWork, topic: Topic, versions: dict[str, int], prefix: str) -> dict[str, str]:
         """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
