@@ -328,21 +328,12 @@ def _demo_runs(settings: Settings, instance: Any) -> bool:
 
 def _view_check(eng: Any, name: str) -> bool:
     """Print whether merge topic ``name``'s view equals its transform computed from scratch over the
-    whole base now (the view's promise)."""
-    from platform_assets import spark_io
+    inputs its last unit applied (``tidemark verify``, the view's promise)."""
+    from platform_assets.verify import verify
 
-    topic = eng.lineage.topic(name)
-    base = topic.spec.base
-    sql = (topic.transforms[0].sql or "") if len(topic.transforms) == 1 else ""
-    if not sql:
-        return True
-    want = eng.spark.sql(spark_io.bind_block(sql, base))
-    got = eng.spark.read.format("delta").load(eng.path(topic.spec.destination)).select(*want.columns)
-    extra, missing = got.exceptAll(want).count(), want.exceptAll(got).count()
-    ok = extra == missing == 0
-    print(f"check: {name} ({got.count()} rows) equals its transform recomputed from scratch over {base}: "
-          f"{'OK' if ok else f'MISMATCH ({extra} rows too many, {missing} missing)'}")
-    return ok
+    verdict = verify(eng, eng.lineage.topic(name))
+    print(f"check: tidemark verify {name}: " + "\n".join(verdict.lines()[1:]).strip())
+    return verdict.ok
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
