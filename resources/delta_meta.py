@@ -317,6 +317,7 @@ class _History:
     compacted: set[str] = field(default_factory=set)  # files added without dataChange (rewritten rows)
     removed_by: dict[str, tuple[int, str, bool]] = field(default_factory=dict)  # path -> (version, operation, dataChange)
     feed: dict[int, list[str]] = field(default_factory=dict)  # version -> the files its change data feed reads
+    cdc_files: set[str] = field(default_factory=set)  # change data files (VACUUM deletes them by age alone)
     commits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # version -> its actions
     data_changed: dict[int, bool] = field(default_factory=dict)  # version -> whether it changed any row
     unreadable: list[int] = field(default_factory=list)  # versions gone from the log (log retention)
@@ -334,6 +335,7 @@ class _History:
             out.commits[version] = actions
             op = next((str(a["commitInfo"].get("operation") or "") for a in actions if a.get("commitInfo")), "")
             cdc = [unquote(a["cdc"]["path"]) for a in actions if a.get("cdc")]
+            out.cdc_files.update(cdc)
             data_files: list[str] = []
             for a in actions:
                 for kind in ("add", "remove"):
@@ -450,8 +452,9 @@ def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -
     if not added:
         return LateRows(pa.table({}), unreadable)
     paths = [a.path for a in added]
+    live = set(snap.files["path"].to_pylist()) if snap.files.num_rows else set()
     for _ in range(3):  # a VACUUM between looking and reading: look again
-        gone = missing_files(path, paths)
+        gone = missing_files(path, [p for p in paths if p not in live])  # a file of the snapshot is there
         try:
             if not gone:
                 return LateRows(_read_files(path, paths, last), unreadable)
@@ -809,6 +812,8 @@ def input_change(table: str, path: str, old: int | None, upto: int | None = None
         n = changed_rows(_stats(v, history.commits[v])) if history.data_changed[v] else 0
         rows = None if n is None or rows is None else rows + n
     needed = [(v, rel) for v in range(old + 1, snap.version + 1) for rel in history.feed[v]]
+    if upto is None:  # up to now, a file the feed reads can only be gone if it left the table meanwhile
+        needed = [(v, rel) for v, rel in needed if rel in history.removed_by or rel in history.cdc_files]
     missing = set(missing_files(path, [rel for _, rel in needed]))
     if missing:
         v, rel = next((v, rel) for v, rel in needed if rel in missing)
