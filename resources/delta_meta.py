@@ -480,20 +480,23 @@ def _late_rows_by_id(snap: TableSnapshot, history: _History, added: list[_Added]
     live = set(snap.files["path"].to_pylist()) if snap.files.num_rows else set()
     kept = [a.path for a in added if a.path in live]
     rewritten = [a for a in added if a.path not in live]
-    first = next(a for a in added if a.path in gone)
-    cause = (f"{path}: late rows added since version {after} cannot be found exactly: data file {first.path} (added by "
-             f"version {first.version}) is gone ({history.why_gone(first.path)})")
+    def cannot(a: _Added, why: str) -> RemovedDataError:
+        state = (f"is gone ({history.why_gone(a.path)})" if a.path in gone else
+                 f"was rewritten ({history.why_gone(a.path).split(', then')[0]}) and other files of that time are gone")
+        return RemovedDataError(f"{path}: late rows added since version {after} cannot be found exactly: data file "
+                                f"{a.path} (added by version {a.version}) {state}, and {why}")
+
     try:
         ceiling, before = _ids_at(path, after)
     except RemovedDataError as exc:
-        raise RemovedDataError(f"{cause}, and the rows that were there before cannot be told apart from its rows: {exc}") from None
+        raise cannot(next(a for a in added if a.path in gone),
+                     f"the rows there before cannot be told apart from its rows: {exc}") from None
     for a in rewritten:
         low = a.low("id")
         if ceiling is not None and (not isinstance(low, int) or low <= ceiling):
-            ids = "no id statistics" if not isinstance(low, int) else f"ids from {low}"
-            raise RemovedDataError(
-                f"{cause}, and its rows cannot be told apart from the rows there before: data file {a.path} (version "
-                f"{a.version}) has {ids}, not above the greatest id at version {after} ({ceiling})")
+            ids = "it has no id statistics" if not isinstance(low, int) else f"its ids (from {low})"
+            raise cannot(a, f"{ids} are not above the greatest id at version {after} ({ceiling}), so they cannot tell "
+                            f"its rows from the rows there before")
     files = snap.files
     limit = _plus(last.pos, STATS_SLACK)
     lows = files["min.pos"].to_pylist() if "min.pos" in files.column_names else [None] * files.num_rows

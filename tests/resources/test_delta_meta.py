@@ -192,7 +192,7 @@ def test_late_rows_whose_ids_do_not_tell_stop_with_the_file_and_the_cause(tmp_pa
     msg = str(err.value)
     assert "late rows added since version 0 cannot be found exactly" in msg
     assert "(added by version 1) is gone (compacted by OPTIMIZE at version 2, then deleted by VACUUM)" in msg
-    assert "has ids from 5, not above the greatest id at version 0 (10)" in msg
+    assert "and its ids (from 5) are not above the greatest id at version 0 (10), so they cannot tell its rows" in msg
     # Nothing late since a newer version: nothing to look for, no error.
     assert late_rows(TableSnapshot.open(str(path)), 1, _at(10, 10)).rows.num_rows == 0
 
