@@ -256,3 +256,19 @@ def test_an_input_change_whose_change_data_was_vacuumed_is_a_visible_problem(tmp
     assert input_change("dim.x", str(path), 1).problem == ""  # from the compaction on, the feed reads nothing gone
     _drop_log_below_checkpoint(path)
     assert "were removed from its Delta log (log retention)" in input_change("dim.x", str(path), 0).problem
+
+
+def test_a_destination_compacted_and_vacuumed_still_answers_recovery(tmp_path: Path) -> None:
+    from platform_assets.protocol import block_figures
+    from resources.delta_meta import find_txn_commit, missing_files
+
+    path = tmp_path / "dest"
+    _txn_append(path, "tidemark:t", 1, n=3)
+    _txn_append(path, "tidemark:t", 2, n=2)
+    _compact_and_vacuum(path)
+    found = find_txn_commit(str(path), "tidemark:t", 2)  # the log, not the files, says where block 2 ended
+    assert found is not None and (found.version, found.rows, found.user_metadata) == (1, 2, {"text": "block 2"})
+    assert missing_files(str(path), list(found.paths)) == list(found.paths)
+    # A block that landed before a crash, its files vacuumed before the retry: its figures from the statistics.
+    figures = block_figures(str(path), found, None, run_id="retry")
+    assert (figures.rows, figures.nulls) == (2, {"pos": 0, "id": 0})
