@@ -198,7 +198,10 @@ class ReplicatorUnit:
         seq = delta_meta.recorded_txn(path, app)
         if seq <= rec.seq and not (rec.pending and seq == rec.seq):
             return rec
-        commit = delta_meta.find_txn_commit(path, app, seq, hint=rec.delta_version)
+        try:
+            commit = delta_meta.find_txn_commit(path, app, seq, hint=rec.delta_version)
+        except delta_meta.CommitUnavailableError:  # removed by log retention: refused below, saying what to run
+            commit = None
         meta = commit.user_metadata if commit else {}
         if commit is None or "lsn" not in meta:
             raise OffsetError(f"replica {replica} ({path}): its Delta log records unit {seq} but not the source position "

@@ -203,8 +203,10 @@ def cmd_offsets(args: argparse.Namespace) -> int:
     elif args.action == "reset":
         if not args.to or not args.reason:
             raise TidemarkError("tidemark offsets reset needs --to POSITION and --reason TEXT (it is logged)")
-        rec = eng.reset_offsets(topic, Position.parse(args.to), args.reason)
-        print(f"{rec.topic}: last reset to {_cell(rec.last)} (logged; seq stays {rec.seq})")
+        rec = eng.reset_offsets(topic, Position.parse(args.to), args.reason, late_from_now=args.late_from_now)
+        late = (f"; late rows of {topic.spec.base} looked for from version {rec.source_version} on"
+                if args.late_from_now else "")
+        print(f"{rec.topic}: last reset to {_cell(rec.last)} (logged; seq stays {rec.seq}{late})")
     elif args.action == "adopt":
         if topic.spec.processor is not Processor.MERGE:
             raise TidemarkError(f"tidemark offsets adopt: '{topic.name}' is a {topic.spec.processor.value} topic; adopt takes "
@@ -235,12 +237,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     if names:
         for n in names:
             eng.lineage.topic(n)
+    failed: list[str] = []
+
+    def report(name: str, exc: TidemarkError) -> None:  # that topic stops; the others go on
+        failed.append(name)
+        print(f"  {name:<22} FAILED: {exc}", flush=True)
+
     if args.until_caught_up:
-        eng.run_until_caught_up(names, on_result=_print_result)
+        eng.run_until_caught_up(names, on_result=_print_result, on_error=report)
     else:
         for n in names or list(eng.lineage.topics):
-            _print_result(eng.run_topic(n))
-    return _missing_sources(eng, names or list(eng.lineage.topics))
+            try:
+                _print_result(eng.run_topic(n))
+            except TidemarkError as exc:
+                report(n, exc)
+    code = _missing_sources(eng, names or list(eng.lineage.topics))
+    if failed:
+        print(f"error: {len(failed)} topic(s) failed: {', '.join(failed)} (the others ran)", file=sys.stderr)
+        return 1
+    return code
 
 
 def _missing_sources(eng: Any, names: list[str]) -> int:
@@ -556,6 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
     off.add_argument("--start", help="init: start position, e.g. 2026-01-31T00:00:00[/id] or start")
     off.add_argument("--to", help="reset: the new last position")
     off.add_argument("--reason", help="reset: why (kept in the offset log)")
+    off.add_argument("--late-from-now", action="store_true",
+                     help="reset: look for late rows only among rows the base gets from now on (when the files or "
+                          "commits that would show earlier ones were removed by VACUUM or log retention)")
     off.add_argument("--history", action="store_true", help="show: the offset log instead of the records")
     off.add_argument("--dry-run", action="store_true", help="adopt: show what would be set, set nothing")
     off.add_argument("--limit", type=int, default=50)

@@ -199,13 +199,21 @@ class Engine:
         except TopicLockedError:
             return rec
 
-    def reset_offsets(self, topic: Topic, to: Position, reason: str) -> OffsetRecord:
+    def reset_offsets(self, topic: Topic, to: Position, reason: str, *, late_from_now: bool = False) -> OffsetRecord:
         """Move the topic's ``last`` to ``to`` (the one explicit, logged way backwards); block
         numbers continue above what the Delta log records, so a reset also settles a store whose
-        newest commit the log no longer holds."""
+        newest commit the log no longer holds. ``late_from_now``: look for late rows only among
+        rows the base gets from its current version on (for when the files or commits that would
+        show earlier ones were removed by VACUUM or log retention)."""
         self.store.get(topic.name) or self.ensure_offsets(topic, to)
         seq = protocol.recorded_seq(self.path(topic.spec.destination), topic.name)
-        return self.store.reset(topic.name, to, who=self.owner, reason=reason, seq=seq)
+        late_from = None
+        if late_from_now:
+            base = delta_meta.open_table(self.path(topic.spec.base))
+            if base is None:
+                raise ProcessingError(f"topic '{topic.name}': base {topic.spec.base} does not exist at {self.path(topic.spec.base)}")
+            late_from = {topic.spec.base: int(base.version())}
+        return self.store.reset(topic.name, to, who=self.owner, reason=reason, seq=seq, late_from=late_from)
 
     def freshness(self, table: str) -> dt.datetime | None:
         """The position ``table`` is fresh up to: the least ``last`` of the topics producing it
@@ -257,28 +265,34 @@ class Engine:
             if rec is None:
                 out.append(LagRow(topic.name, topic.spec.processor.value, None, None, None, None, "not started", "", "no offsets yet (first run initialises them)"))
                 continue
-            landed = protocol.recorded_seq(self.path(topic.spec.destination), topic.name)
-            if landed > rec.seq:  # read-only: say it; the next run under the lock catches the store up
+            try:
+                out.append(self._lag_row(topic, rec, now))
+            except (TidemarkError, OSError) as exc:  # one topic's problem is a line of the table, never the end of it
                 out.append(LagRow(topic.name, rec.processor, rec.last, rec.next, None, None, rec.state, rec.owner,
-                                  f"offset store behind the Delta log: block {landed} landed, the store is at block "
-                                  f"{rec.seq}; the next run catches it up (recover)"))
-                continue
-            decision, base = self.decide(topic, rec, now)
-            reason = decision.reason
-            if topic.spec.processor is Processor.MERGE and not rec.pending:
-                reason = self.merge.look(topic, rec).reason
-            elif decision.ready and not decision.retry and topic.spec.processor is Processor.STEP:
-                found = self.block_end(topic, rec, decision)
-                reason = f"ready: next block {found.rows} rows up to {found.end}" if found.end else decision.limit
-            lag = None if rec.last.is_zero() else lag_seconds(rec.last, base.max_position)
-            warning = ""
-            if topic.spec.processor is Processor.STEP and rec.source_version is not None and base.version is not None:
-                missing = delta_meta.missing_commits(self.path(topic.spec.base), rec.source_version, base.version)
-                warning = delta_meta.late_detection_warning(topic.spec.base, missing)
-            ages = self.offset_ages(topic, rec)
-            out.append(LagRow(topic.name, rec.processor, rec.last, rec.next, base.max_position, lag, rec.state, rec.owner,
-                              reason, warning, ages))
+                                  f"error: {type(exc).__name__}: {exc}"))
         return out
+
+    def _lag_row(self, topic: Topic, rec: OffsetRecord, now: dt.datetime) -> LagRow:
+        landed = protocol.recorded_seq(self.path(topic.spec.destination), topic.name)
+        if landed > rec.seq:  # read-only: say it; the next run under the lock catches the store up
+            return LagRow(topic.name, rec.processor, rec.last, rec.next, None, None, rec.state, rec.owner,
+                          f"offset store behind the Delta log: block {landed} landed, the store is at block "
+                          f"{rec.seq}; the next run catches it up (recover)")
+        decision, base = self.decide(topic, rec, now)
+        reason = decision.reason
+        if topic.spec.processor is Processor.MERGE and not rec.pending:
+            reason = self.merge.look(topic, rec).reason
+        elif decision.ready and not decision.retry and topic.spec.processor is Processor.STEP:
+            found = self.block_end(topic, rec, decision)
+            reason = f"ready: next block {found.rows} rows up to {found.end}" if found.end else decision.limit
+        lag = None if rec.last.is_zero() else lag_seconds(rec.last, base.max_position)
+        warning = ""
+        if topic.spec.processor is Processor.STEP and rec.source_version is not None and base.version is not None:
+            missing = delta_meta.missing_commits(self.path(topic.spec.base), rec.source_version, base.version)
+            warning = delta_meta.late_detection_warning(topic.spec.base, missing)
+        ages = self.offset_ages(topic, rec)
+        return LagRow(topic.name, rec.processor, rec.last, rec.next, base.max_position, lag, rec.state, rec.owner,
+                      reason, warning, ages)
 
     def offset_ages(self, topic: Topic, rec: OffsetRecord) -> dict[str, float | None]:
         """Seconds since the data each input's offset covers: a step topic's base by ``last``; a
@@ -332,18 +346,28 @@ class Engine:
         return opened if isinstance(opened, StepResult) else self.finish(opened)
 
     def run_until_caught_up(self, topics: list[str] | None = None, *, max_blocks: int = 10_000,
-                            on_result: Callable[[StepResult], None] | None = None) -> list[StepResult]:
+                            on_result: Callable[[StepResult], None] | None = None,
+                            on_error: Callable[[str, TidemarkError], None] | None = None) -> list[StepResult]:
         """Run topics in dependency order, each until it waits, and repeat while any made
-        progress (a producer's new blocks can make its consumers ready)."""
+        progress (a producer's new blocks can make its consumers ready). ``on_error``: a topic
+        that fails with a :class:`TidemarkError` is reported to it and left out from then on,
+        and the others go on (without it, the error is raised)."""
         names = [n for n in self.lineage.topics if topics is None or n in topics]
         results: list[StepResult] = []
         waiting: dict[str, str] = {}  # topic -> the wait reason last reported
         progress = True
         while progress and len(results) < max_blocks:
             progress = False
-            for name in names:
+            for name in list(names):
                 while len(results) < max_blocks:
-                    r = self.run_topic(name)
+                    try:
+                        r = self.run_topic(name)
+                    except TidemarkError as exc:
+                        if on_error is None:
+                            raise
+                        on_error(name, exc)
+                        names.remove(name)
+                        break
                     if not r.processed:
                         if waiting.get(name) != r.reason:  # report a wait once, not every pass
                             waiting[name] = r.reason

@@ -137,6 +137,13 @@ class OffsetIOManager(dg.ConfigurableIOManager):
                     f"asset {key.to_user_string()}: block {pkey} of topic '{topic}' has no commit in {path}/_delta_log "
                     "(not materialized yet, or older than the log's retention)"
                 )
+            gone = delta_meta.missing_files(path, list(commit.paths))
+            if gone:  # compacted and vacuumed: its rows are mixed with other blocks' now, and cannot be picked out
+                raise ProcessingError(
+                    f"asset {key.to_user_string()}: block {pkey} of topic '{topic}' can no longer be loaded on its own: its "
+                    f"data file {gone[0]} (Delta version {commit.version}) was deleted by VACUUM after a compaction "
+                    f"rewrote its rows into other files. Read {table} whole instead (an unpartitioned input)"
+                )
             files += [posixpath.basename(p) for p in commit.paths]
             version = max(version, commit.version)
         from pyspark.sql import functions as F

@@ -115,7 +115,7 @@ class MergeProcessor:
         late = empty
         done = rec.inputs.get(spec.base)
         if spec.late_rows is LateRows.REDERIVE and done is not None and base.version is not None and not rec.last.is_zero():
-            late = delta_meta.late_rows(base, done, rec.last)
+            late = eng.step.late_rows(topic, base, done, rec.last)
         changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t)) for t in spec.depends_on[1:])
         return MergeLook(rec, decision, base, end, rows, late, changes)
 
@@ -155,6 +155,8 @@ class MergeProcessor:
             dest = eng.path(topic.spec.destination)
             landed = delta_meta.find_txn_commit(dest, data_app_id(topic.name), planned.block.seq) if planned.retry else None
         started = time.monotonic()
+        if landed is None and planned.retry:
+            eng.step.require_snapshot(topic, planned)  # its base snapshot may have lost files to VACUUM
         if landed is not None:
             work = MergeWork(Strategy(False, "landed before a crash"), (), 0)
             return OpenBlock(topic, planned, started, planned.block.seq, landed=landed, merge=work)
@@ -211,7 +213,7 @@ class MergeProcessor:
         base = delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version)
         late = delta_meta.LateRows(delta_meta.pa.table({}))
         if spec.late_rows is LateRows.REDERIVE and done is not None and not block.last.is_zero():
-            late = delta_meta.late_rows(base, done, block.last)
+            late = eng.step.late_rows(topic, base, done, block.last)
         changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t), upto=rec.inputs_next.get(t))
                         for t in spec.depends_on[1:])
         built = bool(rec.inputs) and delta_meta.open_table(dest) is not None

@@ -67,6 +67,8 @@ class Planned:
     bad_rows: int = 0
     source_version: int | None = None  # the base snapshot the unit reads
     warnings: tuple[str, ...] = ()  # e.g. late-row detection could not read removed commits
+    #: A retried unit whose base snapshot lost files to OPTIMIZE + VACUUM: how its rows are read instead.
+    snapshot: delta_meta.SnapshotRead | None = None
 
 
 @dataclass
@@ -271,10 +273,17 @@ def block_figures(dest: str, commit: delta_meta.CommitStats, observed: spark_io.
     """Rows and every column's null count of what ``commit`` added: observed during this run's
     write (``run_id`` wrote the commit), else (the data landed before a crash, or another writer's
     commit) read from the commit's Parquet footers. Never the commit's statistics: Delta collects
-    those for the first 32 columns only, so a check on a later column could never fail."""
+    those for the first 32 columns only, so a check on a later column could never fail. The one
+    exception: when those files were compacted and deleted by VACUUM before the retry, the
+    statistics are all that is left (rows exact; null counts for the columns they cover)."""
     if observed is not None and commit.user_metadata.get("run_id") == run_id:
         return observed.figures()
-    rows, nulls = delta_meta.commit_null_counts(dest, commit)
+    try:
+        rows, nulls = delta_meta.commit_null_counts(dest, commit)
+    except OSError:
+        if not delta_meta.missing_files(dest, list(commit.paths)):
+            raise
+        return spark_io.BlockFigures(commit.rows, dict(commit.null_counts))
     return spark_io.BlockFigures(rows, nulls)
 
 

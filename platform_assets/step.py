@@ -17,13 +17,14 @@ row's output lands exactly once.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lineage.errors import ProcessingError
 from lineage.planner import Decision
-from lineage.positions import Block
+from lineage.positions import Block, Position
 from lineage.spec import Topic
 from platform_assets import faults, protocol, spark_io
 from platform_assets.protocol import OpenBlock, Planned, StepResult, data_app_id
@@ -118,13 +119,27 @@ class StepProcessor:
             added += quarantine_rows(eng.settings, topic.name, topic.spec.base, bad, eng.clock())
         warnings: tuple[str, ...] = ()
         if rec.source_version is not None and not rec.last.is_zero():
-            late = delta_meta.late_rows(base, rec.source_version, rec.last)
+            late = self.late_rows(topic, base, rec.source_version, rec.last)
             if late.rows.num_rows:
                 added += quarantine_rows(eng.settings, topic.name, topic.spec.base, late.rows, eng.clock(),
                                          after_version=rec.source_version)
             if late.unreadable:
                 warnings = (delta_meta.late_detection_warning(topic.spec.base, late.unreadable),)
         return added, warnings
+
+    def late_rows(self, topic: Topic, base: delta_meta.TableSnapshot, after_version: int, last: Position) -> delta_meta.LateRows:
+        """Late rows of ``topic``'s base (see :func:`delta_meta.late_rows`). Where the files or
+        commits that would tell were removed and no other route is exact, this topic stops (its
+        error says what was removed and what to run); other topics go on."""
+        try:
+            return delta_meta.late_rows(base, after_version, last)
+        except delta_meta.RemovedDataError as exc:
+            raise ProcessingError(
+                f"topic '{topic.name}': {exc}. Rows of {topic.spec.base} added after version {after_version} at or before the "
+                f"topic's last ({last.to_text()}) would be late rows, and Tidemark does not guess which they are. To go on "
+                f"without looking for them (any such row stays in {topic.spec.base}, neither processed nor quarantined), run: "
+                f"tidemark offsets reset {topic.name} --to {last.to_text()} --late-from-now --reason '...'"
+            ) from None
 
     # ----------------------------------------------------------------- processing
     def open(self, topic: Topic, rec: OffsetRecord, seq: int | None) -> OpenBlock | StepResult:
@@ -158,9 +173,11 @@ class StepProcessor:
                   if planned.retry else None)
         out = None
         if landed is None:
+            if planned.retry and planned.source_version is not None:
+                planned = self.reroute(topic, planned)
             with eng.phases.timed("transform"):
                 eng.register_tables(topic)
-                block_df = self.block_df(topic.spec.base, block, planned.source_version)
+                block_df = self.block_df(topic.spec.base, block, planned.source_version, planned.snapshot)
                 spark_io.run_statements(eng.spark, topic, "before")
                 out = spark_io.transform(eng.spark, topic, block_df)
             faults.crashpoint("transformed")
@@ -196,7 +213,10 @@ class StepProcessor:
         with eng.phases.timed("log"):
             base_rows = planned.base_rows
             if base_rows < 0:
-                base_rows = delta_meta.count_block(eng.path(spec.base), block.last, block.next, planned.source_version)
+                try:
+                    base_rows = delta_meta.count_block(eng.path(spec.base), block.last, block.next, planned.source_version)
+                except delta_meta.RemovedDataError:  # landed before a crash, its snapshot vacuumed since: a figure lost
+                    base_rows = 0
             entry = protocol.log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed, base_rows=base_rows,
                                        bad_rows=planned.bad_rows, duration=time.monotonic() - opened.started,
                                        figures=protocol.block_figures(dest, landed, observed, eng.run_id), run_id=eng.run_id,
@@ -206,7 +226,7 @@ class StepProcessor:
         if spec.after:
             with eng.phases.timed("after"):
                 eng.register_tables(topic)
-                self.block_df(spec.base, block, planned.source_version)
+                self.block_df(spec.base, block, planned.source_version, planned.snapshot)
                 spark_io.run_statements(eng.spark, topic, "after")
         note = f"rows={landed.rows} delta_version={landed.version}" + (" (recovered after crash)" if recovered else "")
         with eng.phases.timed("commit"):
@@ -217,13 +237,51 @@ class StepProcessor:
                           bad_rows=planned.bad_rows, delta_version=landed.version, duration_s=time.monotonic() - opened.started,
                           recovered=recovered, stats={**protocol.stats_dict(entry), "warnings": list(planned.warnings)})
 
-    def block_df(self, base: str, block: Block, version: int | None) -> DataFrame:
+    def require_snapshot(self, topic: Topic, planned: Planned) -> None:
+        """For a unit planned earlier that reads its base snapshot whole (a merge unit): stop this
+        topic, saying what to run, when files of that snapshot were deleted by VACUUM since."""
+        block = planned.block
+        if block is None or planned.source_version is None:
+            return
+        try:
+            route = delta_meta.snapshot_read(self.engine.path(topic.spec.base), planned.source_version, None, block.next)
+            problem = "its data files were compacted and then deleted by VACUUM" if route.rerouted else ""
+        except delta_meta.RemovedDataError as exc:
+            problem = str(exc)
+        if problem:
+            raise ProcessingError(
+                f"topic '{topic.name}': unit {block.seq} was planned on {topic.spec.base} version {planned.source_version} and "
+                f"cannot be read as planned: {problem}. Nothing of it was written. To plan it again on the inputs as they "
+                f"are now, run: tidemark offsets reset {topic.name} --to {block.last.to_text()} --reason '...'")
+
+    def reroute(self, topic: Topic, planned: Planned) -> Planned:
+        """``planned`` (a block planned earlier, to be read at the base snapshot it was planned on)
+        with the route to that snapshot's rows when OPTIMIZE and VACUUM removed its files since
+        (see :func:`delta_meta.snapshot_read`); this topic stops, saying what to run, when no
+        route is exact."""
+        block = planned.block
+        if block is None or planned.source_version is None:
+            return planned
+        try:
+            route = delta_meta.snapshot_read(self.engine.path(topic.spec.base), planned.source_version, block.last, block.next)
+        except delta_meta.RemovedDataError as exc:
+            raise ProcessingError(
+                f"topic '{topic.name}': block {block.seq} was planned on {topic.spec.base} version {planned.source_version} and "
+                f"cannot be read as planned: {exc}. Nothing of it was written. To plan it again on {topic.spec.base} as it is "
+                f"now, run: tidemark offsets reset {topic.name} --to {block.last.to_text()} --reason '...'"
+            ) from None
+        return dataclasses.replace(planned, snapshot=route) if route.rerouted else planned
+
+    def block_df(self, base: str, block: Block, version: int | None,
+                 snapshot: delta_meta.SnapshotRead | None = None) -> DataFrame:
         """Rows of ``base`` inside ``(last, next]``, registered as the temp view ``block``.
 
         The block reads the snapshot it was planned on (Delta time travel to ``version``), so a
         retry sees exactly the same rows and a row that lands later in an already-planned range
         is detected as late instead of silently joining or missing a block. The plain range on
-        ``pos`` lets Delta skip files by statistics; the tuple comparison cuts exactly."""
+        ``pos`` lets Delta skip files by statistics; the tuple comparison cuts exactly. ``snapshot``:
+        that version's files were compacted and deleted by VACUUM, so its rows are read from a newer
+        version by id (:func:`delta_meta.snapshot_read`)."""
         from pyspark.sql import functions as F
 
         spark = self.engine.spark  # F.lit needs an active session
@@ -232,10 +290,14 @@ class StepProcessor:
         np_, ni = spark_io.ts_literal(block.next.pos), F.lit(block.next.id).cast("bigint")
         pos, id_ = F.col("pos"), F.col("id")
         reader = spark.read.format("delta")
+        if snapshot is not None:
+            version = snapshot.read_version
         if version is not None:
             reader = reader.option("versionAsOf", version)
         df = (reader.load(self.engine.path(base))
               .where((pos >= lp) & (pos <= np_) & id_.isNotNull())  # a row without an id is quarantined instead
               .where(((pos > lp) | (id_ > li)) & ((pos < np_) | (id_ <= ni))))
+        if snapshot is not None and snapshot.max_id is not None:
+            df = df.where(id_ <= F.lit(snapshot.max_id).cast("bigint"))
         df.createOrReplaceTempView("block")
         return df

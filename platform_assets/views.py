@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lineage.errors import ProcessingError
+from lineage.errors import ProcessingError, TidemarkError
 from lineage.positions import Position
 from lineage.refresh import choose
 from lineage.spec import LateRows, Topic
@@ -34,7 +34,10 @@ def explain(engine: Engine, topic: Topic, *, keys: int = 0) -> list[str]:
     if rec.pending:
         return [*lines, f"  unit {rec.seq} is pending ({rec.last.to_text()} .. {rec.next.to_text() if rec.next else ''}): "
                         f"the next run redoes exactly it"]
-    look = eng.merge.look(topic, rec)
+    try:
+        look = eng.merge.look(topic, rec)
+    except TidemarkError as exc:
+        return [*lines, f"  cannot plan the next unit: {exc}"]
     lines.append(f"  new base rows: {look.base_rows}" + (f" up to {look.end.to_text()}" if look.end > rec.last else
                                                          f" ({look.decision.reason})"))
     if spec.late_rows is LateRows.REDERIVE:

@@ -216,8 +216,18 @@ def find_block_end(source: str | TableSnapshot, last: Position, cutoff: dt.datet
 
 
 def count_block(path: str, last: Position, next_: Position, version: int | None = None) -> int:
-    """Rows of the base table at ``path`` (at ``version``) inside ``(last, next]``."""
-    rows = _rows_after(TableSnapshot.open(path, version), last, next_.pos)
+    """Rows of the base table at ``path`` (at ``version``) inside ``(last, next]``. When files of
+    that version were compacted and deleted by VACUUM, the same rows are counted in a newer
+    version where that is exact (see :func:`snapshot_read`), else :class:`RemovedDataError`."""
+    try:
+        rows = _rows_after(TableSnapshot.open(path, version), last, next_.pos)
+    except OSError:  # a data file of that version is gone
+        if version is None:
+            raise
+        route = snapshot_read(path, version, last, next_)
+        rows = _rows_after(TableSnapshot.open(path, route.read_version), last, next_.pos)
+        if rows is not None and route.max_id is not None:
+            rows = rows.filter(pc.less_equal(rows["id"], pa.scalar(route.max_id, pa.int64())))
     if rows is None or rows.num_rows == 0:
         return 0
     at_end = pc.and_(pc.equal(rows["pos"], pa.scalar(next_.pos, rows.schema.field("pos").type)),
@@ -251,6 +261,13 @@ class LateRows:
     unreadable: tuple[int, ...] = ()
 
 
+class RemovedDataError(ProcessingError):
+    """Data files or commits Tidemark needs were removed (compacted by OPTIMIZE then deleted by
+    VACUUM, or dropped by log retention) and no other route gives the same answer exactly. The
+    message names the table, the version or file and the cause; callers add the topic and the
+    command that lets it go on."""
+
+
 def late_detection_warning(table: str, unreadable: tuple[int, ...]) -> str:
     """What to tell the user when late rows could not be looked for in ``unreadable`` commits of
     ``table`` ('' when there are none)."""
@@ -275,45 +292,287 @@ def missing_commits(path: str, after_version: int, upto: int) -> tuple[int, ...]
     return tuple(v for v in range(after_version + 1, upto + 1) if v not in present)
 
 
+# -- what the log says happened since a version, and data files that are gone -------------------
+
+
+@dataclass(frozen=True)
+class _Added:
+    """A data file a commit added with ``dataChange`` (new or changed rows; a compaction adds none)."""
+
+    version: int
+    path: str  # relative to the table root, unquoted
+    stats: dict[str, Any]
+
+    def low(self, column: str) -> Any:
+        return (self.stats.get("minValues") or {}).get(column)
+
+
+@dataclass
+class _History:
+    """The commits ``(after, upto]`` of a table, as far as its log still holds them."""
+
+    after: int
+    upto: int
+    added: list[_Added] = field(default_factory=list)  # files added with dataChange, oldest first
+    compacted: set[str] = field(default_factory=set)  # files added without dataChange (rewritten rows)
+    removed_by: dict[str, tuple[int, str, bool]] = field(default_factory=dict)  # path -> (version, operation, dataChange)
+    feed: dict[int, list[str]] = field(default_factory=dict)  # version -> the files its change data feed reads
+    cdc_files: set[str] = field(default_factory=set)  # change data files (VACUUM deletes them by age alone)
+    commits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # version -> its actions
+    data_changed: dict[int, bool] = field(default_factory=dict)  # version -> whether it changed any row
+    unreadable: list[int] = field(default_factory=list)  # versions gone from the log (log retention)
+
+    @classmethod
+    def read(cls, path: str, after: int, upto: int) -> _History:
+        fs, log = _log_fs(path)
+        out = cls(after, upto)
+        for version in range(after + 1, upto + 1):
+            try:
+                actions = _read_commit(fs, log, version)
+            except (FileNotFoundError, OSError):
+                out.unreadable.append(version)
+                continue
+            out.commits[version] = actions
+            op = next((str(a["commitInfo"].get("operation") or "") for a in actions if a.get("commitInfo")), "")
+            cdc = [unquote(a["cdc"]["path"]) for a in actions if a.get("cdc")]
+            out.cdc_files.update(cdc)
+            data_files: list[str] = []
+            for a in actions:
+                for kind in ("add", "remove"):
+                    act = a.get(kind)
+                    if not act:
+                        continue
+                    rel, data = unquote(act["path"]), bool(act.get("dataChange", True))
+                    if data:
+                        data_files.append(rel)
+                    if kind == "remove":
+                        out.removed_by[rel] = (version, op, data)
+                    elif data:
+                        out.added.append(_Added(version, rel, json.loads(act.get("stats") or "{}")))
+                    else:
+                        out.compacted.add(rel)
+            # Without change data files the change feed reads the added and removed files themselves.
+            out.feed[version] = cdc or data_files
+            out.data_changed[version] = bool(cdc or data_files)
+        return out
+
+    def why_gone(self, rel: str) -> str:
+        """How a data file that no longer exists left the table."""
+        by = self.removed_by.get(rel)
+        if by is None:
+            return "removed by VACUUM"
+        version, op, data = by
+        how = f"removed by {op or 'a commit'} at version {version}" if data else \
+            f"compacted by {op or 'a commit'} at version {version}"
+        return f"{how}, then deleted by VACUUM"
+
+
+def missing_files(path: str, rels: list[str]) -> list[str]:
+    """Those of the table's files ``rels`` (relative to its root) that no longer exist (deleted by
+    VACUUM)."""
+    if not rels:
+        return []
+    fs = arrow_filesystem(path)[0]
+    infos = fs.get_file_info([_join(path, r) for r in rels])
+    return [r for r, i in zip(rels, infos, strict=True) if i.type == pafs.FileType.NotFound]
+
+
+def _ids_at(path: str, version: int) -> tuple[int | None, set[str]]:
+    """The greatest ``id`` the table held at ``version`` (None: no row had one) and the paths of
+    its data files, from the log alone (the files themselves may be gone). Raises
+    :class:`RemovedDataError` when the log cannot say."""
+    old = open_table(path, version)
+    if old is None:
+        raise RemovedDataError(f"{path}: version {version} is no longer in its Delta log (removed by log retention)")
+    files = pa.table(old.get_add_actions(flatten=True))
+    paths = set(files["path"].to_pylist()) if files.num_rows else set()
+    if files.num_rows == 0:
+        return None, paths
+    if "max.id" not in files.column_names or "num_records" not in files.column_names:
+        raise RemovedDataError(f"{path}: the Delta log keeps no id statistics for version {version}")
+    nulls = files["null_count.id"].to_pylist() if "null_count.id" in files.column_names else [None] * files.num_rows
+    best: int | None = None
+    for high, rows, null in zip(files["max.id"].to_pylist(), files["num_records"].to_pylist(), nulls, strict=True):
+        if high is None:
+            if rows and null != rows:  # rows with an id, and no statistic saying how high
+                raise RemovedDataError(f"{path}: the Delta log keeps no id statistics for a file of version {version}")
+            continue
+        best = int(high) if best is None else max(best, int(high))
+    return best, paths
+
+
+def _position_filter(schema: pa.Schema, last: Position | None = None, *, after: Position | None = None,
+                     max_id: int | None = None, above_id: int | None = None) -> pc.Expression:
+    """Rows with an id, at or before ``last``, after ``after``, ``id <= max_id``, ``id > above_id``."""
+    pos_type = schema.field("pos").type
+    cond = pc.field("id").is_valid()
+    if last is not None:
+        lp = pa.scalar(last.pos, pos_type)
+        cond = cond & ((pc.field("pos") < lp) | ((pc.field("pos") == lp) & (pc.field("id") <= pa.scalar(last.id, pa.int64()))))
+    if after is not None:
+        ap = pa.scalar(after.pos, pos_type)
+        cond = cond & ((pc.field("pos") > ap) | ((pc.field("pos") == ap) & (pc.field("id") > pa.scalar(after.id, pa.int64()))))
+    if max_id is not None:
+        cond = cond & (pc.field("id") <= pa.scalar(max_id, pa.int64()))
+    if above_id is not None:
+        cond = cond & (pc.field("id") > pa.scalar(above_id, pa.int64()))
+    return cond
+
+
+def _read_files(path: str, rels: list[str], last: Position, *, above_id: int | None = None) -> pa.Table:
+    """Rows of the table's data files ``rels`` at or before ``last`` (and with an id above ``above_id``)."""
+    import pyarrow.dataset as pads
+
+    fs = arrow_filesystem(path)[0]
+    ds = pads.dataset([_join(path, r) for r in rels], format="parquet", filesystem=fs if "://" in path else None)
+    return ds.to_table(filter=_position_filter(ds.schema, last, above_id=above_id))
+
+
 def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -> LateRows:
     """Rows added to the table after ``after_version`` (up to the snapshot's version) whose
     position is at or before ``last``: rows that arrived out of order, after their place was
     already processed.
 
-    Reads only the commits after ``after_version`` and, of the files they added, only those
-    whose statistics allow a position at or before ``last``. Commits the log no longer holds are
-    listed in ``unreadable``."""
+    Reads only the commits after ``after_version`` and, of the files they added with
+    ``dataChange`` (a compaction's files hold no new rows), only those whose statistics allow a
+    position at or before ``last``. Commits the log no longer holds are listed in ``unreadable``.
+
+    When some of those files are gone (compacted by OPTIMIZE, then deleted by VACUUM), their rows
+    live on in the files that rewrote them, mixed with rows that were there before, and are told
+    apart by ``id`` (see :func:`_late_rows_by_id`); where ids cannot tell,
+    :class:`RemovedDataError` says which file and why."""
     snap = _snapshot(source)
     if snap.version is None or snap.version <= after_version:
         return LateRows(pa.table({}))
     path = snap.path
-    fs, log = _log_fs(path)
+    history = _History.read(path, after_version, snap.version)
     limit = _plus(last.pos, STATS_SLACK)
-    files = []
-    unreadable: list[int] = []
-    for version in range(after_version + 1, snap.version + 1):
+    added = [a for a in history.added if (low := parse_stat_ts(a.low("pos"))) is None or low <= limit]
+    unreadable = tuple(history.unreadable)
+    if not added:
+        return LateRows(pa.table({}), unreadable)
+    paths = [a.path for a in added]
+    live = set(snap.files["path"].to_pylist()) if snap.files.num_rows else set()
+    for _ in range(3):  # a VACUUM between looking and reading: look again
+        gone = missing_files(path, [p for p in paths if p not in live])  # a file of the snapshot is there
         try:
-            actions = _read_commit(fs, log, version)
-        except (FileNotFoundError, OSError):
-            unreadable.append(version)
-            continue
-        for a in actions:
-            add = a.get("add")
-            if not add or not add.get("dataChange", True):
-                continue  # compaction rewrites rows, it does not add them
-            low = (json.loads(add.get("stats") or "{}").get("minValues") or {}).get("pos")
-            low_ts = parse_stat_ts(low)
-            if low_ts is None or low_ts <= limit:
-                files.append(_join(path, unquote(add["path"])))
-    if not files:
-        return LateRows(pa.table({}), tuple(unreadable))
-    import pyarrow.dataset as pads
+            if not gone:
+                return LateRows(_read_files(path, paths, last), unreadable)
+            return LateRows(_late_rows_by_id(snap, history, added, gone, last), unreadable)
+        except OSError:
+            if missing_files(path, paths) == gone:
+                raise  # not a file that went away meanwhile
+    raise RemovedDataError(f"{path}: data files kept disappearing while late rows were looked for (a VACUUM running?)")
 
-    ds = pads.dataset(files, format="parquet", filesystem=fs if "://" in path else None)
-    pos_type = ds.schema.field("pos").type
-    lp = pa.scalar(last.pos, pos_type)
-    at_or_before = (pc.field("pos") < lp) | ((pc.field("pos") == lp) & (pc.field("id") <= pa.scalar(last.id, pa.int64())))
-    return LateRows(ds.to_table(filter=at_or_before & pc.field("id").is_valid()), tuple(unreadable))
+
+def _late_rows_by_id(snap: TableSnapshot, history: _History, added: list[_Added], gone: list[str],
+                     last: Position) -> pa.Table:
+    """Late rows when files added since ``history.after`` are gone.
+
+    A file added with ``dataChange`` that is still in the table is read as it is. The rows of one
+    that left the table are, unless a data change removed them, in the files added since (a
+    compaction keeps rows as they are), together with rows that were in the table at
+    ``history.after``. Those had ids up to the greatest id of that version (the log's statistics
+    say, without the files). If every such file's ids are above it (ids grow as rows arrive),
+    the late rows among the rewritten ones are exactly the rows at or before ``last`` with a
+    greater id in the files added since; otherwise :class:`RemovedDataError`."""
+    path, after = snap.path, history.after
+    live = set(snap.files["path"].to_pylist()) if snap.files.num_rows else set()
+    kept = [a.path for a in added if a.path in live]
+    rewritten = [a for a in added if a.path not in live]
+    def cannot(a: _Added, why: str) -> RemovedDataError:
+        state = (f"is gone ({history.why_gone(a.path)})" if a.path in gone else
+                 f"was rewritten ({history.why_gone(a.path).split(', then')[0]}) and other files of that time are gone")
+        return RemovedDataError(f"{path}: late rows added since version {after} cannot be found exactly: data file "
+                                f"{a.path} (added by version {a.version}) {state}, and {why}")
+
+    try:
+        ceiling, before = _ids_at(path, after)
+    except RemovedDataError as exc:
+        raise cannot(next(a for a in added if a.path in gone),
+                     f"the rows there before cannot be told apart from its rows: {exc}") from None
+    for a in rewritten:
+        low = a.low("id")
+        if ceiling is not None and (not isinstance(low, int) or low <= ceiling):
+            ids = "it has no id statistics" if not isinstance(low, int) else f"its ids (from {low})"
+            raise cannot(a, f"{ids} are not above the greatest id at version {after} ({ceiling}), so they cannot tell "
+                            f"its rows from the rows there before")
+    files = snap.files
+    limit = _plus(last.pos, STATS_SLACK)
+    lows = files["min.pos"].to_pylist() if "min.pos" in files.column_names else [None] * files.num_rows
+    highs = files["max.id"].to_pylist() if "max.id" in files.column_names else [None] * files.num_rows
+    scan = []
+    for rel, low, high in zip(files["path"].to_pylist() if files.num_rows else [], lows, highs, strict=True):
+        if rel in before or rel in kept:  # there at ``after`` (no later id) / read whole below
+            continue
+        if (low is not None and (_ts(low) or limit) > limit) or (high is not None and ceiling is not None and high <= ceiling):
+            continue
+        scan.append(rel)
+    parts = [_read_files(path, kept, last)] if kept else []
+    if scan:
+        parts.append(_read_files(path, scan, last, above_id=ceiling))
+    if not parts:
+        return pa.table({})
+    return pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+
+
+@dataclass(frozen=True)
+class SnapshotRead:
+    """How to read the rows a table held at ``version``: at that version, or, when files of it
+    were compacted and then deleted by VACUUM, at the newer ``read_version`` keeping only ids up
+    to ``max_id`` (the same rows: see :func:`snapshot_read`)."""
+
+    version: int
+    read_version: int
+    max_id: int | None = None
+
+    @property
+    def rerouted(self) -> bool:
+        return self.read_version != self.version
+
+
+def snapshot_read(path: str, version: int, after: Position | None = None, upto: Position | None = None) -> SnapshotRead:
+    """How to read the rows of the table at ``path`` as of ``version`` in ``(after, upto]``
+    (default: all), JVM-free.
+
+    As they are when the files holding that range at ``version`` exist. When some are gone
+    (OPTIMIZE, then VACUUM) the same rows are read from the newest version: exact when no commit
+    since changed or deleted a row that was there (only compactions and appends) and every
+    appended file's ids are above the greatest id at ``version``; then the rows of ``version``
+    are those with an id up to it. Else :class:`RemovedDataError` names the file and why."""
+    snap = TableSnapshot.open(path, version)
+    if snap.version is None:
+        raise RemovedDataError(f"{path}: version {version} is no longer in its Delta log (removed by log retention)")
+    files = snap.files
+    rels = files["path"].to_pylist() if files.num_rows else []
+    if rels and "min.pos" in files.column_names and (after is not None or upto is not None):
+        lo = _minus(after.pos, STATS_SLACK) if after is not None else dt.datetime.min
+        hi = _plus(upto.pos, STATS_SLACK) if upto is not None else dt.datetime.max
+        lows, highs = files["min.pos"].to_pylist(), files["max.pos"].to_pylist()
+        rels = [r for r, a, b in zip(rels, lows, highs, strict=True)
+                if (a is None or (_ts(a) or lo) <= hi) and (b is None or (_ts(b) or hi) >= lo)]
+    gone = missing_files(path, rels)
+    if not gone:
+        return SnapshotRead(version, version)
+    newest = open_table(path)
+    current = int(newest.version()) if newest is not None else version
+    history = _History.read(path, version, current)
+    cause = f"{path}: version {version} can no longer be read: its data file {gone[0]} is gone ({history.why_gone(gone[0])})"
+    if history.unreadable:
+        raise RemovedDataError(f"{cause}, and versions {history.unreadable[0]}..{history.unreadable[-1]} are no longer in "
+                               f"its Delta log (log retention) to show what changed since")
+    ceiling, before = _ids_at(path, version)
+    for rel, (v, op, data) in history.removed_by.items():
+        if data and (rel in before or rel in history.compacted):
+            raise RemovedDataError(f"{cause}, and rows it held were changed or deleted since ({op or 'a commit'} at version "
+                                   f"{v}), so the newest version does not hold the same rows")
+    for a in history.added:
+        low = a.low("id")
+        if ceiling is not None and (not isinstance(low, int) or low <= ceiling):
+            ids = "no id statistics" if not isinstance(low, int) else f"ids from {low}"
+            raise RemovedDataError(f"{cause}, and rows added since (version {a.version}, {ids}) cannot be told apart from "
+                                   f"its rows (ids up to {ceiling})")
+    return SnapshotRead(version, current, ceiling if ceiling is not None else -(2**63))
 
 
 def _join(path: str, name: str) -> str:
@@ -534,7 +793,10 @@ def change_feed_enabled(snap: TableSnapshot) -> bool:
 def input_change(table: str, path: str, old: int | None, upto: int | None = None) -> InputChange:
     """What changed in input ``table`` since version ``old`` up to version ``upto`` (default: now),
     JVM-free (the log's commit files, never the data): the version, the rows its commits changed,
-    its row count, and why its change data feed cannot be read over ``(old, upto]`` ("" when it can)."""
+    its row count, and why its change data feed cannot be read over ``(old, upto]`` ("" when it can):
+    a commit removed from the log (log retention), or a file the feed reads (a change data file, or
+    the file a commit added or removed) deleted by VACUUM. Compactions (``dataChange: false``) and
+    other commits that change no row count as 0 changed rows: the change feed skips them."""
     snap = TableSnapshot.open(path, upto)
     if snap.version is None:
         return InputChange(table, old, None, problem=f"no Delta table at {path}")
@@ -544,14 +806,22 @@ def input_change(table: str, path: str, old: int | None, upto: int | None = None
     if not change_feed_enabled(snap):
         return dataclasses.replace(change, problem="delta.enableChangeDataFeed is not set on the table "
                                                    f"(ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true))")
-    gone = missing_commits(path, old, snap.version)
+    history = _History.read(path, old, snap.version)
+    gone = history.unreadable
     if gone:
         return dataclasses.replace(change, problem=f"versions {gone[0]}..{gone[-1]} were removed from its Delta log (log retention)")
-    fs, log = _log_fs(path)
     rows: int | None = 0
     for v in range(old + 1, snap.version + 1):
-        n = changed_rows(_stats(v, _read_commit(fs, log, v)))
+        n = changed_rows(_stats(v, history.commits[v])) if history.data_changed[v] else 0
         rows = None if n is None or rows is None else rows + n
+    needed = [(v, rel) for v in range(old + 1, snap.version + 1) for rel in history.feed[v]]
+    if upto is None:  # up to now, a file the feed reads can only be gone if it left the table meanwhile
+        needed = [(v, rel) for v, rel in needed if rel in history.removed_by or rel in history.cdc_files]
+    missing = set(missing_files(path, [rel for _, rel in needed]))
+    if missing:
+        v, rel = next((v, rel) for v, rel in needed if rel in missing)
+        return dataclasses.replace(change, changed_rows=rows, problem=(
+            f"the change data of version {v} is gone: {rel} ({history.why_gone(rel)})"))
     return dataclasses.replace(change, changed_rows=rows)
 
 

@@ -458,12 +458,20 @@ class SqlOffsetStore(OffsetStore):
             _check_holder(rec, owner, "set_state")
             self._save(rec, state=state)
 
-    def reset(self, topic: str, last: Position, *, who: str, reason: str, seq: int = 0) -> OffsetRecord:
+    def reset(self, topic: str, last: Position, *, who: str, reason: str, seq: int = 0,
+              late_from: Mapping[str, int] | None = None) -> OffsetRecord:
         with self._tx(write=True):
             rec = self._current(topic)
             self._refuse_if_held(rec, who)
-            return self._save(rec, ("reset", who, reason), last=last, next=None, state=STATE_RESET, seq=max(rec.seq, seq),
-                              inputs_next=None)
+            extra: dict[str, Any] = {}
+            note = reason
+            for base, version in (late_from or {}).items():
+                extra["source_version"] = max(version, rec.source_version or 0)
+                if base in rec.inputs:
+                    extra["inputs"] = {**rec.inputs, base: max(version, rec.inputs[base])}
+                note += f" (late rows of {base} looked for from version {extra['source_version']} on)"
+            return self._save(rec, ("reset", who, note), last=last, next=None, state=STATE_RESET, seq=max(rec.seq, seq),
+                              inputs_next=None, **extra)
 
     def forget(self, topic: str, *, who: str, reason: str) -> None:
         with self._tx(write=True):

@@ -169,10 +169,14 @@ class OffsetStore(abc.ABC):
         """Free-text state (e.g. ``failed: <error>``) written by the lock holder."""
 
     @abc.abstractmethod
-    def reset(self, topic: str, last: Position, *, who: str, reason: str, seq: int = 0) -> OffsetRecord:
+    def reset(self, topic: str, last: Position, *, who: str, reason: str, seq: int = 0,
+              late_from: Mapping[str, int] | None = None) -> OffsetRecord:
         """The one way to move ``last`` backwards (or anywhere): sets ``last``, clears ``next``
         and keeps ``seq`` (raised to ``seq`` if that is higher: block numbers the Delta log has
-        recorded are never reused); refused while another owner holds the lock; logged."""
+        recorded are never reused); refused while another owner holds the lock; logged.
+        ``late_from`` (``{base: version}``): late rows are looked for only among rows the base
+        gets after that version (sets ``source_version``, and a merge topic's offset for the base
+        where it has one, never lowered)."""
 
     @abc.abstractmethod
     def forget(self, topic: str, *, who: str, reason: str) -> None:

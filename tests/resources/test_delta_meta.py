@@ -131,3 +131,144 @@ def test_a_commit_removed_by_log_retention_is_reported_not_guessed(tmp_path: Pat
     assert gaps.unreadable == tuple(range(1, table.version()))
     assert f"versions 1..{table.version() - 1} no longer in its Delta log" in late_detection_warning("stage.x", gaps.unreadable)
     assert late_detection_warning("stage.x", ()) == ""
+
+
+# -- someone else cleans up: OPTIMIZE (compaction), VACUUM, log retention -----------------------
+
+
+def _compact_and_vacuum(path: Path) -> None:
+    """What a user's ``OPTIMIZE`` then ``VACUUM ... RETAIN 0 HOURS`` does (here with delta-rs)."""
+    DeltaTable(str(path)).optimize.compact()
+    DeltaTable(str(path)).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+
+
+def _drop_log_below_checkpoint(path: Path) -> int:
+    """Log cleanup: a checkpoint at the newest version, and every older commit file removed."""
+    table = DeltaTable(str(path))
+    table.create_checkpoint()
+    for f in (path / "_delta_log").glob("*.json"):
+        if int(f.stem) < table.version():
+            f.unlink()
+    return table.version()
+
+
+def test_late_rows_are_found_exactly_after_optimize_and_vacuum(tmp_path: Path) -> None:
+    from resources.delta_meta import missing_files
+
+    path = tmp_path / "base"
+    for first in (1, 6):
+        _append(path, [(i, i) for i in range(first, first + 5)])
+    topic_read = DeltaTable(str(path)).version()  # the topic processed up to (10, 10) at this version
+    last = _at(10, 10)
+    _append(path, [(3, 11), (20, 12)])  # one late row (position 3), one new
+    _append(path, [(10, 13), (21, 14), (2, 15)])  # at last's pos but a higher id (after last: not late), new, late
+    want = late_rows(TableSnapshot.open(str(path)), topic_read, last).rows
+    assert sorted(want["id"].to_pylist()) == [11, 15]
+    # Compaction alone: the files are still there and read as before.
+    DeltaTable(str(path)).optimize.compact()
+    assert late_rows(TableSnapshot.open(str(path)), topic_read, last).rows.sort_by("id") == want.sort_by("id")
+    DeltaTable(str(path)).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    snap = TableSnapshot.open(str(path))
+    assert len(snap.files["path"]) == 1  # every row in one compacted file
+    found = late_rows(snap, topic_read, last)
+    assert found.rows.sort_by("id") == want.sort_by("id") and found.unreadable == ()
+    # Rows that arrive after the compaction: in a file of their own, read as it is.
+    _append(path, [(4, 16)])
+    assert sorted(late_rows(TableSnapshot.open(str(path)), topic_read, last).rows["id"].to_pylist()) == [11, 15, 16]
+    assert missing_files(str(path), ["nothing.parquet", snap.files["path"][0].as_py()]) == ["nothing.parquet"]
+
+
+def test_late_rows_whose_ids_do_not_tell_stop_with_the_file_and_the_cause(tmp_path: Path) -> None:
+    from resources.delta_meta import RemovedDataError
+
+    path = tmp_path / "base"
+    _append(path, [(i, i) for i in range(1, 11)])
+    _append(path, [(2, 5)])  # a late row re-using an old id: ids cannot show it arrived later
+    before = late_rows(TableSnapshot.open(str(path)), 0, _at(10, 10)).rows
+    assert before["id"].to_pylist() == [5]
+    _compact_and_vacuum(path)
+    with pytest.raises(RemovedDataError) as err:
+        late_rows(TableSnapshot.open(str(path)), 0, _at(10, 10))
+    msg = str(err.value)
+    assert "late rows added since version 0 cannot be found exactly" in msg
+    assert "(added by version 1) is gone (compacted by OPTIMIZE at version 2, then deleted by VACUUM)" in msg
+    assert "and its ids (from 5) are not above the greatest id at version 0 (10), so they cannot tell its rows" in msg
+    # Nothing late since a newer version: nothing to look for, no error.
+    assert late_rows(TableSnapshot.open(str(path)), 1, _at(10, 10)).rows.num_rows == 0
+
+
+def test_late_rows_after_vacuum_and_log_cleanup_say_what_is_gone(tmp_path: Path) -> None:
+    from resources.delta_meta import RemovedDataError
+
+    path = tmp_path / "base"
+    _append(path, [(i, i) for i in range(1, 11)])
+    _append(path, [(2, 20)])
+    _compact_and_vacuum(path)
+    _drop_log_below_checkpoint(path)  # version 0, where the topic read, is gone from the log
+    # The commit that added the late row is gone too: the answer is incomplete, and says so.
+    gaps = late_rows(TableSnapshot.open(str(path)), 0, _at(10, 10))
+    assert gaps.rows.num_rows == 0 and gaps.unreadable
+    # A late row after the log cleanup, compacted and vacuumed: the version the topic read is gone.
+    _append(path, [(3, 21)])
+    after = DeltaTable(str(path)).version() - 1
+    _compact_and_vacuum(path)
+    with pytest.raises(RemovedDataError, match=r"version 0 is no longer in its Delta log \(removed by log retention\)"):
+        late_rows(TableSnapshot.open(str(path)), 0, _at(10, 10))
+    # From a version the log still rebuilds, the ids tell.
+    assert late_rows(TableSnapshot.open(str(path)), after, _at(10, 10)).rows["id"].to_pylist() == [21]
+
+
+def test_a_vacuumed_snapshot_is_read_from_a_newer_version_only_where_that_is_exact(tmp_path: Path) -> None:
+    from resources.delta_meta import RemovedDataError, count_block, snapshot_read
+
+    path = tmp_path / "base"
+    _append(path, [(i, i) for i in range(1, 11)])
+    _append(path, [(i, i) for i in range(11, 21)])
+    planned = DeltaTable(str(path)).version()  # a block (5, 15] planned on this version, not run yet
+    assert snapshot_read(str(path), planned, _at(5, 5), _at(15, 15)).rerouted is False
+    _append(path, [(7, 30)])  # lands inside the planned range later: not part of the block
+    _compact_and_vacuum(path)
+    route = snapshot_read(str(path), planned, _at(5, 5), _at(15, 15))
+    assert route.rerouted and route.read_version == DeltaTable(str(path)).version() and route.max_id == 20
+    assert count_block(str(path), _at(5, 5), _at(15, 15), planned) == 10
+    # A row that was there is deleted since: the newest version no longer holds the same rows.
+    DeltaTable(str(path)).delete("id = 6")
+    with pytest.raises(RemovedDataError, match=r"rows it held were changed or deleted since \(DELETE at version"):
+        snapshot_read(str(path), planned, _at(5, 5), _at(15, 15))
+
+
+def test_an_input_change_whose_change_data_was_vacuumed_is_a_visible_problem(tmp_path: Path) -> None:
+    from resources.delta_meta import input_change
+
+    path = tmp_path / "dim"
+    data = pa.table({"id": pa.array([1, 2], pa.int64()), "country": ["A", "B"]})
+    write_deltalake(str(path), data, configuration={"delta.enableChangeDataFeed": "true"})
+    write_deltalake(str(path), pa.table({"id": pa.array([3], pa.int64()), "country": ["C"]}), mode="append")
+    change = input_change("dim.x", str(path), 0)
+    assert change.problem == "" and change.changed_rows == 1
+    DeltaTable(str(path)).optimize.compact()  # a compaction changes no row
+    compacted = input_change("dim.x", str(path), 1)
+    assert compacted.changed and compacted.changed_rows == 0 and compacted.problem == ""
+    DeltaTable(str(path)).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    gone = input_change("dim.x", str(path), 0)
+    assert gone.problem.startswith("the change data of version 1 is gone: part-")
+    assert gone.problem.endswith("(compacted by OPTIMIZE at version 2, then deleted by VACUUM)")
+    assert input_change("dim.x", str(path), 1).problem == ""  # from the compaction on, the feed reads nothing gone
+    _drop_log_below_checkpoint(path)
+    assert "were removed from its Delta log (log retention)" in input_change("dim.x", str(path), 0).problem
+
+
+def test_a_destination_compacted_and_vacuumed_still_answers_recovery(tmp_path: Path) -> None:
+    from platform_assets.protocol import block_figures
+    from resources.delta_meta import find_txn_commit, missing_files
+
+    path = tmp_path / "dest"
+    _txn_append(path, "tidemark:t", 1, n=3)
+    _txn_append(path, "tidemark:t", 2, n=2)
+    _compact_and_vacuum(path)
+    found = find_txn_commit(str(path), "tidemark:t", 2)  # the log, not the files, says where block 2 ended
+    assert found is not None and (found.version, found.rows, found.user_metadata) == (1, 2, {"text": "block 2"})
+    assert missing_files(str(path), list(found.paths)) == list(found.paths)
+    # A block that landed before a crash, its files vacuumed before the retry: its figures from the statistics.
+    figures = block_figures(str(path), found, None, run_id="retry")
+    assert (figures.rows, figures.nulls) == (2, {"pos": 0, "id": 0})
