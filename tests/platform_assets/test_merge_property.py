@@ -443,7 +443,8 @@ def _examples(default: int) -> dict[str, Any]:
 
 
 # Sizes keep a case at a few units per view: an incremental unit costs ~3-6 s here (MERGE jobs).
-@pytest.mark.timeout(900)
+# The limit is generous: the per-unit checks make a case cost minutes on a loaded 2-core machine.
+@pytest.mark.timeout(1800)
 def test_every_merge_view_equals_its_transform_after_every_unit(spark: Any) -> None:
     """In process: random input changes and units in random block sizes, then caught up; after
     every unit its view equals its transform over the inputs it covers, every reference change took
@@ -495,7 +496,7 @@ KILLED = Case(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_merge_views_converge_after_a_sigkill_at_a_random_point(spark: Any) -> None:
     """A sample of cases: after the in-process operations, more input changes, then the catch-up
     runs as ``tidemark run --until-caught-up`` killed with SIGKILL at a random point of its first
