@@ -237,10 +237,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if names:
         for n in names:
             eng.lineage.topic(n)
-    failed: list[str] = []
+    failed: dict[str, TidemarkError] = {}
 
     def report(name: str, exc: TidemarkError) -> None:  # that topic stops; the others go on
-        failed.append(name)
+        failed[name] = exc
         print(f"  {name:<22} FAILED: {exc}", flush=True)
 
     if args.until_caught_up:
@@ -253,6 +253,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 report(n, exc)
     code = _missing_sources(eng, names or list(eng.lineage.topics))
     if failed:
+        for name, exc in failed.items():  # the reasons on stderr too, for a caller that reads only that
+            print(f"error: {name}: {exc}", file=sys.stderr)
         print(f"error: {len(failed)} topic(s) failed: {', '.join(failed)} (the others ran)", file=sys.stderr)
         return 1
     return code

@@ -14,6 +14,9 @@ from pathlib import Path
 def port_taken(port: int) -> str | None:
     """Why ``port`` on 127.0.0.1 cannot be bound (the OS's reason), or None when it is free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As servers bind (PostgreSQL, uvicorn): connections of a stopped server lingering in TIME_WAIT do not
+        # count; a listening socket still does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:
