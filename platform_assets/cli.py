@@ -174,6 +174,48 @@ def cmd_lag(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tables(args: argparse.Namespace) -> int:
+    from platform_assets import maintain
+
+    eng = _engine(args)
+    healths = maintain.healths(eng, args.tables or None)
+    print(_table([maintain.health_row(h) for h in healths], maintain.HEALTH_COLUMNS))
+    for h in healths:
+        for warning in h.warnings:
+            print(f"warning: {warning}")
+    return 0
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from platform_assets import maintain
+
+    eng = _engine(args)
+    opts = maintain.Options(retain_hours=args.retain_hours, dry_run=args.dry_run, compact=not args.no_compact,
+                            cleanup=not args.no_cleanup, cluster=args.cluster, writers_idle=args.writers_idle)
+    failed: list[str] = []
+
+    def show(h: Any, report: Any, exc: Exception | None) -> None:
+        if exc is not None:
+            failed.append(h.table)
+            print(f"{h.table}: FAILED: {type(exc).__name__}: {exc}", flush=True)
+            return
+        took = f" ({report.seconds:.1f}s)" if not report.dry_run else ""
+        print(f"{h.table} v{h.version}: {h.files} files, {h.small_files} small{took}", flush=True)
+        for line in maintain.describe(h, report):
+            print(f"  {line}", flush=True)
+
+    reports = maintain.run(eng, args.tables or None, opts, on_report=show)
+    removed = sum(len(r.vacuumed) for r in reports)
+    logs = sum(len(r.logs_removed) for r in reports)
+    compacted = sum(int(r.compacted.get("numFilesRemoved", 0)) for r in reports)
+    print(f"{'dry run: ' if args.dry_run else ''}{len(reports)} table(s): {compacted} small files compacted, "
+          f"{removed} data files and {logs} log files removed")
+    if failed:
+        print(f"error: {len(failed)} table(s) failed: {', '.join(failed)} (the others were maintained)", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_offsets(args: argparse.Namespace) -> int:
     eng = _engine(args)
     store = eng.store
@@ -253,8 +295,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 report(n, exc)
     code = _missing_sources(eng, names or list(eng.lineage.topics))
     if failed:
-        for name, exc in failed.items():  # the reasons on stderr too, for a caller that reads only that
-            print(f"error: {name}: {exc}", file=sys.stderr)
+        for name, why in failed.items():  # the reasons on stderr too, for a caller that reads only that
+            print(f"error: {name}: {why}", file=sys.stderr)
         print(f"error: {len(failed)} topic(s) failed: {', '.join(failed)} (the others ran)", file=sys.stderr)
         return 1
     return code
@@ -582,6 +624,27 @@ def build_parser() -> argparse.ArgumentParser:
     off.set_defaults(func=cmd_offsets)
 
     sub.add_parser("lag", help="every topic: last, next, source max, lag, state, why it waits").set_defaults(func=cmd_lag)
+
+    tables = sub.add_parser("tables", help="every table's health: files, small files, bytes, commits since the last "
+                                           "checkpoint, the oldest version a consumer needs (no Spark)")
+    tables.add_argument("tables", nargs="*", metavar="TABLE", help="schema.table (default: every table)")
+    tables.set_defaults(func=cmd_tables)
+
+    mnt = sub.add_parser("maintain", help="compact small files, checkpoint and clean up tables, keeping every version, "
+                                          "file and commit a topic still needs (no Spark)")
+    mnt.add_argument("tables", nargs="*", metavar="TABLE", help="schema.table (default: every table in the warehouse "
+                                                                 "and the lineage)")
+    mnt.add_argument("--retain-hours", type=float, default=None, metavar="H",
+                     help="remove what no consumer needs once older than H hours (default: each table's "
+                          "delta.deletedFileRetentionDuration / delta.logRetentionDuration, else 7 / 30 days); below 1 "
+                          "only while no writer of the table runs")
+    mnt.add_argument("--dry-run", action="store_true", help="say what would be compacted and removed; change nothing")
+    mnt.add_argument("--no-compact", action="store_true", help="no compaction")
+    mnt.add_argument("--no-cleanup", action="store_true", help="no VACUUM or log cleanup")
+    mnt.add_argument("--cluster", action="store_true", help="views (merge topics): Z-order the compacted files by the key")
+    mnt.add_argument("--writers-idle", action="store_true",
+                     help="nothing writes these tables now (allows --retain-hours below 1 for tables Tidemark does not write)")
+    mnt.set_defaults(func=cmd_maintain)
 
     explain = sub.add_parser("explain", help="what the next run of a topic would do and why (no Spark, nothing written)")
     explain.add_argument("topic")

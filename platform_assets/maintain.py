@@ -1,0 +1,195 @@
+"""``tidemark maintain`` and ``tidemark tables``: which tables there are, what each consumer still
+needs of them (from the offset store), and the maintenance of each (``resources/maintenance.py``).
+
+A topic needs, of every table it reads, the version its offsets start from: a step or reload
+topic its base at ``source_version`` (the late-row check reads the commits and files added since),
+a merge topic its base there too and every other input at its per-input offset (the reverse join
+reads the rows up to it and the change feed after it), a pending unit the versions it planned.
+Of the table it writes it needs the commit of its last unit (offset recovery reads its bounds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lineage.errors import ConfigError, TidemarkError
+from lineage.spec import Processor
+from resources import maintenance
+from resources.maintenance import Health, Need, Report
+from resources.meta_tables import META_TABLES
+from resources.offsets import OffsetRecord
+from resources.storage import arrow_filesystem
+
+if TYPE_CHECKING:
+    from platform_assets.engine import Engine
+
+
+def consumer_needs(eng: Engine, records: dict[str, OffsetRecord] | None = None) -> dict[str, list[Need]]:
+    """Per table, what the lineage's topics still need of it (see the module docstring)."""
+    recs = records if records is not None else {r.topic: r for r in eng.store.list()}
+    out: dict[str, list[Need]] = {}
+
+    def need(table: str, version: int | None, who: str, why: str) -> None:
+        if version is not None and version >= 0:
+            out.setdefault(table, []).append(Need(int(version), who, why))
+
+    for topic in eng.lineage.topics.values():
+        rec = recs.get(topic.name)
+        if rec is None:
+            continue
+        spec = topic.spec
+        base_why = ("late-row check from the base version of its last block" if spec.processor is Processor.STEP
+                    else "base version of its last unit")
+        need(spec.base, rec.source_version, topic.name, base_why)
+        if spec.processor is Processor.MERGE:
+            for table, version in rec.inputs.items():
+                need(table, version, topic.name, "input offset (rows up to it, change feed after it)")
+            for table, version in (rec.inputs_next or {}).items():
+                need(table, version, topic.name, "pending unit")
+        need(spec.destination, rec.delta_version, topic.name, "commit of its last unit (offset recovery)")
+    return out
+
+
+def warehouse_tables(eng: Engine) -> list[str]:
+    """Every Delta table under the warehouse (``<schema>/<table>``): destinations, replicas, stage
+    tables, meta tables and the sources kept there."""
+    import pyarrow.fs as pafs
+
+    fs, root = arrow_filesystem(eng.settings.warehouse)
+    out = []
+    try:
+        schemas = [i for i in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)) if i.type == pafs.FileType.Directory]
+    except OSError:
+        return []
+    for schema in schemas:
+        for table in fs.get_file_info(pafs.FileSelector(schema.path, allow_not_found=True)):
+            if table.type != pafs.FileType.Directory:
+                continue
+            if fs.get_file_info(f"{table.path}/_delta_log").type == pafs.FileType.Directory:
+                out.append(f"{schema.base_name}.{table.base_name}")
+    return sorted(out)
+
+
+def all_tables(eng: Engine) -> list[str]:
+    """The lineage's tables, the meta tables and every other table in the warehouse, once each."""
+    out: list[str] = []
+    for table in [*eng.lineage.tables(), *META_TABLES, *warehouse_tables(eng)]:
+        if table not in out:
+            out.append(table)
+    return out
+
+
+def healths(eng: Engine, tables: Iterable[str] | None = None, *, existing_only: bool = True) -> list[Health]:
+    """The health of ``tables`` (default: :func:`all_tables`) with their consumers' needs."""
+    needs = consumer_needs(eng)
+    out = []
+    for table in (list(tables) if tables is not None else all_tables(eng)):
+        h = maintenance.health(table, eng.path(table), needs.get(table, []), now=eng.clock())
+        if h.exists or not existing_only:
+            out.append(h)
+    return out
+
+
+def writers_idle(eng: Engine, table: str) -> bool:
+    """Whether no topic writing ``table`` holds its lock now (its unit's files may not be committed yet)."""
+    producers = eng.lineage.producers(table)
+    for topic in producers:
+        rec = eng.store.get(topic.name)
+        if rec is not None and (rec.owner or rec.pending):
+            return False
+    return True
+
+
+def cluster_columns(eng: Engine, table: str) -> tuple[str, ...]:
+    """A view's key (the column its MERGE matches on): the Z-order that lets MERGE skip files."""
+    for topic in eng.lineage.producers(table):
+        if topic.spec.processor is Processor.MERGE and topic.spec.key:
+            return tuple(topic.spec.key)
+    return ()
+
+
+@dataclass(frozen=True)
+class Options:
+    retain_hours: float | None = None
+    dry_run: bool = False
+    compact: bool = True
+    cleanup: bool = True
+    cluster: bool = False
+    writers_idle: bool = False  # the caller knows that nothing else writes these tables now
+
+
+def run(eng: Engine, tables: list[str] | None, opts: Options,
+        on_report: Callable[[Health, Report | None, Exception | None], None] | None = None) -> list[Report]:
+    """Maintain ``tables`` (default: every table, see :func:`all_tables`), each on its own: a table that
+    fails is reported and the others go on."""
+    if tables:
+        known = set(all_tables(eng))
+        unknown = [t for t in tables if t not in known and maintenance.health(t, eng.path(t)).version is None]
+        if unknown:
+            raise ConfigError(f"no Delta table for {', '.join(unknown)} (at {', '.join(eng.path(t) for t in unknown)})")
+    reports = []
+    for h in healths(eng, tables):
+        try:
+            idle = opts.writers_idle or (bool(eng.lineage.producers(h.table)) and writers_idle(eng, h.table))
+            r = maintenance.maintain(h, retain_hours=opts.retain_hours, writers_idle=idle, dry_run=opts.dry_run,
+                                     compact=opts.compact, cleanup=opts.cleanup,
+                                     cluster_by=cluster_columns(eng, h.table) if opts.cluster else ())
+        except (TidemarkError, OSError, Exception) as exc:  # noqa: BLE001 - one table's failure is its line
+            if on_report:
+                on_report(h, None, exc)
+            continue
+        reports.append(r)
+        if on_report:
+            on_report(h, r, None)
+    return reports
+
+
+def describe(h: Health, r: Report) -> list[str]:
+    """Lines saying what maintenance did to a table: compacted, checkpointed, removed, kept and for whom."""
+    verb = "would " if r.dry_run else ""
+    lines = []
+    if r.compacted:
+        removed = r.compacted.get("numFilesRemoved", 0)
+        added = r.compacted.get("numFilesAdded")
+        how = f" Z-ordered by {', '.join(r.clustered_by)}" if r.clustered_by else ""
+        lines.append(f"{verb}compact{'ed' if not verb else ''}{how}: {removed} files -> "
+                     f"{added if added is not None else '?'} file(s)")
+    if r.horizon_checkpoint is not None:
+        lines.append(f"{verb}checkpoint at the consumers' horizon v{r.horizon_checkpoint}")
+    if r.checkpoint is not None:
+        lines.append(f"{verb}checkpoint at v{r.checkpoint}")
+    lines.append(f"{verb}remove{'d' if not verb else ''} {len(r.vacuumed)} unreferenced data file(s), "
+                 f"{len(r.logs_removed)} log file(s)")
+    lines += [f"kept {k}" for k in r.kept]
+    lines += [f"skipped {s}" for s in r.skipped]
+    lines += [f"warning: {w}" for w in h.warnings]
+    return lines
+
+
+def health_row(h: Health) -> tuple:
+    horizon = h.horizon
+    return (h.table, h.version, h.files, h.small_files, _size(h.bytes), h.since_checkpoint,
+            horizon.describe() if horizon else None, "; ".join(h.reasons()) or "ok")
+
+
+HEALTH_COLUMNS = ["table", "version", "files", "small", "bytes", "since checkpoint", "oldest version needed", "maintenance"]
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def health_metadata(h: Health) -> dict[str, object]:
+    """A table's health as Dagster metadata values (plain numbers and text)."""
+    horizon = h.horizon
+    return {"files": h.files, "small_files": h.small_files, "bytes": h.bytes,
+            "versions_since_checkpoint": h.since_checkpoint if h.since_checkpoint is not None else -1,
+            "oldest_version_needed": horizon.describe() if horizon else "none",
+            "maintenance": "; ".join(h.reasons()) or "ok"}

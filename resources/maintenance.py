@@ -1,0 +1,321 @@
+"""Maintenance of one Delta table without a JVM (``deltalake``): its health, compaction of small
+files, checkpoints, and cleanup (VACUUM, log retention) that never removes what a consumer needs.
+
+A consumer's claim is a :class:`Need`: "I read this table at version V or later" (a topic's
+per-input offset, the base version its late-row check starts from, the commit that records its
+last block). The oldest need is the table's *horizon*: cleanup keeps every data file of every
+version from the horizon on (``deltalake``'s ``vacuum(keep_versions=...)``) and every log entry
+from the newest checkpoint at or below it on. What nobody needs is removed only when it is also
+older than the retention (the table's ``delta.deletedFileRetentionDuration`` /
+``delta.logRetentionDuration``, or ``retain_hours``).
+
+The caller (``platform_assets/maintain.py``) knows the consumers; this module knows Delta.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from lineage.errors import TidemarkError
+from resources import delta_meta
+from resources.storage import storage_options
+
+#: A data file below this size counts as small (blocks of a few hundred rows write kilobytes).
+SMALL_FILE_BYTES = 16 * 1024 * 1024
+#: Compaction's target file size.
+TARGET_FILE_BYTES = 128 * 1024 * 1024
+#: A table needs compaction from this many small files on (fewer cost less than the rewrite).
+COMPACT_FROM_SMALL_FILES = 16
+#: A table needs a checkpoint when this many commits follow the last one (Spark writes one every 10;
+#: ``deltalake`` writers every 100; readers replay every JSON commit after it).
+CHECKPOINT_AFTER_COMMITS = 20
+#: Delta's defaults when the table sets no retention of its own.
+DEFAULT_FILE_RETENTION = dt.timedelta(days=7)
+DEFAULT_LOG_RETENTION = dt.timedelta(days=30)
+#: Below this retention, files not yet in the log may belong to a commit in flight: only allowed when
+#: the caller knows no writer of the table is running (``writers_idle``).
+SAFE_RETAIN_HOURS = 1.0
+#: A consumer's need is flagged when the table's own retention would remove it within this time.
+RETENTION_WARNING = dt.timedelta(days=1)
+
+_LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
+
+
+class MaintenanceError(TidemarkError):
+    """A table could not be maintained (no table there, a commit conflict that kept recurring)."""
+
+
+@dataclass(frozen=True)
+class Need:
+    """A consumer's claim on a table: it reads ``version`` or later."""
+
+    version: int
+    who: str  # the topic (or replicator) that needs it
+    why: str  # which of its offsets, e.g. "input offset", "late-row check from base version"
+
+    def describe(self) -> str:
+        return f"v{self.version} for {self.who} ({self.why})"
+
+
+@dataclass(frozen=True)
+class Health:
+    """One table's state as maintenance sees it."""
+
+    table: str
+    path: str
+    version: int | None  # None: no table at ``path``
+    files: int = 0
+    small_files: int = 0
+    bytes: int = 0
+    checkpoint: int | None = None  # the newest checkpoint's version
+    oldest_log: int | None = None  # the oldest version whose commit is still in the log
+    needs: tuple[Need, ...] = ()
+    warnings: tuple[str, ...] = ()  # the table's own retention would remove what a consumer needs
+
+    @property
+    def exists(self) -> bool:
+        return self.version is not None
+
+    @property
+    def since_checkpoint(self) -> int | None:
+        if self.version is None:
+            return None
+        return self.version + 1 if self.checkpoint is None else self.version - self.checkpoint
+
+    @property
+    def horizon(self) -> Need | None:
+        """The oldest version a consumer needs."""
+        return min(self.needs, key=lambda n: n.version) if self.needs else None
+
+    def reasons(self) -> list[str]:
+        """Why the table needs maintenance (empty: it does not)."""
+        out = []
+        if self.small_files >= COMPACT_FROM_SMALL_FILES:
+            out.append(f"{self.small_files} small files (compaction from {COMPACT_FROM_SMALL_FILES})")
+        if (self.since_checkpoint or 0) >= CHECKPOINT_AFTER_COMMITS:
+            out.append(f"{self.since_checkpoint} commits since the last checkpoint (one from {CHECKPOINT_AFTER_COMMITS})")
+        return out
+
+
+@dataclass
+class Report:
+    """What :func:`maintain` did to one table (or, with ``dry_run``, would do)."""
+
+    table: str
+    dry_run: bool = False
+    compacted: dict[str, Any] = field(default_factory=dict)  # files removed/added, bytes, by deltalake's optimize
+    clustered_by: tuple[str, ...] = ()
+    checkpoint: int | None = None  # the version a checkpoint was written at
+    horizon_checkpoint: int | None = None  # a checkpoint written at the consumers' horizon, so older log can go
+    vacuumed: list[str] = field(default_factory=list)  # data files deleted
+    logs_removed: list[str] = field(default_factory=list)  # log files deleted
+    kept: list[str] = field(default_factory=list)  # what was kept and for whom
+    skipped: list[str] = field(default_factory=list)  # steps not taken, and why
+    seconds: float = 0.0
+
+
+def _props(table: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (table.metadata().configuration or {}).items()}
+
+
+_INTERVAL = re.compile(r"^\s*(?:interval\s+)?(\d+)\s+(second|minute|hour|day|week)s?\s*$", re.IGNORECASE)
+
+
+def parse_interval(text: str | None, default: dt.timedelta) -> dt.timedelta:
+    """A Delta retention property (``interval 7 days``, ``168 hours``) as a timedelta."""
+    if not text:
+        return default
+    m = _INTERVAL.match(text)
+    if not m:
+        return default
+    n, unit = int(m.group(1)), m.group(2).lower()
+    return dt.timedelta(**{f"{unit}s": n})
+
+
+def retention(table: Any) -> tuple[dt.timedelta, dt.timedelta]:
+    """The table's own file and log retention (Delta's defaults where it sets none)."""
+    props = _props(table)
+    return (parse_interval(props.get("delta.deletedFileRetentionDuration"), DEFAULT_FILE_RETENTION),
+            parse_interval(props.get("delta.logRetentionDuration"), DEFAULT_LOG_RETENTION))
+
+
+def _log_listing(path: str) -> list[tuple[int, str, str, float]]:
+    """``(version, kind, full path, modified epoch seconds)`` of every versioned file in the log."""
+    import pyarrow.fs as pafs
+
+    fs, log = delta_meta._log_fs(path)
+    out = []
+    for info in fs.get_file_info(pafs.FileSelector(log, allow_not_found=True)):
+        m = _LOG_FILE.match(info.base_name)
+        if m and info.type == pafs.FileType.File:
+            mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
+            out.append((int(m.group(1)), m.group(2), info.path, mtime))
+    return sorted(out)
+
+
+def health(table: str, path: str, needs: list[Need] | tuple[Need, ...] = (), *,
+           now: dt.datetime | None = None) -> Health:
+    """Files, small files, bytes, checkpoint and what consumers need of the table at ``path``,
+    read from the Delta log alone."""
+    snap = delta_meta.TableSnapshot.open(path)
+    if snap.table is None:
+        return Health(table, path, None, needs=tuple(needs))
+    files = snap.files
+    sizes = files["size_bytes"].to_pylist() if "size_bytes" in files.column_names else []
+    listing = _log_listing(path)
+    checkpoints = [v for v, kind, _, _ in listing if kind.startswith("checkpoint")]
+    commits = [v for v, kind, _, _ in listing if kind == "json"]
+    warnings = _retention_warnings(table, path, snap.table, needs, now or dt.datetime.now(dt.UTC).replace(tzinfo=None))
+    return Health(table, path, snap.version, files=len(sizes), small_files=sum(1 for s in sizes if s < SMALL_FILE_BYTES),
+                  bytes=int(sum(sizes)), checkpoint=max(checkpoints) if checkpoints else None,
+                  oldest_log=min(commits) if commits else None, needs=tuple(needs), warnings=tuple(warnings))
+
+
+def _retention_warnings(table: str, path: str, delta_table: Any, needs: list[Need] | tuple[Need, ...],
+                        now: dt.datetime) -> list[str]:
+    """Where the table's own retention lets a VACUUM or log cleanup (by anyone) remove what a
+    consumer still needs, within :data:`RETENTION_WARNING`."""
+    if not needs:
+        return []
+    files_kept, log_kept = retention(delta_table)
+    oldest = min(needs, key=lambda n: n.version)
+    # The files of version V are removed by later commits; the first of them is V + 1.
+    removed_at = delta_meta.commit_time(path, oldest.version + 1)
+    out = []
+    if removed_at is not None and now - removed_at > files_kept - RETENTION_WARNING:
+        out.append(f"{table}: {oldest.describe()} — files removed after it were removed at {removed_at:%Y-%m-%d %H:%M} "
+                   f"UTC, and the table's file retention ({_days(files_kept)}) lets a VACUUM delete them from "
+                   f"{removed_at + files_kept:%Y-%m-%d %H:%M} UTC; run `tidemark maintain` (it keeps them) instead "
+                   f"of a plain VACUUM, or let {oldest.who} catch up")
+    committed = delta_meta.commit_time(path, oldest.version)
+    if committed is not None and now - committed > log_kept - RETENTION_WARNING:
+        out.append(f"{table}: {oldest.describe()} was committed at {committed:%Y-%m-%d %H:%M} UTC, and the table's "
+                   f"log retention ({_days(log_kept)}) lets a checkpoint remove that commit from "
+                   f"{committed + log_kept:%Y-%m-%d %H:%M} UTC; let {oldest.who} catch up before then")
+    return out
+
+
+def _days(span: dt.timedelta) -> str:
+    hours = span.total_seconds() / 3600
+    return f"{hours / 24:g} days" if hours >= 24 else f"{hours:g} hours"
+
+
+def _retry(what: str, call: Any, attempts: int = 5) -> Any:
+    """``call()``, again after a commit conflict with a concurrent writer (a MERGE that removed files
+    the compaction read): the rewrite is planned again from the newer version."""
+    from deltalake.exceptions import CommitFailedError
+
+    for attempt in range(attempts):
+        try:
+            return call()
+        except CommitFailedError as exc:
+            if attempt == attempts - 1:
+                raise MaintenanceError(f"{what}: the commit conflicted with concurrent writers {attempts} times "
+                                       f"({exc}); run `tidemark maintain` again") from exc
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool = False, dry_run: bool = False,
+             compact: bool = True, cleanup: bool = True, cluster_by: tuple[str, ...] = (),
+             force_compact: bool = False) -> Report:
+    """Compact ``h``'s table when it has small files (Z-order by ``cluster_by`` when given), write a
+    checkpoint when commits follow the last one, then remove what is older than the retention and
+    the consumers' horizon. ``retain_hours`` below :data:`SAFE_RETAIN_HOURS` is refused unless
+    ``writers_idle`` (files of a commit in flight are not in the log yet)."""
+    from deltalake import DeltaTable
+
+    started = time.monotonic()
+    report = Report(h.table, dry_run=dry_run)
+    if not h.exists:
+        report.skipped.append("no table there")
+        return report
+    options = storage_options(h.path)
+
+    def table() -> Any:
+        return DeltaTable(h.path, storage_options=options)
+
+    if compact and (h.small_files >= COMPACT_FROM_SMALL_FILES or (force_compact and h.small_files > 1)):
+        if dry_run:
+            report.compacted = {"numFilesRemoved": h.small_files, "planned": True}
+        elif cluster_by:
+            report.compacted = _retry(f"{h.table}: Z-order", lambda: table().optimize.z_order(
+                list(cluster_by), target_size=TARGET_FILE_BYTES, max_concurrent_tasks=2))
+            report.clustered_by = cluster_by
+        else:
+            report.compacted = _retry(f"{h.table}: compaction", lambda: table().optimize.compact(
+                target_size=TARGET_FILE_BYTES, max_concurrent_tasks=2))
+    elif compact:
+        report.skipped.append(f"compaction: {h.small_files} small files (from {COMPACT_FROM_SMALL_FILES})")
+    current = table()
+    version = int(current.version())
+    if cleanup and h.horizon is not None and h.horizon.version < version:
+        _checkpoint_at_horizon(h, h.horizon.version, report, dry_run=dry_run)
+    since = version + 1 if h.checkpoint is None else version - h.checkpoint
+    if since > 0 and (report.compacted or cleanup or since >= CHECKPOINT_AFTER_COMMITS):
+        if not dry_run:
+            current.create_checkpoint()
+        report.checkpoint = version
+    if cleanup:
+        _cleanup(h, current, version, report, retain_hours=retain_hours, writers_idle=writers_idle, dry_run=dry_run)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _checkpoint_at_horizon(h: Health, horizon: int, report: Report, *, dry_run: bool) -> None:
+    """A checkpoint at the consumers' horizon when none is at or below it: a reader of the horizon
+    then starts there, and the log entries before it can go (the newest checkpoint is written after,
+    so ``_last_checkpoint`` names that one)."""
+    from deltalake import DeltaTable
+
+    listing = _log_listing(h.path)
+    if any(kind.startswith("checkpoint") and horizon - CHECKPOINT_AFTER_COMMITS < v <= horizon for v, kind, _, _ in listing):
+        return
+    if not any(v == horizon and kind == "json" for v, kind, _, _ in listing) or horizon == 0:
+        return
+    if not dry_run:
+        DeltaTable(h.path, version=horizon, storage_options=storage_options(h.path)).create_checkpoint()
+    report.horizon_checkpoint = horizon
+
+
+def _cleanup(h: Health, current: Any, version: int, report: Report, *, retain_hours: float | None,
+             writers_idle: bool, dry_run: bool) -> None:
+    files_kept, log_kept = retention(current)
+    if retain_hours is not None:
+        if retain_hours < 0:
+            raise MaintenanceError(f"{h.table}: retain_hours must be 0 or more, not {retain_hours}")
+        if retain_hours < SAFE_RETAIN_HOURS and not writers_idle:
+            report.skipped.append(f"cleanup: a retention below {SAFE_RETAIN_HOURS:g} hour(s) could delete the files of "
+                                  "a commit in flight, and a writer of this table is running")
+            return
+        files_kept = log_kept = dt.timedelta(hours=retain_hours)
+    horizon = h.horizon
+    keep_from = version if horizon is None else min(horizon.version, version)
+    if horizon is not None:
+        report.kept.append(f"versions from v{horizon.version} on: " + "; ".join(n.describe() for n in h.needs))
+    keep_versions = list(range(keep_from, version + 1))
+    report.vacuumed = list(current.vacuum(retention_hours=int(files_kept.total_seconds() // 3600), dry_run=dry_run,
+                                          enforce_retention_duration=False, keep_versions=keep_versions))
+    # Log entries: a reader of version V replays the newest checkpoint at or below V and the commits
+    # after it, so everything below that checkpoint can go once it is older than the log retention.
+    listing = _log_listing(h.path)
+    floor_cp = [v for v, kind, _, _ in listing if kind.startswith("checkpoint") and v <= keep_from]
+    if dry_run:
+        floor_cp += [v for v in (report.checkpoint, report.horizon_checkpoint) if v is not None and v <= keep_from]
+    if not floor_cp:
+        report.skipped.append(f"log cleanup: no checkpoint at or below v{keep_from} yet")
+        return
+    floor = max(floor_cp)
+    cutoff = time.time() - log_kept.total_seconds()
+    doomed = [p for v, _, p, mtime in listing if v < floor and mtime <= cutoff]
+    if not dry_run and doomed:
+        fs, _ = delta_meta._log_fs(h.path)
+        for p in doomed:
+            fs.delete_file(p)
+    report.logs_removed = doomed
+    if floor > 0 and not doomed:
+        report.skipped.append(f"log cleanup: nothing below checkpoint v{floor} is older than {_days(log_kept)}")
