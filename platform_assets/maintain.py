@@ -1,10 +1,11 @@
 """``tidemark maintain`` and ``tidemark tables``: which tables there are, what each consumer still
 needs of them (from the offset store), and the maintenance of each (``resources/maintenance.py``).
 
-A topic needs, of every table it reads, the version its offsets start from: a step or reload
-topic its base at ``source_version`` (the late-row check reads the commits and files added since),
-a merge topic its base there too and every other input at its per-input offset (the reverse join
-reads the rows up to it and the change feed after it), a pending unit the versions it planned.
+A topic needs, of every table it reads, the versions its offsets start from: a step topic the
+commits and files of its base added after ``source_version`` (its late-row check reads them), a
+merge topic its base from ``source_version`` and every other input from its per-input offset (the
+reverse join reads the rows up to it and the change feed after it), a pending unit the versions it
+planned. A reload topic reads only the newest version of its base.
 Of the table it writes it needs the commit of its last unit (offset recovery reads its bounds).
 """
 
@@ -32,23 +33,32 @@ def consumer_needs(eng: Engine, records: dict[str, OffsetRecord] | None = None) 
     out: dict[str, list[Need]] = {}
 
     def need(table: str, version: int | None, who: str, why: str) -> None:
-        if version is not None and version >= 0:
-            out.setdefault(table, []).append(Need(int(version), who, why))
+        if version is None or version < 0:
+            return
+        needs = out.setdefault(table, [])
+        for i, n in enumerate(needs):  # one claim per topic and table: the oldest version, every reason
+            if n.who == who:
+                reasons = n.why if why in n.why.split("; ") else f"{n.why}; {why}"
+                needs[i] = Need(min(n.version, int(version)), who, reasons)
+                return
+        needs.append(Need(int(version), who, why))
 
     for topic in eng.lineage.topics.values():
         rec = recs.get(topic.name)
         if rec is None:
             continue
         spec = topic.spec
-        base_why = ("late-row check from the base version of its last block" if spec.processor is Processor.STEP
-                    else "base version of its last unit")
-        need(spec.base, rec.source_version, topic.name, base_why)
+        if spec.processor is Processor.STEP and rec.source_version is not None:
+            # The late-row check reads the commits and files added after the version its last block read.
+            need(spec.base, rec.source_version + 1, topic.name, f"late-row check of what was added after "
+                                                                f"v{rec.source_version}")
         if spec.processor is Processor.MERGE:
+            need(spec.base, rec.source_version, topic.name, "base version of its last unit")
             for table, version in rec.inputs.items():
-                need(table, version, topic.name, "input offset (rows up to it, change feed after it)")
+                need(table, version, topic.name, "input offset (the reverse join reads the rows up to it and the change feed after it)")
             for table, version in (rec.inputs_next or {}).items():
                 need(table, version, topic.name, "pending unit")
-        need(spec.destination, rec.delta_version, topic.name, "commit of its last unit (offset recovery)")
+        need(spec.destination, rec.delta_version, topic.name, "the commit of its last unit (offset recovery reads it)")
     return out
 
 

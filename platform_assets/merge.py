@@ -367,10 +367,13 @@ class MergeProcessor:
                                             present=PRESENT, delete_missing=spec.delete_missing, app_id=app_id,
                                             seq=block.seq, meta=meta)
                     else:
-                        (opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-                         # no deletion vectors: the deltalake reader (sensors, lag, other tools) cannot read them
-                         .option("delta.enableChangeDataFeed", "true").option("delta.enableDeletionVectors", "false")
-                         .option("txnAppId", app_id).option("txnVersion", block.seq).option("userMetadata", meta).save(dest))
+                        out = opened.out
+                        spark_io.retry_conflicts(lambda: (
+                            out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                            # no deletion vectors: the deltalake reader (sensors, lag, other tools) cannot read them
+                            .option("delta.enableChangeDataFeed", "true").option("delta.enableDeletionVectors", "false")
+                            .option("txnAppId", app_id).option("txnVersion", block.seq).option("userMetadata", meta)
+                            .save(dest)))
                     eng.register(spec.destination)
                     landed = delta_meta.find_txn_commit(dest, app_id, block.seq)
             finally:

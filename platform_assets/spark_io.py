@@ -15,9 +15,11 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import importlib
+import logging
 import re
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from lineage.spec import Topic, Transform
 
 _EPOCH = dt.datetime(1970, 1, 1)
+
+log = logging.getLogger(__name__)
 
 
 def epoch_micros(value: dt.datetime) -> int:
@@ -328,6 +332,34 @@ def merge_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[s
     run_merge(spark, sql, source, app_id=app_id, seq=seq, meta=meta)
 
 
+#: Delta's optimistic concurrency: a commit that lost to a concurrent one touching the same files.
+_CONFLICT = re.compile(r"DELTA_CONCURRENT_|Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception"
+                       r"|DELTA_METADATA_CHANGED|MetadataChangedException")
+#: How often a write that lost to a concurrent commit is tried again.
+CONFLICT_ATTEMPTS = 5
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is Delta's "a concurrent commit changed what this one read" (classic and Connect)."""
+    return bool(_CONFLICT.search(f"{type(exc).__name__}: {exc}"))
+
+
+def retry_conflicts(write: Callable[[], Any], attempts: int = CONFLICT_ATTEMPTS) -> Any:
+    """``write()``, again when it lost to a concurrent commit (e.g. ``tidemark maintain`` compacting
+    the files a MERGE read: the MERGE is planned again from the newer version, with the same rows).
+    Safe: the losing commit did not land, and the write is idempotent by its txn id."""
+    for attempt in range(attempts):
+        try:
+            return write()
+        except Exception as exc:
+            if not is_conflict(exc) or attempt == attempts - 1:
+                raise
+            log.warning("write lost to a concurrent commit (%s); trying again (%d of %d)",
+                        str(exc).splitlines()[0][:200], attempt + 2, attempts)
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def run_merge(spark: SparkSession, sql: str, source: DataFrame, *, app_id: str, seq: int, meta: str) -> None:
     """Run a ``MERGE`` statement whose ``{source}`` is ``source`` as one Delta commit carrying
     ``txnAppId=app_id``/``txnVersion=seq`` (Delta's idempotency settings for DML, as session
@@ -339,7 +371,7 @@ def run_merge(spark: SparkSession, sql: str, source: DataFrame, *, app_id: str, 
     try:
         for k, v in confs.items():
             spark.conf.set(k, v)
-        spark.sql(sql.replace("{source}", name)).collect()
+        retry_conflicts(lambda: spark.sql(sql.replace("{source}", name)).collect())
     finally:
         for k in confs:
             spark.conf.unset(k)

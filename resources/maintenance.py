@@ -15,6 +15,7 @@ The caller (``platform_assets/maintain.py``) knows the consumers; this module kn
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ class Need:
     why: str  # which of its offsets, e.g. "input offset", "late-row check from base version"
 
     def describe(self) -> str:
-        return f"v{self.version} for {self.who} ({self.why})"
+        return f"v{self.version} for {self.who}: {self.why}"
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,8 @@ def _retention_warnings(table: str, path: str, delta_table: Any, needs: list[Nee
 
 def _days(span: dt.timedelta) -> str:
     hours = span.total_seconds() / 3600
-    return f"{hours / 24:g} days" if hours >= 24 else f"{hours:g} hours"
+    n, unit = (hours / 24, "day") if hours >= 24 else (hours, "hour")
+    return f"{n:g} {unit}{'' if n == 1 else 's'}"
 
 
 def _retry(what: str, call: Any, attempts: int = 5) -> Any:
@@ -224,11 +226,14 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
              compact: bool = True, cleanup: bool = True, cluster_by: tuple[str, ...] = (),
              force_compact: bool = False) -> Report:
     """Compact ``h``'s table when it has small files (Z-order by ``cluster_by`` when given), write a
-    checkpoint when commits follow the last one, then remove what is older than the retention and
-    the consumers' horizon. ``retain_hours`` below :data:`SAFE_RETAIN_HOURS` is refused unless
-    ``writers_idle`` (files of a commit in flight are not in the log yet)."""
+    checkpoint after a compaction or when many commits follow the last one, then remove what is
+    older than the retention and the consumers' horizon. ``retain_hours`` below
+    :data:`SAFE_RETAIN_HOURS` skips the cleanup unless ``writers_idle`` (the files of a commit in
+    flight are not in the log yet)."""
     from deltalake import DeltaTable
 
+    if retain_hours is not None and retain_hours < 0:
+        raise MaintenanceError(f"{h.table}: retain_hours must be 0 or more, not {retain_hours}")
     started = time.monotonic()
     report = Report(h.table, dry_run=dry_run)
     if not h.exists:
@@ -250,55 +255,54 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
             report.compacted = _retry(f"{h.table}: compaction", lambda: table().optimize.compact(
                 target_size=TARGET_FILE_BYTES, max_concurrent_tasks=2))
     elif compact:
-        report.skipped.append(f"compaction: {h.small_files} small files (from {COMPACT_FROM_SMALL_FILES})")
+        report.skipped.append(f"compaction: not needed ({h.small_files} small files; compacts from {COMPACT_FROM_SMALL_FILES})")
     current = table()
     version = int(current.version())
-    if cleanup and h.horizon is not None and h.horizon.version < version:
-        _checkpoint_at_horizon(h, h.horizon.version, report, dry_run=dry_run)
+    files_kept, log_kept = retention(current)
+    if retain_hours is not None:
+        files_kept = log_kept = dt.timedelta(hours=retain_hours)
+        if retain_hours < SAFE_RETAIN_HOURS and not writers_idle and cleanup:
+            report.skipped.append(f"cleanup: a retention below {SAFE_RETAIN_HOURS:g} hour(s) could delete the files of "
+                                  "a commit in flight, and a writer of this table is running")
+            cleanup = False
+    horizon = version if h.horizon is None else min(h.horizon.version, version)
+    if cleanup:
+        _checkpoint_at_horizon(h, horizon, log_kept, report, dry_run=dry_run)
     since = version + 1 if h.checkpoint is None else version - h.checkpoint
-    if since > 0 and (report.compacted or cleanup or since >= CHECKPOINT_AFTER_COMMITS):
+    if since > 0 and (report.compacted or since >= CHECKPOINT_AFTER_COMMITS):
         if not dry_run:
             current.create_checkpoint()
         report.checkpoint = version
     if cleanup:
-        _cleanup(h, current, version, report, retain_hours=retain_hours, writers_idle=writers_idle, dry_run=dry_run)
+        _cleanup(h, current, version, horizon, files_kept, log_kept, report, dry_run=dry_run)
     report.seconds = time.monotonic() - started
     return report
 
 
-def _checkpoint_at_horizon(h: Health, horizon: int, report: Report, *, dry_run: bool) -> None:
-    """A checkpoint at the consumers' horizon when none is at or below it: a reader of the horizon
-    then starts there, and the log entries before it can go (the newest checkpoint is written after,
-    so ``_last_checkpoint`` names that one)."""
+def _checkpoint_at_horizon(h: Health, horizon: int, log_kept: dt.timedelta, report: Report, *, dry_run: bool) -> None:
+    """A checkpoint at the consumers' horizon when many old commits lie below it and no checkpoint is
+    near: a reader of the horizon then starts there, and the log entries before it can go (the
+    newest checkpoint is written after, so ``_last_checkpoint`` names that one)."""
     from deltalake import DeltaTable
 
     listing = _log_listing(h.path)
     if any(kind.startswith("checkpoint") and horizon - CHECKPOINT_AFTER_COMMITS < v <= horizon for v, kind, _, _ in listing):
         return
-    if not any(v == horizon and kind == "json" for v, kind, _, _ in listing) or horizon == 0:
+    cutoff = time.time() - log_kept.total_seconds()
+    old = sum(1 for v, kind, _, mtime in listing if kind == "json" and v < horizon and mtime <= cutoff)
+    if old < CHECKPOINT_AFTER_COMMITS or not any(v == horizon and kind == "json" for v, kind, _, _ in listing):
         return
     if not dry_run:
         DeltaTable(h.path, version=horizon, storage_options=storage_options(h.path)).create_checkpoint()
     report.horizon_checkpoint = horizon
 
 
-def _cleanup(h: Health, current: Any, version: int, report: Report, *, retain_hours: float | None,
-             writers_idle: bool, dry_run: bool) -> None:
-    files_kept, log_kept = retention(current)
-    if retain_hours is not None:
-        if retain_hours < 0:
-            raise MaintenanceError(f"{h.table}: retain_hours must be 0 or more, not {retain_hours}")
-        if retain_hours < SAFE_RETAIN_HOURS and not writers_idle:
-            report.skipped.append(f"cleanup: a retention below {SAFE_RETAIN_HOURS:g} hour(s) could delete the files of "
-                                  "a commit in flight, and a writer of this table is running")
-            return
-        files_kept = log_kept = dt.timedelta(hours=retain_hours)
-    horizon = h.horizon
-    keep_from = version if horizon is None else min(horizon.version, version)
-    if horizon is not None:
-        report.kept.append(f"versions from v{horizon.version} on: " + "; ".join(n.describe() for n in h.needs))
+def _cleanup(h: Health, current: Any, version: int, keep_from: int, files_kept: dt.timedelta,
+             log_kept: dt.timedelta, report: Report, *, dry_run: bool) -> None:
+    if h.horizon is not None:
+        report.kept.append(f"versions from v{keep_from} on: " + "; ".join(n.describe() for n in h.needs))
     keep_versions = list(range(keep_from, version + 1))
-    report.vacuumed = list(current.vacuum(retention_hours=int(files_kept.total_seconds() // 3600), dry_run=dry_run,
+    report.vacuumed = list(current.vacuum(retention_hours=math.ceil(files_kept.total_seconds() / 3600), dry_run=dry_run,
                                           enforce_retention_duration=False, keep_versions=keep_versions))
     # Log entries: a reader of version V replays the newest checkpoint at or below V and the commits
     # after it, so everything below that checkpoint can go once it is older than the log retention.
@@ -306,16 +310,17 @@ def _cleanup(h: Health, current: Any, version: int, report: Report, *, retain_ho
     floor_cp = [v for v, kind, _, _ in listing if kind.startswith("checkpoint") and v <= keep_from]
     if dry_run:
         floor_cp += [v for v in (report.checkpoint, report.horizon_checkpoint) if v is not None and v <= keep_from]
+    cutoff = time.time() - log_kept.total_seconds()
     if not floor_cp:
-        report.skipped.append(f"log cleanup: no checkpoint at or below v{keep_from} yet")
+        if any(v < keep_from and mtime <= cutoff for v, _, _, mtime in listing):
+            report.skipped.append(f"log cleanup: no checkpoint at or below v{keep_from} yet")
         return
     floor = max(floor_cp)
-    cutoff = time.time() - log_kept.total_seconds()
     doomed = [p for v, _, p, mtime in listing if v < floor and mtime <= cutoff]
     if not dry_run and doomed:
         fs, _ = delta_meta._log_fs(h.path)
         for p in doomed:
             fs.delete_file(p)
     report.logs_removed = doomed
-    if floor > 0 and not doomed:
+    if not doomed and any(v < floor for v, _, _, _ in listing):
         report.skipped.append(f"log cleanup: nothing below checkpoint v{floor} is older than {_days(log_kept)}")

@@ -1,0 +1,114 @@
+"""Maintenance of one Delta table without a JVM: health, compaction, checkpoints, and a cleanup that
+keeps every version a consumer needs (real ``deltalake`` tables)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from resources import maintenance as m
+
+
+def blocks(path: str, n: int, *, cdf: bool = True, start: int = 0) -> None:
+    for i in range(start, start + n):
+        conf = {"delta.enableChangeDataFeed": "true"} if cdf and i == 0 else None
+        write_deltalake(path, pa.table({"id": pa.array([2 * i, 2 * i + 1], pa.int64()), "v": [float(i), float(i)]}),
+                        mode="append", configuration=conf)
+
+
+def rows(path: str, version: int | None = None) -> list[tuple[int, float]]:
+    t = DeltaTable(path, version=version).to_pyarrow_table()
+    return sorted(zip(t["id"].to_pylist(), t["v"].to_pylist(), strict=True))
+
+
+def test_health_counts_files_small_files_bytes_and_commits_since_the_checkpoint(tmp_path):
+    path = str(tmp_path / "t")
+    blocks(path, 20)
+    h = m.health("s.t", path, [m.Need(5, "mart.v", "input offset"), m.Need(12, "fact.f", "base")])
+    assert (h.version, h.files, h.small_files, h.checkpoint, h.since_checkpoint) == (19, 20, 20, None, 20)
+    assert h.bytes == sum(os.path.getsize(f.removeprefix("file://")) for f in DeltaTable(path).file_uris())
+    assert h.horizon == m.Need(5, "mart.v", "input offset")
+    assert h.reasons() == ["20 small files (compaction from 16)", "20 commits since the last checkpoint (one from 20)"]
+    assert not m.health("s.none", str(tmp_path / "none")).exists
+
+
+def test_maintain_compacts_checkpoints_and_keeps_every_version_a_consumer_needs(tmp_path):
+    path = str(tmp_path / "t")
+    blocks(path, 30)
+    DeltaTable(path).delete("id < 10")  # v30 removes the files of blocks 0-4
+    before = {v: rows(path, v) for v in (10, 20, 30)}
+    h = m.health("s.t", path, [m.Need(20, "mart.v", "input offset")])
+
+    dry = m.maintain(h, retain_hours=0, writers_idle=True, dry_run=True)
+    assert dry.compacted["numFilesRemoved"] == 25 and DeltaTable(path).version() == 30  # nothing changed
+    assert dry.horizon_checkpoint == 20 and dry.checkpoint == 30 and len(dry.logs_removed) == 20
+
+    r = m.maintain(h, retain_hours=0, writers_idle=True)
+    assert r.compacted["numFilesRemoved"] == 25 and r.compacted["numFilesAdded"] == 1
+    assert r.vacuumed == []  # every file removed so far is in a version from v20 on
+    assert len(r.logs_removed) == 20 and r.kept == ["versions from v20 on: v20 for mart.v: input offset"]
+    after = m.health("s.t", path, h.needs)
+    assert (after.files, after.oldest_log, after.checkpoint) == (1, 20, 31) and after.reasons() == []
+    # What the consumer reads is intact: the version it needs, the change feed after it, the newest version.
+    assert rows(path, 20) == before[20] and rows(path, 30) == before[30] == rows(path)
+    cdf = pa.table(DeltaTable(path).load_cdf(starting_version=21).read_all())
+    assert sorted(i for i, c in zip(cdf["id"].to_pylist(), cdf["_change_type"].to_pylist(), strict=True)
+                  if c == "delete") == list(range(10))
+    with pytest.raises(Exception):  # noqa: B017 - below the horizon nobody needs the log any more
+        DeltaTable(path, version=10).to_pyarrow_table()
+
+    # Once the consumer has moved on, what it read is removed.
+    moved = m.health("s.t", path, [m.Need(31, "mart.v", "input offset")])
+    r2 = m.maintain(moved, retain_hours=0, writers_idle=True)
+    assert len(r2.vacuumed) == 30 and rows(path) == before[30]
+    assert not any(os.path.exists(tmp_path / "t" / f) for f in r2.vacuumed)
+
+
+def test_cleanup_keeps_what_is_younger_than_the_retention(tmp_path):
+    path = str(tmp_path / "t")
+    blocks(path, 25)
+    DeltaTable(path).delete("id < 10")
+    r = m.maintain(m.health("s.t", path), retain_hours=24, writers_idle=True)
+    assert r.compacted and r.vacuumed == [] and r.logs_removed == []
+    assert r.skipped == ["log cleanup: nothing below checkpoint v26 is older than 1 day"]
+    assert rows(path, 5) == sorted((i, float(i // 2)) for i in range(12))  # old versions still readable
+
+
+def test_a_retention_below_an_hour_is_refused_while_a_writer_runs(tmp_path):
+    path = str(tmp_path / "t")
+    blocks(path, 3)
+    DeltaTable(path).delete("id < 2")
+    r = m.maintain(m.health("s.t", path), retain_hours=0)
+    assert r.vacuumed == [] and r.skipped[-1].startswith("cleanup: a retention below 1 hour(s) could delete the files")
+    assert len(DeltaTable(path).file_uris()) == 2 and rows(path, 0) == [(0, 0.0), (1, 0.0)]
+    with pytest.raises(m.MaintenanceError, match="retain_hours must be 0 or more"):
+        m.maintain(m.health("s.t", path), retain_hours=-1, writers_idle=True)
+
+
+def test_retention_warning_when_the_tables_own_retention_would_remove_a_needed_version(tmp_path):
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": pa.array([1], pa.int64())}),
+                    configuration={"delta.deletedFileRetentionDuration": "interval 2 days"})
+    write_deltalake(path, pa.table({"id": pa.array([2], pa.int64())}), mode="overwrite")
+    need = [m.Need(0, "mart.v", "input offset")]
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    assert m.health("s.t", path, need, now=now).warnings == ()
+    later = m.health("s.t", path, need, now=now + dt.timedelta(days=1, hours=1))
+    assert len(later.warnings) == 1
+    assert later.warnings[0].startswith("s.t: v0 for mart.v: input offset — files removed after it were removed at ")
+    assert "file retention (2 days) lets a VACUUM delete them from" in later.warnings[0]
+    log = m.health("s.t", path, need, now=now + dt.timedelta(days=29, hours=1))
+    assert any("log retention (30 days) lets a checkpoint remove that commit" in w for w in log.warnings)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("interval 7 days", dt.timedelta(days=7)), ("168 hours", dt.timedelta(hours=168)),
+    ("interval 1 week", dt.timedelta(weeks=1)), ("30 minutes", dt.timedelta(minutes=30)),
+    (None, dt.timedelta(days=3)), ("soon", dt.timedelta(days=3)),
+])
+def test_parse_interval(text, expected):
+    assert m.parse_interval(text, dt.timedelta(days=3)) == expected
