@@ -3,7 +3,9 @@ with SIGKILL when it reaches a named point; ``TIDEMARK_PAUSE_AT=point:seconds`` 
 
 Points of a step, in order: ``planned`` (next stored, nothing written), ``transformed`` (before
 SQL ran, output computed), ``written`` (Delta commit done, offset not committed), ``logged``
-(etl.log written), ``committed`` (offset committed, lock still held).
+(etl.log written), ``committed`` (offset committed, lock still held). Of ``tidemark maintain``
+(per table): ``maintain:compacted``, ``maintain:checkpointed``, ``maintain:vacuumed``,
+``maintain:log-cleaning`` (the first old log file deleted, the others not yet).
 """
 
 from __future__ import annotations

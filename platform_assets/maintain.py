@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from lineage.errors import ConfigError, TidemarkError
 from lineage.spec import Processor
+from platform_assets.faults import crashpoint
 from resources import maintenance
 from resources.maintenance import Health, Need, Report
 from resources.meta_tables import META_TABLES
@@ -145,7 +146,8 @@ def run(eng: Engine, tables: list[str] | None, opts: Options,
             idle = opts.writers_idle or (bool(eng.lineage.producers(h.table)) and writers_idle(eng, h.table))
             r = maintenance.maintain(h, retain_hours=opts.retain_hours, writers_idle=idle, dry_run=opts.dry_run,
                                      compact=opts.compact, cleanup=opts.cleanup,
-                                     cluster_by=cluster_columns(eng, h.table) if opts.cluster else ())
+                                     cluster_by=cluster_columns(eng, h.table) if opts.cluster else (),
+                                     point=crashpoint)
         except (TidemarkError, OSError, Exception) as exc:  # noqa: BLE001 - one table's failure is its line
             if on_report:
                 on_report(h, None, exc)

@@ -18,6 +18,7 @@ import datetime as dt
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,13 +225,17 @@ def _retry(what: str, call: Any, attempts: int = 5) -> Any:
 
 def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool = False, dry_run: bool = False,
              compact: bool = True, cleanup: bool = True, cluster_by: tuple[str, ...] = (),
-             force_compact: bool = False) -> Report:
+             force_compact: bool = False, point: Callable[[str], None] | None = None) -> Report:
     """Compact ``h``'s table when it has small files (Z-order by ``cluster_by`` when given), write a
     checkpoint after a compaction or when many commits follow the last one, then remove what is
     older than the retention and the consumers' horizon. ``retain_hours`` below
     :data:`SAFE_RETAIN_HOURS` skips the cleanup unless ``writers_idle`` (the files of a commit in
-    flight are not in the log yet)."""
+    flight are not in the log yet). ``point(name)`` is called between the steps (``maintain:compacted``,
+    ``maintain:checkpointed``, ``maintain:vacuumed``, ``maintain:log-cleaning`` after the first log
+    file is deleted): the crash tests kill the process there."""
     from deltalake import DeltaTable
+
+    point = point or (lambda name: None)
 
     if retain_hours is not None and retain_hours < 0:
         raise MaintenanceError(f"{h.table}: retain_hours must be 0 or more, not {retain_hours}")
@@ -256,6 +261,8 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
                 target_size=TARGET_FILE_BYTES, max_concurrent_tasks=2))
     elif compact:
         report.skipped.append(f"compaction: not needed ({h.small_files} small files; compacts from {COMPACT_FROM_SMALL_FILES})")
+    if report.compacted and not dry_run:
+        point("maintain:compacted")
     current = table()
     version = int(current.version())
     files_kept, log_kept = retention(current)
@@ -272,9 +279,10 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
     if since > 0 and (report.compacted or since >= CHECKPOINT_AFTER_COMMITS):
         if not dry_run:
             current.create_checkpoint()
+            point("maintain:checkpointed")
         report.checkpoint = version
     if cleanup:
-        _cleanup(h, current, version, horizon, files_kept, log_kept, report, dry_run=dry_run)
+        _cleanup(h, current, version, horizon, files_kept, log_kept, report, dry_run=dry_run, point=point)
     report.seconds = time.monotonic() - started
     return report
 
@@ -298,12 +306,14 @@ def _checkpoint_at_horizon(h: Health, horizon: int, log_kept: dt.timedelta, repo
 
 
 def _cleanup(h: Health, current: Any, version: int, keep_from: int, files_kept: dt.timedelta,
-             log_kept: dt.timedelta, report: Report, *, dry_run: bool) -> None:
+             log_kept: dt.timedelta, report: Report, *, dry_run: bool, point: Callable[[str], None]) -> None:
     if h.horizon is not None:
         report.kept.append(f"versions from v{keep_from} on: " + "; ".join(n.describe() for n in h.needs))
     keep_versions = list(range(keep_from, version + 1))
     report.vacuumed = list(current.vacuum(retention_hours=math.ceil(files_kept.total_seconds() / 3600), dry_run=dry_run,
                                           enforce_retention_duration=False, keep_versions=keep_versions))
+    if not dry_run:
+        point("maintain:vacuumed")
     # Log entries: a reader of version V replays the newest checkpoint at or below V and the commits
     # after it, so everything below that checkpoint can go once it is older than the log retention.
     listing = _log_listing(h.path)
@@ -319,8 +329,10 @@ def _cleanup(h: Health, current: Any, version: int, keep_from: int, files_kept: 
     doomed = [p for v, _, p, mtime in listing if v < floor and mtime <= cutoff]
     if not dry_run and doomed:
         fs, _ = delta_meta._log_fs(h.path)
-        for p in doomed:
+        for i, p in enumerate(doomed):  # oldest first: a reader from the checkpoint on never needs them
             fs.delete_file(p)
+            if i == 0:
+                point("maintain:log-cleaning")
     report.logs_removed = doomed
     if not doomed and any(v < floor for v, _, _, _ in listing):
         report.skipped.append(f"log cleanup: nothing below checkpoint v{floor} is older than {_days(log_kept)}")

@@ -4,7 +4,12 @@ still needs, and the topics go on exactly and incrementally — a lagging view i
 
 from __future__ import annotations
 
+import os
+import random
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +31,7 @@ from tests.platform_assets.test_cleanup import (
 )
 
 pytestmark = pytest.mark.spark
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def small_commits(eng, start: int, n: int) -> None:  # noqa: ANN001
@@ -140,3 +146,51 @@ def test_maintain_beside_running_units_never_fails_or_falls_back(spark, settings
 ])
 def test_a_lost_commit_is_told_from_other_failures(message, conflict):
     assert spark_io.is_conflict(RuntimeError(message)) is conflict
+
+
+def _maintain(args: list[str], env: dict[str, str] | None = None, kill_after: float | None = None) -> int:
+    """``tidemark maintain --retain-hours 0 --writers-idle`` in its own process (JVM-free): its exit code
+    (-9 when killed by ``TIDEMARK_CRASH_AT`` or after ``kill_after`` seconds)."""
+    cmd = [sys.executable, "-m", "platform_assets.cli", *args, "maintain", "--retain-hours", "0", "--writers-idle"]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if kill_after is not None:
+        time.sleep(kill_after)
+        proc.kill()
+    out, err = proc.communicate(timeout=300)
+    assert "Traceback" not in err or proc.returncode == -9, err
+    return proc.returncode
+
+
+def test_maintenance_killed_at_any_point_leaves_every_table_readable_and_the_topics_exact(spark, settings, tmp_path):
+    eng, args = make_engine(spark, settings, tmp_path, FACT + WIDE)
+    customers(eng)
+    small_commits(eng, 1, 17)
+    eng.run_until_caught_up()
+    seed = random.randrange(1_000_000)
+    rnd = random.Random(seed)
+    start = 18
+    rounds = [*[{"TIDEMARK_CRASH_AT": p} for p in ("maintain:compacted", "maintain:checkpointed", "maintain:vacuumed",
+                                                     "maintain:log-cleaning")], None]
+    for env in rounds:
+        small_commits(eng, start, 17)
+        start += 17
+        DeltaTable(eng.path("dim.customers")).update(predicate=f"id = {start % 5}", updates={"country": f"'C{start}'"})
+        if env is not None:
+            assert _maintain(args, env) == -9, env
+        else:  # a SIGKILL at a random moment, in the middle of a compaction or elsewhere
+            delay = rnd.uniform(0.5, 4.0)
+            _maintain(args, kill_after=delay)
+            print(f"random kill after {delay:.2f}s (seed {seed})")
+        ids = sorted(DeltaTable(eng.path("stage.orders")).to_pyarrow_table(columns=["id"])["id"].to_pylist())
+        assert ids == list(range(1, start)), env  # readable, every row once
+        for unit in processed(eng.run_until_caught_up()).values():
+            assert not unit.stats.get("fallback"), (env, unit.stats)
+        for topic in ("fact.orders", "mart.wide"):
+            assert assert_equals_recompute(eng, topic) == start - 1, (env, topic)
+    assert _maintain(args) == 0  # after every kill, a whole run completes
+    small_commits(eng, start, 2)
+    units = processed(eng.run_until_caught_up())
+    assert units["mart.wide"].stats["strategy"] == "incremental"
+    for topic in ("fact.orders", "mart.wide"):
+        assert assert_equals_recompute(eng, topic) == start + 1
