@@ -208,8 +208,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     removed = sum(len(r.vacuumed) for r in reports)
     logs = sum(len(r.logs_removed) for r in reports)
     compacted = sum(int(r.compacted.get("numFilesRemoved", 0)) for r in reports)
-    print(f"{'dry run: ' if args.dry_run else ''}{len(reports)} table(s): {compacted} small files compacted, "
-          f"{removed} data files and {logs} log files removed")
+    would = "would be " if args.dry_run else ""
+    print(f"{len(reports)} table(s): {compacted} small files {would}compacted, {removed} data files and {logs} log "
+          f"files {would}removed")
     if failed:
         print(f"error: {len(failed)} table(s) failed: {', '.join(failed)} (the others were maintained)", file=sys.stderr)
         return 1

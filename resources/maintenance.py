@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from lineage.errors import TidemarkError
 from resources import delta_meta
-from resources.storage import storage_options
+from resources.storage import arrow_filesystem, storage_options
 
 #: A data file below this size counts as small (blocks of a few hundred rows write kilobytes).
 SMALL_FILE_BYTES = 16 * 1024 * 1024
@@ -269,8 +270,10 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
     if retain_hours is not None:
         files_kept = log_kept = dt.timedelta(hours=retain_hours)
         if retain_hours < SAFE_RETAIN_HOURS and not writers_idle and cleanup:
-            report.skipped.append(f"cleanup: a retention below {SAFE_RETAIN_HOURS:g} hour(s) could delete the files of "
-                                  "a commit in flight, and a writer of this table is running")
+            report.skipped.append(f"cleanup: a retention below {SAFE_RETAIN_HOURS:g} hour could delete the files of a "
+                                  "commit in flight, and no writer of this table is known to be idle (a topic writing "
+                                  "it holds its lock, or Tidemark's topics do not write it: say --writers-idle when "
+                                  "nothing writes it now)")
             cleanup = False
     horizon = version if h.horizon is None else min(h.horizon.version, version)
     if cleanup:
@@ -305,6 +308,37 @@ def _checkpoint_at_horizon(h: Health, horizon: int, log_kept: dt.timedelta, repo
     report.horizon_checkpoint = horizon
 
 
+def _change_data_cleanup(h: Health, keep_from: int, version: int, cutoff: float, *, dry_run: bool) -> list[str]:
+    """Change-feed files (``_change_data/``, which ``deltalake``'s VACUUM leaves) that no commit after
+    the horizon references and that are older than ``cutoff`` (epoch seconds): a consumer reads the
+    change feed of the commits after the version it applied, never before."""
+    import pyarrow.fs as pafs
+
+    fs, root = arrow_filesystem(h.path)
+    folder = f"{root.rstrip('/')}/_change_data"
+    infos = [i for i in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True, recursive=True))
+             if i.type == pafs.FileType.File]
+    if not infos:
+        return []
+    fs_log, log = delta_meta._log_fs(h.path)
+    needed: set[str] = set()
+    for v in range(keep_from + 1, version + 1):
+        try:
+            actions = delta_meta._read_commit(fs_log, log, v)
+        except (FileNotFoundError, OSError):
+            return []  # a commit the horizon needs is not readable: remove nothing
+        needed |= {unquote(a["cdc"]["path"]) for a in actions if "cdc" in a}
+    doomed = []
+    for info in infos:
+        rel = info.path[len(root.rstrip("/")) + 1:]
+        mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
+        if rel not in needed and mtime <= cutoff:
+            doomed.append(rel)
+            if not dry_run:
+                fs.delete_file(info.path)
+    return doomed
+
+
 def _cleanup(h: Health, current: Any, version: int, keep_from: int, files_kept: dt.timedelta,
              log_kept: dt.timedelta, report: Report, *, dry_run: bool, point: Callable[[str], None]) -> None:
     if h.horizon is not None:
@@ -312,6 +346,8 @@ def _cleanup(h: Health, current: Any, version: int, keep_from: int, files_kept: 
     keep_versions = list(range(keep_from, version + 1))
     report.vacuumed = list(current.vacuum(retention_hours=math.ceil(files_kept.total_seconds() / 3600), dry_run=dry_run,
                                           enforce_retention_duration=False, keep_versions=keep_versions))
+    report.vacuumed += _change_data_cleanup(h, keep_from, version, time.time() - files_kept.total_seconds(),
+                                            dry_run=dry_run)
     if not dry_run:
         point("maintain:vacuumed")
     # Log entries: a reader of version V replays the newest checkpoint at or below V and the commits

@@ -64,7 +64,8 @@ def test_maintain_compacts_checkpoints_and_keeps_every_version_a_consumer_needs(
     # Once the consumer has moved on, what it read is removed.
     moved = m.health("s.t", path, [m.Need(31, "mart.v", "input offset")])
     r2 = m.maintain(moved, retain_hours=0, writers_idle=True)
-    assert len(r2.vacuumed) == 30 and rows(path) == before[30]
+    assert len(r2.vacuumed) == 31 and rows(path) == before[30]  # 25 compacted, 5 deleted, the delete's change data
+    assert sum(f.startswith("_change_data/") for f in r2.vacuumed) == 1
     assert not any(os.path.exists(tmp_path / "t" / f) for f in r2.vacuumed)
 
 
@@ -83,7 +84,7 @@ def test_a_retention_below_an_hour_is_refused_while_a_writer_runs(tmp_path):
     blocks(path, 3)
     DeltaTable(path).delete("id < 2")
     r = m.maintain(m.health("s.t", path), retain_hours=0)
-    assert r.vacuumed == [] and r.skipped[-1].startswith("cleanup: a retention below 1 hour(s) could delete the files")
+    assert r.vacuumed == [] and r.skipped[-1].startswith("cleanup: a retention below 1 hour could delete the files")
     assert len(DeltaTable(path).file_uris()) == 2 and rows(path, 0) == [(0, 0.0), (1, 0.0)]
     with pytest.raises(m.MaintenanceError, match="retain_hours must be 0 or more"):
         m.maintain(m.health("s.t", path), retain_hours=-1, writers_idle=True)
@@ -112,3 +113,18 @@ def test_retention_warning_when_the_tables_own_retention_would_remove_a_needed_v
 ])
 def test_parse_interval(text, expected):
     assert m.parse_interval(text, dt.timedelta(days=3)) == expected
+
+
+def test_change_data_files_go_once_no_consumer_reads_the_change_feed_of_their_commit(tmp_path):
+    path = str(tmp_path / "t")
+    blocks(path, 3)
+    DeltaTable(path).update(predicate="id < 2", updates={"v": "v + 10"})  # v3 writes _change_data
+    cdc = tmp_path / "t" / "_change_data"
+    [written] = list(cdc.iterdir())
+    r = m.maintain(m.health("s.t", path, [m.Need(2, "mart.v", "input offset")]), retain_hours=0, writers_idle=True)
+    assert list(cdc.iterdir()) == [written] and r.vacuumed == []  # mart.v reads the change feed of v3
+    feed = pa.table(DeltaTable(path).load_cdf(starting_version=3).read_all())
+    assert sorted(feed["_change_type"].to_pylist()) == ["update_postimage"] * 2 + ["update_preimage"] * 2
+    r = m.maintain(m.health("s.t", path, [m.Need(3, "mart.v", "input offset")]), retain_hours=0, writers_idle=True)
+    assert list(cdc.iterdir()) == [] and f"_change_data/{written.name}" in r.vacuumed
+    assert rows(path) == [(0, 10.0), (1, 10.0), (2, 1.0), (3, 1.0), (4, 2.0), (5, 2.0)]
