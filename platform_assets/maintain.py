@@ -50,9 +50,11 @@ def consumer_needs(eng: Engine, records: dict[str, OffsetRecord] | None = None) 
             continue
         spec = topic.spec
         if spec.processor is Processor.STEP and rec.source_version is not None:
-            # The late-row check reads the commits and files added after the version its last block read.
-            need(spec.base, rec.source_version + 1, topic.name, f"late-row check of what was added after "
-                                                                f"v{rec.source_version}")
+            if rec.pending:  # the planned block reads the base as it was when planned
+                need(spec.base, rec.source_version, topic.name, f"its planned block {rec.seq} reads this version")
+            else:  # the late-row check reads the commits and files added after the version its last block read
+                need(spec.base, rec.source_version + 1, topic.name, f"late-row check of what was added after "
+                                                                    f"v{rec.source_version}")
         if spec.processor is Processor.MERGE:
             need(spec.base, rec.source_version, topic.name, "base version of its last unit")
             for table, version in rec.inputs.items():

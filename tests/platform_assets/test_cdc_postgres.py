@@ -157,7 +157,7 @@ def test_random_dml_concurrent_with_the_snapshot_ends_equal(spark, settings: Set
     sql(pg, "CREATE SCHEMA s3", "CREATE TABLE s3.k (id int PRIMARY KEY, v int)", "CREATE TABLE s3.m (x int)",
         "ALTER TABLE s3.m REPLICA IDENTITY FULL")
     _random_dml(pg, "s3", seed, 40)
-    s = setup(settings, tmp_path, pg, "s3", maxstep=25)
+    s = setup(settings, tmp_path, pg, "s3", maxstep=60)  # about 10 units: unit boundaries inside the concurrent DML
     stop = threading.Event()
     writer = threading.Thread(target=_random_dml, args=(pg, "s3", seed + 1, 400, stop))
     writer.start()
