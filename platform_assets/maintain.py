@@ -140,8 +140,15 @@ def run(eng: Engine, tables: list[str] | None, opts: Options,
         if unknown:
             raise ConfigError(f"no Delta table for {', '.join(unknown)} (at {', '.join(eng.path(t) for t in unknown)})")
     reports = []
-    for h in healths(eng, tables):
+    needs = consumer_needs(eng)
+    for table in (tables or all_tables(eng)):
+        h = Health(table, eng.path(table), None)
         try:
+            # Read inside the try: a table whose log cannot be read (an object store error, a file
+            # deltalake cannot parse) fails alone, like one whose maintenance fails.
+            h = maintenance.health(table, eng.path(table), needs.get(table, []), now=eng.clock())
+            if not h.exists:
+                continue
             idle = opts.writers_idle or (bool(eng.lineage.producers(h.table)) and writers_idle(eng, h.table))
             r = maintenance.maintain(h, retain_hours=opts.retain_hours, writers_idle=idle, dry_run=opts.dry_run,
                                      compact=opts.compact, cleanup=opts.cleanup,
