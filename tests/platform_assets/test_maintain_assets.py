@@ -1,5 +1,5 @@
 """Table maintenance in Dagster (no Spark): the tidemark_maintain job run in-process over a
-warehouse written with deltalake, its schedule and the table_health check."""
+warehouse written with deltalake, its schedule, the table_health check and the health metadata of a unit."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ from deltalake import DeltaTable, write_deltalake
 
 from lineage.checks import HEALTH_CHECK
 from lineage.errors import ConfigError
+from lineage.loader import load_lineage
 from lineage.positions import Position
 from platform_assets.definitions import build_definitions
+from platform_assets.engine import Engine
+from platform_assets.io_manager import table_health
 from platform_assets.maintain_assets import (
     CHECKS_NAME,
     JOB_NAME,
@@ -198,3 +201,31 @@ def test_the_schedules_cron_comes_from_the_environment(settings: Settings, tmp_p
     monkeypatch.setenv("TIDEMARK_MAINTAIN_CRON", "hourly please")
     with pytest.raises(ConfigError, match=r"TIDEMARK_MAINTAIN_CRON='hourly please' is not a cron schedule"):
         build_definitions(s)
+
+
+def test_a_units_metadata_carries_the_tables_health_and_a_failed_read_only_warns(settings: Settings, tmp_path: Path,
+                                                                                 monkeypatch):
+    s = settings.with_(lineage=write_lineage(tmp_path))
+    _appends(s.table_path("fact.events"), 17)
+    _committed_block(s, source_version=0, delta_version=16)
+    eng = Engine(s, load_lineage(s.lineage))
+    warnings: list[str] = []
+
+    class Log:
+        def warning(self, msg: str) -> None:
+            warnings.append(msg)
+
+    meta = table_health(eng, "fact.events", Log())
+    assert meta["files"] == 17 and meta["small_files"] == 17 and meta["versions_since_checkpoint"] == 17
+    assert meta["maintenance"] == "17 small files (compaction from 16)"
+    assert meta["oldest_version_needed"].startswith("v16 for fact.events")
+    assert table_health(eng, "fact.nothing", Log()) == {} and not warnings  # no table yet: nothing to say
+
+    def broken(*args, **kwargs):
+        raise OSError("the object store is down")
+
+    monkeypatch.setattr(maintenance, "health", broken)
+    assert table_health(eng, "fact.events", Log()) == {}
+    assert warnings == ["fact.events: the table's health could not be read for the metadata: OSError: the object "
+                        "store is down"]
+    eng.close()
