@@ -102,6 +102,20 @@ def healths(eng: Engine, tables: Iterable[str] | None = None, *, existing_only: 
     return out
 
 
+def retention_warnings(eng: Engine) -> list[str]:
+    """:attr:`Health.warnings` of every table a topic needs something of: where the table's own
+    retention lets a plain VACUUM or log cleanup remove it. A table whose log cannot be read is a
+    line saying so."""
+    needs = consumer_needs(eng)
+    out: list[str] = []
+    for table in sorted(needs):
+        try:
+            out += maintenance.health(table, eng.path(table), needs[table], now=eng.clock()).warnings
+        except Exception as exc:  # noqa: BLE001 - one table's problem is its line
+            out.append(f"{table}: its retention could not be checked: {type(exc).__name__}: {exc}")
+    return out
+
+
 def writers_idle(eng: Engine, table: str) -> bool:
     """Whether no topic writing ``table`` holds its lock now (its unit's files may not be committed yet)."""
     producers = eng.lineage.producers(table)

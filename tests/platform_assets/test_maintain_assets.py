@@ -1,9 +1,12 @@
 """Table maintenance in Dagster (no Spark): the tidemark_maintain job run in-process over a
-warehouse written with deltalake, its schedule, the table_health check and the health metadata of a unit."""
+warehouse written with deltalake, its schedule, the table_health check, the health metadata of a
+unit and the retention warnings of ``tidemark lag``."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -229,3 +232,23 @@ def test_a_units_metadata_carries_the_tables_health_and_a_failed_read_only_warns
     assert warnings == ["fact.events: the table's health could not be read for the metadata: OSError: the object "
                         "store is down"]
     eng.close()
+
+
+def test_lag_warns_where_a_tables_own_retention_would_remove_what_a_topic_needs(settings: Settings, tmp_path: Path,
+                                                                                capsys):
+    from platform_assets.cli import main
+
+    s = settings.with_(lineage=write_lineage(tmp_path))
+    write_rows(s, "stage.events", make_events(5, distinct_pos=5))
+    DeltaTable(s.table_path("stage.events")).alter.set_table_properties(
+        {"delta.deletedFileRetentionDuration": "interval 1 hours"})
+    write_rows(s, "stage.events", make_events(5, start_id=6, start=T0 + dt.timedelta(hours=2), distinct_pos=5))
+    args = ["--home", str(s.home), "--lineage", str(s.lineage), "lag"]
+    assert main(args) == 0
+    assert "WARNING" not in capsys.readouterr().out  # no topic needs anything yet
+    _committed_block(s, source_version=0, delta_version=None)
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("WARNING ")]
+    assert re.match(r"WARNING stage\.events: v[01] for fact\.events\b.* — files removed after it were removed at ", line)
+    assert re.search(r"the table's file retention \(1 hours?\) lets a VACUUM delete them", line)
