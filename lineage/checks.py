@@ -54,6 +54,9 @@ CHECK_NAMES = ("rows", "lag", "nulls", "late_rows")
 MERGE_CHECK_NAMES = ("offset_age", "late_rows", "refresh")
 #: The merge check ``checks.verify_sample`` adds.
 VERIFY_CHECK = "exact"
+#: Every topic's destination: its Delta table's health (small files, checkpoint, what its own
+#: retention would remove of what a consumer needs), judged by the maintenance job, not per unit.
+HEALTH_CHECK = "table_health"
 
 
 def merge_check_names(spec: ChecksSpec) -> tuple[str, ...]:

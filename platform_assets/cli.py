@@ -143,6 +143,10 @@ def _lag_rows(eng: Any) -> str:
     if ages:  # merge topics: one offset per input
         out += "\noffset age per input:\n" + "\n".join(ages)
     warnings = [f"WARNING {r.topic}: {r.warning}" for r in lag if r.warning]
+    from platform_assets.maintain import retention_warnings
+
+    # A table's own retention that would let a plain VACUUM or log cleanup remove what a topic needs.
+    warnings += [f"WARNING {w}" for w in retention_warnings(eng)]
     return "\n".join([out, *warnings])
 
 

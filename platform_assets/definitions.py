@@ -11,7 +11,10 @@
   the block's figures; the compute then reports the block's checks;
 * the ``tidemark_planner`` sensor plans blocks and requests their runs; ``tidemark_alerts``
   sends one alert per failed run or failed check (webhook + log file);
-* a concurrency pool per table (``tidemark/<table>``; ``dagster.yaml`` limits each to 1).
+* a concurrency pool per table (``tidemark/<table>``; ``dagster.yaml`` limits each to 1);
+* table maintenance (``platform_assets/maintain_assets.py``): the ``tidemark_maintenance`` asset,
+  its ``tidemark_maintain`` job and hourly schedule, and the ``table_health`` check of every table
+  above (evaluated by that job, not with each block).
 
 Nothing heavy happens at import: the lineage loader is pure Python, and Spark starts only
 inside a materialization.
@@ -40,6 +43,7 @@ from lineage.spec import Lineage, Processor
 from platform_assets.alerts import RESOURCE_KEY, AlertNotifierResource, build_alert_sensor
 from platform_assets.intake_assets import build_intake_definitions
 from platform_assets.io_manager import IO_MANAGER_KEY, OffsetIOManager, already_committed
+from platform_assets.maintain_assets import build_maintenance
 from platform_assets.sensors import build_planner_sensor
 from resources.settings import Settings
 
@@ -172,9 +176,11 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     from platform_assets.cdc_assets import build_cdc
 
     cdc_assets, cdc_jobs, cdc_sensors = build_cdc(settings, lineage)
+    maint_assets, maint_jobs, maint_schedules = build_maintenance(settings, lineage)
     return dg.Definitions(
-        assets=[*sources, *assets, *cdc_assets, *intake.assets],
-        jobs=[*cdc_jobs, *intake.jobs],
+        assets=[*sources, *assets, *cdc_assets, *intake.assets, *maint_assets],
+        jobs=[*cdc_jobs, *intake.jobs, *maint_jobs],
+        schedules=maint_schedules,
         sensors=[build_planner_sensor(settings, lineage), build_alert_sensor(), *cdc_sensors, *intake.sensors],
         resources={
             RESOURCE_KEY: AlertNotifierResource(log_path=str(settings.home / "alerts.log")),

@@ -10,7 +10,10 @@ transform, a lazy Spark DataFrame) and returns it as an :class:`~platform_assets
 * the block's ``etl.log`` row, the ``after`` SQL, ``last := next`` in the offset store, and the
   lock's release;
 * materialization metadata: rows, ``last``, ``next``, min/max ``pos``, lag, Delta version,
-  duration (numbers, so the asset's Plots tab charts rows and lag over time).
+  duration (numbers, so the asset's Plots tab charts rows and lag over time), and the table's
+  health after the unit (files, small files, bytes, commits since the last checkpoint, the oldest
+  version a consumer needs, whether it needs maintenance: one read of the Delta log, no Spark; a
+  read that fails is a warning in the run's log, never the unit's failure).
 
 ``load_input`` gives a downstream asset the rows of the upstream block (the files its Delta
 commit added), or the whole table for an unpartitioned (reload) asset.
@@ -95,13 +98,14 @@ class OffsetIOManager(dg.ConfigurableIOManager):
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         from platform_assets.protocol import OpenBlock, StepResult
 
+        table = ".".join(context.asset_key.path)
         if isinstance(obj, StepResult):  # nothing to write: a committed block, or a reload that waits
             if context.has_asset_partitions:  # a block partition: only a committed block returns no OpenBlock
-                _, seq = self.engine().lineage.block_of(".".join(context.asset_key.path), context.partition_key)
+                _, seq = self.engine().lineage.block_of(table, context.partition_key)
                 context.add_output_metadata({"topic": obj.topic, "block": seq, "rows_written": 0, "already_committed": True,
-                                             "note": already_committed(seq)})
+                                             "note": already_committed(seq), **table_health(self.engine(), table, context.log)})
                 return
-            context.add_output_metadata({"topic": obj.topic, "note": obj.reason})
+            context.add_output_metadata({"topic": obj.topic, "note": obj.reason, **table_health(self.engine(), table, context.log)})
             return
         if not isinstance(obj, OpenBlock):
             raise ProcessingError(
@@ -111,7 +115,7 @@ class OffsetIOManager(dg.ConfigurableIOManager):
         result = self.engine().finish(obj)
         context.log.info(f"{result.topic}: {result.reason} wrote {result.rows} rows (Delta version {result.delta_version})"
                          + (", recovered: the data had landed before a crash" if result.recovered else ""))
-        context.add_output_metadata(block_metadata(result))
+        context.add_output_metadata({**block_metadata(result), **table_health(self.engine(), table, context.log)})
 
     # ------------------------------------------------------------------ input
     def load_input(self, context: dg.InputContext) -> DataFrame:
@@ -155,6 +159,19 @@ class OffsetIOManager(dg.ConfigurableIOManager):
 def already_committed(seq: int) -> str:
     """What materializing a block that is already committed did."""
     return f"block {seq} was already committed (nothing written)"
+
+
+def table_health(engine: Engine, table: str, log: Any) -> dict[str, Any]:
+    """``table``'s health as metadata (:func:`platform_assets.maintain.health_metadata`), read from
+    its Delta log; ``{}`` with a warning in ``log`` when it cannot be read (the unit goes on)."""
+    try:
+        from platform_assets import maintain
+
+        found = maintain.healths(engine, [table])
+        return maintain.health_metadata(found[0]) if found else {}
+    except Exception as exc:  # noqa: BLE001 - the table's health is information, never the unit's failure
+        log.warning(f"{table}: the table's health could not be read for the metadata: {type(exc).__name__}: {exc}")
+        return {}
 
 
 def block_metadata(r: StepResult) -> dict[str, Any]:

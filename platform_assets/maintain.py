@@ -105,6 +105,20 @@ def healths(eng: Engine, tables: Iterable[str] | None = None, *, existing_only: 
     return out
 
 
+def retention_warnings(eng: Engine) -> list[str]:
+    """:attr:`Health.warnings` of every table a topic needs something of: where the table's own
+    retention lets a plain VACUUM or log cleanup remove it. A table whose log cannot be read is a
+    line saying so."""
+    needs = consumer_needs(eng)
+    out: list[str] = []
+    for table in sorted(needs):
+        try:
+            out += maintenance.health(table, eng.path(table), needs[table], now=eng.clock()).warnings
+        except Exception as exc:  # noqa: BLE001 - one table's problem is its line
+            out.append(f"{table}: its retention could not be checked: {type(exc).__name__}: {exc}")
+    return out
+
+
 def writers_idle(eng: Engine, table: str) -> bool:
     """Whether no topic writing ``table`` holds its lock now (its unit's files may not be committed yet)."""
     producers = eng.lineage.producers(table)
@@ -143,8 +157,15 @@ def run(eng: Engine, tables: list[str] | None, opts: Options,
         if unknown:
             raise ConfigError(f"no Delta table for {', '.join(unknown)} (at {', '.join(eng.path(t) for t in unknown)})")
     reports = []
-    for h in healths(eng, tables):
+    needs = consumer_needs(eng)
+    for table in (tables or all_tables(eng)):
+        h = Health(table, eng.path(table), None)
         try:
+            # Read inside the try: a table whose log cannot be read (an object store error, a file
+            # deltalake cannot parse) fails alone, like one whose maintenance fails.
+            h = maintenance.health(table, eng.path(table), needs.get(table, []), now=eng.clock())
+            if not h.exists:
+                continue
             idle = opts.writers_idle or (bool(eng.lineage.producers(h.table)) and writers_idle(eng, h.table))
             r = maintenance.maintain(h, retain_hours=opts.retain_hours, writers_idle=idle, dry_run=opts.dry_run,
                                      compact=opts.compact, cleanup=opts.cleanup,

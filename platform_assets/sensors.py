@@ -26,7 +26,7 @@ from typing import Any
 import dagster as dg
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
-from lineage.checks import CHECK_NAMES
+from lineage.checks import CHECK_NAMES, HEALTH_CHECK
 from lineage.errors import TidemarkError, TopicLockedError
 from lineage.partitions import expired_block_keys, partitions_name
 from lineage.spec import Lineage, Processor
@@ -69,9 +69,12 @@ def job_name(table: str) -> str:
 
 
 def table_jobs(tables: list[str]) -> dict[str, dg.UnresolvedAssetJobDefinition]:
-    """An asset job per destination table (the unit a block or reload run materializes)."""
-    return {t: dg.define_asset_job(job_name(t), selection=dg.AssetSelection.assets(dg.AssetKey(t.split("."))))
-            for t in tables}
+    """An asset job per destination table (the unit a block or reload run materializes) with the
+    table's unit checks; ``table_health`` is the maintenance job's (a block does not evaluate it)."""
+    def selection(key: dg.AssetKey) -> dg.AssetSelection:
+        return dg.AssetSelection.assets(key) - dg.AssetSelection.checks(dg.AssetCheckKey(key, HEALTH_CHECK))
+
+    return {t: dg.define_asset_job(job_name(t), selection=selection(dg.AssetKey(t.split(".")))) for t in tables}
 
 
 def _blocked_tables(instance: dg.DagsterInstance, lineage: Lineage) -> dict[str, str]:

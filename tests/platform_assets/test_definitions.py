@@ -28,7 +28,7 @@ def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {"stage/customers", "stage/orders", "stage/order_items", "dim/customers", "fact/orders",
                     "fact/order_items", "mart/daily_revenue", "intake/stage", "stage/events_page_view", "fact/page_views",
-                    "crm/customers"}
+                    "crm/customers", "tidemark_maintenance"}
     # the intake's stage table is an asset of the intake job, the source of fact.page_views
     assert graph.get(dg.AssetKey(["stage", "events_page_view"])).is_materializable
     assert dg.AssetKey(["stage", "events_page_view"]) in graph.get(dg.AssetKey(["fact", "page_views"])).parent_keys
@@ -46,10 +46,19 @@ def test_demo_definitions_have_sources_topics_and_dependencies(tmp_path):
     assert {"tidemark__fact__orders", "tidemark__dim__customers"} <= jobs
     assert {s.name for s in defs.sensors} >= {"tidemark_planner", "tidemark_alerts", "tidemark_intake_files"}
     checks = {k.name for k in graph.asset_check_keys if k.asset_key == dg.AssetKey(["fact", "orders"])}
-    assert checks == {"rows", "lag", "nulls", "late_rows"}
+    assert checks == {"rows", "lag", "nulls", "late_rows", "table_health"}
     # a merge view: one unpartitioned asset, judged per unit by its own checks
     mart = dg.AssetKey(["mart", "daily_revenue"])
-    assert {k.name for k in graph.asset_check_keys if k.asset_key == mart} == {"offset_age", "late_rows", "refresh"}
+    assert {k.name for k in graph.asset_check_keys if k.asset_key == mart} == {"offset_age", "late_rows", "refresh",
+                                                                               "table_health"}
+    # every topic's table has table_health; a block's or unit's run evaluates its own checks, not that one
+    assert {k.asset_key.to_user_string() for k in graph.asset_check_keys if k.name == "table_health"} == {
+        "dim/customers", "fact/orders", "fact/order_items", "mart/daily_revenue", "fact/page_views"}
+    for table in ("fact__orders", "mart__daily_revenue"):
+        run_checks = defs.resolve_job_def(f"tidemark__{table}").asset_layer.asset_graph.asset_check_keys
+        assert run_checks and "table_health" not in {k.name for k in run_checks}
+    assert graph.get(dg.AssetKey("tidemark_maintenance")).group_name == "maintenance"
+    assert defs.resolve_schedule_def("tidemark_maintain_schedule").job_name == "tidemark_maintain"
     assert graph.get(mart).partitions_def is None
     items_def = defs.resolve_assets_def(dg.AssetKey(["fact", "order_items"]))
     policy = items_def.specs_by_key[dg.AssetKey(["fact", "order_items"])].freshness_policy

@@ -154,9 +154,11 @@ def test_reload_asset_is_rebuilt_by_the_io_manager_and_loads_whole(spark, settin
         result = dg.materialize([reload_asset], instance=instance)
         (mat,) = result.asset_materializations_for_node(reload_asset.node_def.name)
         assert mat.metadata["rows"].value == 3 and mat.metadata["delta_version"].value == 0
+        assert mat.metadata["files"].value >= 1 and mat.metadata["maintenance"].value == "ok"  # the table's health
         again = dg.materialize([reload_asset], instance=instance)  # nothing changed: nothing written
         (mat2,) = again.asset_materializations_for_node(reload_asset.node_def.name)
         assert "note" in mat2.metadata and DeltaTable(s.table_path("dim.user_count")).version() == 0
+        assert mat2.metadata["files"].value == mat.metadata["files"].value
     df = _io(s).load_input(dg.build_input_context(asset_key=dg.AssetKey(["dim", "user_count"])))
     assert sum(r.users for r in df.collect()) == 20
 

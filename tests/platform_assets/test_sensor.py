@@ -166,6 +166,9 @@ def test_materializing_a_block_partition_writes_exactly_that_block(spark, settin
         rec = open_offset_store(s.offsets_url).get("fact.events")
         assert not rec.pending and rec.seq == 1
         assert meta["next"] == rec.last.to_text()
+        # the table's health after the block, read from its Delta log
+        assert meta["files"] >= 1 and meta["small_files"] == meta["files"] and meta["maintenance"] == "ok"
+        assert meta["versions_since_checkpoint"] == 1 and meta["oldest_version_needed"].startswith("v0 for fact.events")
         commit = open_offset_store(s.offsets_url).history("fact.events")[0]
         assert commit.action == "commit" and OwnerId.parse(commit.who).run_id == result.run_id  # the lock names the run
         # Materializing the committed block again changes nothing.
@@ -174,6 +177,7 @@ def test_materializing_a_block_partition_writes_exactly_that_block(spark, settin
         meta2 = {k: v.value for k, v in mat2.metadata.items()}
         assert meta2["note"] == "block 1 was already committed (nothing written)"
         assert meta2["rows_written"] == 0 and meta2["already_committed"] is True and "rows" not in meta2
+        assert meta2["files"] == meta["files"] and meta2["maintenance"] == "ok"
         logs = [e.user_message for e in instance.all_logs(again.run_id)]
         assert any("fact.events: block 1 was already committed (nothing written)" in m for m in logs)
         checks = again.get_asset_check_evaluations()
