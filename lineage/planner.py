@@ -36,6 +36,9 @@ class TableMark:
     version: int | None = None
     exists: bool = True  # False: there is no Delta table at ``location``
     location: str = ""
+    #: The newest version that changed data, when the versions after it only compacted or cleaned up
+    #: (``dataChange: false``); None: ``version`` itself (or not looked at).
+    data_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,12 @@ def plan_topic(
             return Decision(name, False, f"waiting for {spec.base} (table missing)")
         if state.seq == 0:
             return Decision(name, True, "first reload")
-        if base.version is not None and base.version != state.source_version:
+        data = base.data_version if base.data_version is not None else base.version
+        if data is not None and data != state.source_version and not (
+                base.data_version is not None and state.source_version is not None and data <= state.source_version):
             return Decision(name, True, f"{spec.base} changed (version {state.source_version} -> {base.version})")
-        return Decision(name, False, f"no new rows ({spec.base} unchanged since version {state.source_version})")
+        since = "" if data == base.version else f"; versions up to {base.version} only compacted or cleaned up"
+        return Decision(name, False, f"no new rows ({spec.base} unchanged since version {state.source_version}{since})")
 
     if base.max_position is None:
         return Decision(name, False, f"no new rows ({spec.base} is empty)")

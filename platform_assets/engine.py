@@ -9,6 +9,7 @@ table. The processors plug in through :class:`protocol.UnitProcessor`: step
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Callable, Iterator
@@ -244,6 +245,11 @@ class Engine:
         blocks = spec.processor is not Processor.RELOAD  # step and merge read the base by (pos, id)
         if mark is None:
             mark = delta_meta.table_mark(self.path(spec.base), positions=blocks)
+        if (not blocks and mark.version is not None and rec.source_version is not None
+                and mark.version > rec.source_version and mark.data_version is None):
+            # a reload rebuilds on a data change, not on a compaction of its base
+            mark = dataclasses.replace(mark, data_version=delta_meta.data_version(
+                self.path(spec.base), mark.version, rec.source_version))
         deps = {d: self.freshness(d) for d in spec.depends_on[1:]} if blocks else {}
         state = TopicState(rec.last, rec.next, rec.seq, rec.run, rec.source_version)
         return plan_topic(spec, state, mark, deps, now or self.clock(), base_produced=bool(self.lineage.producers(spec.base))), mark

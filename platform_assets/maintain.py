@@ -6,7 +6,8 @@ commits and files of its base added after ``source_version`` (its late-row check
 merge topic its base from ``source_version`` and every other input from its per-input offset (the
 reverse join reads the rows up to it and the change feed after it), a pending unit the versions it
 planned. A reload topic reads only the newest version of its base.
-Of the table it writes it needs the commit of its last unit (offset recovery reads its bounds).
+Of the table it writes it needs the commit of its last unit (offset recovery reads its bounds), a
+log entry only: cleanup keeps that commit, not the data files of that version.
 """
 
 from __future__ import annotations
@@ -33,16 +34,16 @@ def consumer_needs(eng: Engine, records: dict[str, OffsetRecord] | None = None) 
     recs = records if records is not None else {r.topic: r for r in eng.store.list()}
     out: dict[str, list[Need]] = {}
 
-    def need(table: str, version: int | None, who: str, why: str) -> None:
+    def need(table: str, version: int | None, who: str, why: str, files: bool = True) -> None:
         if version is None or version < 0:
             return
         needs = out.setdefault(table, [])
         for i, n in enumerate(needs):  # one claim per topic and table: the oldest version, every reason
             if n.who == who:
                 reasons = n.why if why in n.why.split("; ") else f"{n.why}; {why}"
-                needs[i] = Need(min(n.version, int(version)), who, reasons)
+                needs[i] = Need(min(n.version, int(version)), who, reasons, n.files or files)
                 return
-        needs.append(Need(int(version), who, why))
+        needs.append(Need(int(version), who, why, files))
 
     for topic in eng.lineage.topics.values():
         rec = recs.get(topic.name)
@@ -61,7 +62,8 @@ def consumer_needs(eng: Engine, records: dict[str, OffsetRecord] | None = None) 
                 need(table, version, topic.name, "input offset (the reverse join reads the rows up to it and the change feed after it)")
             for table, version in (rec.inputs_next or {}).items():
                 need(table, version, topic.name, "pending unit")
-        need(spec.destination, rec.delta_version, topic.name, "the commit of its last unit (offset recovery reads it)")
+        need(spec.destination, rec.delta_version, topic.name, "the commit of its last unit (offset recovery reads it)",
+             files=False)
     return out
 
 

@@ -785,6 +785,29 @@ def changed_rows(commit: CommitStats) -> int | None:
     return None
 
 
+#: How many commits :func:`data_version` reads back at most.
+DATA_VERSION_LOOKBACK = 50
+
+
+def data_version(path: str, version: int, floor: int) -> int:
+    """The newest version of the table at ``path`` (at most ``version``, at least ``floor``) that
+    changed data: commits whose adds and removes all say ``dataChange: false`` (OPTIMIZE,
+    ``tidemark maintain``) or that hold none (VACUUM START/END) change no row. Reads back at most
+    :data:`DATA_VERSION_LOOKBACK` commits; where it cannot tell, ``version``."""
+    fs, log = _log_fs(path)
+    v = version
+    while v > floor and version - v < DATA_VERSION_LOOKBACK:
+        try:
+            actions = _read_commit(fs, log, v)
+        except (FileNotFoundError, OSError):
+            return version
+        if any(a[k].get("dataChange", True) for a in actions for k in ("add", "remove", "cdc") if k in a) or any(
+                k in a for a in actions for k in ("metaData", "protocol")):
+            return v
+        v -= 1
+    return v if v == floor else version
+
+
 def change_feed_enabled(snap: TableSnapshot) -> bool:
     conf = snap.table.metadata().configuration if snap.table is not None else {}
     return str(conf.get("delta.enableChangeDataFeed", "false")).lower() == "true"

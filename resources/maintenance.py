@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
+import pyarrow.fs as pafs
+
 from lineage.errors import TidemarkError
 from resources import delta_meta
 from resources.storage import arrow_filesystem, storage_options
@@ -45,6 +47,8 @@ SAFE_RETAIN_HOURS = 1.0
 #: A consumer's need is flagged when the table's own retention would remove it within this time.
 RETENTION_WARNING = dt.timedelta(days=1)
 
+#: ``deltalake``'s words for a commit that lost to a concurrent one.
+_CONFLICT = re.compile(r"conflict|concurrent|already exists|version \d+ .*exists", re.IGNORECASE)
 _LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
 
 
@@ -59,6 +63,7 @@ class Need:
     version: int
     who: str  # the topic (or replicator) that needs it
     why: str  # which of its offsets, e.g. "input offset", "late-row check from base version"
+    files: bool = True  # False: only the commit (the log entry) is needed, not the version's data files
 
     def describe(self) -> str:
         return f"v{self.version} for {self.who}: {self.why}"
@@ -91,8 +96,14 @@ class Health:
 
     @property
     def horizon(self) -> Need | None:
-        """The oldest version a consumer needs."""
+        """The oldest version a consumer needs (its commit, at least)."""
         return min(self.needs, key=lambda n: n.version) if self.needs else None
+
+    @property
+    def file_horizon(self) -> Need | None:
+        """The oldest version whose data files a consumer reads."""
+        data = [n for n in self.needs if n.files]
+        return min(data, key=lambda n: n.version) if data else None
 
     def reasons(self) -> list[str]:
         """Why the table needs maintenance (empty: it does not)."""
@@ -148,8 +159,6 @@ def retention(table: Any) -> tuple[dt.timedelta, dt.timedelta]:
 
 def _log_listing(path: str) -> list[tuple[int, str, str, float]]:
     """``(version, kind, full path, modified epoch seconds)`` of every versioned file in the log."""
-    import pyarrow.fs as pafs
-
     fs, log = delta_meta._log_fs(path)
     out = []
     for info in fs.get_file_info(pafs.FileSelector(log, allow_not_found=True)):
@@ -166,6 +175,8 @@ def health(table: str, path: str, needs: list[Need] | tuple[Need, ...] = (), *,
     read from the Delta log alone."""
     snap = delta_meta.TableSnapshot.open(path)
     if snap.table is None:
+        if any(kind == "json" or kind.startswith("checkpoint") for _, kind, _, _ in _log_listing(path)):
+            raise MaintenanceError(f"{table}: {path} has a Delta log, but it cannot be read: {_open_error(path)}")
         return Health(table, path, None, needs=tuple(needs))
     files = snap.files
     sizes = files["size_bytes"].to_pylist() if "size_bytes" in files.column_names else []
@@ -178,6 +189,16 @@ def health(table: str, path: str, needs: list[Need] | tuple[Need, ...] = (), *,
                   oldest_log=min(commits) if commits else None, needs=tuple(needs), warnings=tuple(warnings))
 
 
+def _open_error(path: str) -> str:
+    from deltalake import DeltaTable
+
+    try:
+        DeltaTable(path, storage_options=storage_options(path))
+    except Exception as exc:  # noqa: BLE001 - the reader's own words are the message
+        return f"{type(exc).__name__}: {exc}"
+    return "the deltalake reader refused it"
+
+
 def _retention_warnings(table: str, path: str, delta_table: Any, needs: list[Need] | tuple[Need, ...],
                         now: dt.datetime) -> list[str]:
     """Where the table's own retention lets a VACUUM or log cleanup (by anyone) remove what a
@@ -186,14 +207,17 @@ def _retention_warnings(table: str, path: str, delta_table: Any, needs: list[Nee
         return []
     files_kept, log_kept = retention(delta_table)
     oldest = min(needs, key=lambda n: n.version)
-    # The files of version V are removed by later commits; the first of them is V + 1.
-    removed_at = delta_meta.commit_time(path, oldest.version + 1)
+    data = [n for n in needs if n.files]
     out = []
-    if removed_at is not None and now - removed_at > files_kept - RETENTION_WARNING:
-        out.append(f"{table}: {oldest.describe()} — files removed after it were removed at {removed_at:%Y-%m-%d %H:%M} "
-                   f"UTC, and the table's file retention ({_days(files_kept)}) lets a VACUUM delete them from "
-                   f"{removed_at + files_kept:%Y-%m-%d %H:%M} UTC; run `tidemark maintain` (it keeps them) instead "
-                   f"of a plain VACUUM, or let {oldest.who} catch up")
+    if data:
+        reader = min(data, key=lambda n: n.version)
+        # The files of version V are removed by later commits; the first of them is V + 1.
+        removed_at = delta_meta.commit_time(path, reader.version + 1)
+        if removed_at is not None and now - removed_at > files_kept - RETENTION_WARNING:
+            out.append(f"{table}: {reader.describe()} — files removed after it were removed at "
+                       f"{removed_at:%Y-%m-%d %H:%M} UTC, and the table's file retention ({_days(files_kept)}) lets a "
+                       f"VACUUM delete them from {removed_at + files_kept:%Y-%m-%d %H:%M} UTC; run `tidemark maintain` "
+                       f"(it keeps them) instead of a plain VACUUM, or let {reader.who} catch up")
     committed = delta_meta.commit_time(path, oldest.version)
     if committed is not None and now - committed > log_kept - RETENTION_WARNING:
         out.append(f"{table}: {oldest.describe()} was committed at {committed:%Y-%m-%d %H:%M} UTC, and the table's "
@@ -217,6 +241,8 @@ def _retry(what: str, call: Any, attempts: int = 5) -> Any:
         try:
             return call()
         except CommitFailedError as exc:
+            if not _CONFLICT.search(str(exc)):  # e.g. a table feature deltalake cannot write: no retry helps
+                raise MaintenanceError(f"{what}: {exc}") from exc
             if attempt == attempts - 1:
                 raise MaintenanceError(f"{what}: the commit conflicted with concurrent writers {attempts} times "
                                        f"({exc}); run `tidemark maintain` again") from exc
@@ -276,6 +302,7 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
                                   "nothing writes it now)")
             cleanup = False
     horizon = version if h.horizon is None else min(h.horizon.version, version)
+    file_horizon = version if h.file_horizon is None else min(h.file_horizon.version, version)
     if cleanup:
         _checkpoint_at_horizon(h, horizon, log_kept, report, dry_run=dry_run)
     since = version + 1 if h.checkpoint is None else version - h.checkpoint
@@ -285,7 +312,8 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
             point("maintain:checkpointed")
         report.checkpoint = version
     if cleanup:
-        _cleanup(h, current, version, horizon, files_kept, log_kept, report, dry_run=dry_run, point=point)
+        _cleanup(h, current, version, (file_horizon, horizon), files_kept, log_kept, report, dry_run=dry_run,
+                 point=point)
     report.seconds = time.monotonic() - started
     return report
 
@@ -308,12 +336,18 @@ def _checkpoint_at_horizon(h: Health, horizon: int, log_kept: dt.timedelta, repo
     report.horizon_checkpoint = horizon
 
 
+def _relative(listed: str, path: str, root: str) -> str:
+    """A path ``vacuum`` listed (relative to the table, or a URI / absolute path) relative to the table."""
+    for prefix in (path.rstrip("/") + "/", root + "/", "file://" + root + "/"):
+        if listed.startswith(prefix):
+            return unquote(listed[len(prefix):])
+    return unquote(listed)
+
+
 def _change_data_cleanup(h: Health, keep_from: int, version: int, cutoff: float, *, dry_run: bool) -> list[str]:
     """Change-feed files (``_change_data/``, which ``deltalake``'s VACUUM leaves) that no commit after
     the horizon references and that are older than ``cutoff`` (epoch seconds): a consumer reads the
     change feed of the commits after the version it applied, never before."""
-    import pyarrow.fs as pafs
-
     fs, root = arrow_filesystem(h.path)
     folder = f"{root.rstrip('/')}/_change_data"
     infos = [i for i in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True, recursive=True))
@@ -339,14 +373,27 @@ def _change_data_cleanup(h: Health, keep_from: int, version: int, cutoff: float,
     return doomed
 
 
-def _cleanup(h: Health, current: Any, version: int, keep_from: int, files_kept: dt.timedelta,
+def _cleanup(h: Health, current: Any, version: int, horizons: tuple[int, int], files_kept: dt.timedelta,
              log_kept: dt.timedelta, report: Report, *, dry_run: bool, point: Callable[[str], None]) -> None:
+    file_from, keep_from = horizons
     if h.horizon is not None:
         report.kept.append(f"versions from v{keep_from} on: " + "; ".join(n.describe() for n in h.needs))
-    keep_versions = list(range(keep_from, version + 1))
-    report.vacuumed = list(current.vacuum(retention_hours=math.ceil(files_kept.total_seconds() / 3600), dry_run=dry_run,
-                                          enforce_retention_duration=False, keep_versions=keep_versions))
-    report.vacuumed += _change_data_cleanup(h, keep_from, version, time.time() - files_kept.total_seconds(),
+    # deltalake's VACUUM lists what no version from ``file_from`` on references and is older than the
+    # retention; the files are deleted here, without its VACUUM START/END commits: a cleanup then adds no
+    # table version (no view runs an empty unit, no reload rebuilds because of it), and files already
+    # gone are not listed again.
+    listed = current.vacuum(retention_hours=math.ceil(files_kept.total_seconds() / 3600), dry_run=True,
+                            enforce_retention_duration=False, keep_versions=list(range(file_from, version + 1)))
+    fs, root = arrow_filesystem(h.path)
+    root = root.rstrip("/")
+    rels = [_relative(f, h.path, root) for f in listed]
+    infos = fs.get_file_info([f"{root}/{rel}" for rel in rels]) if rels else []
+    doomed = [rel for rel, info in zip(rels, infos, strict=True) if info.type == pafs.FileType.File]
+    if not dry_run:
+        for rel in doomed:
+            fs.delete_file(f"{root}/{rel}")
+    report.vacuumed = doomed
+    report.vacuumed += _change_data_cleanup(h, file_from, version, time.time() - files_kept.total_seconds(),
                                             dry_run=dry_run)
     if not dry_run:
         point("maintain:vacuumed")

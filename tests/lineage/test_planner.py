@@ -332,6 +332,15 @@ def test_reload_waits_when_base_version_unchanged() -> None:
     assert d.reason == "no new rows (stage.x unchanged since version 5)"
 
 
+def test_reload_waits_when_later_versions_only_compacted() -> None:
+    state = TopicState(last=Position.zero(), seq=2, source_version=5)
+    d = plan(spec(processor="reload"), state, TableMark(at(), 8, data_version=5))
+    assert d.ready is False
+    assert d.reason == "no new rows (stage.x unchanged since version 5; versions up to 8 only compacted or cleaned up)"
+    d = plan(spec(processor="reload"), state, TableMark(at(), 8, data_version=7))
+    assert d.ready is True and d.reason == "stage.x changed (version 5 -> 8)"
+
+
 def test_reload_ignores_delay_and_dependencies() -> None:
     s = spec(processor="reload", depends_on=["stage.x", "dim.y"], delay="1d")
     d = plan_topic(

@@ -62,9 +62,9 @@ def test_each_topic_needs_what_its_next_unit_and_its_recovery_read(tmp_path):
                                      Need(6, "mart.wide", "base version of its last unit")]
     assert needs["dim.customers"] == [Need(4, "mart.wide", "input offset (the reverse join reads the rows up to it "
                                                            "and the change feed after it); pending unit")]
-    assert needs["fact.orders"] == [Need(3, "fact.orders", "the commit of its last unit (offset recovery reads it)")]
-    assert needs["mart.wide"] == [Need(9, "mart.wide", "the commit of its last unit (offset recovery reads it)")]
-    assert needs["dim.countries"] == [Need(2, "dim.countries", "the commit of its last unit (offset recovery reads it)")]
+    assert needs["fact.orders"] == [Need(3, "fact.orders", "the commit of its last unit (offset recovery reads it)", files=False)]
+    assert needs["mart.wide"] == [Need(9, "mart.wide", "the commit of its last unit (offset recovery reads it)", files=False)]
+    assert needs["dim.countries"] == [Need(2, "dim.countries", "the commit of its last unit (offset recovery reads it)", files=False)]
     assert all(n.who != "dim.countries" for n in needs["dim.customers"])  # a reload reads only the newest version
 
 

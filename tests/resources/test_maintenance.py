@@ -128,3 +128,46 @@ def test_change_data_files_go_once_no_consumer_reads_the_change_feed_of_their_co
     r = m.maintain(m.health("s.t", path, [m.Need(3, "mart.v", "input offset")]), retain_hours=0, writers_idle=True)
     assert list(cdc.iterdir()) == [] and f"_change_data/{written.name}" in r.vacuumed
     assert rows(path) == [(0, 10.0), (1, 10.0), (2, 1.0), (3, 1.0), (4, 2.0), (5, 2.0)]
+
+
+def test_cleanup_adds_no_table_version_and_a_second_one_finds_nothing(tmp_path):
+    path = str(tmp_path / "t")
+    blocks(path, 20)
+    r = m.maintain(m.health("s.t", path), retain_hours=0, writers_idle=True)
+    assert r.compacted and len([f for f in r.vacuumed if not f.startswith("_change_data/")]) == 20
+    assert DeltaTable(path).version() == 20  # the compaction's commit only: no VACUUM START/END commits
+    again = m.maintain(m.health("s.t", path), retain_hours=0, writers_idle=True)
+    assert again.vacuumed == [] and again.logs_removed == [] and DeltaTable(path).version() == 20
+
+
+def test_a_need_of_the_commit_alone_keeps_the_log_entry_not_the_files(tmp_path):
+    path = str(tmp_path / "t")
+    blocks(path, 20)
+    h = m.health("s.t", path, [m.Need(3, "fact.f", "the commit of its last unit", files=False)])
+    r = m.maintain(h, retain_hours=0, writers_idle=True)
+    assert len([f for f in r.vacuumed if not f.startswith("_change_data/")]) == 20  # no version's files are needed
+    assert r.logs_removed == [] and m.health("s.t", path).oldest_log == 0  # commit 3 stays readable (no checkpoint <= 3)
+    far = m.health("s.t", path, [m.Need(3, "fact.f", "the commit", files=False)],
+                   now=dt.datetime.now(dt.UTC).replace(tzinfo=None) + dt.timedelta(days=10))
+    assert not any("file retention" in w for w in far.warnings)  # no file warning for a log-only need
+
+
+def test_an_unreadable_table_is_named_never_taken_for_no_table(tmp_path):
+    path = tmp_path / "t"
+    blocks(str(path), 2)
+    (path / "_delta_log" / "00000000000000000002.json").write_text("{not json\n")
+    with pytest.raises(m.MaintenanceError, match=r"s\.t: .* has a Delta log, but it cannot be read: "):
+        m.health("s.t", str(path))
+
+
+def test_data_version_looks_past_compactions_and_cleanups(tmp_path):
+    from resources.delta_meta import data_version
+
+    path = str(tmp_path / "t")
+    blocks(path, 20)  # v0-v19
+    m.maintain(m.health("s.t", path), retain_hours=0, writers_idle=True)  # v20: the compaction
+    assert DeltaTable(path).version() == 20
+    assert data_version(path, 20, 19) == 19  # v20 changed no row
+    assert data_version(path, 20, 20) == 20
+    blocks(path, 1, start=50)  # v21 appends
+    assert data_version(path, 21, 19) == 21
