@@ -30,11 +30,15 @@ Measured, at the full size (``--blocks``), in one run:
   ``tidemark plan``) runs for a step topic: the base's snapshot and mark, the decision, the
   quarantine checks (null positions, late rows in the commits since the topic's last block), the
   block's end, the offset store's plan; and the topic's row of ``tidemark lag`` / ``explain``
-  (``Engine._lag_row``). The topic's offset is at the end of block N-1 (its last block planned on
-  that version), so the planned block is block N (its rows are checked). Best of ``--plan-repeat``
-  at ``--small-blocks`` and at ``--blocks``, each without maintenance and after it (after an untimed
-  warm-up round). Target: the maintained 2,000-block plan <= 1.2 x the maintained 100-block plan
-  (the ratio without maintenance is printed too).
+  (``Engine._lag_row``). The topic's offset is at the end of block N-1, so the planned block is
+  block N (its rows are checked). Best of ``--plan-repeat`` (after an untimed warm-up round) at
+  ``--small-blocks`` and at ``--blocks``, each in three states: ``no maintenance`` (the topic's last
+  block planned on version N-1); ``maintained`` (the same offsets after maintenance: the first plan
+  after it, whose late-row check reads the compaction's commit); ``maintained, steady`` (the topic's
+  last block planned on the compacted version, as every later plan is; no commit follows it here, so
+  its late-row check reads none, where ``no maintenance`` reads one). Target: the 2,000-block plan
+  <= 1.2 x the 100-block plan, for both maintained states (the ratio without maintenance is printed
+  too).
 * **maintenance**: ``platform_assets.maintain.run`` on the fact, as ``tidemark maintain fact.events
   --retain-hours 0 --writers-idle`` (nothing else writes the temp tables): compaction
   (``deltalake`` optimize.compact), checkpoint, VACUUM keeping the versions the topics still need,
@@ -239,6 +243,14 @@ def time_planning(eng: Engine, shape: Shape, at: Position, version: int, repeat:
     return out
 
 
+def fact_version(eng: Engine) -> int:
+    from resources import maintenance
+
+    version = maintenance.health(FACT, eng.path(FACT)).version
+    assert version is not None
+    return version
+
+
 def fact_state(eng: Engine) -> str:
     from resources import maintenance
 
@@ -339,7 +351,7 @@ def main() -> int:
     p.add_argument("--blocks", type=int, default=2000, help="blocks written into the fact (the full size)")
     p.add_argument("--small-blocks", type=int, default=100, help="the smaller size planning is also measured at")
     p.add_argument("--rows-per-block", type=int, default=100, help="rows per block")
-    p.add_argument("--repeat", type=int, default=5, help="query repetitions per table and phase (best is reported)")
+    p.add_argument("--repeat", type=int, default=7, help="query repetitions per table and phase (best is reported)")
     p.add_argument("--plan-repeat", type=int, default=9, help="planning repetitions per size and state (best)")
     p.add_argument("--quick", action="store_true", help="--blocks 200 --small-blocks 20 --rows-per-block 50 --repeat 3")
     p.add_argument("--no-view", action="store_true", help="leave out the materialized view on the fact")
@@ -372,6 +384,7 @@ def main() -> int:
     t_day = dt.datetime.now(dt.UTC).replace(tzinfo=None, hour=0, minute=0, second=0, microsecond=0)
     t0 = t_day - SPAN - dt.timedelta(days=1)
     plans: dict[tuple[int, str], PlanTimes] = {}
+    loads = [os.getloadavg()[0]]  # the machine's 1-minute load average at points of the run
     try:
         from lineage.loader import load_lineage
         from platform_assets.engine import Engine
@@ -401,6 +414,7 @@ def main() -> int:
         print("\n".join(f"  maintain: {line}" for line in run_maintenance(eng_s)))
         print(f"  after: {FACT}: {fact_state(eng_s)}", flush=True)
         measure_plans(eng_s, small, at_s, v_s, "maintained")
+        measure_plans(eng_s, small, at_s, fact_version(eng_s), "maintained, steady")
 
         # -- the full size
         full = Shape(args.blocks, args.rows_per_block, t0)
@@ -434,13 +448,18 @@ def main() -> int:
         measure_plans(eng, full, at, v_at, "no maintenance")
 
         results: dict[str, list[tuple[Any, ...]]] = {}
+        loads.append(os.getloadavg()[0])
         before = time_queries(spark, {"many blocks": fact, "written once": once}, args.repeat, results)
+        loads.append(os.getloadavg()[0])
         maintain_lines = run_maintenance(eng)
         print("\n".join(f"  maintain: {line}" for line in maintain_lines))
         print(f"  after: {FACT}: {fact_state(eng)}", flush=True)
         measure_plans(eng, full, at, v_at, "maintained")
+        measure_plans(eng, full, at, fact_version(eng), "maintained, steady")
+        loads.append(os.getloadavg()[0])
         after = time_queries(spark, {"many blocks, maintained": fact, "written once (again)": once}, args.repeat,
                              results)
+        loads.append(os.getloadavg()[0])
         expected = results["written once"]
         for name, rows in results.items():
             if rows != expected:
@@ -462,13 +481,15 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
 
-    print_report(args, before, after, plans, view_lines)
+    print_report(args, before, after, plans, view_lines, loads)
     return 0
 
 
 def print_report(args: argparse.Namespace, before: dict[str, list[float]], after: dict[str, list[float]],
-                 plans: dict[tuple[int, str], PlanTimes], view_lines: list[str]) -> None:
+                 plans: dict[tuple[int, str], PlanTimes], view_lines: list[str], loads: list[float]) -> None:
     n, small = args.blocks, args.small_blocks
+    print(f"\nmachine: {os.cpu_count()} cores, 1-minute load average during the run {min(loads):.1f}-{max(loads):.1f} "
+          f"(other processes share the cores: single runs vary; read the best-of figures)")
     print(f"\nquery: {QUERY.format(table='<table>')}\n"
           f"Spark {args.master}, best of {args.repeat} (all runs in seconds, in order)")
     print(f"{'table':<28} {'best s':>8}  runs")
@@ -481,14 +502,14 @@ def print_report(args: argparse.Namespace, before: dict[str, list[float]], after
     print(f"target: after maintenance <= {QUERY_TARGET} x written once: {r_after:.2f} -> {verdict(r_after, QUERY_TARGET)}")
 
     print(f"\nJVM-free planning of the next block of {NEXT} (base {FACT}), best of {args.plan_repeat}, ms")
-    print(f"{'blocks':>7}  {'state':<15} {'plan_block':>10} {'lag row':>9}")
+    print(f"{'blocks':>7}  {'state':<19} {'plan_block':>10} {'lag row':>9}")
     for (blocks, state), t in plans.items():
-        print(f"{blocks:>7,}  {state:<15} {_ms(t.plan):>10} {_ms(t.lag):>9}")
-    for state in ("no maintenance", "maintained"):
+        print(f"{blocks:>7,}  {state:<19} {_ms(t.plan):>10} {_ms(t.lag):>9}")
+    for state in ("no maintenance", "maintained", "maintained, steady"):
         a, b = plans[(small, state)], plans[(n, state)]
         r_plan, r_lag = best(b.plan) / best(a.plan), best(b.lag) / best(a.lag)
-        if state == "maintained":
-            print(f"target: plan_block {n:,}/{small:,} blocks, maintained, <= {PLAN_TARGET}: {r_plan:.2f} -> "
+        if state != "no maintenance":
+            print(f"target: plan_block {n:,}/{small:,} blocks, {state}, <= {PLAN_TARGET}: {r_plan:.2f} -> "
                   f"{verdict(r_plan, PLAN_TARGET)} (lag row {r_lag:.2f} -> {verdict(r_lag, PLAN_TARGET)})")
         else:
             print(f"plan_block {n:,}/{small:,} blocks, no maintenance: {r_plan:.2f} (lag row {r_lag:.2f}; no target)")
