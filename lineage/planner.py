@@ -86,11 +86,14 @@ def plan_topic(
             return Decision(name, False, f"waiting for {spec.base} (table missing)")
         if state.seq == 0:
             return Decision(name, True, "first reload")
-        data = base.data_version if base.data_version is not None else base.version
-        if data is not None and data != state.source_version and not (
-                base.data_version is not None and state.source_version is not None and data <= state.source_version):
+        if base.data_version is not None and state.source_version is not None:
+            changed = base.data_version > state.source_version  # later versions may only have compacted
+        else:
+            changed = base.version != state.source_version
+        if changed:
             return Decision(name, True, f"{spec.base} changed (version {state.source_version} -> {base.version})")
-        since = "" if data == base.version else f"; versions up to {base.version} only compacted or cleaned up"
+        since = ("" if base.data_version in (None, base.version)
+                 else f"; versions up to {base.version} only compacted or cleaned up")
         return Decision(name, False, f"no new rows ({spec.base} unchanged since version {state.source_version}{since})")
 
     if base.max_position is None:

@@ -203,18 +203,15 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             failed.append(h.table)
             print(f"{h.table}: FAILED: {type(exc).__name__}: {exc}", flush=True)
             return
-        took = f" ({report.seconds:.1f}s)" if not report.dry_run else ""
-        print(f"{h.table} v{h.version}: {h.files} files, {h.small_files} small{took}", flush=True)
+        print(f"{h.table} {maintain.heading(h, report)}", flush=True)
         for line in maintain.describe(h, report):
             print(f"  {line}", flush=True)
 
     reports = maintain.run(eng, args.tables or None, opts, on_report=show)
-    removed = sum(len(r.vacuumed) for r in reports)
-    logs = sum(len(r.logs_removed) for r in reports)
-    compacted = sum(int(r.compacted.get("numFilesRemoved", 0)) for r in reports)
+    done = maintain.totals(reports)
     would = "would be " if args.dry_run else ""
-    print(f"{len(reports)} table(s): {compacted} small files {would}compacted, {removed} data files and {logs} log "
-          f"files {would}removed")
+    print(f"{len(reports)} table(s): {done['small_files_compacted']} small files {would}compacted, "
+          f"{done['data_files_removed']} data files and {done['log_files_removed']} log files {would}removed")
     if failed:
         print(f"error: {len(failed)} table(s) failed: {', '.join(failed)} (the others were maintained)", file=sys.stderr)
         return 1

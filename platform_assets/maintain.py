@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lineage.errors import ConfigError, TidemarkError
+from lineage.errors import ConfigError
 from lineage.spec import Processor
 from platform_assets.faults import crashpoint
 from resources import maintenance
@@ -96,12 +96,17 @@ def all_tables(eng: Engine) -> list[str]:
     return out
 
 
+def health_of(eng: Engine, table: str, needs: dict[str, list[Need]]) -> Health:
+    """``table``'s health with what the consumers (``needs``, from :func:`consumer_needs`) need of it."""
+    return maintenance.health(table, eng.path(table), needs.get(table, []), now=eng.clock())
+
+
 def healths(eng: Engine, tables: Iterable[str] | None = None, *, existing_only: bool = True) -> list[Health]:
     """The health of ``tables`` (default: :func:`all_tables`) with their consumers' needs."""
     needs = consumer_needs(eng)
     out = []
     for table in (list(tables) if tables is not None else all_tables(eng)):
-        h = maintenance.health(table, eng.path(table), needs.get(table, []), now=eng.clock())
+        h = health_of(eng, table, needs)
         if h.exists or not existing_only:
             out.append(h)
     return out
@@ -115,7 +120,7 @@ def retention_warnings(eng: Engine) -> list[str]:
     out: list[str] = []
     for table in sorted(needs):
         try:
-            out += maintenance.health(table, eng.path(table), needs[table], now=eng.clock()).warnings
+            out += health_of(eng, table, needs).warnings
         except Exception as exc:  # noqa: BLE001 - one table's problem is its line
             out.append(f"{table}: its retention could not be checked: {type(exc).__name__}: {exc}")
     return out
@@ -165,7 +170,7 @@ def run(eng: Engine, tables: list[str] | None, opts: Options,
         try:
             # Read inside the try: a table whose log cannot be read (an object store error, a file
             # deltalake cannot parse) fails alone, like one whose maintenance fails.
-            h = maintenance.health(table, eng.path(table), needs.get(table, []), now=eng.clock())
+            h = health_of(eng, table, needs)
             if not h.exists:
                 continue
             idle = opts.writers_idle or (bool(eng.lineage.producers(h.table)) and writers_idle(eng, h.table))
@@ -173,7 +178,7 @@ def run(eng: Engine, tables: list[str] | None, opts: Options,
                                      compact=opts.compact, cleanup=opts.cleanup,
                                      cluster_by=cluster_columns(eng, h.table) if opts.cluster else (),
                                      point=crashpoint)
-        except (TidemarkError, OSError, Exception) as exc:  # noqa: BLE001 - one table's failure is its line
+        except Exception as exc:  # noqa: BLE001 - one table's failure is its line
             if on_report:
                 on_report(h, None, exc)
             continue
@@ -181,6 +186,19 @@ def run(eng: Engine, tables: list[str] | None, opts: Options,
         if on_report:
             on_report(h, r, None)
     return reports
+
+
+def heading(h: Health, r: Report) -> str:
+    """A maintained table's first line: its version and files before, and the time it took."""
+    took = "" if r.dry_run else f" ({r.seconds:.1f}s)"
+    return f"v{h.version}: {h.files} files, {h.small_files} small{took}"
+
+
+def totals(reports: list[Report]) -> dict[str, int]:
+    """What a maintenance run did over all its tables."""
+    return {"small_files_compacted": sum(int(r.compacted.get("numFilesRemoved", 0)) for r in reports),
+            "data_files_removed": sum(len(r.vacuumed) for r in reports),
+            "log_files_removed": sum(len(r.logs_removed) for r in reports)}
 
 
 def describe(h: Health, r: Report) -> list[str]:
@@ -218,9 +236,9 @@ def _size(n: int) -> str:
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+            break
         size /= 1024
-    return f"{n} B"
+    return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
 
 
 def health_metadata(h: Health) -> dict[str, object]:

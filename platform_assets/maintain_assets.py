@@ -25,9 +25,9 @@
   unless the table says otherwise) is removed and nothing a topic still needs is removed at all;
   a retention below one hour is refused while a writer of the table runs; a compaction whose
   commit conflicts with a concurrent writer is planned again and retried. It costs no JVM and
-  rewrites only tables with enough small files. A compaction is a new table version: a reload topic
-  over a compacted table rebuilds once, a view whose input was only compacted runs a unit that
-  changes nothing. A tick is skipped while a maintenance run is still queued or running. Stop the
+  rewrites only tables with enough small files. A compaction is a new table version that changes
+  no row: a reload topic over a compacted table does not rebuild, a view whose input was only
+  compacted runs a unit that changes nothing. A tick is skipped while a maintenance run is still queued or running. Stop the
   schedule in the UI (that choice is kept by the instance) to maintain by hand only.
 """
 
@@ -106,7 +106,7 @@ def _evaluation(table: str, h: Health | None, error: str | None = None) -> dg.As
 
 def _read_health(eng: Any, table: str, needs: dict[str, list[Need]]) -> tuple[Health | None, str | None]:
     try:
-        return maintenance.health(table, eng.path(table), needs.get(table, []), now=eng.clock()), None
+        return maintain.health_of(eng, table, needs), None
     except Exception as exc:  # noqa: BLE001 - the check says it could not read the table
         return None, f"{type(exc).__name__}: {exc}"
 
@@ -146,9 +146,7 @@ def build_maintenance(settings: Settings, lineage: Lineage) -> tuple[list[Any], 
                 lines[h.table] = [f"FAILED: {error}"]
                 context.log.error(f"{h.table}: FAILED: {error}")
             else:
-                took = "" if report.dry_run else f" ({report.seconds:.1f}s)"
-                lines[h.table] = [f"v{h.version}: {h.files} files, {h.small_files} small{took}",
-                                  *maintain.describe(h, report)]
+                lines[h.table] = [maintain.heading(h, report), *maintain.describe(h, report)]
                 context.log.info(f"{h.table} " + "\n  ".join(lines[h.table]))
             if h.table in checked:  # what maintenance left (a dry run changed nothing: the health read before)
                 after, read_error = (h, None) if opts.dry_run and h.exists else _read_health(eng, h.table, needs)
@@ -157,10 +155,7 @@ def build_maintenance(settings: Settings, lineage: Lineage) -> tuple[list[Any], 
         reports = maintain.run(eng, None, opts, on_report=on_report)
         yield from evaluations  # yielded (not raised past) also when tables failed
         meta: dict[str, Any] = {
-            "tables": len(lines), "failed": len(failed), "dry_run": opts.dry_run,
-            "small_files_compacted": sum(int(r.compacted.get("numFilesRemoved", 0)) for r in reports),
-            "data_files_removed": sum(len(r.vacuumed) for r in reports),
-            "log_files_removed": sum(len(r.logs_removed) for r in reports),
+            "tables": len(lines), "failed": len(failed), "dry_run": opts.dry_run, **maintain.totals(reports),
             "report": dg.MetadataValue.md(_markdown(lines)),
         }
         if failed:
