@@ -15,10 +15,11 @@ Typecast tree (seed 002): the common type of two is their lowest common ancestor
 from __future__ import annotations
 
 import datetime as dt
+import math
 from enum import StrEnum
 from typing import Any
 
-import orjson
+from lineage.events import dumps_exact
 
 
 class SqlType(StrEnum):
@@ -80,11 +81,13 @@ class CoercionError(ValueError):
 
 
 def to_text(value: Any) -> str:
+    """A value as a string column holds it: a string as it is, anything else as its JSON text
+    (an integer beyond 64 bits as its exact decimal digits)."""
     if isinstance(value, str):
         return value
     if isinstance(value, dt.datetime):
         return value.isoformat()
-    return orjson.dumps(value).decode()
+    return dumps_exact(value).decode()
 
 
 def coerce(value: Any, to: SqlType, *, int_bits: int = 64) -> Any:
@@ -94,11 +97,15 @@ def coerce(value: Any, to: SqlType, *, int_bits: int = 64) -> Any:
     ``int_bits``: 32 or narrower for an existing table's int/short/byte column."""
     if value is None:
         return None
+    if isinstance(value, float) and not math.isfinite(value):  # JSON has no such number: never from the collector
+        raise CoercionError(f"{value} is not a finite number; JSON cannot hold it")
     if to is SqlType.STRING:
         return to_text(value)
     if to is SqlType.DOUBLE:
-        if isinstance(value, int | float):  # bool is an int: True -> 1.0, as the tree says
-            return float(value)
+        if isinstance(value, float) or (isinstance(value, int) and _INT64[0] <= value <= _INT64[1]):
+            return float(value)  # bool is an int: True -> 1.0, as the tree says
+        if isinstance(value, int):
+            raise CoercionError(f"{value} is an integer beyond 64 bits; a double column would round it")
     elif to is SqlType.BIGINT:
         if isinstance(value, float) and value.is_integer():
             value = int(value)

@@ -9,11 +9,74 @@ lines are ignored). ``Content-Type: application/x-ndjson`` forces NDJSON.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import math
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+#: a run of 19+ digits: perhaps an integer beyond 64 bits, which orjson turns into a float
+_LONG_DIGITS = re.compile(rb"\d{19}")
+_INFINITY = "number is infinity when parsed as double"
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond the range of a 64-bit float")
+    return value
+
+
+def _loads_std(data: bytes | str) -> Any:
+    return json.loads(data, parse_constant=_no_constant, parse_float=_finite)
+
+
+def has_long_digits(data: bytes) -> bool:
+    """Whether ``data`` may hold an integer that :func:`orjson.loads` would round (cheap; false
+    positives only cost a second parse)."""
+    return _LONG_DIGITS.search(data) is not None
+
+
+def loads_exact(data: bytes | str) -> Any:
+    """``orjson.loads``, but integers of any size stay exact Python ints (orjson makes a float of
+    one beyond [-2**63, 2**64-1]): bytes with a run of 19+ digits are parsed again by the stdlib.
+    Raises :class:`orjson.JSONDecodeError` as orjson does (also for ``1e400``, ``NaN``)."""
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if exc.msg != _INFINITY or _LONG_DIGITS.search(raw) is None:
+            raise
+        try:  # orjson refuses an integer too long for a double (309+ digits); the stdlib reads it
+            return _loads_std(raw)
+        except (ValueError, RecursionError):
+            pass
+        raise  # a float beyond a double's range: orjson's error, its message and position
+    if _LONG_DIGITS.search(raw) is None:
+        return value
+    try:
+        return _loads_std(raw)
+    except RecursionError:
+        raise orjson.JSONDecodeError("nested too deeply to read its long numbers exactly", raw.decode(errors="replace"),
+                                     0) from None
+
+
+def dumps_exact(obj: Any) -> bytes:
+    """``orjson.dumps``; an integer beyond 64 bits (orjson refuses it) is written by the stdlib,
+    exactly. Compact, UTF-8, like orjson."""
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError as exc:
+        if "Integer exceeds 64-bit range" not in str(exc):
+            raise
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 class BadRequest(Exception):  # noqa: N818 - it is an HTTP answer, not a failure of Tidemark
@@ -34,9 +97,21 @@ def _kind(value: Any) -> str:
     return _KINDS.get(type(value), type(value).__name__)
 
 
+_NUMBER = re.compile(r"-?[0-9][0-9.eE+-]*")
+
+
 def _decode_error(exc: orjson.JSONDecodeError, what: str, offset: int = 0) -> BadRequest:
-    return BadRequest(400, f"malformed JSON in {what}: {exc.msg} at line {exc.lineno}, column {exc.colno} "
-                           f"(char {exc.pos + offset} of the body)", "malformed_json")
+    where = f"at line {exc.lineno}, column {exc.colno} (char {exc.pos + offset} of the body)"
+    if exc.msg == _INFINITY:
+        return _out_of_range(exc, f"in {what} {where}")
+    return BadRequest(400, f"malformed JSON in {what}: {exc.msg} {where}", "malformed_json")
+
+
+def _out_of_range(exc: orjson.JSONDecodeError, where: str) -> BadRequest:
+    m = _NUMBER.match(exc.doc, exc.pos)
+    literal = m.group()[:40] if m else "a number"
+    return BadRequest(400, f"the number {literal} {where} is beyond the range of a 64-bit float; send it as a string",
+                      "number_out_of_range")
 
 
 def _ndjson(body: bytes, max_events: int) -> list[dict[str, Any]]:
@@ -48,8 +123,11 @@ def _ndjson(body: bytes, max_events: int) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            value = orjson.loads(line)
+            value = loads_exact(line)
         except orjson.JSONDecodeError as exc:
+            if exc.msg == _INFINITY:
+                raise _out_of_range(exc, f"on line {n} of the NDJSON body, column {exc.colno} "
+                                         f"(char {start + exc.pos} of the body)") from None
             raise BadRequest(400, f"malformed JSON on line {n} of the NDJSON body: {exc.msg} at column {exc.colno} "
                                   f"(char {start + exc.pos} of the body)", "malformed_json") from None
         if not isinstance(value, dict):
@@ -75,7 +153,7 @@ def parse_body(body: bytes, content_type: str = "", max_events: int = 10_000) ->
         events = _ndjson(body, max_events)
     else:
         try:
-            value = orjson.loads(body)
+            value = loads_exact(body)
         except orjson.JSONDecodeError as exc:
             # a second document after the first: NDJSON without its content type
             if exc.msg.startswith("unexpected content after document") and b"\n" in body.strip():

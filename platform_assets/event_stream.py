@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from lineage.errors import TidemarkError
+from lineage.events import dumps_exact, loads_exact
 from lineage.intake import Intake
 from lineage.intake_destinations import DestinationMode
 from platform_assets.events import EventProcessor, UnitResult
@@ -103,18 +104,18 @@ class StreamLoop:
             for k, line in enumerate(q.read_range(self.events_dir, r).split(b"\n")[:-1]):
                 index.append((r.name, r.first_line + k))
                 with contextlib.suppress(orjson.JSONDecodeError):
-                    ev = orjson.loads(line)
+                    ev = loads_exact(line)
                     if isinstance(ev, dict):  # a line that is not an event is skipped, as the batch reader does
                         events.append((len(index), ev))
         def failure_id(line: int, d: str) -> str:
             name, file_line = index[line - 1]
             return f"{name}:{file_line}:{d}"
 
-        snapshot = {n: orjson.dumps(ev) for n, ev in events}  # the steps change events in place
+        snapshot = {n: dumps_exact(ev) for n, ev in events}  # the steps change events in place
         result = self.procs[dest].run_unit(
             pending["unit"], folder / "pending.status",
-            lambda: ((n, orjson.loads(b)) for n, b in snapshot.items()),
-            lambda lines: {n: orjson.loads(snapshot[n]) for n in lines if n in snapshot},
+            lambda: ((n, loads_exact(b)) for n, b in snapshot.items()),
+            lambda lines: {n: loads_exact(snapshot[n]) for n in lines if n in snapshot},
             failure_ids=failure_id)
         crashpoint("stream_landed")
         for r in ranges:

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from lineage.event_pipeline import UNMAPPED, BatchHeader, ColumnType, Destination, GeoLookup, type_batch
 from lineage.event_types import SqlType, promote
+from lineage.events import has_long_digits, loads_exact
 from lineage.intake_destinations import DestinationSpec
 
 Key = tuple[str, str]  # (destination, table)
@@ -130,9 +131,10 @@ def _chunk_events(task: ChunkTask) -> Iterable[tuple[int, dict[str, Any]]]:
         data = f.read(task.end - task.start)
     lines = data.split(b"\n")
     lines.pop()  # b"" after the last newline, or an unterminated tail: a torn write, never acknowledged
+    loads = loads_exact if has_long_digits(data) else orjson.loads  # per chunk: the common case stays orjson's
     for k, line in enumerate(lines):
         try:
-            ev = orjson.loads(line)
+            ev = loads(line)
         except orjson.JSONDecodeError:
             continue
         if isinstance(ev, dict):

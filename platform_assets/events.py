@@ -39,6 +39,7 @@ from lineage.event_pipeline import (
     route,
 )
 from lineage.event_types import parse_timestamp
+from lineage.events import dumps_exact, loads_exact
 from lineage.intake_destinations import DestinationMode, DestinationSpec
 from platform_assets.event_workers import (
     ParallelTyper,
@@ -99,7 +100,7 @@ def prepare(events: Iterable[tuple[int, dict[str, Any]]], destinations: list[Des
         targets = route(event, destinations)
         received = _received(event)
         for i, d in enumerate(targets):
-            ev = event if i == len(targets) - 1 else orjson.loads(orjson.dumps(event))  # steps change it in place
+            ev = event if i == len(targets) - 1 else loads_exact(dumps_exact(event))  # steps change it in place
             try:
                 table = d.table_name(ev)
             except EventFailure as exc:
@@ -275,7 +276,7 @@ class EventProcessor:
         for line, table, error in sorted(failures, key=lambda f: f[0]):
             ev = events.get(line, {})
             rows.append({"failure_id": failure_ids(line, dest), "destination": dest, "table": table, "error": error,
-                         "event": orjson.dumps(ev).decode(), "file": unit, "line": line, "failed_at": now,
+                         "event": dumps_exact(ev).decode(), "file": unit, "line": line, "failed_at": now,
                          "received_at": _received(ev)})
         return rows
 

@@ -26,6 +26,7 @@ import orjson
 
 from lineage.errors import TidemarkError
 from lineage.event_types import parse_timestamp
+from lineage.events import loads_exact
 from lineage.intake import Intake, IntakeConfigError, intake_path, load_intake
 from lineage.intake_destinations import DestinationMode
 from platform_assets.events import EventProcessor, UnitResult, _event_error
@@ -126,10 +127,10 @@ def replay(settings: Settings, intake: Intake, dest: str | None = None,
             proc = EventProcessor(settings, [spec], modes=tuple(DestinationMode))
 
             def events(failures: list[dict[str, Any]] = failures) -> Any:
-                return ((i, orjson.loads(f["event"])) for i, f in enumerate(failures, start=1))
+                return ((i, loads_exact(f["event"])) for i, f in enumerate(failures, start=1))
 
             def originals(lines: set[int], failures: list[dict[str, Any]] = failures) -> dict[int, dict[str, Any]]:
-                return {n: orjson.loads(failures[n - 1]["event"]) for n in lines}
+                return {n: loads_exact(failures[n - 1]["event"]) for n in lines}
 
             def failure_id(line: int, _dest: str, failures: list[dict[str, Any]] = failures) -> str:
                 return str(failures[line - 1]["failure_id"])

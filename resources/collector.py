@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from lineage.events import BadRequest, RequestContext, enrich, parse_body, utc_timestamp
+from lineage.events import BadRequest, RequestContext, dumps_exact, enrich, parse_body, utc_timestamp
 from lineage.intake import Intake, TokenKind
 from resources.incoming_log import IncomingLog
 
@@ -109,7 +109,7 @@ class Collector:
             ctx = RequestContext(source_ip=self._source_ip(request), token_id=token.id, browser=kind == TokenKind.BROWSER,
                                  user_agent=request.headers.get("user-agent", "") if kind == TokenKind.BROWSER else None)
             stamp = utc_timestamp(dt.datetime.now(dt.UTC))
-            data = b"".join([orjson.dumps(enrich(e, ctx, stamp)) + b"\n" for e in events])
+            data = b"".join([dumps_exact(enrich(e, ctx, stamp)) + b"\n" for e in events])
         except BadRequest as exc:
             return self._reject(exc.status, exc.message, exc.reason)
         try:

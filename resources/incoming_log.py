@@ -43,6 +43,7 @@ from typing import Any
 import orjson
 
 from lineage.errors import TidemarkError
+from lineage.events import loads_exact
 from resources.pidlock import PidFileLock
 
 NAME_RE = re.compile(r"^incoming\.tok=(?P<token>[A-Za-z0-9_-]+)\.(?P<start>\d{8}T\d{12}Z)\.log$")
@@ -120,7 +121,7 @@ def read_events(path: Path, stats: ReadStats | None = None) -> Iterator[tuple[in
                 stats.torn_tail_bytes = len(line)
                 break
             try:
-                event = orjson.loads(line)
+                event = loads_exact(line)
             except orjson.JSONDecodeError:
                 event = None
             if not isinstance(event, dict):
