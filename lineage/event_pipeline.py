@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from jinja2 import StrictUndefined, TemplateSyntaxError, meta
 from jinja2.sandbox import SandboxedEnvironment
 
 from lineage.event_types import CoercionError, SqlType, coerce, implicit_type, promote
+from lineage.events import dumps_exact
 from lineage.intake_destinations import DestinationMode, DestinationSpec, MappingAction, UnmappedPolicy
 
 UNMAPPED = "_unmapped_data"
@@ -57,13 +57,28 @@ def column_name(key: str) -> str:
 
 def flatten(event: dict[str, Any]) -> dict[str, Any]:
     """Nested objects joined with ``_``; arrays as JSON strings; empty objects dropped; the
-    stage table's own column names (``pos``, ``id``, ``_unmapped_data``) get a ``_`` suffix."""
+    stage table's own column names (``pos``, ``id``, ``_unmapped_data``) get a ``_`` suffix.
+
+    Fields that flatten to the same column (``a.b``, ``a_b``, ``A-B``, ``{"a": {"b": ..}}``;
+    ``pos`` next to ``pos_``): the one whose path is spelled exactly as the column wins, and
+    among several such (or none) the first by JSON Pointer; each other value goes under
+    ``UNMAPPED`` as ``{column: {pointer: {"value", "reason"}}}`` (:func:`type_batch` moves them
+    to ``_unmapped_data``)."""
     out: dict[str, Any] = {}
-    _walk(event, "", out)
+    try:
+        _walk(event, "", out)
+    except _Collision:
+        return _flatten_collided(event)
     for r in RESERVED:
         if r in out:
+            if r + "_" in out:
+                return _flatten_collided(event)
             out[r + "_"] = out.pop(r)
     return out
+
+
+class _Collision(Exception):  # noqa: N818 - control flow: two fields of one event, one column
+    pass
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -80,13 +95,61 @@ def _walk(node: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
                 names[(prefix, k)] = name
         t = type(v)
         if t in _SCALARS:
+            if name in out:  # the hot path's only cost of the collision rule
+                raise _Collision
             out[name] = v
         elif t is dict or isinstance(v, dict):
             _walk(v, name + "_", out)
+        elif name in out:
+            raise _Collision
         elif t is list or isinstance(v, list):
-            out[name] = orjson.dumps(v).decode()
+            out[name] = dumps_exact(v).decode()
         else:
             out[name] = v
+
+
+def pointer_segment(key: str) -> str:
+    """``key`` as a JSON Pointer segment (RFC 6901): ``~`` -> ``~0``, ``/`` -> ``~1``."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _leaves(node: dict[str, Any], prefix: str, pointer: str, exact: bool,
+            out: dict[str, list[tuple[int, str, Any]]]) -> None:
+    """Every leaf as ``column -> [(rank, JSON Pointer, value)]``; rank 0: every segment of the
+    path is spelled as its column name."""
+    for k, v in node.items():
+        seg = column_name(k)
+        name = prefix + seg
+        ptr = pointer + "/" + pointer_segment(k)
+        same = exact and seg == k
+        if isinstance(v, dict):
+            _leaves(v, name + "_", ptr, same, out)
+            continue
+        if isinstance(v, list):
+            v = dumps_exact(v).decode()
+        if name in RESERVED:
+            name, same = name + "_", False
+        out.setdefault(name, []).append((0 if same else 1, ptr, v))
+
+
+def _flatten_collided(event: dict[str, Any]) -> dict[str, Any]:
+    """:func:`flatten`'s slow path, taken only when two fields share a column."""
+    leaves: dict[str, list[tuple[int, str, Any]]] = {}
+    _leaves(event, "", "", True, leaves)
+    out: dict[str, Any] = {}
+    collided: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, found in leaves.items():
+        if len(found) == 1:
+            out[name] = found[0][2]
+            continue
+        found.sort(key=lambda f: (f[0], f[1]))
+        winner = found[0][1]
+        out[name] = found[0][2]
+        collided[name] = {ptr: {"value": v, "reason": f"collides with {winner} in column {name}"}
+                          for _, ptr, v in found[1:]}
+    if collided:
+        out[UNMAPPED] = collided
+    return out
 
 
 def path_column(path: str) -> str:
@@ -205,10 +268,15 @@ class Destination:
             elif r.action is MappingAction.CAST and r.type is SqlType.STRING:
                 found, value = _get(event, r.src or "")
                 if found and isinstance(value, dict | list):  # an object cast to string is kept whole, as JSON
-                    _set(event, r.src or "", orjson.dumps(value).decode())
+                    _set(event, r.src or "", dumps_exact(value).decode())
         row = flatten(event)
         if not self.spec.mappings.keep_unmapped:
+            collided = row.get(UNMAPPED)
             row = {k: v for k, v in row.items() if k in self.kept}
+            if collided:
+                kept = {c: e for c, e in collided.items() if c in self.kept}
+                if kept:
+                    row[UNMAPPED] = kept
         return row
 
 
@@ -288,12 +356,17 @@ class BatchHeader:
     #: added: :func:`type_batch` takes a column whose values all fit as it is
     pytypes: dict[str, set[type]] = field(default_factory=dict, repr=False, compare=False)
     rows: int = field(default=0, repr=False, compare=False)
+    collided_rows: int = field(default=0, repr=False, compare=False)  # rows carrying collided values (``UNMAPPED``)
 
     def add(self, row: dict[str, Any], explicit: dict[str, SqlType]) -> None:
         fields = self.fields
         seen = self._seen  # field -> Python type of the last value merged: the same type again changes nothing
         self.rows += 1
-        for k, v in row.items():
+        items: Iterable[tuple[str, Any]] = row.items()
+        if UNMAPPED in row:  # collided values (see flatten), not a field
+            self.collided_rows += 1
+            items = [(k, v) for k, v in items if k != UNMAPPED]
+        for k, v in items:
             tv = type(v)
             if seen.get(k) is tv and (tv is not int or -(2**63) <= v < 2**63):
                 continue
@@ -333,6 +406,7 @@ class TypedBatch:
     added: list[str]  # columns the table does not have yet
     unmapped_values: int = 0
     failed: list[tuple[int, str]] = field(default_factory=list)  # (line, why): unmapped: fail
+    collided_values: int = 0  # values of fields that collided in a column (see flatten), in _unmapped_data
 
 
 def type_batch(header: BatchHeader, rows: list[tuple[int, dict[str, Any]]], table: dict[str, ColumnType],
@@ -340,7 +414,9 @@ def type_batch(header: BatchHeader, rows: list[tuple[int, dict[str, Any]]], tabl
     """Table patching and the rows' values: a header field the table lacks becomes a new column
     of the header's type; one it has keeps the table's type (Delta cannot widen it here), and a
     value that does not fit goes to ``_unmapped_data`` as ``{column: {value, reason}}`` -- or,
-    with ``unmapped: fail``, the whole event fails. One value never fails the batch."""
+    with ``unmapped: fail``, the whole event fails. One value never fails the batch. The values
+    of fields that collided in a column (``row[UNMAPPED]``, see :func:`flatten`) join them as
+    ``{JSON Pointer: {value, reason}}``."""
     targets: dict[str, ColumnType] = {}
     added = []
     for name, t in header.fields.items():
@@ -381,6 +457,15 @@ def type_batch(header: BatchHeader, rows: list[tuple[int, dict[str, Any]]], tabl
             except CoercionError as exc:
                 bad_rows.setdefault(i, {})[name] = {"value": v, "reason": str(exc)}
         cols[name] = col
+    collided: dict[int, int] = {}  # row -> how many of its values collided
+    if header.collided_rows or not complete:
+        for i, (_, row) in enumerate(rows):
+            by_column = row.get(UNMAPPED)
+            if by_column:
+                bad = bad_rows.setdefault(i, {})
+                for entries in by_column.values():
+                    bad.update(entries)
+                    collided[i] = collided.get(i, 0) + len(entries)
     for i in sorted(bad_rows):
         bad = bad_rows[i]
         if policy is UnmappedPolicy.FAIL:
@@ -389,7 +474,8 @@ def type_batch(header: BatchHeader, rows: list[tuple[int, dict[str, Any]]], tabl
             continue
         # stdlib json: rare, and it also writes integers beyond 64 bits
         unmapped_col[i] = json.dumps(bad, sort_keys=True, separators=(",", ":"), default=str)
-        out.unmapped_values += len(bad)
+        out.collided_values += collided.get(i, 0)
+        out.unmapped_values += len(bad) - collided.get(i, 0)
     out.lines = [line for line, _ in rows]
     if dropped:
         gone = set(dropped)
@@ -398,7 +484,7 @@ def type_batch(header: BatchHeader, rows: list[tuple[int, dict[str, Any]]], tabl
         unmapped_col = [unmapped_col[i] for i in keep]
         out.lines = [out.lines[i] for i in keep]
     out.columns = {n: (targets[n], c) for n, c in cols.items()}
-    if out.unmapped_values or UNMAPPED in table:
+    if out.unmapped_values or out.collided_values or UNMAPPED in table:
         out.columns[UNMAPPED] = (ColumnType(SqlType.STRING), unmapped_col)
         if UNMAPPED not in table:
             out.added.append(UNMAPPED)

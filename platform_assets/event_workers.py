@@ -60,6 +60,7 @@ class TypedPair:
     types: dict[str, SqlType | None] = field(default_factory=dict)  # each column's type (None: not one we write)
     header: dict[str, SqlType] = field(default_factory=dict)
     table_columns: dict[str, ColumnType] = field(default_factory=dict)  # what the table had when typed
+    collided_values: int = 0  # values of fields that collided in a column, kept in _unmapped_data
 
 
 @dataclass
@@ -89,7 +90,7 @@ def type_events(events: Iterable[tuple[int, dict[str, Any]]], destinations: list
         header = pair.header
         if forced and key in forced:
             header = BatchHeader(header.table, dict(forced[key]), header.promotions, pytypes=header.pytypes,
-                                 rows=header.rows)
+                                 rows=header.rows, collided_rows=header.collided_rows)
         table_cols = columns_of(pair.table)
         batch = type_batch(header, pair.rows, table_cols, pair.dest.spec.unmapped)
         written = set(batch.lines)
@@ -104,7 +105,7 @@ def type_events(events: Iterable[tuple[int, dict[str, Any]]], destinations: list
                                    pa.array(received, _TS),
                                    batch.added, batch.unmapped_values, batch.failed, pair.header.promotions,
                                    len(pair.rows), {n: ct.type for n, (ct, _) in batch.columns.items()},
-                                   dict(pair.header.fields), dict(table_cols))
+                                   dict(pair.header.fields), dict(table_cols), batch.collided_values)
     return out
 
 
@@ -231,7 +232,8 @@ def merge_chunks(chunks: list[TypedUnit]) -> tuple[TypedUnit, dict[Key, dict[str
         merged.pairs[key] = TypedPair(
             data, [x for p in parts for x in p.lines], pa.concat_arrays([p.received for p in parts]), added,
             sum(p.unmapped_values for p in parts), [x for p in parts for x in p.failed],
-            sum(p.promotions for p in parts), sum(p.rows_in for p in parts))
+            sum(p.promotions for p in parts), sum(p.rows_in for p in parts),
+            collided_values=sum(p.collided_values for p in parts))
     return merged, {}, set()
 
 
