@@ -159,6 +159,23 @@ def test_batch_forms_enrichment_and_no_secret_in_the_log(collector):
     assert by_n[7]["api_key"] == "web" and by_n[7]["eventn_ctx"]["user_agent"] == "UA2"
 
 
+def test_integers_beyond_64_bits_stay_exact_and_a_number_beyond_a_double_is_refused(collector):
+    h = {"X-Auth-Token": API}
+    body = b'[{"k": 1, "n2": 18446744073709551616, "neg": -9223372036854775809, "l": [123456789012345678901234567890]}]'
+    r = httpx.post(collector.url + "/api/v1/s2s/event", headers=h, content=body, timeout=10)
+    assert r.status_code == 200 and r.json()["accepted"] == 1
+    r = httpx.post(collector.url + "/api/v1/s2s/event", headers=h, content=b'{"k": 2}\n{"k": 3, "x": 1e400}\n', timeout=10)
+    assert r.status_code == 400
+    assert "1e400 on line 2 of the NDJSON body" in r.json()["error"] and "send it as a string" in r.json()["error"]
+    r = httpx.post(collector.url + "/api/v1/s2s/event", headers=h, content=b'{"k": 4, "x": NaN}', timeout=10)
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]
+    assert httpx.get(collector.url + "/metrics").json()["rejected"] == {"number_out_of_range": 1, "malformed_json": 1}
+    collector.stop()
+    [event] = ready_events(collector.home)  # nothing of a refused request was logged
+    assert event["n2"] == 2**64 and event["neg"] == -(2**63) - 1 and event["l"] == [123456789012345678901234567890]
+    assert type(event["n2"]) is int
+
+
 def test_rotation_by_size_and_by_time(tmp_path):
     c = Collector(tmp_path / "home", config(tmp_path, rotate_bytes="2KB", rotate_minutes=0.05, trust_proxy="true"))
     try:
