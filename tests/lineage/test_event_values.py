@@ -348,3 +348,14 @@ def test_random_events_through_files_the_processor_and_delta(settings: Any, tmp_
         row = {k: v for k, v in row.items() if k not in ("pos", "id")}
         collided += check_event(event, row, types)[0]
     assert collided > 20  # the random events did collide
+
+
+def test_worker_chunks_count_collided_values_and_merge_sums_them():
+    from platform_assets.event_workers import merge_chunks, type_events
+
+    d = [dest(table_name_template="values")]
+    chunks = [type_events([(n, {"a_b": 1, "a.b": 2, "A-B": n})], d, {}, lambda table: {}) for n in (1, 2)]
+    assert [c.pairs[("d", "stage.values")].collided_values for c in chunks] == [2, 2]
+    merged, forced, _ = merge_chunks(chunks)
+    assert not forced and merged.pairs[("d", "stage.values")].collided_values == 4
+    assert merged.pairs[("d", "stage.values")].unmapped_values == 0
