@@ -1,17 +1,19 @@
 """Typing a unit's events into Arrow, in this process or split over worker processes.
 
-A large incoming file is cut at line boundaries into chunks; worker processes (a
+A unit's files are cut into chunks: a large file at line boundaries, many small files into runs
+of whole files of about equal bytes; worker processes (a
 ``ProcessPoolExecutor``, ``$TIDEMARK_EVENT_WORKERS``, default 2) parse, route, name, enrich, map
 and type each chunk against the tables' current columns and return Arrow tables. The result is
-the one a single pass over the file gives: when chunks typed a new column differently (int in
-one, string in another), the type promotion of the whole file is applied and those chunks are
+the one a single pass over the unit gives: when chunks typed a new column differently (int in
+one, string in another), the type promotion of the whole unit is applied and those chunks are
 typed again with it. Only the type promotion *count* (a statistic) may differ.
 
-Files smaller than ``$TIDEMARK_EVENT_PARALLEL_BYTES`` (default 8 MiB) are typed in-process.
+Units smaller than ``$TIDEMARK_EVENT_PARALLEL_BYTES`` (default 8 MiB) are typed in-process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable
@@ -111,12 +113,12 @@ def type_events(events: Iterable[tuple[int, dict[str, Any]]], destinations: list
 
 # -- the worker side --------------------------------------------------------------------------
 
+Segment = tuple[str, int, int, int]  # bytes [start, end) of an incoming file; the unit line of its first line
+
+
 @dataclass(frozen=True)
 class ChunkTask:
-    path: str
-    start: int
-    end: int
-    first_line: int
+    segments: tuple[Segment, ...]
     specs: list[DestinationSpec]
     modes: tuple[str, ...]
     settings: Any  # resources.settings.Settings
@@ -127,19 +129,20 @@ _CACHE: dict[str, Any] = {}
 
 
 def _chunk_events(task: ChunkTask) -> Iterable[tuple[int, dict[str, Any]]]:
-    with open(task.path, "rb") as f:
-        f.seek(task.start)
-        data = f.read(task.end - task.start)
-    lines = data.split(b"\n")
-    lines.pop()  # b"" after the last newline, or an unterminated tail: a torn write, never acknowledged
-    loads = loads_exact if has_long_digits(data) else orjson.loads  # per chunk: the common case stays orjson's
-    for k, line in enumerate(lines):
-        try:
-            ev = loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(ev, dict):
-            yield task.first_line + k, ev
+    for path, start, end, first_line in task.segments:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+        lines = data.split(b"\n")
+        lines.pop()  # b"" after the last newline, or an unterminated tail: a torn write, never acknowledged
+        loads = loads_exact if has_long_digits(data) else orjson.loads  # per segment: the common case stays orjson's
+        for k, line in enumerate(lines):
+            try:
+                ev = loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(ev, dict):
+                yield first_line + k, ev
 
 
 def run_chunk(task: ChunkTask) -> TypedUnit:
@@ -159,6 +162,29 @@ def run_chunk(task: ChunkTask) -> TypedUnit:
 
 
 # -- the main side ----------------------------------------------------------------------------
+
+def split_unit(files: list[tuple[Path, int]], parts: int) -> list[tuple[Segment, ...]]:
+    """The chunks of a unit: one file cut into ``parts`` chunks at line ends, or several files
+    (each ``(path, base)``: its line n is unit line base + n) in about ``parts`` runs of whole
+    files of about equal bytes, in order."""
+    if len(files) == 1:
+        path, base = files[0]
+        return [((str(path), a, b, base + first),) for a, b, first in split_file(path, parts)]
+    sizes = [p.stat().st_size for p, _ in files]
+    share = sum(sizes) / parts
+    out: list[tuple[Segment, ...]] = []
+    run: list[Segment] = []
+    taken = 0
+    for (path, base), size in zip(files, sizes, strict=True):
+        run.append((str(path), 0, size, base + 1))
+        taken += size
+        if taken >= share * (len(out) + 1) and len(out) < parts - 1:
+            out.append(tuple(run))
+            run = []
+    if run:
+        out.append(tuple(run))
+    return out
+
 
 def split_file(path: Path, parts: int) -> list[tuple[int, int, int]]:
     """``(start, end, first line)`` of ``parts`` chunks of ``path`` cut after a newline."""
@@ -259,23 +285,25 @@ def shutdown_pool() -> None:
 
 
 class ParallelTyper:
-    """Types large files in the worker pool, one file ahead: while the caller writes a file's
-    tables, the next file is typed against the tables as they were. A file typed against
-    columns that changed since (the previous file added some) is typed again."""
+    """Types units (a large file, or many small ones) in the worker pool, one unit ahead: while
+    the caller writes a unit's tables, the next one is typed against the tables as they were. A
+    unit typed against columns that changed since (the previous unit added some) is typed again."""
 
     def __init__(self, specs: list[DestinationSpec], modes: tuple[str, ...], settings: Any, workers: int) -> None:
         self.specs, self.modes, self.settings, self.workers = specs, modes, settings, workers
-        self.ahead: dict[Path, tuple[list[ChunkTask], list[Future[TypedUnit]]]] = {}
+        self.ahead: dict[tuple[Path, ...], tuple[list[ChunkTask], list[Future[TypedUnit]]]] = {}
 
-    def _submit(self, path: Path, forced: dict[Key, dict[str, SqlType]] | None = None) -> tuple[list[ChunkTask], list[Future[TypedUnit]]]:
-        tasks = [ChunkTask(str(path), a, b, first, self.specs, self.modes, self.settings, forced)
-                 for a, b, first in split_file(path, self.workers * 2)]
+    def _submit(self, files: list[tuple[Path, int]], forced: dict[Key, dict[str, SqlType]] | None = None
+                ) -> tuple[list[ChunkTask], list[Future[TypedUnit]]]:
+        tasks = [ChunkTask(segs, self.specs, self.modes, self.settings, forced)
+                 for segs in split_unit(files, self.workers * 2)]
         ex = pool(self.workers)
         return tasks, [ex.submit(run_chunk, t) for t in tasks]
 
-    def prefetch(self, path: Path) -> None:
-        if path not in self.ahead and path.exists():
-            self.ahead[path] = self._submit(path)
+    def prefetch(self, files: list[tuple[Path, int]]) -> None:
+        key = tuple(p for p, _ in files)
+        if key not in self.ahead and all(p.exists() for p in key):
+            self.ahead[key] = self._submit(files)
 
     def _stale(self, chunks: list[TypedUnit]) -> bool:
         from resources import event_store as store
@@ -289,22 +317,21 @@ class ParallelTyper:
                     return True
         return False
 
-    def type_file(self, path: Path) -> TypedUnit:
-        """Type one incoming file (see the module docstring)."""
-        ahead = self.ahead.pop(path, None)
-        tasks, futures = ahead if ahead is not None else self._submit(path)
+    def type_unit(self, files: list[tuple[Path, int]]) -> TypedUnit:
+        """Type one unit's files, each ``(path, base)`` (see the module docstring)."""
+        ahead = self.ahead.pop(tuple(p for p, _ in files), None)
+        tasks, futures = ahead if ahead is not None else self._submit(files)
         chunks = [f.result() for f in futures]
         if ahead is not None and self._stale(chunks):  # typed ahead, before the tables changed: again
-            tasks, futures = self._submit(path)
+            tasks, futures = self._submit(files)
             chunks = [f.result() for f in futures]
         merged, forced, redo = merge_chunks(chunks)
         if forced:
             ex = pool(self.workers)
-            again = [ChunkTask(t.path, t.start, t.end, t.first_line, self.specs, self.modes, self.settings, forced)
-                     for t in tasks]
+            again = [dataclasses.replace(t, forced=forced) for t in tasks]
             for i, c in zip(sorted(redo), ex.map(run_chunk, [again[i] for i in sorted(redo)]), strict=True):
                 chunks[i] = c
             merged, forced, _ = merge_chunks(chunks)
             if forced:  # cannot happen: every chunk of a pair now has the same header
-                raise RuntimeError(f"{path}: chunks typed differently after promotion: {sorted(forced)}")
+                raise RuntimeError(f"{files[0][0]}: chunks typed differently after promotion: {sorted(forced)}")
         return merged

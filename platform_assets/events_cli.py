@@ -18,7 +18,7 @@ import gzip
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,20 @@ import orjson
 
 from lineage.errors import TidemarkError
 from lineage.event_types import parse_timestamp
-from lineage.events import loads_exact
+from lineage.events import dumps_exact, loads_exact
 from lineage.intake import Intake, IntakeConfigError, intake_path, load_intake
 from lineage.intake_destinations import DestinationMode
-from platform_assets.events import EventProcessor, UnitResult, _event_error
+from platform_assets.events import (
+    EventProcessor,
+    UnitResult,
+    _event_error,
+    plan_units,
+    unit_bytes_setting,
+    unit_members,
+)
 from resources import event_store as store
 from resources.event_queue import batch_done
-from resources.incoming_log import iter_ready_files
+from resources.incoming_log import ReadyFile, iter_ready_files
 from resources.settings import Settings
 
 
@@ -56,25 +63,45 @@ def _worker_pool() -> Iterator[None]:
 
 
 def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = False) -> list[UnitResult]:
-    """Process the ready incoming files in order (``until_empty``: also those that become ready
-    meanwhile, until none is left)."""
+    """Process the ready incoming files in order, in units of many small files
+    (``$TIDEMARK_EVENT_UNIT_BYTES``) or one large one (``until_empty``: also those that become
+    ready meanwhile, until none is left)."""
+    from platform_assets.event_workers import parallel_bytes_setting
+
     proc = EventProcessor(settings, list(intake.spec.destinations))
+    budget = unit_bytes_setting()
+    alone = min(budget, parallel_bytes_setting())
     out = []
     seen: set[str] = set()
+
+    def status_of(path: Path) -> dict[str, Any] | None:
+        sp = store.status_path(path)
+        return (store.read_json(sp) or {}) if sp.exists() else None
+
     with store.ProcessorLock(proc.events_dir), _worker_pool(), contextlib.closing(_Archived(proc)):
         while True:
             # a file processed earlier that a stream destination has not read to its end yet stays
             # in ready/ (the stream loop archives it): it is only looked at once per call
             files = [rf for rf in iter_ready_files(proc.events_dir) if rf.path.name not in seen]
-            for i, rf in enumerate(files):
-                proc.next_file = files[i + 1].path if i + 1 < len(files) else None
-                seen.add(rf.path.name)
-                done_before = batch_done(rf.path)
-                result = proc.process_file(rf)
-                if not done_before:
+            units = plan_units(files, status_of, lambda p: p.stat().st_size, budget=budget, alone=alone)
+            for i, unit in enumerate(units):
+                proc.next_unit = _next(units, i)
+                seen.update(rf.path.name for rf in unit)
+                result = proc.process_files(unit)
+                if result is not None:
                     out.append(result)
             if not files or not until_empty:
                 return out
+
+
+def _next(units: list[list[ReadyFile]], i: int) -> Callable[[], list[tuple[Path, int]] | None]:
+    """The files of the unit after ``units[i]`` (each with its base), when asked."""
+    def files() -> list[tuple[Path, int]] | None:
+        if i + 1 >= len(units):
+            return None
+        nxt = units[i + 1]
+        return [(rf.path, base) for rf, base in zip(nxt, unit_members(nxt).bases, strict=True)]
+    return files
 
 
 def _write_failed_file(events_dir: Path, settings: Settings, dest: str) -> None:
@@ -90,7 +117,7 @@ def _write_failed_file(events_dir: Path, settings: Settings, dest: str) -> None:
     tmp = flog.with_name(flog.name + ".tmp")
     tmp.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "wb") as f:
-        f.write(b"".join(orjson.dumps(_event_error(r)) + b"\n" for r in sorted(rows, key=lambda r: r["failure_id"])))
+        f.write(b"".join(dumps_exact(_event_error(r)) + b"\n" for r in sorted(rows, key=lambda r: r["failure_id"])))
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(flog)
@@ -151,6 +178,7 @@ def status(settings: Settings, intake: Intake) -> dict[str, Any]:
     ready = iter_ready_files(events_dir)
     archived = sorted((events_dir / "archive").glob("*/incoming.tok=*.log.gz")) if (events_dir / "archive").is_dir() else []
     failed = store.read_failed_events(settings.table_path(store.FAILED_EVENTS))
+    placed = _placed_elsewhere(settings)
     out: dict[str, Any] = {"pending_files": len(ready), "pending_bytes": sum(rf.path.stat().st_size for rf in ready),
                            "processed_files": len(archived), "destinations": {}}
     for spec in intake.spec.destinations:
@@ -164,6 +192,7 @@ def status(settings: Settings, intake: Intake) -> dict[str, Any]:
             "mode": spec.mode.value,
             "pending_files": sum(1 for rf in ready if not spec.only_keys or rf.token in spec.only_keys),
             "in_progress": in_progress, "failed_events": sum(1 for r in failed if r["destination"] == spec.id),
+            **placed.get(spec.id, {"unmapped_values": 0, "collided_values": 0}),
             "replay_pending": plan.exists(),
         }
         if spec.mode is DestinationMode.STREAM:  # its queue: micro-batches committed, and one under way
@@ -177,6 +206,29 @@ def status(settings: Settings, intake: Intake) -> dict[str, Any]:
                 "bytes_waiting": sum(max(0, (p.stat().st_size if (p := q.find_file(events_dir, n)) else 0) - qs.offsets.get(n, [0])[0])
                                      for n, _ in q.incoming_files(events_dir) if n not in qs.done),
             }
+    return out
+
+
+def _placed_elsewhere(settings: Settings) -> dict[str, dict[str, int]]:
+    """Per destination, the values its units put into ``_unmapped_data`` (``unmapped_values``: an
+    existing column could not hold them; ``collided_values``: another field of the event had the
+    column), summed from ``etl.log``."""
+    from resources.delta_meta import open_table
+    from resources.meta_tables import ETL_LOG
+
+    table = open_table(settings.table_path(ETL_LOG))
+    out: dict[str, dict[str, int]] = {}
+    if table is None:
+        return out
+    data = table.to_pyarrow_table(columns=["topic", "processor", "changes"])
+    for topic, processor, changes in zip(*(data.column(c).to_pylist() for c in ("topic", "processor", "changes")),
+                                         strict=True):
+        if processor != "events" or not topic.startswith("events:"):
+            continue
+        d = out.setdefault(topic.split(":")[1], {"unmapped_values": 0, "collided_values": 0})
+        for k, v in changes or []:
+            if k in d:
+                d[k] += v or 0
     return out
 
 
@@ -196,10 +248,11 @@ def cmd_events(args: argparse.Namespace) -> int:
     if args.action == "process":
         results = process_ready(settings, intake, until_empty=args.until_empty)
         for r in results:
-            print(f"{r.unit}: {r.events_in} events, {r.written} rows written, {r.failed} failed, {r.skipped} skipped"
+            print(f"{r.unit}" + (f" (+{r.files - 1} files)" if r.files > 1 else "") + f": {r.events_in} events, {r.written} rows written, {r.failed} failed, {r.skipped} skipped"
                   + "".join(f"\n  {k}: v{e['version']} {e.get('rows')} rows"
                             + (f", +{len(e['columns_added'])} columns" if e.get("columns_added") else "")
                             + (f", {e['unmapped_values']} unmapped values" if e.get("unmapped_values") else "")
+                            + (f", {e['collided_values']} collided values" if e.get("collided_values") else "")
                             for k, e in r.tables.items()))
             for spec in intake.spec.destinations:
                 n = r.failed_by_dest.get(spec.id, 0)
@@ -207,7 +260,7 @@ def cmd_events(args: argparse.Namespace) -> int:
                     print(f"  warning: {n} of {r.events_in} events failed for destination {spec.id} (over its "
                           f"failed_share_threshold {spec.failed_share_threshold:.0%}); see `tidemark events status`, "
                           "fix the config, then `tidemark events replay`", file=sys.stderr)
-        print(f"{len(results)} file(s) processed")
+        print(f"{sum(r.files for r in results)} file(s) processed in {len(results)} unit(s)")
         return 0
     if args.action == "stream":
         from platform_assets.event_stream import StreamLoop, describe

@@ -93,30 +93,32 @@ def processor_busy(events_dir: Path) -> bool:
 
 def summarize(results: list[Any], specs: list[DestinationSpec]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Per destination and per ``<dest>:<table>``: the run's figures summed over its files. Pure."""
-    zero: dict[str, Any] = {"files": 0, "events_in": 0, "written": 0, "failed": 0, "columns_added": 0, "promotions": 0, "unmapped": 0}
+    zero: dict[str, Any] = {"files": 0, "events_in": 0, "written": 0, "failed": 0, "columns_added": 0, "promotions": 0, "unmapped": 0,
+                            "collided": 0}
     dests: dict[str, dict[str, Any]] = {s.id: {**zero, "tables": {}} for s in specs}
     tables: dict[str, dict[str, Any]] = {}
     for r in results:
         for s in specs:
             d = dests[s.id]
-            d["files"] += 1
+            d["files"] += r.files
             d["events_in"] += r.events_in
             d["failed"] += r.failed_by_dest.get(s.id, 0)
         for key, e in r.tables.items():
             dest = key.split(":", 1)[0]
             t = tables.setdefault(key, {**zero, "columns": []})
-            t["files"] += 1
+            t["files"] += r.files
             t["written"] += e.get("rows") or 0
             t["failed"] += e.get("failed") or 0
             t["columns_added"] += len(e.get("columns_added") or [])
             t["columns"] += list(e.get("columns_added") or [])
             t["promotions"] += e.get("promotions") or 0
             t["unmapped"] += e.get("unmapped_values") or 0
+            t["collided"] += e.get("collided_values") or 0
             if dest in dests:
                 dests[dest]["tables"][key.split(":", 1)[1]] = t
     for d in dests.values():  # the per-table sums are final now: total them once
         tabs = d.pop("tables")
-        for k in ("written", "columns_added", "promotions", "unmapped"):
+        for k in ("written", "columns_added", "promotions", "unmapped", "collided"):
             d[k] = sum(t[k] for t in tabs.values())
         d["tables"] = {name: t["written"] for name, t in sorted(tabs.items())}
     return dests, tables

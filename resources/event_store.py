@@ -189,12 +189,14 @@ def table_state(path: str, app_id: str) -> TableState:
     return TableState(cols, table.transaction_version(app_id) or 0, max_pos)
 
 
-def committed_unit(path: str, app_id: str, unit: str, depth: int = 200) -> bool:
-    """Whether one of the newest ``depth`` commits of the table is ``unit`` of ``app_id`` (by its
-    userMetadata): the Delta log's word when a status file was lost."""
+def committed_files(path: str, app_id: str, names: list[str], depth: int = 200) -> set[str]:
+    """Which of the incoming files (or units) ``names`` one of the newest ``depth`` commits of
+    ``app_id`` carries (by its userMetadata: ``unit``, and ``files`` of a unit of several): the
+    Delta log's word when a status file was lost."""
     table = open_table(path)
     if table is None:
-        return False
+        return set()
+    wanted, found = set(names), set()
     for commit in table.history(depth):
         meta = commit.get("userMetadata")
         if not meta:
@@ -203,9 +205,9 @@ def committed_unit(path: str, app_id: str, unit: str, depth: int = 200) -> bool:
             m = orjson.loads(meta)
         except orjson.JSONDecodeError:
             continue
-        if isinstance(m, dict) and m.get("app_id") == app_id and m.get("unit") == unit:
-            return True
-    return False
+        if isinstance(m, dict) and m.get("app_id") == app_id:
+            found |= wanted & {m.get("unit"), *(m.get("files") or [])}
+    return found
 
 
 def arrow_type(ct: ColumnType) -> pa.DataType:
@@ -245,7 +247,7 @@ def failed_version(path: str, dest: str) -> int:
 
 
 def write_failed_events(path: str, rows: list[dict[str, Any]], dest: str, version: int, unit: str,
-                        replace_ids: list[str] | None = None) -> None:
+                        replace_ids: list[str] | None = None, files: list[str] | None = None) -> None:
     """Append failed events (``replace_ids``: replace those rows in the same commit, for a
     replay) in one commit carrying the transaction ``(tidemark-intake-failed:<dest>, version)``."""
     from deltalake import CommitProperties, Transaction, write_deltalake
@@ -253,7 +255,8 @@ def write_failed_events(path: str, rows: list[dict[str, Any]], dest: str, versio
     data = pa.Table.from_pylist(rows, schema=FAILED_SCHEMA)
     app_id = failed_app_id(dest)
     props = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=version)],
-                             custom_metadata={"userMetadata": orjson.dumps({"app_id": app_id, "unit": unit}).decode()})
+                             custom_metadata={"userMetadata": orjson.dumps(
+                                 {"app_id": app_id, "unit": unit, **({"files": files} if files and len(files) > 1 else {})}).decode()})
     opts = storage_options(path)
     if replace_ids is not None and open_table(path) is not None:
         ids = ", ".join("'" + i.replace("'", "''") + "'" for i in replace_ids) or "''"

@@ -316,7 +316,7 @@ def random_event(rng: random.Random, depth: int = 0) -> dict[str, Any]:
     return {rng.choice(keys): random_value(rng, depth) for _ in range(rng.randrange(0 if depth else 1, 6))}
 
 
-def test_random_events_through_files_the_processor_and_delta(settings: Any, tmp_path: Path):
+def test_random_events_through_files_the_processor_and_delta(settings: Any, tmp_path: Path, monkeypatch: Any):
     from deltalake import DeltaTable
 
     from lineage.intake import load_intake
@@ -324,6 +324,7 @@ def test_random_events_through_files_the_processor_and_delta(settings: Any, tmp_
     from resources.incoming_log import file_name, ready_dir
     from tests.platform_assets.test_events import T0, config
 
+    monkeypatch.setenv("TIDEMARK_EVENT_UNIT_BYTES", "1")  # a unit per file: the first one fixes the columns
     cfg = load_intake(config(tmp_path, template="values"), secrets=False)
     rng = random.Random(22)
     first = [{"a": 1, "a_b": 1.5, "b": True, "s": "x", "pos_": 3}]  # the table's columns before the random events

@@ -121,3 +121,54 @@ def test_workers_write_what_a_single_pass_writes(tmp_path: Path, monkeypatch):
     rows = single["stage.events_pv"][1]
     assert sum(1 for r in rows if r["_unmapped_data"] and '"w"' in r["_unmapped_data"]) > 1000  # text in bigint w
     assert any(r["_unmapped_data"] for r in rows) and {type(r["v"]) for r in rows if r["v"] is not None} == {str}
+
+
+def test_a_unit_of_many_files_typed_by_workers_writes_what_a_single_pass_writes(tmp_path: Path, monkeypatch):
+    """Small files grouped into one unit, typed in worker processes (runs of whole files) or in
+    this process: the same rows, ids, failures and columns; torn tails and corrupt lines inside
+    the unit keep every later file's line numbers."""
+    from platform_assets import event_workers
+
+    runs: list[int] = []  # chunks of each unit sent to the workers
+    real_split = event_workers.split_unit
+
+    def spy(files, parts):  # noqa: ANN001, ANN202
+        out = real_split(files, parts)
+        runs.append(len(out))
+        return out
+
+    monkeypatch.setattr(event_workers, "split_unit", spy)
+    homes = {}
+    for mode in ("single", "workers"):
+        settings = Settings.from_env({}, home=tmp_path / mode / "home", lineage=tmp_path / "lineage")
+        (tmp_path / mode).mkdir()
+        cfg = config(tmp_path / mode)
+        sizes = []
+        for f in range(5):
+            evs: list[dict[str, Any]] = []
+            for i in range(200):
+                ev: dict[str, Any] = {"eid": f * 1000 + i, "event_type": ["pv", "cart"][i % 2], "v": i if f < 3 else f"s{i}"}
+                if i % 37 == 5:
+                    del ev["event_type"]  # fails the template
+                evs.append(ev)
+            path = write_file(settings, "web", T0 + dt.timedelta(minutes=f), evs)
+            if f in (1, 3):
+                with open(path, "ab") as fh:
+                    fh.write(b"not json\n" + b'{"eid": -1, "torn')
+            sizes.append(path.stat().st_size)
+        monkeypatch.setenv("TIDEMARK_EVENT_WORKERS", "1" if mode == "single" else "2")
+        monkeypatch.setenv("TIDEMARK_EVENT_PARALLEL_BYTES", str(max(sizes) + 1))  # each file small, the unit not
+        try:
+            done = process_ready(settings, load_intake(cfg, secrets=False))
+        finally:
+            shutdown_pool()
+        assert [r.files for r in done] == [5] and done[0].written == 5 * 200 - 5 * 6
+        assert runs == ([] if mode == "single" else [4])  # 2 workers x 2 runs of whole files
+        homes[mode] = settings
+    single, workers = _snapshot(homes["single"]), _snapshot(homes["workers"])
+    for table in ("stage.events_pv", "stage.events_cart"):
+        assert single[table] == workers[table], table
+    assert single["failed"] == workers["failed"] and len(single["failed"]) == 30
+    assert {(r["file"].split(".")[2], r["line"]) for r in single["failed"]} >= {("20260301T120100000000Z", 6)}
+    rows = single["stage.events_pv"][1]
+    assert {type(r["v"]) for r in rows} == {str}  # promoted across the unit's files

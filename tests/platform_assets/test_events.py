@@ -63,7 +63,8 @@ def process(settings: Settings, cfg: Path) -> list:
     return process_ready(settings, load_intake(cfg, secrets=False), until_empty=True)
 
 
-def test_promotion_across_batches_and_schema_evolution(settings: Settings, tmp_path: Path):
+def test_promotion_across_batches_and_schema_evolution(settings: Settings, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("TIDEMARK_EVENT_UNIT_BYTES", "1")  # a unit per file: two batches
     cfg = config(tmp_path)
     write_file(settings, "web", T0, [{"event_type": "pv", "n": 1, "u": {"id": 7}}, {"event_type": "pv", "n": 2}])
     write_file(settings, "web", T0 + dt.timedelta(minutes=5),
@@ -100,7 +101,8 @@ def test_pos_never_goes_back_across_overlapping_files_of_two_tokens(settings: Se
     assert len(rows(settings, "stage.audit")) == 3  # srv events also go to the audit destination (only_keys)
 
 
-def test_unmapped_fail_sends_the_event_to_failed_events(settings: Settings, tmp_path: Path):
+def test_unmapped_fail_sends_the_event_to_failed_events(settings: Settings, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("TIDEMARK_EVENT_UNIT_BYTES", "1")  # a unit per file: "bad" meets a bigint column
     cfg = config(tmp_path, unmapped="fail")
     write_file(settings, "web", T0, [{"event_type": "pv", "n": 1}])
     write_file(settings, "web", T0 + dt.timedelta(minutes=1), [{"event_type": "pv", "n": "bad"}, {"event_type": "pv", "n": 3}])
@@ -222,3 +224,77 @@ def test_stage_table_is_the_source_of_a_step_topic(settings: Settings, tmp_path:
     assert sorted(r["eid"] for r in fact) == list(range(15))
     assert all(r["received"].tzinfo is not None for r in fact)
     assert not (s.home / "warehouse" / "etl" / "quarantine").exists()  # no late rows
+
+
+def test_many_small_files_are_one_unit_and_a_lost_status_regroups_without_doubling(settings: Settings, tmp_path: Path):
+    """Ready files are taken in units of many files (one commit per table per unit). A unit
+    killed after its first table landed, whose status file is then lost, is planned again with
+    a file more: the tables' commits say per file what landed, so no event is doubled or lost."""
+    cfg = config(tmp_path)
+    expected: dict[str, list[int]] = {"pv": [], "cart": [], "failed": []}
+    paths = []
+    for f in range(5):
+        evs: list[dict[str, Any]] = []
+        for i in range(6):
+            k = f * 100 + i
+            if i == 5:
+                evs.append({"k": k})  # no event_type: fails the template
+                expected["failed"].append(k)
+            else:
+                evs.append({"k": k, "event_type": "pv" if i % 2 else "cart"})
+                expected["pv" if i % 2 else "cart"].append(k)
+        paths.append(write_file(settings, "web", T0 + dt.timedelta(minutes=f), evs))
+    extra = paths.pop()
+    moved = extra.with_name(extra.name + ".later")
+    extra.rename(moved)  # becomes ready after the crash
+    out = run_cli(settings, cfg, "process", env={"TIDEMARK_CRASH_AT": "events_written"})
+    assert out.returncode == -9, out.stderr
+    status_file = store.status_path(paths[0])
+    assert orjson.loads(status_file.read_bytes())["files"] == [p.name for p in paths]  # one unit of four files
+    landed = [t for t in ("stage.events_pv", "stage.events_cart") if DeltaTable.is_deltatable(settings.table_path(t))]
+    assert len(landed) == 1  # killed after its first table's commit
+    status_file.unlink()  # the processor's record of the unit is lost
+    moved.rename(extra)
+    done = process(settings, cfg)
+    assert len(done) == 1 and done[0].files == 5
+    for t in ("pv", "cart"):
+        got = rows(settings, f"stage.events_{t}")
+        assert sorted(r["k"] for r in got) == sorted(expected[t]), t
+        assert len({r["id"] for r in got}) == len(got)
+    failed = store.read_failed_events(settings.table_path(store.FAILED_EVENTS))
+    assert sorted(orjson.loads(r["event"])["k"] for r in failed) == expected["failed"]
+    assert {(r["file"], r["line"]) for r in failed} == {(p.name, 6) for p in [*paths, extra]}
+    assert {r["failure_id"] for r in failed} == {f"{p.name}:6:main" for p in [*paths, extra]}
+    assert list(ready_dir(settings.events_dir()).iterdir()) == []
+    log = read_etl_log(settings, "events:main:stage.events_pv")
+    assert sum(r["rows"] for r in log) == len(expected["pv"])
+
+
+def test_units_follow_the_byte_budget(settings: Settings, tmp_path: Path, monkeypatch):
+    cfg = config(tmp_path, template="all")
+    for f in range(7):
+        write_file(settings, "web", T0 + dt.timedelta(minutes=f), [{"k": f, "pad": "x" * 900}])
+    size = next(iter(ready_dir(settings.events_dir()).iterdir())).stat().st_size
+    monkeypatch.setenv("TIDEMARK_EVENT_UNIT_BYTES", str(3 * size))
+    done = process(settings, cfg)
+    assert [r.files for r in done] == [3, 3, 1]
+    assert sorted(r["k"] for r in rows(settings, "stage.all")) == list(range(7))
+    assert len(DeltaTable(settings.table_path("stage.all")).history()) == 3  # a commit per unit (the first creates it)
+
+
+def test_collided_and_unmapped_values_are_counted_in_the_log_status_and_cli(settings: Settings, tmp_path: Path):
+    cfg = config(tmp_path)
+    write_file(settings, "web", T0, [{"event_type": "pv", "a.b": 1, "a_b": 2, "A-B": 3, "n": 5}])
+    write_file(settings, "web", T0 + dt.timedelta(minutes=1), [{"event_type": "pv", "n": "x", "u.v": 1, "u_v": 2}])
+    out = run_cli(settings, cfg, "process", env={"TIDEMARK_EVENT_UNIT_BYTES": "1"})  # a unit per file
+    assert out.returncode == 0, out.stderr
+    assert "2 collided values" in out.stdout and "1 unmapped values, 1 collided values" in out.stdout, out.stdout
+    got = rows(settings, "stage.events_pv")
+    unmapped = [orjson.loads(r["_unmapped_data"]) for r in got]
+    assert {k for u in unmapped for k in u} == {"/a.b", "/A-B", "n", "/u.v"}
+    log = read_etl_log(settings, "events:main:stage.events_pv")
+    assert sorted((dict(r["changes"])["collided_values"], dict(r["changes"])["unmapped_values"]) for r in log) == [
+        (1, 1), (2, 0)]
+    assert sorted(r["bad_rows"] for r in log) == [2, 2]
+    st = status(settings, load_intake(cfg, secrets=False))["destinations"]["main"]
+    assert (st["collided_values"], st["unmapped_values"]) == (3, 1)
