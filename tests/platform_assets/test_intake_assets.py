@@ -87,6 +87,7 @@ def test_intake_assets_job_check_and_sensor_on_a_real_instance(tmp_path: Path, m
         assert "no rotated files" in (tick().skip_message or "")
         write_file(s, "web", T0, [{"event_type": "pv", "url": "/a"}, {"event_type": "pv", "url": "/b", "n": 1},
                                   {"event_type": "cart", "sku": "x"}])
+        write_file(s, "web", T0 + dt.timedelta(seconds=1), [{"event_type": "pv", "URL": "/d", "url": "/e"}])
         (req,) = tick().run_requests
         assert req.run_key.startswith("intake:") and tick().run_requests[0].run_key == req.run_key
         with store.ProcessorLock(s.events_dir()):  # a CLI processor runs: the sensor waits for it
@@ -97,13 +98,15 @@ def test_intake_assets_job_check_and_sensor_on_a_real_instance(tmp_path: Path, m
         assert result.success
         mats = {e.asset_key: {k: v.value for k, v in e.step_materialization_data.materialization.metadata.items()}
                 for e in result.get_asset_materialization_events()}
-        assert mats[destination_key("main")]["events_in"] == 3 and mats[destination_key("main")]["written"] == 3
-        assert mats[destination_key("main")]["tables"] == {"stage.events_cart": 1, "stage.events_pv": 2}
-        assert mats[pv]["written"] == 2 and mats[pv]["columns_added"] == 5
-        assert sorted(mats[pv]["columns"]) == ["_timestamp", "api_key", "event_type", "n", "url"]
+        main = mats[destination_key("main")]
+        assert main["events_in"] == 4 and main["written"] == 4 and main["files"] == 2  # two files, one unit
+        assert main["tables"] == {"stage.events_cart": 1, "stage.events_pv": 3}
+        assert main["collided"] == 1 and mats[pv]["collided"] == 1  # URL and url: one column, /URL unmapped
+        assert mats[pv]["written"] == 3 and mats[pv]["columns_added"] == 6
+        assert sorted(mats[pv]["columns"]) == ["_timestamp", "_unmapped_data", "api_key", "event_type", "n", "url"]
         (check,) = result.get_asset_check_evaluations()
         assert check.passed and check.check_name == CHECK_NAME
-        assert len(DeltaTable(s.table_path("stage.events_pv")).to_pyarrow_table()) == 2
+        assert len(DeltaTable(s.table_path("stage.events_pv")).to_pyarrow_table()) == 3
         assert "no rotated files" in (tick().skip_message or "")
 
         # a second file where half the events fail their template: the check fails (threshold 20 %)
