@@ -33,10 +33,12 @@ if TYPE_CHECKING:
 SEQ, COMMIT_TS, DELETED, COPY = "_sequence_num", "_commit_ts", "_deleted", "_copy"
 VALID_FROM, VALID_TO, CURRENT = "_valid_from", "_valid_to", "_is_current"
 PRESENT, UNKNOWN_COLS = "_tm_present", "_tm_unknown"
-#: Replica table properties: the change feed for views reading replicas, type widening for compatible
-#: column type changes, no deletion vectors (the ``deltalake`` reader of the sensors cannot read them).
-REPLICA_PROPERTIES = {"delta.enableChangeDataFeed": "true", "delta.enableDeletionVectors": "false",
-                      "delta.enableTypeWidening": "true"}
+#: Replica table properties: the change feed for views reading replicas, no deletion vectors and no
+#: type widening until a column widens (the ``deltalake`` reader, and pandas/polars users through it,
+#: cannot read tables with either reader feature: see :func:`platform_assets.cdc_ddl.alter`).
+REPLICA_PROPERTIES = {"delta.enableChangeDataFeed": "true", "delta.enableDeletionVectors": "false"}
+#: set on a replica when a source column widens (int -> bigint, ...): only then
+TYPE_WIDENING = "delta.enableTypeWidening"
 
 
 @dataclass(frozen=True)

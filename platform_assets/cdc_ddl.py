@@ -3,7 +3,8 @@
 * CREATE of a selected table: a new, empty replica; every row of the table arrives in the stream.
 * ALTER: added columns are added to the replica (Delta schema evolution); a column type widened
   the way Delta's type widening allows (``int``→``bigint``, ``float``→``double``, a larger decimal)
-  is widened; a dropped column stays in the replica (null in rows written later). Any other type
+  is widened (the replica takes on the type widening table feature then, not before: the
+  ``deltalake`` reader cannot read a table that has it); a dropped column stays in the replica (null in rows written later). Any other type
   change cannot be applied: the table is **paused** with the reason and the fix, nothing after it
   is applied or acknowledged, and ``tidemark cdc resume`` continues from there.
 * DROP: the replica is kept (``on_drop: keep``, the default) or removed; no more changes.
@@ -127,9 +128,12 @@ def alter(unit: ReplicatorUnit, t: Table, schema: TableSchema, have: dict[str, s
     if added and spark is not None:
         spark.sql(f"ALTER TABLE delta.`{t.path}` ADD COLUMNS ("
                   + ", ".join(f"{quote(c.name)} {c.type}" for c in added) + ")")
-    for col in schema.columns:
-        old = have.get(col.name)
-        if old is not None and old.lower() != col.type.lower() and spark is not None:
+    widened = [c for c in schema.columns if (old := have.get(c.name)) is not None and old.lower() != c.type.lower()]
+    if widened and spark is not None:
+        # type widening is a reader feature the deltalake reader lacks: a replica takes it on only
+        # when a column of its source actually widens
+        spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.TYPE_WIDENING}' = 'true')")
+        for col in widened:
             spark.sql(f"ALTER TABLE delta.`{t.path}` ALTER COLUMN {quote(col.name)} TYPE {col.type}")
     kept = [c for c in t.layout.schema.columns if schema.column(c.name) is None]  # dropped in the source: kept, null
     t.layout = replace(t.layout, schema=TableSchema(schema.table, schema.columns + tuple(kept), t.layout.key))

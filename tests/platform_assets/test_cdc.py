@@ -68,7 +68,13 @@ def engine(spark: Any, settings: Settings) -> Engine:
 
 
 def replica(spark: Any, settings: Settings, table: str, *cols: str) -> list[tuple]:
-    return sorted(tuple(r) for r in spark.read.format("delta").load(settings.table_path(table)).select(*cols).collect())
+    """The replica's rows through Spark, checked equal to what the JVM-free ``deltalake`` reader sees."""
+    from deltalake import DeltaTable
+
+    rows = sorted(tuple(r) for r in spark.read.format("delta").load(settings.table_path(table)).select(*cols).collect())
+    jvm_free = DeltaTable(settings.table_path(table)).to_pyarrow_table(columns=list(cols)).to_pylist()
+    assert sorted((tuple(r[c] for c in cols) for r in jvm_free), key=repr) == sorted(rows, key=repr), table
+    return rows
 
 
 def run(spark: Any, settings: Settings) -> list[Any]:
