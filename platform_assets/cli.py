@@ -397,6 +397,19 @@ def _view_check(eng: Any, name: str) -> bool:
     return verdict.ok
 
 
+def _readers_check(eng: Any) -> bool:
+    """Every table the demo wrote, read by the JVM-free ``deltalake`` reader (pandas, polars)."""
+    from platform_assets.maintain import jvm_free_reads
+
+    reads = jvm_free_reads(eng)
+    bad = [(t, a, b) for t, a, b in reads if a != b]
+    print(f"\n7. JVM-free readers: {len(reads)} tables the demo wrote, read with deltalake: "
+          + ("row counts equal to Spark's -> OK" if not bad else f"{len(bad)} DIFFER"))
+    for t, a, b in bad:
+        print(f"   {t}: deltalake {a}, Spark {b} rows")
+    return not bad
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from dagster import DagsterInstance
 
@@ -463,6 +476,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from platform_assets import cdc_demo
 
     exact = cdc_demo.run(eng) and exact
+    exact = _readers_check(eng) and exact
     print(f"demo finished in {time.monotonic() - t0:.0f}s; see the runs in the UI: ./scripts/dev.sh (FEED=0 to only look); "
           "or try: tidemark lag | tidemark log | tidemark offsets show --history")
     return 0 if ok and exact else 1

@@ -23,7 +23,7 @@ from resources import maintenance
 from resources.maintenance import Health, Need, Report
 from resources.meta_tables import META_TABLES
 from resources.offsets import OffsetRecord
-from resources.storage import arrow_filesystem
+from resources.storage import arrow_filesystem, storage_options
 
 if TYPE_CHECKING:
     from platform_assets.engine import Engine
@@ -93,6 +93,23 @@ def all_tables(eng: Engine) -> list[str]:
     for table in [*eng.lineage.tables(), *META_TABLES, *warehouse_tables(eng)]:
         if table not in out:
             out.append(table)
+    return out
+
+
+def jvm_free_reads(eng: Engine, tables: Iterable[str] | None = None) -> list[tuple[str, int | str, int]]:
+    """Each table (default: every Delta table in the warehouse) as ``(table, rows the deltalake
+    reader counts or its error, rows Spark counts)``: what pandas, polars and JVM-free tools see."""
+    from deltalake import DeltaTable
+
+    out: list[tuple[str, int | str, int]] = []
+    for table in (list(tables) if tables is not None else warehouse_tables(eng)):
+        path = eng.path(table)
+        jvm_free: int | str
+        try:
+            jvm_free = DeltaTable(path, storage_options=storage_options(path) or None).to_pyarrow_dataset().count_rows()
+        except Exception as exc:  # noqa: BLE001 - the reader's own words are the finding
+            jvm_free = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        out.append((table, jvm_free, eng.spark.read.format("delta").load(path).count()))
     return out
 
 
