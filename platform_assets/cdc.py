@@ -17,6 +17,13 @@ locked by the same owner):
 4. statistics to ``etl.log``, the offset commits, and only then the source is **acknowledged** up
    to the lowest LSN every replica (paused ones too) has applied: a lost offset store or a slot
    acknowledged late never loses or doubles a change.
+
+**Parked replicas** (a source that can, PostgreSQL): a paused replica gets a slot of its own, a copy
+of the main slot made while the main slot is still at or before the replica's position. From then
+on the main slot is read and acknowledged without it, so no unit of the others decodes the WAL the
+pause holds (the server decodes a slot's WAL from its restart position on every read). Resumed, the
+replica catches up from its parked slot, one ``maxstep`` read per unit up to where the main slot is
+acknowledged, then the parked slot is dropped and the replica follows the main slot again.
 """
 
 from __future__ import annotations
@@ -109,6 +116,7 @@ class Table:
     layout: Layout
     rec: OffsetRecord
     from_start: bool = False  # a source without snapshots: a new replica takes every change from the start
+    parked: bool = False  # paused (or catching up after a pause) on a slot of its own, not the main one
 
     @property
     def applied(self) -> int | None:
@@ -231,10 +239,12 @@ class ReplicatorUnit:
             for schema in self.source.tables().values():
                 self._table(schema)
             result = CdcResult(self.spec.name, rec.seq, "caught up", paused=dict(self.paused))
+            self._park()
             self._snapshots(result, lease)
             if result.snapshots:
                 result.reason = f"copied {len(result.snapshots)} table(s) from a consistent snapshot"
             self._stream(rec, result, lease)
+            self._catch_up(result, lease)
             result.duration_s = round(time.monotonic() - started, 3)
             self.engine.store.set_state(key, self.owner, REPLICATING)
             return result
@@ -272,12 +282,64 @@ class ReplicatorUnit:
         t = self.tables.get(table)
         if t is None:
             return self.spec.selects(table)  # a table new to the replicator: all its changes
-        return t.active and t.applied is not None and lsn > t.applied
+        return t.active and not t.parked and t.applied is not None and lsn > t.applied
+
+    # ------------------------------------------------------------------ parked replicas
+    def _park(self) -> None:
+        """Paused replicas onto slots of their own; parked slots no longer needed dropped."""
+        if not hasattr(self.source, "park"):
+            return
+        src: Any = self.source
+        slots = src.parked()
+        for t in self.tables.values():
+            has = src.parked_slot(t.replica) in slots
+            if state_word(t.rec) == DROPPED or (has and t.applied is None):  # gone, or to be copied again
+                if has:
+                    src.unpark(t.replica)
+                continue
+            if t.applied is None:
+                continue
+            if not t.active and not has:
+                has = src.park(t.replica, t.applied)
+                if has:
+                    log.info("replicator %s: paused replica %s parked on slot %s at %s", self.spec.name, t.replica,
+                             src.parked_slot(t.replica), format_lsn(t.applied))
+                else:
+                    log.warning("replicator %s: paused replica %s cannot be parked (the main slot is past %s); it holds "
+                                "the main slot back", self.spec.name, t.replica, format_lsn(t.applied))
+            t.parked = has
+
+    def _catch_up(self, result: CdcResult, lease: LeaseKeeper) -> None:
+        """A resumed parked replica: one read of its parked slot up to where the main slot is
+        acknowledged, applied like any unit; there, its parked slot goes and it rejoins."""
+        src: Any = self.source
+        for t in [t for t in self.tables.values() if t.parked and t.active and t.applied is not None]:
+            lease.check()
+            target = src.position().confirmed_flush
+            start, slot = t.applied, src.parked_slot(t.replica)
+            if start < target:
+                txs = src.read(start, upto=target, max_changes=self.spec.maxstep, slot=slot,
+                               wanted=lambda table, lsn, t=t, start=start: table == t.source and lsn > start)
+                upto = max(int(getattr(txs, "end", 0) or 0), txs[-1].lsn if txs else 0)
+                if txs:
+                    first = max([t2.rec.inputs.get("changes", 0) for t2 in self.tables.values()]) + 1
+                    seq_of = {id(n.change): n for n in number(txs, first)}
+                    self._apply_table(t.source, self._split(txs).get(t.source, []), result.unit, seq_of, result)
+                    result.reason = f"replica {t.replica} catching up from its parked slot up to {format_lsn(upto)}"
+                if not t.active or t.applied is None:
+                    continue  # paused again, or to be copied again
+                self._advance(upto, [t])
+                src.ack(t.applied, slot=slot)
+            if t.applied >= target:
+                src.unpark(t.replica)
+                t.parked = False
+                log.info("replicator %s: replica %s caught up from its parked slot; follows the main slot again",
+                         self.spec.name, t.replica)
 
     def _stream(self, rec: OffsetRecord, result: CdcResult, lease: LeaseKeeper) -> None:
         store = self.engine.store
         key = self.spec.state_key
-        active = [t.applied for t in self.tables.values() if t.applied is not None and t.active]
+        active = [t.applied for t in self.tables.values() if t.applied is not None and t.active and not t.parked]
         after = min(active) if active else 0  # paused replicas hold the acknowledgement back, not the reading
         if rec.pending:  # a unit planned before a crash: exactly its transactions again
             unit, upto, first = rec.seq, int(rec.source_version or 0), rec.inputs.get("changes", 0) + 1
@@ -288,7 +350,7 @@ class ReplicatorUnit:
             upto = max(int(getattr(txs, "end", 0) or 0), txs[-1].lsn if txs else 0)
             if not txs:
                 self._advance(upto)
-                result.acked = self._ack()
+                result.acked = self._ack(upto)
                 return
             unit = rec.seq + 1
             first = max([rec.inputs.get("changes", 0)] + [t.rec.inputs.get("changes", 0) for t in self.tables.values()]) + 1
@@ -299,31 +361,36 @@ class ReplicatorUnit:
         result.unit, result.transactions = unit, len(txs)
         seq_of = {id(n.change): n for n in number(txs, first)}
         lease.check()
-        from platform_assets import cdc_ddl
-
         for source_table, segments in self._split(txs).items():
-            t = self.tables.get(source_table)
-            try:
-                for seg in segments:
-                    if isinstance(seg, tuple):
-                        t = cdc_ddl.apply(self, t, seg[0], seg[1].lsn, result)
-                        if t is None or not t.active or t.applied is None:
-                            break  # paused, dropped, or new: copied by the next unit's snapshot
-                        continue
-                    if t is None:
-                        t = self._table(self.source.tables()[source_table])
-                    cdc_apply.ensure_replica(self.engine.spark, t.path, t.layout)
-                    self._apply(t, unit, [seq_of[id(c)] for c, _tx in seg], seg[-1][1], result)
-            except Exception as exc:
-                if t is None or retryable(exc) or isinstance(exc, OffsetError):
-                    raise
-                self._pause(t, f"applying its changes failed: {str(exc).splitlines()[0][:300]}", result)
+            self._apply_table(source_table, segments, unit, seq_of, result)
         store.commit(key, self.owner, seq=unit, last=rec.last, next=rec.next or rec.last, rows=result.changes,
                      note=f"unit {unit}: {len(txs)} transactions up to {format_lsn(upto)}")
         self._advance(upto)
         faults.crashpoint("cdc-committed")
-        result.acked = self._ack()
+        result.acked = self._ack(upto)
         result.reason = f"unit {unit}: {len(txs)} transactions, {result.changes} changes up to {format_lsn(upto)}"
+
+    def _apply_table(self, source_table: str, segments: list[Any], unit: int, seq_of: dict[int, Any],
+                     result: CdcResult) -> None:
+        """One source table's runs of changes and its DDL changes, in order; a failure that needs a fix pauses it."""
+        from platform_assets import cdc_ddl
+
+        t = self.tables.get(source_table)
+        try:
+            for seg in segments:
+                if isinstance(seg, tuple):
+                    t = cdc_ddl.apply(self, t, seg[0], seg[1].lsn, result)
+                    if t is None or not t.active or t.applied is None:
+                        break  # paused, dropped, or new: copied by the next unit's snapshot
+                    continue
+                if t is None:
+                    t = self._table(self.source.tables()[source_table])
+                cdc_apply.ensure_replica(self.engine.spark, t.path, t.layout)
+                self._apply(t, unit, [seq_of[id(c)] for c, _tx in seg], seg[-1][1], result)
+        except Exception as exc:
+            if t is None or retryable(exc) or isinstance(exc, OffsetError):
+                raise
+            self._pause(t, f"applying its changes failed: {str(exc).splitlines()[0][:300]}", result)
 
     def _pause(self, t: Table, problem: str, result: CdcResult) -> None:
         """A failure that needs a fix: this replica stops (nothing after it applied or acknowledged), the
@@ -336,10 +403,11 @@ class ReplicatorUnit:
         counts["failed"] = counts.get("failed", 0) + 1
         log.error("replicator %s: replica %s %s", self.spec.name, t.replica, why)
 
-    def _advance(self, upto: int) -> None:
-        """Replicas with nothing more up to ``upto`` are there: their records move without a write."""
+    def _advance(self, upto: int, tables: list[Table] | None = None) -> None:
+        """Replicas with nothing more up to ``upto`` are there: their records move without a write
+        (default: every replica following the main slot)."""
         store = self.engine.store
-        for t in self.tables.values():
+        for t in tables if tables is not None else [t for t in self.tables.values() if not t.parked]:
             if t.active and t.applied is not None and t.applied < upto and not t.rec.pending:
                 t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(upto), seq=t.rec.seq + 1,
                                    source_version=None)
@@ -404,12 +472,14 @@ class ReplicatorUnit:
             base_rows=rows, bad_rows=0, delta_version=commit.version if commit else None, duration_s=0.0, max_lag=lag,
             strategy=strategy, detail=f"replicator {self.spec.name}, source table {t.source}", changes=dict(counts)))
 
-    def _ack(self) -> int | None:
-        """Acknowledge the source up to the lowest position every kept replica (paused ones too)
-        applied; nothing while a replica waits for its first copy."""
-        held = [t.applied for t in self.tables.values() if t.applied is not None and state_word(t.rec) != DROPPED]
-        if not held or any(t.applied is None and t.active for t in self.tables.values()):
+    def _ack(self, upto: int) -> int | None:
+        """Acknowledge the source up to the lowest position every kept replica (paused ones too,
+        unless parked on a slot of their own) applied; nothing while a replica waits for its first
+        copy. Every replica parked: up to ``upto``, where the read ended."""
+        kept = [t for t in self.tables.values() if t.applied is not None and state_word(t.rec) != DROPPED]
+        held = [t.applied for t in kept if not t.parked and t.applied is not None]
+        if not kept or any(t.applied is None and t.active for t in self.tables.values()):
             return None
-        lsn = min(held)
+        lsn = min(held) if held else upto
         self.source.ack(lsn)
         return lsn

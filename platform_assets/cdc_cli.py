@@ -90,9 +90,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 continue
             pending = f", unit {rec.seq} pending up to {format_lsn(rec.source_version or 0)}" if rec.pending else ""
             print(head + f"unit {rec.seq}, changes numbered up to {rec.inputs.get('changes', 0)}, state {rec.state}{pending}")
-            if rep.spec.source == "postgres":
-                print("  " + _slot_line(rep))
             rows = status_rows(store, rep)
+            if rep.spec.source == "postgres":
+                print("  " + _slot_line(rep, [r[0] for r in rows]))
             print(_table([(*r[:5], r[5][:70] + ("…" if len(r[5]) > 70 else "")) for r in rows],
                          ["replica", "state", "applied", "units", "last run", "note"]))
             for r in rows:
@@ -103,20 +103,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _slot_line(rep: Replicator) -> str:
+def _slot_line(rep: Replicator, replicas: list[str]) -> str:
+    """The main slot, and the slot of every parked (paused) replica: the WAL each holds."""
     from platform_assets.cdc_run import open_source
 
     try:
-        src = open_source(rep)
+        src: Any = open_source(rep)
         try:
-            pos = src.position()  # type: ignore[attr-defined]
+            pos, parked = src.position(), src.parked()
+            of = {src.parked_slot(r): r for r in replicas}
         finally:
             src.close()
     except Exception as exc:  # noqa: BLE001 - status shows what it could not read
         return f"slot: cannot read ({str(exc).splitlines()[0]})"
-    return (f"slot {rep.spec.slot}: acknowledged {format_lsn(pos.confirmed_flush)}, WAL at {format_lsn(pos.current)}, "
-            f"{pos.behind_bytes:,} bytes behind, {pos.retained_bytes:,} bytes of WAL retained"
-            + (", a reader is connected" if pos.active else ""))
+    lines = [f"slot {rep.spec.slot}: acknowledged {format_lsn(pos.confirmed_flush)}, WAL at {format_lsn(pos.current)}, "
+             f"{pos.behind_bytes:,} bytes behind, {pos.retained_bytes:,} bytes of WAL retained"
+             + (", a reader is connected" if pos.active else "")]
+    lines += [f"parked slot {slot} of {of.get(slot, 'an unknown replica')}: acknowledged {format_lsn(p.confirmed_flush)}, "
+              f"{p.retained_bytes:,} bytes of WAL retained for it" for slot, p in sorted(parked.items())]
+    return "\n  ".join(lines)
 
 
 def cmd_assess(args: argparse.Namespace) -> int:

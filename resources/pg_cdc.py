@@ -19,6 +19,7 @@ moves the flush position to a keepalive's WAL end on its own).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import secrets
@@ -180,26 +181,62 @@ class PostgresSource:
             raise CdcSourceError(f"{self.where}: {command.split(' (')[0]} failed: {pq.error_message(res).strip()}")
         return res
 
-    def _slot_row(self, conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
+    def _slot_row(self, conn: psycopg.Connection[Any], slot: str | None = None) -> tuple[Any, ...] | None:
         return conn.execute("SELECT plugin, database, confirmed_flush_lsn::text, restart_lsn::text, active,"
                             " pg_current_wal_lsn()::text, active_pid FROM pg_replication_slots WHERE slot_name = %s",
-                            (self.slot,)).fetchone()
+                            (slot or self.slot,)).fetchone()
 
-    def _require_slot(self, conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
-        row = self._slot_row(conn)
+    def _require_slot(self, conn: psycopg.Connection[Any], slot: str | None = None) -> tuple[Any, ...]:
+        row = self._slot_row(conn, slot)
         if row is None:
-            raise CdcSourceError(f"{self.where}: replication slot {self.slot} does not exist. Fix: set the source up "
-                                 f"(PostgresSource.ensure_setup, run by tidemark cdc on every run)")
+            raise CdcSourceError(f"{self.where}: replication slot {slot or self.slot} does not exist. Fix: set the source "
+                                 f"up (PostgresSource.ensure_setup, run by tidemark cdc on every run)")
         return row
 
-    def _wait_inactive(self, conn: psycopg.Connection[Any], timeout: float = 10.0) -> None:
+    def _wait_inactive(self, conn: psycopg.Connection[Any], timeout: float = 10.0, slot: str | None = None) -> None:
         """A reader that just closed its connection releases the slot a moment later."""
         deadline = time.monotonic() + timeout
-        while (row := self._require_slot(conn))[4]:
+        while (row := self._require_slot(conn, slot))[4]:
             if time.monotonic() > deadline:
-                raise CdcSourceError(f"{self.where}: replication slot {self.slot} is in use by process {row[6]} "
+                raise CdcSourceError(f"{self.where}: replication slot {slot or self.slot} is in use by process {row[6]} "
                                      f"(another tidemark run reading this source?); retry when it ends")
             time.sleep(0.05)
+
+    # ------------------------------------------------------------------ parked replicas
+
+    def parked_slot(self, replica: str) -> str:
+        """The name of the slot that holds a paused replica's place (``tidemark_<name>_p_<hash>``)."""
+        return f"{self.slot}_p_{hashlib.sha1(replica.encode()).hexdigest()[:10]}"
+
+    def park(self, replica: str, applied: int) -> bool:
+        """Give a paused ``replica`` a slot of its own: a copy of the main slot, so the main slot
+        moves on without it and no read of the others decodes the WAL the pause holds. Refused
+        (False) when the main slot is already acknowledged past ``applied``; True when parked now
+        or before."""
+        parked = self.parked_slot(replica)
+        with self._sql() as conn:
+            if self._slot_row(conn, parked) is not None:
+                return True
+            if parse_lsn(self._require_slot(conn)[2]) > applied:
+                return False
+            conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (self.slot, parked))
+            return True
+
+    def parked(self) -> dict[str, SlotPosition]:
+        """Every parked slot of this source (by slot name) and where it stands."""
+        with self._sql() as conn:
+            rows = conn.execute("SELECT slot_name, plugin, database, confirmed_flush_lsn::text, restart_lsn::text, active,"
+                                " pg_current_wal_lsn()::text, active_pid FROM pg_replication_slots WHERE slot_name LIKE %s",
+                                (f"{self.slot}\\_p\\_%",)).fetchall()
+        return {r[0]: _position(r[1:]) for r in rows}
+
+    def unpark(self, replica: str) -> None:
+        """Drop ``replica``'s parked slot (it follows the main slot again, or needs no place kept)."""
+        parked = self.parked_slot(replica)
+        with self._sql() as conn:
+            if self._slot_row(conn, parked) is not None:
+                self._wait_inactive(conn, slot=parked)
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (parked,))
 
     # ------------------------------------------------------------------ setup
 
@@ -228,11 +265,13 @@ class PostgresSource:
             return {t.schema.table: t.schema for t in pg_setup.catalog(conn) if self.selection(t.schema.table)}
 
     def drop(self) -> None:
-        """Remove the slot, publication, event triggers and DDL tables of this source."""
+        """Remove the slot (and parked replicas' slots), publication, event triggers and DDL tables of this source."""
         with self._sql() as conn:
-            if self._slot_row(conn) is not None:
-                self._wait_inactive(conn)
-                conn.execute("SELECT pg_drop_replication_slot(%s)", (self.slot,))
+            parked = [r[0] for r in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s",
+                                                 (f"{self.slot}\\_p\\_%",)).fetchall()]
+            for slot in ([self.slot] if self._slot_row(conn) is not None else []) + parked:
+                self._wait_inactive(conn, slot=slot)
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             pg_setup.drop(conn, self)
 
     # ------------------------------------------------------------------ snapshot
@@ -266,26 +305,27 @@ class PostgresSource:
     # ------------------------------------------------------------------ stream
 
     def read(self, after: int, *, upto: int | None = None, max_changes: int = 100_000,
-             wanted: Callable[[str, int], bool] | None = None) -> ReadResult:
+             wanted: Callable[[str, int], bool] | None = None, slot: str | None = None) -> ReadResult:
         """Whole transactions committed after ``after`` (and at or before ``upto``), in commit
         order, until ``max_changes`` wanted row changes, ``upto``, or the server's WAL end as of the
         call. ``wanted(table, commit_lsn)`` is asked for every change (DDL too; say yes for a table
         you do not know yet: a new table); unwanted changes are dropped and not counted, and a
         transaction left without changes is left out — ``ReadResult.end`` says how far the read
         looked, so the caller can move past them. Acknowledges nothing: the same (after, upto)
-        reads the same again."""
+        reads the same again. ``slot``: a parked replica's slot instead of the main one."""
+        slot = slot or self.slot
         with self._sql() as conn:
-            self._wait_inactive(conn)
+            self._wait_inactive(conn, slot=slot)
             repl = self._replication()
             try:
                 target = parse_lsn(self._command(repl, "IDENTIFY_SYSTEM").get_value(0, 2).decode())  # type: ignore[union-attr]
                 limit = target if upto is None else min(upto, target)
-                self._command(repl, f"START_REPLICATION SLOT {self.slot} LOGICAL {format_lsn(after + 1 if after else 0)} "
+                self._command(repl, f"START_REPLICATION SLOT {slot} LOGICAL {format_lsn(after + 1 if after else 0)} "
                                     f"(proto_version '1', publication_names '{self.publication}')")
                 return self._stream(repl, after, limit, target, max_changes, wanted)
             finally:
                 repl.finish()
-                self._wait_inactive(conn)
+                self._wait_inactive(conn, slot=slot)
 
     def _stream(self, repl: pq.abc.PGconn, after: int, limit: int, target: int, max_changes: int,
                 wanted: Callable[[str, int], bool] | None) -> ReadResult:
@@ -343,20 +383,26 @@ class PostgresSource:
         while repl.flush() > 0:
             select.select([], [repl.socket], [], 1.0)
 
-    def ack(self, lsn: int) -> None:
-        """Confirm the slot up to ``lsn`` (a transaction's ``end_lsn`` or a read's ``end``): the
-        server may then recycle the WAL before it. Never moves back; a no-op if already past."""
+    def ack(self, lsn: int, slot: str | None = None) -> None:
+        """Confirm the slot (default: the main one) up to ``lsn`` (a transaction's ``end_lsn`` or a
+        read's ``end``): the server may then recycle the WAL before it. Never moves back; a no-op if
+        already past."""
+        slot = slot or self.slot
         with self._sql() as conn:
-            self._wait_inactive(conn)
-            if lsn > parse_lsn(self._require_slot(conn)[2]):
-                conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot, format_lsn(lsn)))
+            self._wait_inactive(conn, slot=slot)
+            if lsn > parse_lsn(self._require_slot(conn, slot)[2]):
+                conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
 
     def position(self) -> SlotPosition:
         """The main slot's positions (plain SQL, no replication connection)."""
         with self._sql() as conn:
-            _, _, confirmed, restart, active, current, _ = self._require_slot(conn)
-        c, r, cur = parse_lsn(confirmed), parse_lsn(restart), parse_lsn(current)
-        return SlotPosition(c, r, cur, max(0, cur - r), bool(active))
+            return _position(self._require_slot(conn))
+
+
+def _position(row: tuple[Any, ...]) -> SlotPosition:
+    _, _, confirmed, restart, active, current, _ = row
+    c, r, cur = parse_lsn(confirmed), parse_lsn(restart), parse_lsn(current)
+    return SlotPosition(c, r, cur, max(0, cur - r), bool(active))
 
 
 __all__ = ["CdcSourceError", "PostgresSource", "Problem", "ReadResult", "SlotPosition", "Snapshot", "arrow_type",
