@@ -253,6 +253,30 @@ def test_wanted_drops_changes_without_counting_them(pg: str) -> None:
         assert len(changes(read_all(src))) == 7
 
 
+def test_a_parked_slot_keeps_a_paused_tables_place_while_the_main_slot_moves_on(pg: str) -> None:
+    with source(pg, "pk", "CREATE TABLE pk.a (id int PRIMARY KEY)", "CREATE TABLE pk.b (id int PRIMARY KEY)") as src:
+        sql(pg, "INSERT INTO pk.a VALUES (1)", "INSERT INTO pk.b VALUES (1)")
+        first = src.read(0)
+        applied = first[-1].end_lsn
+        src.ack(applied)
+        sql(pg, "INSERT INTO pk.a VALUES (2)", "INSERT INTO pk.b VALUES (2)", "INSERT INTO pk.a VALUES (3)")
+        assert src.parked() == {} and src.park("r.a", applied) and src.park("r.a", applied)  # idempotent
+        slot = src.parked_slot("r.a")
+        assert list(src.parked()) == [slot] and slot.startswith("tidemark_pk_p_")
+        others = src.read(applied, wanted=lambda table, lsn: table != "pk.a")
+        src.ack(others.end)  # the main slot moves past the paused table's changes
+        assert not src.park("r.c", applied)  # refused: the main slot is past where that one stopped
+        assert src.position().confirmed_flush > src.parked()[slot].confirmed_flush
+        held = src.read(applied, slot=slot, wanted=lambda table, lsn: table == "pk.a")
+        assert changes(held) == [RowChange("pk.a", Op.INSERT, after={"id": 2}), RowChange("pk.a", Op.INSERT, after={"id": 3})]
+        src.ack(held.end, slot=slot)
+        assert src.parked()[slot].confirmed_flush == held.end
+        src.unpark("r.a")
+        assert src.parked() == {}
+        src.park("r.a", others.end)
+    assert query(pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'tidemark_pk%'") == [(0,)]  # drop()
+
+
 # ------------------------------------------------------------------ DDL
 
 
