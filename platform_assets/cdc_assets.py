@@ -126,24 +126,32 @@ def pending(settings: Settings, rep: Replicator) -> tuple[bool, str]:
     """Whether changes wait for the replicator, and a description (JVM-free)."""
     from platform_assets.cdc_run import open_source
 
-    source = open_source(rep)
+    source: Any = open_source(rep)
     try:
         if rep.spec.source == "postgres":
-            pos = source.position()  # type: ignore[attr-defined]
+            pos, parked = source.position(), source.parked()
+            resumed = [r.topic for r in _following(settings, rep) if source.parked_slot(r.topic) in parked]
+            if resumed:  # resumed after a pause: it catches up from its parked slot
+                return True, f"{', '.join(resumed)} catching up from a parked slot"
             return pos.behind_bytes >= MIN_BEHIND_BYTES, (f"slot acknowledged {format_lsn(pos.confirmed_flush)}, "
                                                           f"WAL at {format_lsn(pos.current)}")
-        end = source.position_end()  # type: ignore[attr-defined]
+        end = source.position_end()
     finally:
         source.close()
+    applied = [r.last.id for r in _following(settings, rep)]
+    return end > min(applied, default=0), f"files end at position {end}, replicas at {min(applied, default=0)}"
+
+
+def _following(settings: Settings, rep: Replicator) -> list[Any]:
+    """The offset records of ``rep``'s replicas that are neither paused nor dropped."""
     from resources.offset_sql import open_offset_store
 
     store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
     try:
-        applied = [r.last.id for r in store.list() if r.processor == "cdc" and r.topic.partition(".")[0] == rep.spec.schema_
-                   and r.state.split(":")[0] not in ("paused", "dropped")]
+        return [r for r in store.list() if r.processor == "cdc" and r.topic.partition(".")[0] == rep.spec.schema_
+                and r.state.split(":")[0] not in ("paused", "dropped")]
     finally:
         store.close()
-    return end > min(applied, default=0), f"files end at position {end}, replicas at {min(applied, default=0)}"
 
 
 def build_cdc_sensor(settings: Settings, lineage: Lineage, jobs: list[Any],

@@ -18,6 +18,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lineage.loader import load_lineage
+from platform_assets.cdc_assets import pending
 from platform_assets.cdc_run import run_replicator
 from platform_assets.engine import Engine
 from resources.settings import Settings
@@ -133,47 +134,51 @@ def _slots(pg: str, like: str) -> dict[str, tuple[int, int]]:
 
 def test_a_paused_replica_is_parked_on_its_own_slot_and_catches_up_when_resumed(spark, settings: Settings, tmp_path: Path,
                                                                                pg: str) -> None:
-    sql(pg, "CREATE SCHEMA s5", "CREATE TABLE s5.a (id int PRIMARY KEY, v int)", "CREATE TABLE s5.b (id int PRIMARY KEY, w int)",
-        "INSERT INTO s5.a VALUES (1, 1)", "INSERT INTO s5.b VALUES (1, 1)")
-    s = setup(settings, tmp_path, pg, "s5", maxstep=300)
-    run(spark, s, "s5")
+    sql(pg, "CREATE SCHEMA s7", "CREATE TABLE s7.a (id int PRIMARY KEY, v int)", "CREATE TABLE s7.b (id int PRIMARY KEY, w int)",
+        "INSERT INTO s7.a VALUES (1, 1)", "INSERT INTO s7.b VALUES (1, 1)")
+    s = setup(settings, tmp_path, pg, "s7", maxstep=300)
+    run(spark, s, "s7")
     env = {"TM_TEST_DSN": pg}
-    assert tidemark(s, "cdc", "pause", "r_s5.s5__a", "--reason", "test", env=env).returncode == 0
+    assert tidemark(s, "cdc", "pause", "r_s7.s7__a", "--reason", "test", env=env).returncode == 0
     # while paused: its table changes (rows, a new column, more rows), and much WAL is written for the other
-    sql(pg, "INSERT INTO s5.a SELECT g, g FROM generate_series(2, 400) g", "ALTER TABLE s5.a ADD COLUMN note text",
-        "UPDATE s5.a SET note = 'n' || id WHERE id % 7 = 0", "DELETE FROM s5.a WHERE id % 11 = 0",
-        "INSERT INTO s5.b SELECT g, g FROM generate_series(2, 20000) g")
-    results = run(spark, s, "s5")
+    sql(pg, "INSERT INTO s7.a SELECT g, g FROM generate_series(2, 400) g", "ALTER TABLE s7.a ADD COLUMN note text",
+        "UPDATE s7.a SET note = 'n' || id WHERE id % 7 = 0", "DELETE FROM s7.a WHERE id % 11 = 0",
+        "INSERT INTO s7.b SELECT g, g FROM generate_series(2, 20000) g",
+        "CHECKPOINT")  # a running-transactions record past it: where PostgreSQL may move a slot's restart position
+    results = run(spark, s, "s7")
     assert sum(r.changes for r in results) == 19_999  # b's rows only
-    parked = _slots(pg, "tidemark_s5_p_%")
+    parked = _slots(pg, "tidemark_s7_p_%")
     assert len(parked) == 1, parked
     (parked_at, parked_restart), = parked.values()
-    main_at, main_restart = _slots(pg, "tidemark_s5")["tidemark_s5"]
+    main_at, main_restart = _slots(pg, "tidemark_s7")["tidemark_s7"]
     # the main slot moved on past all of it: no read of b decodes the WAL the pause holds
     assert main_at > parked_at and main_restart > parked_restart
     status = tidemark(s, "cdc", "status", env=env)
-    assert f"parked slot {next(iter(parked))} of r_s5.s5__a" in status.stdout and "PAUSED" in status.stdout, status.stdout
-    assert replica(spark, s, "r_s5.s5__a", "id,v") == [(1, 1)]
+    assert f"parked slot {next(iter(parked))} of r_s7.s7__a" in status.stdout and "PAUSED" in status.stdout, status.stdout
+    assert replica(spark, s, "r_s7.s7__a", "id,v") == [(1, 1)]
 
-    assert tidemark(s, "cdc", "resume", "r_s5.s5__a", env=env).returncode == 0
-    sql(pg, "UPDATE s5.a SET v = -v WHERE id < 5", "INSERT INTO s5.b VALUES (20001, 1)")  # after the main slot's position
-    results = run(spark, s, "s5")
+    rep = load_lineage(s.lineage).replicators["s7"]
+    assert pending(s, rep)[0] is False  # paused: nothing for the sensor to request
+    assert tidemark(s, "cdc", "resume", "r_s7.s7__a", env=env).returncode == 0
+    assert pending(s, rep) == (True, "r_s7.s7__a catching up from a parked slot")  # the sensor requests a run
+    sql(pg, "UPDATE s7.a SET v = -v WHERE id < 5", "INSERT INTO s7.b VALUES (20001, 1)")  # after the main slot's position
+    results = run(spark, s, "s7")
     assert len(results) >= 2, [r.reason for r in results]  # maxstep 300: the catch-up took more than one unit
-    assert _slots(pg, "tidemark_s5_p_%") == {}  # caught up: its parked slot is gone, it follows the main slot
-    want = sorted(query(pg, "SELECT id, v, note FROM s5.a"))
-    assert replica(spark, s, "r_s5.s5__a", "id,v,note") == want
-    assert len(replica(spark, s, "r_s5.s5__b", "id")) == 20_001
-    sql(pg, "UPDATE s5.a SET v = 0 WHERE id = 2")  # it follows the main slot again
-    run(spark, s, "s5")
-    assert replica(spark, s, "r_s5.s5__a", "id,v,note") == sorted(query(pg, "SELECT id, v, note FROM s5.a"))
+    assert _slots(pg, "tidemark_s7_p_%") == {}  # caught up: its parked slot is gone, it follows the main slot
+    want = sorted(query(pg, "SELECT id, v, note FROM s7.a"))
+    assert replica(spark, s, "r_s7.s7__a", "id,v,note") == want
+    assert len(replica(spark, s, "r_s7.s7__b", "id")) == 20_001
+    sql(pg, "UPDATE s7.a SET v = 0 WHERE id = 2")  # it follows the main slot again
+    run(spark, s, "s7")
+    assert replica(spark, s, "r_s7.s7__a", "id,v,note") == sorted(query(pg, "SELECT id, v, note FROM s7.a"))
     # paused and copied again: its parked slot goes with the old copy
-    assert tidemark(s, "cdc", "pause", "r_s5.s5__a", env=env).returncode == 0
-    run(spark, s, "s5")
-    assert len(_slots(pg, "tidemark_s5_p_%")) == 1
-    assert tidemark(s, "cdc", "resume", "r_s5.s5__a", "--resync", env=env).returncode == 0
-    run(spark, s, "s5")
-    assert _slots(pg, "tidemark_s5_p_%") == {}
-    assert replica(spark, s, "r_s5.s5__a", "id,v,note") == sorted(query(pg, "SELECT id, v, note FROM s5.a"))
+    assert tidemark(s, "cdc", "pause", "r_s7.s7__a", env=env).returncode == 0
+    run(spark, s, "s7")
+    assert len(_slots(pg, "tidemark_s7_p_%")) == 1
+    assert tidemark(s, "cdc", "resume", "r_s7.s7__a", "--resync", env=env).returncode == 0
+    run(spark, s, "s7")
+    assert _slots(pg, "tidemark_s7_p_%") == {}
+    assert replica(spark, s, "r_s7.s7__a", "id,v,note") == sorted(query(pg, "SELECT id, v, note FROM s7.a"))
 
 
 def _random_dml(pg: str, schema: str, seed: int, txs: int, stop: threading.Event | None = None) -> None:

@@ -1,0 +1,261 @@
+"""End-to-end CDC throughput from PostgreSQL: writers at rising rates until the replicas' lag grows without bound (issue 19, part 5).
+
+A throw-away PostgreSQL (``wal_level=logical``) with three pgbench-like tables (``accounts``,
+``tellers``, ``history``), ``--rows`` rows each, copied by the cdc processor's snapshot (untimed).
+Then writer threads commit transactions of ``--per-tx`` row changes: a third to each table; in
+``accounts`` and ``tellers`` 30 % of the changes move a row to a new key and 70 % update it (20 % key
+changes overall), ``history`` gets inserts. The rate steps up through ``--rates`` (changes/s, each
+for ``--step-seconds``) while the replicator runs its units back to back (``maxstep`` changes each),
+as ``tidemark cdc run`` does.
+
+Lag per source transaction: the end of the unit that applied it minus its commit time in the WAL
+(an upper bound: the replica's Delta commit is a little earlier). Per step: the rate the writers
+reached, the lag p50/p95/max of the transactions committed in it; a step whose lag p95 reaches 10 s
+ends the climb (the lag grows without bound past it). At the end the writers stop, the replicator
+drains, and every replica is compared with its table (row count and a checksum; exit 1 if any
+differs). Targets (issue 19): at least 20,000 changes/s held with lag p95 < 10 s; at 5,000 changes/s
+lag p95 < 5 s.
+
+    PYTHONPATH=. .venv/bin/python bench/cdc_throughput.py [--rates 1000,2500,5000,10000,20000] [--step-seconds 45]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.shared import BenchError  # noqa: E402
+from resources.settings import Settings  # noqa: E402
+
+TABLES = ("accounts", "tellers", "history")
+KEYED = ("accounts", "tellers")  # updates and key changes; history takes inserts
+HELD_P95_S = 10.0
+
+
+@dataclass
+class Pace:
+    """The writers' target rate (changes/s), changed by the main thread step by step."""
+
+    rate: float = 0.0
+    stop: threading.Event = field(default_factory=threading.Event)
+    written: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def writer(url: str, w: int, writers: int, rows: int, per_tx: int, pace: Pace, errors: list[str]) -> None:
+    """Transactions of ``per_tx`` changes on the keys ``id % writers == w`` (writers never touch one row)."""
+    import psycopg
+
+    rnd = random.Random(1000 + w)
+    live = {t: [k for k in range(1, rows + 1) if k % writers == w] for t in KEYED}
+    next_id = {t: rows + 1 + ((w - rows - 1) % writers) for t in (*KEYED, "history")}
+    third = max(1, per_tx // 3)
+    done = 0
+    t_rate, rate_at = time.monotonic(), 0.0
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            while not pace.stop.is_set():
+                rate = pace.rate / writers
+                if rate <= 0:
+                    time.sleep(0.05)
+                    continue
+                if rate != rate_at:  # a new step: pace from now
+                    t_rate, rate_at, done = time.monotonic(), rate, 0
+                if (wait := t_rate + done / rate - time.monotonic()) > 0:
+                    time.sleep(min(wait, 0.2))
+                    continue
+                with conn.transaction():
+                    for t in KEYED:
+                        picked = rnd.sample(range(len(live[t])), third)
+                        moves = [i for i in picked if rnd.random() < 0.3]
+                        moved = set(moves)
+                        updates = [live[t][i] for i in picked if i not in moved]
+                        if updates:
+                            conn.execute(f"UPDATE bt.{t} SET balance = balance + 1, note = 'u' WHERE id = ANY(%s)",
+                                         (updates,))
+                        if moves:
+                            old = [live[t][i] for i in moves]
+                            new = []
+                            for i in moves:
+                                new.append(next_id[t])
+                                live[t][i] = next_id[t]
+                                next_id[t] += writers
+                            conn.execute(f"UPDATE bt.{t} SET id = m.new, note = 'k' FROM unnest(%s::bigint[], %s::bigint[]) "
+                                         f"AS m(old, new) WHERE bt.{t}.id = m.old", (old, new))
+                    ids = [next_id["history"] + j * writers for j in range(third)]
+                    next_id["history"] += third * writers
+                    conn.execute("INSERT INTO bt.history SELECT g, 1, 'h' FROM unnest(%s::bigint[]) g", (ids,))
+                done += 3 * third
+                with pace.lock:
+                    pace.written += 3 * third
+    except Exception as exc:  # noqa: BLE001 - reported by the main thread
+        errors.append(f"writer {w}: {type(exc).__name__}: {exc}")
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--rates", default="1000,2500,5000,10000,20000", help="changes/s, one step each, rising")
+    p.add_argument("--step-seconds", type=float, default=45.0)
+    p.add_argument("--rows", type=int, default=100_000, help="rows of each table before the load")
+    p.add_argument("--per-tx", type=int, default=30, help="row changes per source transaction")
+    p.add_argument("--writers", type=int, default=2, help="writer threads (connections)")
+    p.add_argument("--maxstep", type=int, default=100_000, help="the replicator's maxstep (changes per unit)")
+    p.add_argument("--driver-memory", default="4g")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir")
+    args = p.parse_args(argv)
+    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    os.environ["TIDEMARK_DRIVER_MEMORY"] = args.driver_memory
+
+    import psycopg
+
+    from lineage.loader import load_lineage
+    from platform_assets.cdc import ReplicatorUnit
+    from platform_assets.cdc_run import open_source
+    from platform_assets.engine import Engine
+    from resources import local_pg
+    from resources.spark import build_spark_session
+
+    base = Path(tempfile.mkdtemp(prefix="tidemark-bench-cdc-tp-"))
+    os.chmod(base, 0o755)  # as root, the server's user must be able to enter it
+    pg_home = base / "pg"
+    pg_home.mkdir()
+    os.chmod(pg_home, 0o755)
+    server = local_pg.start(pg_home, port=local_pg.free_port(), options={"wal_level": "logical"})
+    failed = False
+    try:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA bt")
+            for tname in TABLES:
+                conn.execute(f"CREATE TABLE bt.{tname} (id bigint PRIMARY KEY, balance bigint, note text)")
+                conn.execute(f"INSERT INTO bt.{tname} SELECT g, 0, 'n' FROM generate_series(1, %s) g", (args.rows,))
+        lineage = base / "lineage.yaml"
+        lineage.write_text(f"cdc:\n  - name: bt\n    dsn_env: TIDEMARK_BENCH_CDC_DSN\n    tables: [bt.*]\n"
+                           f"    schema: r_bt\n    maxstep: {args.maxstep}\n")
+        os.environ["TIDEMARK_BENCH_CDC_DSN"] = server.url
+        settings = Settings.from_env({}, home=base / "home", lineage=lineage, spark_master="local[2]")
+        spark = build_spark_session(settings, app_name="tidemark-bench-cdc-throughput")
+        engine = Engine(settings, load_lineage(lineage), spark=spark, owner="bench-throughput")
+        rep = engine.lineage.replicators["bt"]
+        source = open_source(rep)
+        read = source.read
+        seen: list[Any] = []
+
+        def observed(*a: Any, **kw: Any) -> Any:  # the transactions each unit applies
+            txs = read(*a, **kw)
+            seen.extend(txs)
+            return txs
+
+        source.read = observed  # type: ignore[method-assign]
+        lags: list[tuple[float, float]] = []  # (source commit time, lag s)
+        units: list[tuple[float, int]] = []  # (duration s, changes)
+
+        def unit() -> bool:
+            t = time.monotonic()
+            result = ReplicatorUnit(engine, rep, source).run_once()
+            now = time.time()
+            if result.tables:
+                units.append((time.monotonic() - t, result.changes))
+                for tx in seen:
+                    c = tx.commit_time.replace(tzinfo=dt.UTC).timestamp()
+                    lags.append((c, now - c))
+            seen.clear()
+            return result.processed
+
+        try:
+            t = time.monotonic()
+            while unit():
+                pass
+            lags.clear()
+            units.clear()
+            print(f"snapshot: 3 tables of {args.rows:,} rows in {time.monotonic() - t:.1f} s (untimed)", flush=True)
+            pace, errors = Pace(), list[str]()
+            threads = [threading.Thread(target=writer, args=(server.url, w, args.writers, args.rows, args.per_tx, pace,
+                                                             errors), daemon=True) for w in range(args.writers)]
+            for th in threads:
+                th.start()
+            steps: list[tuple[float, float, float, float]] = []  # (rate, start, end, written)
+            print(f"{'target/s':>9} {'written/s':>10} {'txs':>7} {'lag p50':>8} {'p95':>7} {'max':>7}  verdict", flush=True)
+            try:
+                for rate in rates:
+                    start, w0 = time.time(), pace.written
+                    pace.rate = rate
+                    while time.time() - start < args.step_seconds and not errors:
+                        if not unit():
+                            time.sleep(0.2)
+                    end = time.time()
+                    steps.append((rate, start, end, pace.written - w0))
+                    in_step = [lag for c, lag in lags if start <= c < end]
+                    # transactions of this step still waiting count with their age so far
+                    held = pct(in_step, 95) < HELD_P95_S if in_step else False
+                    print(f"{rate:>9,.0f} {(pace.written - w0) / (end - start):>10,.0f} {len(in_step):>7,} "
+                          f"{pct(in_step, 50):>7.1f}s {pct(in_step, 95):>6.1f}s {max(in_step, default=float('nan')):>6.1f}s  "
+                          f"{'held' if held else 'NOT held (lag p95 >= 10 s or nothing applied)'}", flush=True)
+                    if errors:
+                        raise BenchError("; ".join(errors))
+                    if not held:
+                        break
+            finally:
+                pace.stop.set()
+                for th in threads:
+                    th.join()
+            t = time.monotonic()
+            while unit():
+                pass
+            print(f"drained the rest in {time.monotonic() - t:.1f} s", flush=True)
+            # lags per step again, now that every transaction of every step is applied
+            results = []
+            for rate, start, end, written in steps:
+                in_step = [lag for c, lag in lags if start <= c < end]
+                results.append((rate, written / (end - start), pct(in_step, 95), len(in_step)))
+            with psycopg.connect(server.url) as conn:
+                for tname in TABLES:
+                    src = conn.execute(f"SELECT count(*), coalesce(sum(id * 7 + balance), 0) FROM bt.{tname}").fetchone()
+                    got = spark.read.format("delta").load(settings.table_path(f"r_bt.bt__{tname}")).selectExpr(
+                        "count(*)", "coalesce(sum(id * 7 + balance), 0)").first()
+                    same = src is not None and got is not None and (int(src[0]), int(src[1])) == (int(got[0]), int(got[1]))
+                    print(f"replica r_bt.bt__{tname}: {int(got[0]) if got else 0:,} rows, "
+                          + ("equal to the source" if same else f"DIFFERS from the source {src}"))
+                    failed = failed or not same
+            print(f"units: {len(units)}, changes per unit p50 {pct([c for _, c in units], 50):,.0f}, "
+                  f"unit time p50 {pct([d for d, _ in units], 50):.1f} s, max {max((d for d, _ in units), default=0):.1f} s")
+            ok = [r for r in results if r[2] < HELD_P95_S and r[1] >= 0.9 * r[0]]
+            best = max(ok, key=lambda r: r[1], default=None)
+            print("highest rate held with lag p95 < 10 s: "
+                  + (f"{best[1]:,.0f} changes/s (step {best[0]:,.0f}/s, p95 {best[2]:.1f} s)" if best else "none")
+                  + f" -> target 20,000: {'MET' if best and best[1] >= 20_000 else 'MISSED'}")
+            at5k = next((r for r in results if r[0] == 5000), None)
+            print("at 5,000 changes/s: " + (f"lag p95 {at5k[2]:.1f} s -> target < 5 s: "
+                                            f"{'MET' if at5k[2] < 5 else 'MISSED'}" if at5k else "not reached"))
+        finally:
+            source.close()
+            engine.close()
+            spark.stop()
+    finally:
+        local_pg.stop(pg_home)
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
