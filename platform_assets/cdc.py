@@ -300,13 +300,14 @@ class ReplicatorUnit:
             if t.applied is None:
                 continue
             if not t.active and not has:
-                has = src.park(t.replica, t.applied)
+                why = src.park(t.replica, t.applied)
+                has = why is None
                 if has:
                     log.info("replicator %s: paused replica %s parked on slot %s at %s", self.spec.name, t.replica,
                              src.parked_slot(t.replica), format_lsn(t.applied))
                 else:
-                    log.warning("replicator %s: paused replica %s cannot be parked (the main slot is past %s); it holds "
-                                "the main slot back", self.spec.name, t.replica, format_lsn(t.applied))
+                    log.warning("replicator %s: paused replica %s is not parked (%s); it holds the main slot back, and "
+                                "every read decodes the WAL since its position", self.spec.name, t.replica, why)
             t.parked = has
 
     def _catch_up(self, result: CdcResult, lease: LeaseKeeper) -> None:

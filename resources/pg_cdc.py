@@ -208,19 +208,24 @@ class PostgresSource:
         """The name of the slot that holds a paused replica's place (``tidemark_<name>_p_<hash>``)."""
         return f"{self.slot}_p_{hashlib.sha1(replica.encode()).hexdigest()[:10]}"
 
-    def park(self, replica: str, applied: int) -> bool:
+    def park(self, replica: str, applied: int) -> str | None:
         """Give a paused ``replica`` a slot of its own: a copy of the main slot, so the main slot
-        moves on without it and no read of the others decodes the WAL the pause holds. Refused
-        (False) when the main slot is already acknowledged past ``applied``; True when parked now
-        or before."""
+        moves on without it and no read of the others decodes the WAL the pause holds. None when
+        parked (now or before), else why it cannot be: the main slot is acknowledged past
+        ``applied``, or the server refuses another slot."""
         parked = self.parked_slot(replica)
         with self._sql() as conn:
             if self._slot_row(conn, parked) is not None:
-                return True
-            if parse_lsn(self._require_slot(conn)[2]) > applied:
-                return False
-            conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (self.slot, parked))
-            return True
+                return None
+            confirmed = parse_lsn(self._require_slot(conn)[2])
+            if confirmed > applied:
+                return f"the main slot is acknowledged at {format_lsn(confirmed)}, past {format_lsn(applied)}"
+            try:
+                conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (self.slot, parked))
+            except psycopg.Error as exc:
+                return (f"{self.where} refused a slot for it: {str(exc).strip()} (raise max_replication_slots to "
+                        f"let paused replicas park)")
+            return None
 
     def parked(self) -> dict[str, SlotPosition]:
         """Every parked slot of this source (by slot name) and where it stands."""
