@@ -286,11 +286,15 @@ class ReplicatorUnit:
 
     # ------------------------------------------------------------------ parked replicas
     def _park(self) -> None:
-        """Paused replicas onto slots of their own; parked slots no longer needed dropped."""
+        """Paused replicas onto slots of their own; parked slots no longer needed dropped; a replica
+        whose place on the server is gone (its parked slot dropped while the main slot moved on)
+        paused, asking for a new copy, instead of following the main slot past changes it lacks."""
         if not hasattr(self.source, "park"):
             return
         src: Any = self.source
+        store = self.engine.store
         slots = src.parked()
+        confirmed = src.position().confirmed_flush
         for t in self.tables.values():
             has = src.parked_slot(t.replica) in slots
             if state_word(t.rec) == DROPPED or (has and t.applied is None):  # gone, or to be copied again
@@ -298,6 +302,17 @@ class ReplicatorUnit:
                     src.unpark(t.replica)
                 continue
             if t.applied is None:
+                continue
+            if not has and t.applied < confirmed:
+                why = (f"paused: its changes after {format_lsn(t.applied)} are no longer kept by the server (the main slot "
+                       f"is at {format_lsn(confirmed)} and its parked slot is gone); copy it again: tidemark cdc resume "
+                       f"{t.replica} --resync")
+                if t.rec.state != why:
+                    store.set_state(t.replica, self.owner, why)
+                    t.rec = store.get(t.replica) or t.rec
+                    self.paused[t.replica] = why
+                    log.error("replicator %s: replica %s %s", self.spec.name, t.replica, why)
+                t.parked = True  # holds nothing back and reads nothing until copied again
                 continue
             if not t.active and not has:
                 why = src.park(t.replica, t.applied)
@@ -309,21 +324,53 @@ class ReplicatorUnit:
                     log.warning("replicator %s: paused replica %s is not parked (%s); it holds the main slot back, and "
                                 "every read decodes the WAL since its position", self.spec.name, t.replica, why)
             t.parked = has
+        self._drop_orphans(src, set(slots) - {src.parked_slot(t.replica) for t in self.tables.values()})
+
+    def _drop_orphans(self, src: Any, orphans: set[str]) -> None:
+        """Parked slots of replicas whose source table left the source (dropped, renamed, deselected)
+        while they were paused: the slot goes (it would hold WAL forever) and the replica is marked
+        dropped, kept as it is."""
+        if not orphans:
+            return
+        store = self.engine.store
+        for rec in store.list():
+            slot = src.parked_slot(rec.topic)
+            if rec.processor != PROCESSOR or slot not in orphans:
+                continue
+            why = (f"dropped: its source table left the source while it was paused (its parked slot "
+                   f"{slot} removed); the replica is kept as it was")
+            try:
+                store.acquire(rec.topic, self.owner)
+                store.set_state(rec.topic, self.owner, why)
+            finally:
+                store.release(rec.topic, self.owner)
+            src.unpark(rec.topic)
+            log.warning("replicator %s: replica %s %s", self.spec.name, rec.topic, why)
 
     def _catch_up(self, result: CdcResult, lease: LeaseKeeper) -> None:
         """A resumed parked replica: one read of its parked slot up to where the main slot is
-        acknowledged, applied like any unit; there, its parked slot goes and it rejoins."""
+        acknowledged, applied like any unit; there, its parked slot goes and it rejoins. Numbered
+        above every number the replicator gave out, so a later unit's replay numbers alike."""
         src: Any = self.source
+        store = self.engine.store
         for t in [t for t in self.tables.values() if t.parked and t.active and t.applied is not None]:
             lease.check()
             target = src.position().confirmed_flush
             start, slot = t.applied, src.parked_slot(t.replica)
             if start < target:
-                txs = src.read(start, upto=target, max_changes=self.spec.maxstep, slot=slot,
-                               wanted=lambda table, lsn, t=t, start=start: table == t.source and lsn > start)
+                try:
+                    txs = src.read(start, upto=target, max_changes=self.spec.maxstep, slot=slot,
+                                   wanted=lambda table, lsn, t=t, start=start: table == t.source and lsn > start)
+                except Exception as exc:
+                    if retryable(exc):
+                        raise
+                    self._pause(t, f"reading its parked slot {slot} failed: {str(exc).splitlines()[0][:300]}", result)
+                    continue
                 upto = max(int(getattr(txs, "end", 0) or 0), txs[-1].lsn if txs else 0)
                 if txs:
-                    first = max([t2.rec.inputs.get("changes", 0) for t2 in self.tables.values()]) + 1
+                    own = store.get(self.spec.state_key)
+                    first = max([own.inputs.get("changes", 0) if own else 0]
+                                + [t2.rec.inputs.get("changes", 0) for t2 in self.tables.values()]) + 1
                     seq_of = {id(n.change): n for n in number(txs, first)}
                     self._apply_table(t.source, self._split(txs).get(t.source, []), result.unit, seq_of, result)
                     result.reason = f"replica {t.replica} catching up from its parked slot up to {format_lsn(upto)}"
@@ -342,8 +389,9 @@ class ReplicatorUnit:
         key = self.spec.state_key
         active = [t.applied for t in self.tables.values() if t.applied is not None and t.active and not t.parked]
         after = min(active) if active else 0  # paused replicas hold the acknowledgement back, not the reading
-        if rec.pending:  # a unit planned before a crash: exactly its transactions again
-            unit, upto, first = rec.seq, int(rec.source_version or 0), rec.inputs.get("changes", 0) + 1
+        if rec.pending:  # a unit planned before a crash: exactly its transactions again, numbered alike
+            unit, upto = rec.seq, int(rec.source_version or 0)
+            first = (rec.inputs_next or {}).get("first", rec.inputs.get("changes", 0) + 1)
             txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
         else:
             txs = self.source.read(after, max_changes=self.spec.maxstep, wanted=self._wanted)
@@ -357,7 +405,7 @@ class ReplicatorUnit:
             first = max([rec.inputs.get("changes", 0)] + [t.rec.inputs.get("changes", 0) for t in self.tables.values()]) + 1
             rows = sum(t.rows for t in txs)
             rec = store.plan(key, self.owner, last=rec.last, next=Position(ZERO_TS, unit), seq=unit, source_version=upto,
-                             inputs_next={"changes": first + rows - 1})
+                             inputs_next={"changes": first + rows - 1, "first": first})
             faults.crashpoint("cdc-planned")
         result.unit, result.transactions = unit, len(txs)
         seq_of = {id(n.change): n for n in number(txs, first)}

@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import secrets
 import select
 import struct
@@ -233,7 +234,11 @@ class PostgresSource:
             rows = conn.execute("SELECT slot_name, plugin, database, confirmed_flush_lsn::text, restart_lsn::text, active,"
                                 " pg_current_wal_lsn()::text, active_pid FROM pg_replication_slots WHERE slot_name LIKE %s",
                                 (f"{self.slot}\\_p\\_%",)).fetchall()
-        return {r[0]: _position(r[1:]) for r in rows}
+        return {r[0]: _position(r[1:]) for r in rows if self._is_parked(r[0])}
+
+    def _is_parked(self, slot: str) -> bool:
+        """Exactly ``tidemark_<name>_p_<10 hex>``: not the main slot of a source whose name has ``_p_``."""
+        return re.fullmatch(re.escape(self.slot) + r"_p_[0-9a-f]{10}", slot) is not None
 
     def unpark(self, replica: str) -> None:
         """Drop ``replica``'s parked slot (it follows the main slot again, or needs no place kept)."""
@@ -273,7 +278,7 @@ class PostgresSource:
         """Remove the slot (and parked replicas' slots), publication, event triggers and DDL tables of this source."""
         with self._sql() as conn:
             parked = [r[0] for r in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s",
-                                                 (f"{self.slot}\\_p\\_%",)).fetchall()]
+                                                 (f"{self.slot}\\_p\\_%",)).fetchall() if self._is_parked(r[0])]
             for slot in ([self.slot] if self._slot_row(conn) is not None else []) + parked:
                 self._wait_inactive(conn, slot=slot)
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))

@@ -178,6 +178,30 @@ def test_a_paused_replica_is_parked_on_its_own_slot_and_catches_up_when_resumed(
     run(spark, s, "s7")
     assert _slots(pg, "tidemark_s7_p_%") == {}
     assert replica(spark, s, "r_s7.s7__a", "id,v,note") == sorted(query(pg, "SELECT id, v, note FROM s7.a"))
+    # parked, then its slot dropped by hand while the main slot moves on: the replica does not follow the main
+    # slot past changes it lacks; it stays paused, asking for a new copy
+    assert tidemark(s, "cdc", "pause", "r_s7.s7__a", env=env).returncode == 0
+    run(spark, s, "s7")
+    (gone,) = _slots(pg, "tidemark_s7_p_%")
+    sql(pg, f"SELECT pg_drop_replication_slot('{gone}')", "UPDATE s7.a SET v = 99 WHERE id = 3", "INSERT INTO s7.b VALUES (20002, 2)")
+    run(spark, s, "s7")
+    assert tidemark(s, "cdc", "resume", "r_s7.s7__a", env=env).returncode == 0
+    run(spark, s, "s7")
+    status = tidemark(s, "cdc", "status", env=env).stdout
+    assert "no longer kept by the server" in status and "--resync" in status, status
+    assert (3, 99) not in replica(spark, s, "r_s7.s7__a", "id,v")
+    assert tidemark(s, "cdc", "resume", "r_s7.s7__a", "--resync", env=env).returncode == 0
+    run(spark, s, "s7")
+    assert replica(spark, s, "r_s7.s7__a", "id,v,note") == sorted(query(pg, "SELECT id, v, note FROM s7.a"))
+    # parked, then its table dropped in the source: the parked slot goes, the replica is kept and marked dropped
+    assert tidemark(s, "cdc", "pause", "r_s7.s7__a", env=env).returncode == 0
+    run(spark, s, "s7")
+    sql(pg, "DROP TABLE s7.a", "INSERT INTO s7.b VALUES (20003, 3)")
+    run(spark, s, "s7")
+    assert _slots(pg, "tidemark_s7_p_%") == {}
+    status = tidemark(s, "cdc", "status", env=env).stdout
+    assert any("r_s7.s7__a" in line and "DROPPED" in line for line in status.splitlines()), status
+    assert len(replica(spark, s, "r_s7.s7__b", "id")) == 20_003
 
 
 def _random_dml(pg: str, schema: str, seed: int, txs: int, stop: threading.Event | None = None) -> None:

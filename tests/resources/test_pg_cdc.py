@@ -281,9 +281,12 @@ def test_a_parked_slot_keeps_a_paused_tables_place_while_the_main_slot_moves_on(
         src.ack(held.end, slot=slot)
         assert src.parked()[slot].confirmed_flush == held.end
         src.unpark("r.a")
+        sql(pg, "SELECT pg_create_logical_replication_slot('tidemark_pk_p_eu', 'pgoutput')")  # a source named pk_p_eu
         assert src.parked() == {}
         src.park("r.a", others.end)
-    assert query(pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'tidemark_pk%'") == [(0,)]  # drop()
+    # drop() removed this source's slots, parked ones too, and nothing of the source named pk_p_eu
+    assert query(pg, "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'tidemark_pk%'") == [("tidemark_pk_p_eu",)]
+    sql(pg, "SELECT pg_drop_replication_slot('tidemark_pk_p_eu')")
 
 
 # ------------------------------------------------------------------ DDL
