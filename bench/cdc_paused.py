@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute("CHECKPOINT")
             held_s, b_at = units(b_at, 0)  # the main slot held at the paused replica's position
             held_wal = src.position().retained_bytes
-            assert src.park("bench.a", paused_at)
+            assert src.park("bench.a", paused_at) is None
             src.ack(b_at)
             conn.execute("CHECKPOINT")
             _, b_at = units(b_at, 10 * args.units, ack=True)  # the first read past the checkpoint moves the restart position
