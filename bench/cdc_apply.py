@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.shared import BenchError, make_sdp_project, sdp_update  # noqa: E402
+from bench.shared import BenchError, make_sdp_project, observed_replicator, sdp_update  # noqa: E402
 from resources.settings import Settings  # noqa: E402
 from resources.spark import cached_delta_jars  # noqa: E402
 
@@ -361,10 +361,7 @@ def _writer(url: str, rows: int, rate: float, per_tx: int, seconds: float, out: 
 def run_lag(spark: SparkSession, base: Path, rows: int, rate: float, per_tx: int, seconds: float) -> Lag:
     import psycopg
 
-    from lineage.loader import load_lineage
     from platform_assets.cdc import ReplicatorUnit
-    from platform_assets.cdc_run import open_source
-    from platform_assets.engine import Engine
     from resources import local_pg
 
     pg_home = base / "pg"
@@ -382,18 +379,7 @@ def run_lag(spark: SparkSession, base: Path, rows: int, rate: float, per_tx: int
         lineage.write_text(f"cdc:\n  - name: lagb\n    dsn_env: TIDEMARK_BENCH_CDC_DSN\n    tables: [{TABLE}]\n")
         os.environ["TIDEMARK_BENCH_CDC_DSN"] = server.url
         settings = Settings.from_env({}, home=base / "lag-home", lineage=lineage, spark_master="local[2]")
-        engine = Engine(settings, load_lineage(lineage), spark=spark, owner="bench-lag")
-        rep = engine.lineage.replicators["lagb"]
-        source = open_source(rep)
-        read = source.read
-        seen: list[Any] = []
-
-        def observed(*a: Any, **kw: Any) -> Any:  # the transactions each unit applies
-            txs = read(*a, **kw)
-            seen.extend(txs)
-            return txs
-
-        source.read = observed  # type: ignore[method-assign]
+        engine, rep, source, seen = observed_replicator(settings, "lagb", spark, "bench-lag")
         path = settings.table_path("replica.items")
         try:
             t = time.monotonic()

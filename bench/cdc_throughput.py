@@ -32,7 +32,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -40,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.shared import BenchError  # noqa: E402
+from bench.shared import BenchError, observed_replicator  # noqa: E402
 from resources.settings import Settings  # noqa: E402
 
 TABLES = ("accounts", "tellers", "history")
@@ -128,10 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import psycopg
 
-    from lineage.loader import load_lineage
     from platform_assets.cdc import ReplicatorUnit
-    from platform_assets.cdc_run import open_source
-    from platform_assets.engine import Engine
     from resources import local_pg
     from resources.spark import build_spark_session
 
@@ -154,18 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TIDEMARK_BENCH_CDC_DSN"] = server.url
         settings = Settings.from_env({}, home=base / "home", lineage=lineage, spark_master="local[2]")
         spark = build_spark_session(settings, app_name="tidemark-bench-cdc-throughput")
-        engine = Engine(settings, load_lineage(lineage), spark=spark, owner="bench-throughput")
-        rep = engine.lineage.replicators["bt"]
-        source = open_source(rep)
-        read = source.read
-        seen: list[Any] = []
-
-        def observed(*a: Any, **kw: Any) -> Any:  # the transactions each unit applies
-            txs = read(*a, **kw)
-            seen.extend(txs)
-            return txs
-
-        source.read = observed  # type: ignore[method-assign]
+        engine, rep, source, seen = observed_replicator(settings, "bt", spark, "bench-throughput")
         lags: list[tuple[float, float]] = []  # (source commit time, lag s)
         units: list[tuple[float, int]] = []  # (duration s, changes)
 

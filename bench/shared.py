@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -173,3 +173,25 @@ def diff_counts(a: DataFrame, b: DataFrame, columns: list[str]) -> tuple[int, in
             raise BenchError(f"columns differ: the {which} table has {df.columns}, expected {columns}")
     a, b = a.select(*columns), b.select(*columns)
     return a.count(), b.count(), a.exceptAll(b).count(), b.exceptAll(a).count()
+
+
+def observed_replicator(settings: Any, name: str, spark: Any, owner: str) -> tuple[Any, Any, Any, list[Any]]:
+    """An engine on ``settings`` (``spark``), its replicator ``name`` and that replicator's source
+    whose reads are observed: every transaction a unit reads is appended to the returned list."""
+    from lineage.loader import load_lineage
+    from platform_assets.cdc_run import open_source
+    from platform_assets.engine import Engine
+
+    engine = Engine(settings, load_lineage(settings.lineage), spark=spark, owner=owner)
+    rep = engine.lineage.replicators[name]
+    source = open_source(rep)
+    read = source.read
+    seen: list[Any] = []
+
+    def observed(*a: Any, **kw: Any) -> Any:  # the transactions each unit applies
+        txs = read(*a, **kw)
+        seen.extend(txs)
+        return txs
+
+    source.read = observed  # type: ignore[method-assign]
+    return engine, rep, source, seen

@@ -276,9 +276,8 @@ class PostgresSource:
 
     def drop(self) -> None:
         """Remove the slot (and parked replicas' slots), publication, event triggers and DDL tables of this source."""
+        parked = list(self.parked())
         with self._sql() as conn:
-            parked = [r[0] for r in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s",
-                                                 (f"{self.slot}\\_p\\_%",)).fetchall() if self._is_parked(r[0])]
             for slot in ([self.slot] if self._slot_row(conn) is not None else []) + parked:
                 self._wait_inactive(conn, slot=slot)
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
