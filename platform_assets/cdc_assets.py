@@ -130,7 +130,8 @@ def pending(settings: Settings, rep: Replicator) -> tuple[bool, str]:
     try:
         if rep.spec.source == "postgres":
             pos, parked = source.position(), source.parked()
-            resumed = [r.topic for r in _following(settings, rep) if source.parked_slot(r.topic) in parked]
+            resumed = [r.topic for r in (_following(settings, rep) if parked else [])
+                       if source.parked_slot(r.topic) in parked]
             if resumed:  # resumed after a pause: it catches up from its parked slot
                 return True, f"{', '.join(resumed)} catching up from a parked slot"
             return pos.behind_bytes >= MIN_BEHIND_BYTES, (f"slot acknowledged {format_lsn(pos.confirmed_flush)}, "
