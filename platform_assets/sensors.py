@@ -17,7 +17,6 @@ its block is retried without waiting for the lock's lease to expire.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ from lineage.checks import CHECK_NAMES, HEALTH_CHECK
 from lineage.errors import TidemarkError, TopicLockedError
 from lineage.partitions import expired_block_keys, partitions_name
 from lineage.spec import Lineage, Processor
+from platform_assets import watch
+from resources.delta_meta import newest_version
 from resources.offsets import OffsetStore
 from resources.settings import Settings
 
@@ -155,10 +156,27 @@ def offset_age_checks(engine: Any, lineage: Lineage, states: dict[str, str]) -> 
 
 
 def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: int = 3, backoff_s: float = 60.0,
-                         interval_s: int = 30, retention: int | None = None) -> dg.SensorDefinition:
+                         interval_s: int | None = None, every_s: int | None = None,
+                         retention: int | None = None) -> dg.SensorDefinition:
     """``retention``: block partitions kept per topic (default ``$TIDEMARK_PARTITION_RETENTION``
-    or 1000); older keys are deleted (Dagster recommends at most ~100k partitions per asset)."""
+    or 1000); older keys are deleted (Dagster recommends at most ~100k partitions per asset).
+    ``interval_s``: seconds between ticks (default ``$TIDEMARK_PLANNER_INTERVAL`` or 5); a tick
+    plans only when a table or the offset store changed, a delay passed, or the last planning is
+    ``every_s`` old (default ``$TIDEMARK_PLANNER_FULL_INTERVAL`` or 30): see :mod:`platform_assets.watch`."""
     keep = retention or int(os.environ.get("TIDEMARK_PARTITION_RETENTION", "1000"))
+    interval_s = interval_s or watch.env_seconds("TIDEMARK_PLANNER_INTERVAL", 5)
+    every_s = every_s or watch.env_seconds("TIDEMARK_PLANNER_FULL_INTERVAL", 30)
+    # What each topic reads (its inputs and, for a reload or a merge view, its own table) and the
+    # delay its rows must reach.
+    rescan_s = watch.env_seconds("TIDEMARK_PLANNER_RESCAN", 300)
+    reads = [(sorted({*t.spec.depends_on, t.spec.destination}), t.spec.delay.total_seconds()) for t in lineage.topics.values()]
+    tables = sorted({table for names, _ in reads for table in names})
+    producers: dict[str, set[str]] = {}
+    for t in lineage.topics.values():
+        producers.setdefault(t.spec.destination, set()).add(t.name)
+    moved_by = {t.name: watch.Reads(frozenset({*t.spec.depends_on, t.spec.destination}),
+                                    frozenset(p for d in t.spec.depends_on for p in producers.get(d, ()) if p != t.name))
+                for t in lineage.topics.values()}
 
     # One job per table: a sensor may target several jobs, but one asset job cannot mix the
     # tables' different block partitions.
@@ -167,11 +185,37 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
     @dg.sensor(name="tidemark_planner", minimum_interval_seconds=interval_s, jobs=list(jobs.values()),
                default_status=dg.DefaultSensorStatus.RUNNING,
                description="Plans the next block of every topic and requests its run when delay, "
-                           "depends_on and repeat allow; the skip reason says why topics wait.")
+                           "depends_on and repeat allow; the skip reason says why topics wait. Plans "
+                           "when a table or the offset store changed, a delay passed, or every "
+                           f"{every_s} s; other ticks only look (one file lookup per table).")
     def planner(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         from platform_assets.engine import Engine
 
         engine = Engine(settings, lineage)
+        now = dt.datetime.now(dt.UTC).timestamp()
+        last, states = watch.read_cursor(context.cursor)
+        try:
+            full = last is None or now - last.planned_at >= every_s
+            versions = {t: newest_version(engine.path(t), None if last is None else last.versions.get(t), recheck=full)
+                        for t in tables}
+            head = engine.store.log_head()
+            logged = engine.store.logged_after(last.log_head) if last is not None and head != last.log_head else set()
+        except BaseException:
+            engine.close()
+            raise
+        why = watch.why_plan(last, versions, head, now, every_s=every_s)
+        if why is None and last is not None:
+            engine.close()
+            since = dt.datetime.fromtimestamp(last.planned_at, dt.UTC).strftime("%H:%M:%S")
+            return dg.SensorResult(skip_reason=f"nothing changed since the planning at {since} UTC"
+                                               f"{'; it found: ' + last.waits if last.waits else ''}")
+        changed = watch.changed_tables(last, versions)
+        due = [d for d in (last.due if last else []) if d > now]
+        due += watch.delays_started(reads, changed, now)
+        rescan = last is None or now - last.rescanned_at >= rescan_s
+        to_plan = watch.topics_to_plan(last, moved_by, changed, logged, rescan=rescan)
+        quiet: dict[str, str] = {}  # topics this planning found waiting for their inputs only
+        context.log.info(f"planning {len(to_plan)} of {len(moved_by)} topics: {why}")
         blocked = _blocked_tables(context.instance, lineage)
         # Dagster validates each run request's partition key through this same caching loader
         # (with the keys this tick adds): asking it here saves Dagster a second query per key.
@@ -182,22 +226,21 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         blocks: list[tuple[str, str, int, str]] = []  # (topic, table, seq, partition key)
         units: list[tuple[str, str, str]] = []  # merge units: (topic, table, run tag)
         waits: list[str] = []
-        now = dt.datetime.now(dt.UTC).timestamp()
         try:
             for line in release_ended_runs(context.instance, engine.store):
                 context.log.info(line)
             try:
-                states = json.loads(context.cursor) if context.cursor else {}
-            except ValueError:
-                states = {}
-            try:
-                evaluations, states = offset_age_checks(engine, lineage, states if isinstance(states, dict) else {})
+                evaluations, states = offset_age_checks(engine, lineage, states)
                 for evaluation in evaluations:
                     context.instance.report_runless_asset_event(evaluation)
             except (TidemarkError, OSError) as exc:  # never let the check stop the planning
                 context.log.warning(f"offset_age checks skipped this tick: {type(exc).__name__}: {exc}")
             for topic in lineage.topics.values():
                 name, table = topic.name, topic.spec.destination
+                if name not in to_plan and last is not None:  # quiet, and nothing it reads changed
+                    quiet[name] = last.quiet[name]
+                    waits.append(f"{name}: {quiet[name]}")
+                    continue
                 held = [f"{d} ({blocked[d]})" for d in topic.spec.depends_on if d in blocked]
                 if held:
                     waits.append(f"{name}: blocked by a failed blocking check of {', '.join(held)}")
@@ -217,6 +260,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                             units.append((name, table, f"{name}@{rec.seq + 1}:{sig}"))
                         else:
                             waits.append(f"{name}: {look.reason}")
+                            quiet.update({name: look.reason} if watch.is_quiet(look.reason) else {})
                         continue
                     if topic.spec.processor is Processor.RELOAD:
                         rec = engine.ensure_offsets(topic)
@@ -226,6 +270,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                                                           tags={TOPIC_TAG: name}))
                         else:
                             waits.append(f"{name}: {decision.reason}")
+                            quiet.update({name: decision.reason} if watch.is_quiet(decision.reason) else {})
                         continue
                     planned = engine.plan_block(name)
                 except TopicLockedError as exc:
@@ -236,6 +281,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                     continue
                 if planned.block is None:
                     waits.append(f"{name}: {planned.reason}")
+                    quiet.update({name: planned.reason} if watch.is_quiet(planned.reason) else {})
                     continue
                 seq = planned.block.seq
                 pkey = lineage.block_key(name, seq)
@@ -280,14 +326,20 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         deletes = {n: keys for n, keys in deletes.items() if keys}
         if waits:  # the skip reason shows only on ticks that request nothing; the log always
             context.log.info(f"{len(waits)} waiting:\n" + "\n".join(waits))
+        skip = "; ".join(waits) or "no topics"
+        # The offset log's head as read before this planning: what this planning wrote (planned
+        # blocks, freed locks) makes the next tick plan once more, but a commit that lands while
+        # this one plans is never taken for seen.
+        seen = watch.Look(versions=versions, log_head=head, planned_at=now, due=due, waits=skip, quiet=quiet,
+                          rescanned_at=now if rescan else last.rescanned_at if last else 0.0)
         return dg.SensorResult(
-            cursor=json.dumps(states, sort_keys=True),
+            cursor=watch.write_cursor(seen, states),
             run_requests=requests,
             dynamic_partitions_requests=[
                 *(dg.AddDynamicPartitionsRequest(n, keys) for n, keys in adds.items()),
                 *(dg.DeleteDynamicPartitionsRequest(n, keys) for n, keys in deletes.items()),
             ],
-            skip_reason=None if requests else "; ".join(waits) or "no topics",
+            skip_reason=None if requests else skip,
         )
 
     return planner

@@ -615,6 +615,30 @@ def _log_fs(path: str) -> tuple[pafs.FileSystem, str]:
     return fs, root.rstrip("/") + "/_delta_log"
 
 
+def newest_version(path: str, known: int | None = None, *, recheck: bool = False) -> int | None:
+    """The newest commit version of the Delta table at ``path`` (None: no table there), read
+    JVM-free and cheaply: from ``known`` (a version seen before) it looks for the commit files
+    after it, one file lookup per new commit and one when there is none, instead of reading the
+    log. ``recheck`` also confirms that ``known`` itself is still there (a table dropped and
+    written anew starts over at version 0); without ``known`` the log directory is listed once."""
+    fs, log = _log_fs(path)
+
+    def exists(version: int) -> bool:
+        return fs.get_file_info(f"{log}/{version:020d}.json").type != pafs.FileType.NotFound
+
+    if known is not None and known >= 0 and (not recheck or exists(known)):
+        version = known
+        while exists(version + 1):
+            version += 1
+        return version
+    try:
+        names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(log, allow_not_found=True))]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    versions = [int(n[:-5]) for n in names if n.endswith(".json") and len(n) == 25 and n[:20].isdigit()]
+    return max(versions) if versions else None
+
+
 def _read_commit(fs: pafs.FileSystem, log: str, version: int) -> list[dict[str, Any]]:
     with fs.open_input_stream(f"{log}/{version:020d}.json") as f:
         return [json.loads(line) for line in f.read().decode("utf-8").splitlines() if line.strip()]

@@ -492,6 +492,16 @@ class SqlOffsetStore(OffsetStore):
                                new_last=None if new is None else Position.parse(new), note=note)
                 for at, t, action, who, old, new, note in rows]
 
+    def log_head(self) -> int:
+        with self._tx(write=False):
+            row = self._sql("SELECT MAX(id) FROM tidemark_offset_log").fetchone()
+        return int(row[0] or 0) if row else 0
+
+    def logged_after(self, head: int) -> set[str]:
+        with self._tx(write=False):
+            rows = self._sql("SELECT DISTINCT topic FROM tidemark_offset_log WHERE id > ?", (head,)).fetchall()
+        return {str(r[0]) for r in rows}
+
     def list(self) -> list[OffsetRecord]:
         with self._tx(write=False):
             rows = self._sql(f"SELECT {', '.join(_COLUMNS)} FROM tidemark_offsets ORDER BY topic").fetchall()

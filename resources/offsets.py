@@ -188,4 +188,13 @@ class OffsetStore(abc.ABC):
         """The log of init/plan/commit/reload/reset/unlock/steal/mark, newest first."""
 
     @abc.abstractmethod
+    def log_head(self) -> int:
+        """A number that grows with every entry of the offset log (0: none yet): a cheap way to
+        notice that a topic planned, committed or was reset since the last look."""
+
+    @abc.abstractmethod
+    def logged_after(self, head: int) -> set[str]:
+        """The topics with an offset log entry newer than ``head`` (a value of :meth:`log_head`)."""
+
+    @abc.abstractmethod
     def close(self) -> None: ...

@@ -268,3 +268,43 @@ def test_a_failed_blocking_check_holds_back_downstream_topics(spark, settings, t
         data = _tick(sensor, instance, defs)
         assert not [r for r in data.run_requests if r.job_name == "tidemark__fact__down"]
         assert "fact.down: blocked by a failed blocking check of fact.events (check 'nulls' failed)" in data.skip_message
+
+
+def test_the_planner_plans_when_a_table_or_a_delay_says_so_and_otherwise_only_looks(settings, tmp_path, dagster_storage):
+    import time
+
+    s, defs = _defs(settings, tmp_path, maxstep=30, delay="3s")
+    write_users(s)
+    sensor = defs.get_sensor_def("tidemark_planner")
+    assert sensor.minimum_interval_seconds == 5
+    cursor: list[str | None] = [None]
+
+    def tick():
+        ctx = dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(), definitions=defs, cursor=cursor[0])
+        data = sensor.evaluate_tick(ctx)
+        cursor[0] = data.cursor or cursor[0]
+        for req in data.dynamic_partitions_requests or []:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        return data
+
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
+        first = tick()
+        assert not first.run_requests and "fact.events: stage.events does not exist" in first.skip_message
+        settle = tick()  # plans once more: the first planning wrote to the offset log (the topic's init)
+        assert "fact.events: stage.events does not exist" in settle.skip_message
+        quiet = tick()  # nothing changed: a look, no planning, and the last planning's reasons
+        assert not quiet.run_requests
+        assert quiet.skip_message.startswith("nothing changed since the planning at ")
+        assert "it found: fact.events: stage.events does not exist" in quiet.skip_message
+
+        # Rows land in the base (as a user's job or a replica would write them), all too fresh for the delay.
+        now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        rows = make_events(10, start=now - dt.timedelta(hours=2), distinct_pos=10)
+        write_rows(s, "stage.events", [{**r, "pos": now} for r in rows])
+        changed = tick()
+        assert not changed.run_requests and "fact.events: delay 3s: newest eligible row at" in changed.skip_message
+        assert tick().skip_message.startswith("nothing changed since")
+        time.sleep(max(0.0, 4.5 - (dt.datetime.now(dt.UTC).replace(tzinfo=None) - now).total_seconds()))
+        due = tick()  # the delay the change started has passed: planned without waiting for the full interval
+        (req,) = due.run_requests
+        assert req.run_key == "fact.events@1#1"

@@ -272,3 +272,26 @@ def test_a_destination_compacted_and_vacuumed_still_answers_recovery(tmp_path: P
     # A block that landed before a crash, its files vacuumed before the retry: its figures from the statistics.
     figures = block_figures(str(path), found, None, run_id="retry")
     assert (figures.rows, figures.nulls) == (2, {"pos": 0, "id": 0})
+
+
+def test_the_newest_version_is_found_by_looking_for_the_next_commit_files(tmp_path: Path) -> None:
+    from resources.delta_meta import newest_version
+
+    path = tmp_path / "t"
+    assert newest_version(str(path)) is None  # no table
+    # A known version is trusted unless rechecked: only the commits after it are looked for.
+    assert newest_version(str(path), 3) == 3
+    assert newest_version(str(path), 3, recheck=True) is None
+    _append(path, [(1, 1)])
+    assert newest_version(str(path)) == 0
+    _append(path, [(2, 2)])
+    _append(path, [(3, 3)])
+    assert newest_version(str(path)) == 2
+    assert newest_version(str(path), 0) == 2  # two commits after the one known
+    assert newest_version(str(path), 2) == 2
+    # Dropped and written anew: version 0 again. Only a recheck of the known version sees it.
+    import shutil
+    shutil.rmtree(path)
+    _append(path, [(4, 4)])
+    assert newest_version(str(path), 2) == 2
+    assert newest_version(str(path), 2, recheck=True) == 0

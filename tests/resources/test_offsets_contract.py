@@ -859,3 +859,15 @@ def test_an_input_offset_never_moves_backwards(store: OffsetStore) -> None:
     assert rec.inputs == {"dim.c": 4, "dim.e": 1}
     # A reset moves the base position only; input offsets stay.
     assert store.reset(T, P(0), who=B, reason="restate").inputs == {"dim.c": 4, "dim.e": 1}
+
+
+def test_the_log_head_grows_with_every_logged_change_and_only_then(store: OffsetStore) -> None:
+    empty = store.log_head()
+    assert empty == 0
+    store.init(T, P(0), "step", who="t")
+    after_init = store.log_head()
+    assert after_init > empty
+    assert store.log_head() == after_init  # reading changes nothing
+    store.acquire(T, A)
+    store.plan(T, A, last=P(0), next=P(1), seq=1, source_version=None)
+    assert store.log_head() > after_init
