@@ -78,8 +78,9 @@ _NATIVE = ("smallint", "int", "bigint", "boolean", "double")  # psycopg's text l
 
 
 class Snapshot:
-    """A consistent view of the source at ``lsn``: every transaction committed before it, none
-    after. Read tables with :meth:`rows`; apply the stream's transactions with lsn > ``lsn``."""
+    """A consistent view of the source at ``lsn``: every transaction whose commit LSN is at or
+    before it, none after. Read tables with :meth:`rows`; apply the stream's transactions with
+    lsn > ``lsn`` (what :meth:`PostgresSource.read` of ``lsn`` returns)."""
 
     def __init__(self, lsn: int, conn: psycopg.Connection[Any], selection: Selection) -> None:
         self.lsn, self._conn, self._selection = lsn, conn, selection
@@ -288,7 +289,13 @@ class PostgresSource:
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[Snapshot]:
         """A consistent snapshot and its LSN, from a temporary slot's exported snapshot (the
-        temporary slot and its connection end as soon as the snapshot is imported)."""
+        temporary slot and its connection end as soon as the snapshot is imported).
+
+        The slot's consistent point is where the stream of changes not in the snapshot starts: a
+        transaction whose commit record begins exactly there (one running when the slot became
+        consistent, committed as the next WAL record) is not in the snapshot, and logical
+        decoding started at the consistent point sends it. The snapshot's ``lsn`` is therefore
+        the consistent point - 1, so that ``read(snap.lsn)`` (commits after ``lsn``) includes it."""
         with self._sql() as check:
             self._require_slot(check)
         repl = self._replication()
@@ -296,17 +303,17 @@ class PostgresSource:
         try:
             temp = f"tidemark_{self.name}_snap_{os.getpid()}_{secrets.token_hex(3)}"
             res = self._command(repl, f"CREATE_REPLICATION_SLOT {temp} TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')")
-            lsn, name = parse_lsn(res.get_value(0, 1).decode()), res.get_value(0, 2).decode()  # type: ignore[union-attr]
+            consistent, name = parse_lsn(res.get_value(0, 1).decode()), res.get_value(0, 2).decode()  # type: ignore[union-attr]
             conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
             repl.finish()  # the importing transaction now holds the snapshot; the temporary slot goes
             with self._sql() as check:
                 confirmed = parse_lsn(self._require_slot(check)[2])
-            if confirmed > lsn:
+            if confirmed > consistent:
                 raise CdcSourceError(f"{self.where}: slot {self.slot} is acknowledged up to {format_lsn(confirmed)}, past "
-                                     f"the snapshot at {format_lsn(lsn)}: changes in between are gone. Fix: drop and "
-                                     f"set up the source again (tidemark cdc delete), then resnapshot")
-            yield Snapshot(lsn, conn, self.selection)
+                                     f"the snapshot at {format_lsn(consistent)}: changes in between are gone. Fix: drop "
+                                     f"and set up the source again (tidemark cdc delete), then resnapshot")
+            yield Snapshot(consistent - 1, conn, self.selection)
         finally:
             repl.finish()
             conn.close()

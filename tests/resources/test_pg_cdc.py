@@ -398,6 +398,60 @@ def test_snapshot_is_consistent_with_the_stream_under_concurrent_writers(pg: str
         assert +state["bag"] == Counter(r[0] for r in query(pg, "SELECT v FROM sn.bag"))
 
 
+def test_a_transaction_committed_right_at_the_snapshots_lsn_is_in_the_stream(pg: str) -> None:
+    """The boundary, forced: a transaction running when the snapshot's slot becomes consistent and
+    committed as the very next WAL record (commit LSN = the slot's consistent point) is not in the
+    snapshot, so it must be in the stream read from ``snap.lsn``. The slot's snapshot builder waits
+    for the transactions it sees running (twice: BUILDING -> FULL -> CONSISTENT, logging a
+    running-xacts record after each wait); ``a`` and ``b`` are what it waits for, ``t`` starts after
+    the second wait began, so it runs at the consistent point without being waited for."""
+    with source(pg, "bd", "CREATE TABLE bd.t (id int PRIMARY KEY)", "INSERT INTO bd.t VALUES (1)") as src, \
+            psycopg.connect(pg) as a, psycopg.connect(pg) as b, psycopg.connect(pg) as t, \
+            psycopg.connect(pg, autocommit=True) as watch:
+
+        def xid(conn: psycopg.Connection[Any]) -> str:
+            return str(conn.execute("SELECT pg_current_xact_id()::text").fetchone()[0])  # type: ignore[index]
+
+        def awaited(x: str) -> None:  # the slot's builder waits for transaction x
+            deadline = time.monotonic() + 30
+            while not watch.execute("SELECT 1 FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted "
+                                    "AND transactionid::text = %s", (x,)).fetchone():
+                assert time.monotonic() < deadline, f"the snapshot's slot never waited for transaction {x}"
+                time.sleep(0.02)
+
+        xa = xid(a)
+        failed: list[BaseException] = []
+
+        def interleave() -> None:
+            try:
+                awaited(xa)
+                xb = xid(b)
+                a.commit()
+                awaited(xb)
+                t.execute("INSERT INTO bd.t VALUES (2)")
+                b.commit()
+            except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+                failed.append(exc)
+                a.rollback()
+                b.rollback()
+
+        helper = threading.Thread(target=interleave)
+        helper.start()
+        try:
+            with src.snapshot() as snap:
+                helper.join()
+                assert not failed, failed
+                t.commit()  # nothing else writes WAL: its commit record starts at the consistent point
+                rows = [r["id"] for batch in snap.rows("bd.t") for r in batch.to_pylist()]
+                lsn = snap.lsn
+        finally:
+            helper.join()
+        assert rows == [1]  # t is not in the snapshot ...
+        after = src.read(lsn)  # ... so it is in the stream after it
+        assert [list(tx.changes) for tx in after] == [[RowChange("bd.t", Op.INSERT, after={"id": 2})]]
+        assert after[0].lsn == lsn + 1, "not forced: t's commit is not the first WAL record after the consistent point"
+
+
 def test_snapshot_needs_the_main_slot(pg: str) -> None:
     with source(pg, "ns", "CREATE TABLE ns.t (id int PRIMARY KEY)", ready=False) as src, \
             pytest.raises(CdcSourceError, match="slot tidemark_ns does not exist"), src.snapshot():
