@@ -98,7 +98,9 @@ def run_dev(home: Path, seconds: float, warmup_s: float) -> None:
     import signal
     import subprocess
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEMARK_", "DAGSTER_"))}
+    # A fresh state and instance; the planner's settings (TIDEMARK_PLANNER_*) pass through.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TIDEMARK_", "DAGSTER_")) or k.startswith("TIDEMARK_PLANNER_")}
     env.update({"TIDEMARK_HOME": str(home), "PORT": str(_free_port()), "SPARK_PORT": str(_free_port()),
                 "COLLECTOR_PORT": str(_free_port()), "FEED_INTERVAL": os.environ.get("FEED_INTERVAL", "5"),
                 "FEED_ORDERS": os.environ.get("FEED_ORDERS", "20")})

@@ -316,8 +316,18 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                                               tags={BLOCK_TAG: tag, TOPIC_TAG: name}))
             else:
                 waits.append(f"{name} block {seq}: {why}")
+        # A merge unit's run plans the unit itself: while a run of the topic is queued or running,
+        # a new look (new changes, another tag) must not queue a second one, which would find the
+        # first one's work done. One query for every unit's topic.
+        active: dict[str, str] = {}
+        if units:
+            for r in context.instance.get_run_records(dg.RunsFilter(tags={TOPIC_TAG: [n for n, _, _ in units]},
+                                                                    statuses=list(_ACTIVE)), limit=10 * len(units)):
+                active.setdefault(r.dagster_run.tags.get(TOPIC_TAG, ""), r.dagster_run.run_id)
         for name, table, tag in units:
             launch, attempt, why = launch_decision(past.get(tag, []), now, max_attempts=max_attempts, backoff_s=backoff_s)
+            if launch and name in active:
+                launch, why = False, f"run {active[name][:8]} of the topic is queued or running"
             if launch:
                 requests.append(dg.RunRequest(run_key=f"{tag}#{attempt}", job_name=jobs[table].name,
                                               tags={BLOCK_TAG: tag, TOPIC_TAG: name}))

@@ -301,6 +301,31 @@ def test_a_merge_view_through_dagster_records_its_strategy_and_checks(spark, set
         assert "reverse join of 1 changed rows of dim.customers" in meta["strategy_reason"]
         assert second.checks == {"offset_age": True, "late_rows": True, "refresh": True}
         assert set(meta["offset_age_s"]) == {"stage.orders", "dim.customers"}
+        # A run with nothing left to do (e.g. queued behind the run that did the unit) succeeds,
+        # writes nothing and repeats each check's last verdict, saying so.
+        version = DeltaTable(eng.path("mart.wide")).version()
+        idle = defs.resolve_job_def("tidemark__mart__wide").execute_in_process(instance=instance, raise_on_error=False)
+        assert idle.success
+        repeated = {e.check_name: e for e in idle.get_asset_check_evaluations()}
+        assert set(repeated) == {"offset_age", "late_rows", "refresh"} and all(e.passed for e in repeated.values())
+        assert repeated["refresh"].description.startswith("no unit ran (")
+        assert "repeats the last evaluation: incremental: reverse join" in repeated["refresh"].description
+        assert DeltaTable(eng.path("mart.wide")).version() == version
+        # New changes while a run of the topic is under way: no second run is requested
+        # (it would find the first one's work done); once the queue is clear, one is.
+        import uuid
+
+        from platform_assets.sensors import TOPIC_TAG
+
+        dim_sql(eng, "UPDATE DIM SET country = 'YY' WHERE id = 4")
+        queued = instance.add_run(dg.DagsterRun(job_name="tidemark__mart__wide", run_id=str(uuid.uuid4()),
+                                                status=dg.DagsterRunStatus.STARTED, tags={TOPIC_TAG: "mart.wide"}))
+        planner = defs.get_sensor_def("tidemark_planner")
+        held = planner.evaluate_tick(dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(), definitions=defs))
+        assert not held.run_requests and f"run {queued.run_id[:8]} of the topic is queued or running" in held.skip_message
+        instance.delete_run(queued.run_id)
+        [third], _ = run_until_idle(defs, instance, log_level="WARNING")
+        assert third.success and third.metadata["strategy"] == "incremental"
     assert assert_view_equals_recompute(eng, "mart.wide") == 20
 
 
