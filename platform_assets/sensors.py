@@ -36,6 +36,7 @@ from resources.settings import Settings
 
 BLOCK_TAG = "tidemark/block"
 TOPIC_TAG = "tidemark/topic"
+PRIORITY_TAG = "dagster/priority"  # the run queue launches higher values first
 _ACTIVE = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
            dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING}
 _FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
@@ -174,6 +175,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
     producers: dict[str, set[str]] = {}
     for t in lineage.topics.values():
         producers.setdefault(t.spec.destination, set()).add(t.name)
+    priority = watch.downstream_counts({t.name: (t.spec.destination, t.spec.depends_on) for t in lineage.topics.values()})
     moved_by = {t.name: watch.Reads(frozenset({*t.spec.depends_on, t.spec.destination}),
                                     frozenset(p for d in t.spec.depends_on for p in producers.get(d, ()) if p != t.name))
                 for t in lineage.topics.values()}
@@ -267,7 +269,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                         decision, _ = engine.decide(topic, rec)
                         if decision.ready:
                             requests.append(dg.RunRequest(run_key=f"{name}:reload:{rec.seq + 1}", job_name=jobs[table].name,
-                                                          tags={TOPIC_TAG: name}))
+                                                          tags={TOPIC_TAG: name, PRIORITY_TAG: str(priority[name])}))
                         else:
                             waits.append(f"{name}: {decision.reason}")
                             quiet.update({name: decision.reason} if watch.is_quiet(decision.reason) else {})
@@ -313,7 +315,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
             launch, attempt, why = launch_decision(past.get(tag, []), now, max_attempts=max_attempts, backoff_s=backoff_s)
             if launch:
                 requests.append(dg.RunRequest(run_key=f"{tag}#{attempt}", partition_key=pkey, job_name=jobs[table].name,
-                                              tags={BLOCK_TAG: tag, TOPIC_TAG: name}))
+                                              tags={BLOCK_TAG: tag, TOPIC_TAG: name, PRIORITY_TAG: str(priority[name])}))
             else:
                 waits.append(f"{name} block {seq}: {why}")
         # A merge unit's run plans the unit itself: while a run of the topic is queued or running,
@@ -330,7 +332,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                 launch, why = False, f"run {active[name][:8]} of the topic is queued or running"
             if launch:
                 requests.append(dg.RunRequest(run_key=f"{tag}#{attempt}", job_name=jobs[table].name,
-                                              tags={BLOCK_TAG: tag, TOPIC_TAG: name}))
+                                              tags={BLOCK_TAG: tag, TOPIC_TAG: name, PRIORITY_TAG: str(priority[name])}))
             else:
                 waits.append(f"{name} unit {tag.partition('@')[2].partition(':')[0]}: {why}")
         deletes = {n: keys for n, keys in deletes.items() if keys}

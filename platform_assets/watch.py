@@ -147,3 +147,24 @@ def topics_to_plan(last: Look | None, reads: Mapping[str, Reads], changed: set[s
         return set(reads)
     return {name for name, r in reads.items()
             if name not in last.quiet or r.tables & changed or name in logged or r.producers & logged}
+
+
+def downstream_counts(topics: Mapping[str, tuple[str, Iterable[str]]]) -> dict[str, int]:
+    """For each topic (name -> (its table, the tables it reads)): how many other topics read its
+    table, directly or through others. The planner gives a run this as its queue priority, so
+    when runs wait for a slot the ones that others wait for go first."""
+    readers: dict[str, set[str]] = {}
+    for name, (_, reads) in topics.items():
+        for table in reads:
+            readers.setdefault(table, set()).add(name)
+    out: dict[str, int] = {}
+    for name, (table, _) in topics.items():
+        seen: set[str] = set()
+        stack = [table]
+        while stack:
+            for reader in readers.get(stack.pop(), ()):
+                if reader != name and reader not in seen:
+                    seen.add(reader)
+                    stack.append(topics[reader][0])
+        out[name] = len(seen)
+    return out

@@ -68,6 +68,7 @@ def test_sensor_waits_with_the_planners_reason_then_adds_partition_and_requests_
         (req,) = data.run_requests
         assert req.partition_key == "00000001" and req.run_key == "fact.events@1#1"
         assert req.job_name == "tidemark__fact__events"
+        assert req.tags["dagster/priority"] == "0"  # no topic reads fact.events: others' runs go first
         (add,) = data.dynamic_partitions_requests
         assert add.partitions_def_name == partitions_name("fact.events") and list(add.partition_keys) == ["00000001"]
         rec = open_offset_store(s.offsets_url).get("fact.events")

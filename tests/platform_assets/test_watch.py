@@ -83,3 +83,17 @@ def test_a_planning_passes_over_quiet_topics_until_what_moves_them_changes() -> 
     assert topics_to_plan(last, reads, set(), {"fact.a"}, rescan=False) == {"fact.a", "fact.b", "fact.c"}
     assert topics_to_plan(last, reads, set(), set(), rescan=True) == set(reads)
     assert topics_to_plan(None, reads, set(), set(), rescan=False) == set(reads)
+
+
+def test_runs_that_others_wait_for_go_first_in_the_queue() -> None:
+    from platform_assets.watch import downstream_counts
+
+    demo = {"dim.customers": ("dim.customers", ["stage.customers"]),
+            "fact.orders": ("fact.orders", ["stage.orders", "dim.customers"]),
+            "fact.order_items": ("fact.order_items", ["stage.order_items", "fact.orders"]),
+            "mart.daily_revenue": ("mart.daily_revenue", ["fact.order_items"]),
+            "fact.page_views": ("fact.page_views", ["stage.events_page_view"]),
+            # two topics (tags) writing one table: each counts the other's readers, not itself
+            "fact.orders#b": ("fact.orders", ["stage.orders_b"])}
+    assert downstream_counts(demo) == {"dim.customers": 3, "fact.orders": 2, "fact.order_items": 1,
+                                       "mart.daily_revenue": 0, "fact.page_views": 0, "fact.orders#b": 2}
