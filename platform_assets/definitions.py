@@ -123,11 +123,21 @@ def _repeated_checks(instance: dg.DagsterInstance, key: dg.AssetKey, names: Sequ
         last = history[0].evaluation if history else None
         if last is None:
             out.append(dg.AssetCheckResult(asset_key=key, check_name=name, passed=True, description=f"{why}; never evaluated before"))
-        else:
-            out.append(dg.AssetCheckResult(asset_key=key, check_name=name, passed=last.passed, severity=last.severity,
-                                           description=f"{why}; repeats the last evaluation: {last.description or ''}",
-                                           metadata={"repeated_from_run": history[0].run_id}))
+            continue
+        # The verdict stands as it was judged; a failure is repeated as a warning, since an ERROR
+        # would fail this run, which did nothing (a blocking check still holds back the topics
+        # downstream: they wait on any failed evaluation).
+        judged = (last.description or "").rpartition(REPEATS)[2]  # not "repeats ... repeats ..."
+        was = "" if last.passed or last.severity is dg.AssetCheckSeverity.WARN else " (an ERROR)"
+        first_run = (last.metadata or {}).get("repeated_from_run")
+        out.append(dg.AssetCheckResult(asset_key=key, check_name=name, passed=last.passed, severity=dg.AssetCheckSeverity.WARN,
+                                       description=f"{why}{REPEATS}{judged}{was}",
+                                       metadata={"repeated_from_run": first_run.value if isinstance(first_run, dg.TextMetadataValue)
+                                                 else str(first_run or history[0].run_id)}))
     return out
+
+
+REPEATS = "; repeats the last evaluation: "
 
 
 def _merge_compute(lineage: Lineage, table: str, topic: str) -> Any:

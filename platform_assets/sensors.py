@@ -37,6 +37,7 @@ from resources.settings import Settings
 BLOCK_TAG = "tidemark/block"
 TOPIC_TAG = "tidemark/topic"
 PRIORITY_TAG = "dagster/priority"  # the run queue launches higher values first
+UNREADABLE = -2  # the version of a table the planner could not look at
 _ACTIVE = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
            dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING}
 _FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
@@ -198,10 +199,14 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         last, states = watch.read_cursor(context.cursor)
         try:
             full = last is None or now - last.planned_at >= every_s
-            versions = {t: newest_version(engine.path(t), None if last is None else last.versions.get(t), recheck=full)
-                        for t in tables}
+            versions: dict[str, int | None] = {}
+            for t in tables:
+                try:
+                    versions[t] = newest_version(engine.path(t), None if last is None else last.versions.get(t), recheck=full)
+                except Exception as exc:  # noqa: BLE001 - one unreadable table must not stop the lineage
+                    versions[t] = UNREADABLE  # its topics are planned, and say why they cannot run
+                    context.log.warning(f"planner: cannot look at {t} ({engine.path(t)}): {type(exc).__name__}: {exc}")
             head = engine.store.log_head()
-            logged = engine.store.logged_after(last.log_head) if last is not None and head != last.log_head else set()
         except BaseException:
             engine.close()
             raise
@@ -211,11 +216,16 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
             since = dt.datetime.fromtimestamp(last.planned_at, dt.UTC).strftime("%H:%M:%S")
             return dg.SensorResult(skip_reason=f"nothing changed since the planning at {since} UTC"
                                                f"{'; it found: ' + last.waits if last.waits else ''}")
+        try:
+            logged, recent = watch.new_entries(last, engine.store.logged_after(watch.log_window(last)), head)
+        except BaseException:
+            engine.close()
+            raise
         changed = watch.changed_tables(last, versions)
         due = [d for d in (last.due if last else []) if d > now]
         due += watch.delays_started(reads, changed, now)
         rescan = last is None or now - last.rescanned_at >= rescan_s
-        to_plan = watch.topics_to_plan(last, moved_by, changed, logged, rescan=rescan)
+        to_plan = watch.topics_to_plan(last, moved_by, changed, logged, rescan=rescan, head=head)
         quiet: dict[str, str] = {}  # topics this planning found waiting for their inputs only
         context.log.info(f"planning {len(to_plan)} of {len(moved_by)} topics: {why}")
         blocked = _blocked_tables(context.instance, lineage)
@@ -226,7 +236,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         adds: dict[str, list[str]] = {}
         deletes: dict[str, list[str]] = {}
         blocks: list[tuple[str, str, int, str]] = []  # (topic, table, seq, partition key)
-        units: list[tuple[str, str, str]] = []  # merge units: (topic, table, run tag)
+        units: list[tuple[str, str, str]] = []  # merge units and reloads: (topic, table, run tag)
         waits: list[str] = []
         try:
             for line in release_ended_runs(context.instance, engine.store):
@@ -267,9 +277,8 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                     if topic.spec.processor is Processor.RELOAD:
                         rec = engine.ensure_offsets(topic)
                         decision, _ = engine.decide(topic, rec)
-                        if decision.ready:
-                            requests.append(dg.RunRequest(run_key=f"{name}:reload:{rec.seq + 1}", job_name=jobs[table].name,
-                                                          tags={TOPIC_TAG: name, PRIORITY_TAG: str(priority[name])}))
+                        if decision.ready:  # retried like a unit: a run key Dagster has seen never runs again
+                            units.append((name, table, f"{name}@{rec.seq + 1}:reload"))
                         else:
                             waits.append(f"{name}: {decision.reason}")
                             quiet.update({name: decision.reason} if watch.is_quiet(decision.reason) else {})
@@ -318,7 +327,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                                               tags={BLOCK_TAG: tag, TOPIC_TAG: name, PRIORITY_TAG: str(priority[name])}))
             else:
                 waits.append(f"{name} block {seq}: {why}")
-        # A merge unit's run plans the unit itself: while a run of the topic is queued or running,
+        # A merge unit's (or reload's) run plans the unit itself: while a run of the topic is queued or running,
         # a new look (new changes, another tag) must not queue a second one, which would find the
         # first one's work done. One query for every unit's topic.
         active: dict[str, str] = {}
@@ -343,7 +352,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         # blocks, freed locks) makes the next tick plan once more, but a commit that lands while
         # this one plans is never taken for seen.
         seen = watch.Look(versions=versions, log_head=head, planned_at=now, due=due, waits=skip, quiet=quiet,
-                          rescanned_at=now if rescan else last.rescanned_at if last else 0.0)
+                          rescanned_at=now if rescan else last.rescanned_at if last else 0.0, recent=recent)
         return dg.SensorResult(
             cursor=watch.write_cursor(seen, states),
             run_requests=requests,

@@ -21,6 +21,10 @@ from typing import Any
 
 from lineage.errors import ConfigError
 
+#: How far below the offset log's head a planning looks for entries it has not seen: on a server,
+#: a transaction that took an id first may commit after one that took a later id.
+LOG_WINDOW = 200
+
 #: Longest skip reason kept in the cursor (the waits of the last planning, shown on quiet ticks).
 WAITS_KEPT = 2000
 
@@ -53,11 +57,12 @@ class Look:
     #: a planning passes them over until one comes.
     quiet: dict[str, str] = field(default_factory=dict)
     rescanned_at: float = 0.0  # the last planning of every topic, quiet ones too
+    recent: list[int] = field(default_factory=list)  # offset log ids seen within LOG_WINDOW below the head
 
     def to_json(self) -> dict[str, Any]:
         return {"versions": self.versions, "log_head": self.log_head, "planned_at": self.planned_at,
                 "due": sorted(self.due), "waits": self.waits[:WAITS_KEPT], "quiet": self.quiet,
-                "rescanned_at": self.rescanned_at}
+                "rescanned_at": self.rescanned_at, "recent": sorted(self.recent)}
 
     @classmethod
     def from_json(cls, raw: Any) -> Look | None:
@@ -68,7 +73,7 @@ class Look:
                        log_head=int(raw.get("log_head", 0)), planned_at=float(raw.get("planned_at", 0.0)),
                        due=[float(d) for d in raw.get("due", [])], waits=str(raw.get("waits", "")),
                        quiet={str(k): str(v) for k, v in dict(raw.get("quiet", {})).items()},
-                       rescanned_at=float(raw.get("rescanned_at", 0.0)))
+                       rescanned_at=float(raw.get("rescanned_at", 0.0)), recent=[int(i) for i in raw.get("recent", [])])
         except (TypeError, ValueError):
             return None
 
@@ -126,7 +131,8 @@ def changed_tables(last: Look | None, versions: Mapping[str, int | None]) -> set
 
 
 def is_quiet(reason: str) -> bool:
-    """A wait that only a change of the topic's tables or offsets can end (no clock in it)."""
+    """A wait that only a change of the topic's tables or offsets can end (no clock in it). Rows
+    dated after now wait for the clock: the planner says so in other words."""
     return reason.startswith("no new rows") or " does not exist at " in reason
 
 
@@ -139,11 +145,12 @@ class Reads:
 
 
 def topics_to_plan(last: Look | None, reads: Mapping[str, Reads], changed: set[str], logged: set[str], *,
-                   rescan: bool) -> set[str]:
-    """The topics a planning looks at: all of them on a rescan (or a first look), else every
-    topic not quiet at the last planning, and the quiet ones whose tables changed or whose own
-    or producers' offsets were logged since."""
-    if rescan or last is None:
+                   rescan: bool, head: int = 0) -> set[str]:
+    """The topics a planning looks at: all of them on a rescan (or a first look, or an offset
+    log shorter than before: a store restored or replaced), else every topic not quiet at the last
+    planning, and the quiet ones whose tables changed or whose own or producers' offsets were
+    logged since."""
+    if rescan or last is None or head < last.log_head:
         return set(reads)
     return {name for name, r in reads.items()
             if name not in last.quiet or r.tables & changed or name in logged or r.producers & logged}
@@ -168,3 +175,18 @@ def downstream_counts(topics: Mapping[str, tuple[str, Iterable[str]]]) -> dict[s
                     stack.append(topics[reader][0])
         out[name] = len(seen)
     return out
+
+
+def log_window(last: Look | None) -> int:
+    """The id after which a planning reads the offset log (None: no planning before)."""
+    return 0 if last is None else max(0, last.log_head - LOG_WINDOW)
+
+
+def new_entries(last: Look | None, entries: Mapping[int, str], head: int) -> tuple[set[str], list[int]]:
+    """The topics of the offset log ``entries`` (read after :func:`log_window`) this planning has
+    not seen, and the ids to remember as seen (those within ``LOG_WINDOW`` of ``head``)."""
+    recent = sorted(i for i in entries if i > head - LOG_WINDOW)
+    if last is None:
+        return set(), recent
+    seen = set(last.recent)
+    return {t for i, t in entries.items() if i > last.log_head or i not in seen}, recent

@@ -497,10 +497,10 @@ class SqlOffsetStore(OffsetStore):
             row = self._sql("SELECT MAX(id) FROM tidemark_offset_log").fetchone()
         return int(row[0] or 0) if row else 0
 
-    def logged_after(self, head: int) -> set[str]:
+    def logged_after(self, head: int) -> dict[int, str]:
         with self._tx(write=False):
-            rows = self._sql("SELECT DISTINCT topic FROM tidemark_offset_log WHERE id > ?", (head,)).fetchall()
-        return {str(r[0]) for r in rows}
+            rows = self._sql("SELECT id, topic FROM tidemark_offset_log WHERE id > ?", (head,)).fetchall()
+        return {int(i): str(t) for i, t in rows}
 
     def list(self) -> list[OffsetRecord]:
         with self._tx(write=False):

@@ -193,8 +193,10 @@ class OffsetStore(abc.ABC):
         notice that a topic planned, committed or was reset since the last look."""
 
     @abc.abstractmethod
-    def logged_after(self, head: int) -> set[str]:
-        """The topics with an offset log entry newer than ``head`` (a value of :meth:`log_head`)."""
+    def logged_after(self, head: int) -> dict[int, str]:
+        """The offset log entries after ``head`` (a value of :meth:`log_head`): id -> topic. On a
+        server with concurrent writers ids are not in commit order: an entry may appear below a
+        head read earlier (see :mod:`platform_assets.watch`)."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -158,7 +158,7 @@ def test_base_past_last_only_by_id_is_new() -> None:
 
 def test_first_run_from_zero() -> None:
     d = plan(spec(), TopicState(last=Position.zero()), TableMark(at(-MIN)))
-    assert d == Decision("fact.x", True, "new rows", cutoff=NOW, limit="no new rows")
+    assert d == Decision("fact.x", True, "new rows", cutoff=NOW, limit="no eligible rows before now")
 
 
 # --- delay ---------------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_no_delay_cutoff_is_now() -> None:
     d = plan(spec(), TopicState(last=at(-MIN), seq=1))
     assert d.ready is True
     assert d.cutoff == NOW
-    assert d.limit == "no new rows"
+    assert d.limit == "no eligible rows before now"  # rows dated after now: the clock ends that wait
 
 
 def test_wait_always_has_a_reason_when_last_is_in_the_future() -> None:

@@ -309,3 +309,42 @@ def test_the_planner_plans_when_a_table_or_a_delay_says_so_and_otherwise_only_lo
         due = tick()  # the delay the change started has passed: planned without waiting for the full interval
         (req,) = due.run_requests
         assert req.run_key == "fact.events@1#1"
+
+
+def test_a_table_the_planner_cannot_look_at_holds_back_only_its_own_topics(settings, tmp_path, dagster_storage):
+    s, _ = _defs(settings, tmp_path, maxstep=30)
+    (tmp_path / "lineage" / "remote.yaml").write_text(
+        "sources:\n  - table: stage.remote\n    path: zz://bucket/remote\n"
+        "topics:\n  - table: fact.remote\n    depends_on: [stage.remote]\n    transforms: [../sql/fact_events.sql]\n")
+    defs = build_definitions(s)
+    write_users(s)
+    write_rows(s, "stage.events", make_events(50, distinct_pos=50))
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
+        data = _tick(defs.get_sensor_def("tidemark_planner"), instance, defs)
+    assert [r.run_key for r in data.run_requests] == ["fact.events@1#1"]  # the rest of the lineage goes on
+
+
+def test_a_failed_reload_is_retried_with_a_new_run_key(settings, tmp_path, dagster_storage):
+    from platform_assets.sensors import BLOCK_TAG
+
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "users_copy.sql").write_text("SELECT * FROM block\n")
+    s, defs = _defs(settings, tmp_path, extra_topic="""
+        - table: dim.users_copy
+          depends_on: [dim.users]
+          processor: reload
+          transforms: [../sql/users_copy.sql]
+        """)
+    write_users(s)
+    sensor = defs.get_sensor_def("tidemark_planner")
+    with dg.instance_for_test(overrides=dagster_storage) as instance:
+        first = _tick(sensor, instance, defs)
+        [req] = [r for r in first.run_requests if r.tags["tidemark/topic"] == "dim.users_copy"]
+        assert req.run_key == "dim.users_copy@1:reload#1" and req.tags["dagster/priority"] == "0"
+        instance.add_run(dg.DagsterRun(job_name=req.job_name, run_id=str(uuid.uuid4()), status=S.FAILURE,
+                                       tags=dict(req.tags)))
+        # (A run added this way has no end time, so no backoff applies.) The retry gets a run key
+        # of its own: the daemon never launches a run key it has seen, so the old key never ran again.
+        again = _tick(sensor, instance, defs)
+        [retry] = [r for r in again.run_requests if r.tags["tidemark/topic"] == "dim.users_copy"]
+        assert retry.run_key == "dim.users_copy@1:reload#2" and retry.tags[BLOCK_TAG] == "dim.users_copy@1:reload"

@@ -97,3 +97,35 @@ def test_runs_that_others_wait_for_go_first_in_the_queue() -> None:
             "fact.orders#b": ("fact.orders", ["stage.orders_b"])}
     assert downstream_counts(demo) == {"dim.customers": 3, "fact.orders": 2, "fact.order_items": 1,
                                        "mart.daily_revenue": 0, "fact.page_views": 0, "fact.orders#b": 2}
+
+
+def test_offset_log_entries_committed_out_of_id_order_are_not_missed() -> None:
+    from platform_assets.watch import LOG_WINDOW, Reads, log_window, new_entries, topics_to_plan
+
+    assert log_window(None) == 0 and log_window(Look(log_head=500)) == 500 - LOG_WINDOW
+    topics, recent = new_entries(None, {1: "a", 2: "b"}, 2)
+    assert topics == set() and recent == [1, 2]
+    # Seen: ids 1, 2, 4 with head 4; id 3 (taken first, committed last) shows up only now.
+    last = Look(log_head=4, recent=[1, 2, 4])
+    topics, recent = new_entries(last, {1: "a", 2: "b", 3: "c", 4: "d", 5: "e"}, 5)
+    assert topics == {"c", "e"} and recent == [1, 2, 3, 4, 5]
+    # A head lower than before: a store restored or replaced, so every topic is planned.
+    reads = {"q": Reads(frozenset({"s.q"}), frozenset())}
+    assert topics_to_plan(Look(log_head=9, quiet={"q": "no new rows"}), reads, set(), set(), rescan=False, head=3) == {"q"}
+    assert topics_to_plan(Look(log_head=9, quiet={"q": "no new rows"}), reads, set(), set(), rescan=False, head=9) == set()
+
+
+def test_rows_dated_after_now_are_not_a_quiet_wait() -> None:
+    import datetime as dt
+
+    from lineage.planner import TableMark, TopicState, plan_topic
+    from lineage.positions import Position
+    from lineage.spec import TopicSpec
+    from platform_assets.watch import is_quiet
+
+    now = dt.datetime(2026, 1, 1, 12)
+    spec = TopicSpec.model_validate({"table": "fact.x", "depends_on": ["stage.x"], "transforms": ["x.sql"]})
+    decision = plan_topic(spec, TopicState(last=Position(now - dt.timedelta(minutes=1), 5)),
+                          TableMark(Position(now + dt.timedelta(minutes=5), 9), version=3), {}, now)
+    assert decision.ready and decision.cutoff == now
+    assert not is_quiet(decision.limit)  # what the block says when it finds no row: the clock ends it

@@ -871,3 +871,6 @@ def test_the_log_head_grows_with_every_logged_change_and_only_then(store: Offset
     store.acquire(T, A)
     store.plan(T, A, last=P(0), next=P(1), seq=1, source_version=None)
     assert store.log_head() > after_init
+    entries = store.logged_after(after_init)
+    assert list(entries.values()) == [T] and max(entries) == store.log_head()
+    assert store.logged_after(store.log_head()) == {}
