@@ -168,18 +168,18 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
     keep = retention or int(os.environ.get("TIDEMARK_PARTITION_RETENTION", "1000"))
     interval_s = interval_s or watch.env_seconds("TIDEMARK_PLANNER_INTERVAL", 5)
     every_s = every_s or watch.env_seconds("TIDEMARK_PLANNER_FULL_INTERVAL", 30)
-    # What each topic reads (its inputs and, for a reload or a merge view, its own table) and the
-    # delay its rows must reach.
     rescan_s = watch.env_seconds("TIDEMARK_PLANNER_RESCAN", 300)
-    reads = [(sorted({*t.spec.depends_on, t.spec.destination}), t.spec.delay.total_seconds()) for t in lineage.topics.values()]
-    tables = sorted({table for names, _ in reads for table in names})
     producers: dict[str, set[str]] = {}
     for t in lineage.topics.values():
         producers.setdefault(t.spec.destination, set()).add(t.name)
     priority = watch.downstream_counts({t.name: (t.spec.destination, t.spec.depends_on) for t in lineage.topics.values()})
+    # What moves each topic: the tables it reads (its inputs and, for a reload or a merge view, its
+    # own table) and the topics producing its inputs; and the delay its rows must reach.
     moved_by = {t.name: watch.Reads(frozenset({*t.spec.depends_on, t.spec.destination}),
                                     frozenset(p for d in t.spec.depends_on for p in producers.get(d, ()) if p != t.name))
                 for t in lineage.topics.values()}
+    reads = [(moved_by[t.name].tables, t.spec.delay.total_seconds()) for t in lineage.topics.values()]
+    tables = sorted(set().union(*(r.tables for r in moved_by.values())))
 
     # One job per table: a sensor may target several jobs, but one asset job cannot mix the
     # tables' different block partitions.
@@ -227,6 +227,11 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         rescan = last is None or now - last.rescanned_at >= rescan_s
         to_plan = watch.topics_to_plan(last, moved_by, changed, logged, rescan=rescan, head=head)
         quiet: dict[str, str] = {}  # topics this planning found waiting for their inputs only
+
+        def wait(name: str, reason: str) -> None:
+            waits.append(f"{name}: {reason}")
+            if watch.is_quiet(reason):
+                quiet[name] = reason
         context.log.info(f"planning {len(to_plan)} of {len(moved_by)} topics: {why}")
         blocked = _blocked_tables(context.instance, lineage)
         # Dagster validates each run request's partition key through this same caching loader
@@ -250,8 +255,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
             for topic in lineage.topics.values():
                 name, table = topic.name, topic.spec.destination
                 if name not in to_plan and last is not None:  # quiet, and nothing it reads changed
-                    quiet[name] = last.quiet[name]
-                    waits.append(f"{name}: {quiet[name]}")
+                    wait(name, last.quiet[name])
                     continue
                 held = [f"{d} ({blocked[d]})" for d in topic.spec.depends_on if d in blocked]
                 if held:
@@ -271,8 +275,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                             sig = ",".join([look.end.to_text(), str(look.base.version), *(str(c.new) for c in look.changes)])
                             units.append((name, table, f"{name}@{rec.seq + 1}:{sig}"))
                         else:
-                            waits.append(f"{name}: {look.reason}")
-                            quiet.update({name: look.reason} if watch.is_quiet(look.reason) else {})
+                            wait(name, look.reason)
                         continue
                     if topic.spec.processor is Processor.RELOAD:
                         rec = engine.ensure_offsets(topic)
@@ -280,8 +283,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                         if decision.ready:  # retried like a unit: a run key Dagster has seen never runs again
                             units.append((name, table, f"{name}@{rec.seq + 1}:reload"))
                         else:
-                            waits.append(f"{name}: {decision.reason}")
-                            quiet.update({name: decision.reason} if watch.is_quiet(decision.reason) else {})
+                            wait(name, decision.reason)
                         continue
                     planned = engine.plan_block(name)
                 except TopicLockedError as exc:
@@ -291,8 +293,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                     waits.append(f"{name}: error: {exc}")
                     continue
                 if planned.block is None:
-                    waits.append(f"{name}: {planned.reason}")
-                    quiet.update({name: planned.reason} if watch.is_quiet(planned.reason) else {})
+                    wait(name, planned.reason)
                     continue
                 seq = planned.block.seq
                 pkey = lineage.block_key(name, seq)

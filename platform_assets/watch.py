@@ -102,7 +102,7 @@ def why_plan(last: Look | None, versions: Mapping[str, int | None], log_head: in
     """Why this tick must plan, or None when nothing it could act on changed since ``last``."""
     if last is None or not last.planned_at:
         return "first look"
-    changed = sorted(t for t in versions if t not in last.versions or last.versions[t] != versions[t])
+    changed = sorted(changed_tables(last, versions))
     if changed:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         return f"{', '.join(changed[:3])}{more} changed"
