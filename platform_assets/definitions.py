@@ -47,6 +47,7 @@ from platform_assets.io_manager import IO_MANAGER_KEY, OffsetIOManager, already_
 from platform_assets.maintain_assets import build_maintenance
 from platform_assets.sensors import build_planner_sensor
 from resources.settings import Settings
+from resources.spark import PYSPARK_KEY, pyspark_resource
 
 
 def asset_key(table: str) -> dg.AssetKey:
@@ -213,6 +214,7 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
 
     cdc_assets, cdc_jobs, cdc_sensors = build_cdc(settings, lineage)
     maint_assets, maint_jobs, maint_schedules = build_maintenance(settings, lineage)
+    pyspark = pyspark_resource(settings)
     return dg.Definitions(
         assets=[*sources, *assets, *cdc_assets, *intake.assets, *maint_assets],
         jobs=[*cdc_jobs, *intake.jobs, *maint_jobs],
@@ -220,9 +222,12 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
         sensors=[build_planner_sensor(settings, lineage), build_alert_sensor(), *cdc_sensors, *intake.sensors],
         resources={
             RESOURCE_KEY: AlertNotifierResource(log_path=str(settings.home / "alerts.log")),
+            # dagster-pyspark's lazy session from Tidemark's settings: the units run on it, and a
+            # user's own assets get the same session under the key they expect (pyspark).
+            PYSPARK_KEY: pyspark,
             IO_MANAGER_KEY: OffsetIOManager(home=str(settings.home), warehouse=settings.warehouse,
                                             offsets_url=settings.offsets_url, lineage=str(settings.lineage),
-                                            spark_master=settings.spark_master),
+                                            spark_master=settings.spark_master, pyspark=pyspark),
         },
         # A block run is one step: run it in the run's own process, with one SparkSession that
         # is stopped when the run ends (no step subprocesses each starting a JVM).

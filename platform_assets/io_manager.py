@@ -21,7 +21,9 @@ commit added), or the whole table for an unpartitioned (reload) asset.
 The manager owns one :class:`~platform_assets.engine.Engine` per run: one SparkSession (local by
 default; ``spark_master`` may name another master or a Spark Connect ``sc://`` URL), started on
 first use and stopped when the run ends, unless the process already had an active session (a
-host process such as the demo keeps its own).
+host process such as the demo keeps its own). In Tidemark's definitions the session comes from
+``dagster-pyspark``'s ``LazyPySparkResource`` (``pyspark``, bound under the same key for users'
+assets), built from the same settings.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import posixpath
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
+from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 
 from lineage.errors import ProcessingError
@@ -37,7 +40,9 @@ from resources import delta_meta
 from resources.settings import Settings
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from collections.abc import Callable
+
+    from pyspark.sql import DataFrame, SparkSession
 
     from platform_assets.engine import Engine, StepResult
 
@@ -64,6 +69,10 @@ class OffsetIOManager(dg.ConfigurableIOManager):
         "Spark master URL (local[*], spark://host:7077, ...) or a Spark Connect sc://host:port URL. "
         "Empty: TIDEMARK_SPARK_MASTER, else local[*]."))
 
+    pyspark: LazyPySparkResource | None = Field(default=None, description=(
+        "dagster-pyspark's lazy Spark session resource to run units on (Tidemark's definitions pass "
+        "the one they bind under the key 'pyspark'). None: a session built from spark_master."))
+
     _engine: Any = PrivateAttr(default=None)
     _run_id: str | None = PrivateAttr(default=None)
 
@@ -81,9 +90,21 @@ class OffsetIOManager(dg.ConfigurableIOManager):
 
             settings = self.settings()
             # The lock owner names the Dagster run: the planner sensor frees it once the run ended.
-            self._engine = Engine(settings, load_lineage(settings.lineage), owner=make_owner(run_id=self._run_id))
+            self._engine = Engine(settings, load_lineage(settings.lineage), owner=make_owner(run_id=self._run_id),
+                                  spark_factory=self._spark_from_resource() if self.pyspark is not None else None)
         engine: Engine = self._engine
         return engine
+
+    def _spark_from_resource(self) -> Callable[[], SparkSession]:
+        resource = self.pyspark
+
+        def start() -> SparkSession:
+            from resources.spark import session_started
+
+            if resource is None:
+                raise ProcessingError("the Tidemark IO manager has no pyspark resource to start Spark from")
+            return session_started(resource.spark_session)
+        return start
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._run_id = context.run.run_id if context.run is not None else None

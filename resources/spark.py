@@ -12,7 +12,12 @@ from resources.settings import Settings
 from resources.storage import S3Settings, StorageError, is_object_store, s3_packages
 
 if TYPE_CHECKING:
+    from dagster_pyspark import LazyPySparkResource
     from pyspark.sql import SparkSession
+
+#: The resource key of the Spark session in Tidemark's Dagster definitions: dagster-pyspark's
+#: documented key, the one Dagster users' assets ask for (``pyspark: LazyPySparkResource``).
+PYSPARK_KEY = "pyspark"
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -32,56 +37,114 @@ LOCAL_CONF = {
 
 
 def build_spark_session(settings: Settings, *, app_name: str = "tidemark", ui: bool = False) -> SparkSession:
-    """Create (or return the running) SparkSession for ``settings``.
+    """Create (or return the running) SparkSession for ``settings``: the session of
+    :func:`spark_config`, started the way ``dagster-pyspark``'s resources start theirs (the same
+    configuration, one ``getOrCreate``), then :func:`session_started`.
 
     ``sc://`` masters use Spark Connect (the server must have Delta on its classpath); any
     other master is a classic session whose Delta jars come from Maven Central through
-    ``spark.jars.packages`` (cached by Ivy under ``~/.ivy2``).
+    ``spark.jars.packages`` (cached by Ivy under ``~/.ivy2``, then remembered).
     """
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    for k, v in spark_config(settings, app_name=app_name, ui=ui).items():
+        builder = builder.config(k, v)
+    return session_started(builder.getOrCreate())
+
+
+def spark_config(settings: Settings, *, app_name: str = "tidemark", ui: bool = False,
+                 resolve_s3: bool = True) -> dict[str, str]:
+    """The whole configuration of Tidemark's SparkSession for ``settings``, as flat
+    ``spark.*`` keys: what ``SparkSession.builder.config(k, v)...getOrCreate()`` needs (it is the
+    ``spark_config`` of :func:`pyspark_resource`). Also sets the driver process's environment
+    defaults (its Python for workers, a loopback address for local masters) and makes the scratch
+    directory.
+
+    A Spark Connect master (``sc://``) gets ``spark.remote`` and the session (SQL) settings only: a
+    client cannot set the rest, the server was started with them. A classic master gets Delta, UTC,
+    small shuffles, the driver's memory and the Delta jars (remembered ones, else
+    ``spark.jars.packages``); with the warehouse on an object store also its settings and the S3A
+    jars (remembered ones; else resolved in a child process when ``resolve_s3``, else
+    ``spark.jars.packages`` for the session's own start to resolve). ``TIDEMARK_SPARK_CONF`` wins."""
     scratch = settings.home / "spark"
     scratch.mkdir(parents=True, exist_ok=True)
     if settings.spark_master.startswith("sc://"):
-        builder = SparkSession.builder.remote(settings.spark_master).appName(app_name)
-        # Only session (SQL) settings can be set by a client; the server was started with the rest.
         session_conf = {k: v for k, v in LOCAL_CONF.items() if k.startswith(("spark.sql.", "spark.databricks."))}
-        for k, v in {**session_conf, **settings.spark_conf}.items():
-            builder = builder.config(k, v)
-        return builder.getOrCreate()
-
+        return {"spark.remote": settings.spark_master, "spark.app.name": app_name, **session_conf,
+                **settings.spark_conf}
     os.environ.setdefault("PYSPARK_PYTHON", _python())
     if settings.spark_master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = SparkSession.builder.master(settings.spark_master).appName(app_name)
     conf = {
+        "spark.master": settings.spark_master,
+        "spark.app.name": app_name,
         **driver_conf(scratch / "catalog", ui=ui),
         "spark.driver.memory": driver_memory(),
+        # PySpark's setLogLevel("ERROR") as a setting, so any builder of this config gets it.
+        "spark.log.level": "ERROR",
         **settings.spark_conf,
     }
-    s3_jars: list[str] = []
+    jars: list[str] = []
+    packages: list[str] = []
     if is_object_store(settings.warehouse):
         # The warehouse's store settings and the hadoop-aws jars, only when the warehouse is there.
         conf = {**S3Settings.from_env().spark_conf(), **conf}
-        s3_jars = cached_s3_jars() or resolve_s3_jars()
-        conf["spark.jars"] = ",".join([*s3_jars, *filter(None, [conf.get("spark.jars")])])
+        s3_jars = cached_s3_jars() or (resolve_s3_jars() if resolve_s3 else [])
+        if s3_jars:
+            jars += s3_jars
+        else:
+            s3, excludes = s3_packages()
+            packages += s3
+            conf["spark.jars.excludes"] = ",".join([*excludes, *filter(None, [conf.get("spark.jars.excludes")])])
     cached = cached_delta_jars()
     if cached and "spark.jars.packages" not in conf:
-        conf["spark.jars"] = ",".join([*cached, *filter(None, [conf.get("spark.jars")])])
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    if not cached:
-        from delta import configure_spark_with_delta_pip
+        jars += cached
+    else:
+        packages.append(delta_package())
+    if jars:
+        conf["spark.jars"] = ",".join([*jars, *filter(None, [conf.get("spark.jars")])])
+    if packages:
+        conf["spark.jars.packages"] = ",".join([*packages, *filter(None, [conf.get("spark.jars.packages")])])
+    return conf
 
-        builder = configure_spark_with_delta_pip(builder)
-    spark = builder.getOrCreate()
-    if not cached:
-        jars = spark.sparkContext.getConf().get("spark.jars", "")
-        _remember_delta_jars(",".join(j for j in jars.split(",") if j not in s3_jars))
-    spark.sparkContext.setLogLevel("ERROR")
-    # PySpark logs every failed query as a JSON blob; Tidemark reports failures itself.
+
+def session_started(spark: SparkSession) -> SparkSession:
+    """What follows the start of a session built from :func:`spark_config`, by
+    :func:`build_spark_session` or by ``dagster-pyspark``: remember the Delta jars Ivy resolved
+    (later sessions start without Ivy), keep PySpark from logging every failed query as a JSON blob
+    (Tidemark reports failures itself). Cheap and idempotent; a Connect session needs nothing."""
+    if not is_connect(spark) and not cached_delta_jars():
+        s3 = set(cached_s3_jars())  # the S3A jars (hadoop-aws and the AWS SDK) are remembered apart
+        jars = spark.sparkContext.getConf().get("spark.jars", "").split(",")
+        _remember_delta_jars(",".join(j for j in jars if j not in s3 and
+                                      not Path(j).name.startswith(("org.apache.hadoop_", "software.amazon."))))
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     return spark
+
+
+def is_connect(spark: SparkSession) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def delta_package() -> str:
+    """Maven coordinates of the Delta jars matching the installed delta-spark and pyspark (what
+    ``delta.configure_spark_with_delta_pip`` adds)."""
+    from importlib.metadata import version
+
+    spark = ".".join(version("pyspark").split(".")[:2])
+    return f"io.delta:delta-spark_{spark}_2.13:{version('delta-spark')}"
+
+
+def pyspark_resource(settings: Settings, *, app_name: str = "tidemark") -> LazyPySparkResource:
+    """``dagster-pyspark``'s ``LazyPySparkResource`` holding Tidemark's session for ``settings``
+    (local, Spark Connect or a cluster): nothing starts until an asset first asks for
+    ``.spark_session``. Tidemark's Dagster definitions bind it under :data:`PYSPARK_KEY`, so a
+    user's own assets get the same session as Tidemark's units. The S3A jars, when not remembered,
+    are left to the session's own start (never resolved while definitions load)."""
+    from dagster_pyspark import LazyPySparkResource
+
+    return LazyPySparkResource(spark_config=spark_config(settings, app_name=app_name, resolve_s3=False))
 
 
 def driver_conf(catalog: Path, *, ui: bool) -> dict[str, str]:

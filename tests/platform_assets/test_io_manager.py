@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster_pyspark import LazyPySparkResource
 from deltalake import DeltaTable
 
 from lineage.errors import ProcessingError
@@ -85,11 +86,13 @@ def test_blocks_written_through_the_io_manager_and_read_back_by_a_downstream_ass
     defs = build_definitions(s)
     events = defs.resolve_assets_def(EVENTS)
     seen: dict[str, list[int]] = {}
+    sessions: list[object] = []
 
     @dg.asset(partitions_def=dg.DynamicPartitionsDefinition(name=partitions_name("fact.events")),
               ins={"block": dg.AssetIn(key=EVENTS, input_manager_key=IO_MANAGER_KEY)})
-    def block_ids(context, block) -> None:  # noqa: ANN001 - Dagster inspects the signature
+    def block_ids(context, block, pyspark: LazyPySparkResource) -> None:  # noqa: ANN001 - Dagster inspects the signature
         seen[context.partition_key] = sorted(r.id for r in block.select("id").collect())
+        sessions.append(pyspark.spark_session)  # dagster-pyspark's resource, under its documented key
 
     # A user's own asset downstream of a Tidemark table, in the same code location.
     with_user_asset = dg.Definitions.merge(defs, dg.Definitions(assets=[block_ids]))
@@ -119,6 +122,8 @@ def test_blocks_written_through_the_io_manager_and_read_back_by_a_downstream_ass
             assert down.success
             assert len(seen[key]) == meta["rows"]
 
+    # the user's asset got the very session the units ran on (one JVM per run, not two)
+    assert sessions and all(x is spark for x in sessions)
     dest = spark.read.format("delta").load(s.table_path("fact.events"))
     all_ids = sorted(r.id for r in dest.select("id").collect())
     first, second = seen[keys[0]], seen[keys[1]]
