@@ -25,7 +25,7 @@ def _lineage(args: argparse.Namespace) -> tuple[Any, Lineage]:
 
 def _replicators(lineage: Lineage, names: list[str] | None) -> list[Replicator]:
     if not lineage.replicators:
-        raise TidemarkError("the lineage has no cdc: replicators (see README, 'CDC replicas')")
+        raise TidemarkError("the lineage has no cdc: replicators (see docs/cdc.md)")
     for n in names or []:
         if n not in lineage.replicators:
             raise TidemarkError(f"unknown replicator '{n}' (known: {', '.join(lineage.replicators)})")
