@@ -7,8 +7,19 @@
 # TIDEMARK_TEST_CONNECT=0. Likewise the Dagster tests that use its storage (sensor ticks and
 # partitions, runs and their events, the crash retry, the pools' concurrency slots) run once more
 # on a PostgreSQL-backed instance (TIDEMARK_TEST_DAGSTER=postgres; TIDEMARK_TEST_PG_DAGSTER=0 skips).
+#
+# ./scripts/test.sh --fast [pytest args]: the fast tier, for every change (about 4 minutes on 2
+# cores): ruff, mypy, every test that starts nothing heavy plus one real-engine test per module
+# (marked fast: see tests/conftest.py), with no Connect or PostgreSQL second pass and no browser.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  ./scripts/setup.sh
+  .venv/bin/ruff check lineage resources platform_assets tests bench
+  .venv/bin/mypy lineage resources platform_assets
+  exec .venv/bin/pytest -m "fast" "$@"
+fi
 ./scripts/setup.sh --with-browser
 .venv/bin/ruff check lineage resources platform_assets tests bench
 .venv/bin/mypy lineage resources platform_assets

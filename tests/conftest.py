@@ -143,3 +143,28 @@ def dagster_storage(request: pytest.FixtureRequest) -> dict[str, object]:
         conn.execute(f"CREATE DATABASE {name} TEMPLATE dagster_template")
     return {"storage": {"postgres": {"postgres_url": dagster_url(f"{base}/{name}")}}}
 
+
+
+# ----------------------------------------------------------------------------- the fast tier
+#: Fixtures that start something heavy (a JVM, a PostgreSQL server, an S3 server). A test using
+#: none of them, and not marked slow or ui, belongs to the fast tier; a test that does use one
+#: belongs to it only when marked ``@pytest.mark.fast`` (one real-engine test per module, picked
+#: to cover it in seconds).
+HEAVY_FIXTURES = frozenset({"spark", "spark_home", "pg", "pg_url", "s3_server", "dagster_pg_template"})
+
+
+def in_fast_tier(item: pytest.Item) -> bool:
+    marks = {m.name for m in item.iter_markers()}
+    if "fast" in marks:
+        return True
+    if marks & {"slow", "ui", "notfast"}:
+        return False
+    return not HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``-m fast`` selects the fast tier (``./scripts/test.sh --fast``): every light test plus the
+    heavy ones marked ``fast``; a test marked ``notfast`` is light but too slow for it."""
+    for item in items:
+        if in_fast_tier(item):
+            item.add_marker(pytest.mark.fast)

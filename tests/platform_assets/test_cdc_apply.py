@@ -64,6 +64,7 @@ def test_seed_example_with_primary_key_in_any_batching(spark, tmp_path: Path, sp
     assert rows(spark, path, "id", "name", "_sequence_num") == [(0, "Alice", 6), (1, "Bob", 8)]
 
 
+@pytest.mark.fast
 def test_replay_of_a_unit_is_skipped_by_its_txn_version(spark, tmp_path: Path) -> None:
     path = str(tmp_path / "customers")
     layout = Layout(CUSTOMERS, ("id",))

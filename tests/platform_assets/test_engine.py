@@ -75,6 +75,7 @@ def test_incremental_equals_full_recompute_with_ties(spark, settings, tmp_path):
     assert sum(r["base_rows"] for r in log) == 2200
 
 
+@pytest.mark.fast
 def test_block_respects_maxstep_and_records_offsets(spark, settings, tmp_path):
     eng = _engine(spark, settings, tmp_path, maxstep=40)
     write_users(eng.settings)
@@ -266,6 +267,7 @@ def test_new_topic_starts_from_destination_newest_position(spark, settings, tmp_
     assert not fresh.run_topic("fact.events").processed
 
 
+@pytest.mark.fast
 def test_reload_rebuilds_atomically_and_only_when_the_base_changed(spark, settings, tmp_path):
     extra = """
       - table: mart.users_by_country

@@ -80,6 +80,7 @@ def test_handle_output_refuses_what_is_not_an_opened_block(settings, tmp_path):
 
 
 @pytest.mark.spark
+@pytest.mark.fast
 def test_blocks_written_through_the_io_manager_and_read_back_by_a_downstream_asset(spark, settings, tmp_path, dagster_storage):
     s = _setup(settings, tmp_path, maxstep=30)
     write_rows(s, "stage.events", make_events(70, distinct_pos=70, seed=5))

@@ -29,6 +29,7 @@ def test_runs_every_block_through_dagster_until_every_topic_waits(spark, setting
         assert {r.run_id for r in records} == {r.run_id for r in runs}
 
 
+@pytest.mark.fast
 def test_a_failed_run_stops_the_loop_with_its_error(spark, settings, tmp_path, dagster_storage):
     s = settings.with_(lineage=write_lineage(tmp_path, maxstep=30))
     (tmp_path / "sql" / "fact_events.sql").write_text("SELECT pos, id, no_such_column FROM block")

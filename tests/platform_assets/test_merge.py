@@ -198,6 +198,7 @@ def test_adopt_takes_over_an_existing_view_then_applies_only_changes(spark, sett
     assert assert_view_equals_recompute(eng, "mart.wide") == 35
 
 
+@pytest.mark.fast
 def test_adopt_refuses_a_view_whose_key_is_not_unique(spark, settings, tmp_path):
     eng = engine(spark, settings, tmp_path, wide_topic())
     customers(eng)

@@ -66,6 +66,7 @@ def s3_env(s3_server, monkeypatch):
     return s3_server
 
 
+@pytest.mark.fast
 def test_spark_up_refuses_a_missing_bucket_before_a_jvm_starts(s3_env, tmp_path, capsys):
     from platform_assets.cli import main
 

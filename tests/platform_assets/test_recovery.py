@@ -277,6 +277,7 @@ def test_commit_removed_by_log_retention_is_refused_not_guessed(spark, s):
     assert rec.last.is_zero() and rec.seq >= 1
 
 
+@pytest.mark.fast
 def test_destination_with_rows_but_no_block_of_the_topic_is_refused(spark, s):
     """Rows in the destination that no block of this topic wrote (another writer, a manual load):
     starting after its newest row would be a guess."""

@@ -161,6 +161,7 @@ def _wide_engine(spark, settings: Settings, root: Path) -> Engine:
     return Engine(settings.with_(lineage=lin), load_lineage(lin), spark=spark)
 
 
+@pytest.mark.fast
 def test_null_check_on_the_40th_column_can_fail(spark, settings, tmp_path, monkeypatch):
     from lineage.checks import evaluate_block
     from platform_assets import faults

@@ -72,6 +72,7 @@ def changes(txs: list[Transaction]) -> list[Any]:
 # ------------------------------------------------------------------ the seed's examples
 
 
+@pytest.mark.fast
 def test_seed_example_with_primary_key(pg: str) -> None:
     """Key-changing updates carry the old key; an update keeping its key has no before."""
     with source(pg, "ex1", "CREATE TABLE ex1.customers (id int, name varchar(50), PRIMARY KEY (id))") as src:

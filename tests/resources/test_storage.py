@@ -110,6 +110,7 @@ def test_engine_refuses_an_unreachable_store_before_anything_runs(s3_env, tmp_pa
     assert not (tmp_path / "offsets.db").exists()  # nothing was opened or written
 
 
+@pytest.mark.fast
 def test_jvm_free_reads_and_writes_on_the_store(s3_env, tmp_path):
     """deltalake writes (with storage options), then the Delta-log readers that sensors use:
     table marks, block ends, late rows from the commit files, Parquet footers."""
