@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -73,7 +74,10 @@ def breakdown(dagster_home: Path, started: float, took: float) -> dict[str, floa
         run = instance.get_runs(limit=1)[0]
         records = instance.all_logs(run.run_id)
     first = records[0].timestamp
-    kinds = {r.dagster_event.event_type_value: r for r in records if r.dagster_event}
+    kinds: dict[str, Any] = {}  # the first event of each kind: the block's step (a check may run in a later step)
+    for r in records:
+        if r.dagster_event:
+            kinds.setdefault(r.dagster_event.event_type_value, r)
     step = kinds["STEP_SUCCESS"].timestamp - kinds["STEP_START"].timestamp
     mat = kinds["ASSET_MATERIALIZATION"].dagster_event.event_specific_data.materialization  # type: ignore[union-attr]
     phases = {k: float(v) for k, v in mat.metadata["phases_s"].value.items()}

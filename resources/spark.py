@@ -118,7 +118,7 @@ def session_started(spark: SparkSession) -> SparkSession:
         s3 = set(cached_s3_jars())  # the S3A jars (hadoop-aws and the AWS SDK) are remembered apart
         jars = spark.sparkContext.getConf().get("spark.jars", "").split(",")
         _remember_delta_jars(",".join(j for j in jars if j not in s3 and
-                                      not Path(j).name.startswith(("org.apache.hadoop_", "software.amazon."))))
+                                      not Path(j).name.startswith(("org.apache.hadoop_hadoop-aws", "software.amazon."))))
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     return spark
 
