@@ -91,18 +91,19 @@ class OffsetIOManager(dg.ConfigurableIOManager):
             settings = self.settings()
             # The lock owner names the Dagster run: the planner sensor frees it once the run ended.
             self._engine = Engine(settings, load_lineage(settings.lineage), owner=make_owner(run_id=self._run_id),
-                                  spark_factory=self._spark_from_resource() if self.pyspark is not None else None)
+                                  spark_factory=self._spark_from_resource())
         engine: Engine = self._engine
         return engine
 
-    def _spark_from_resource(self) -> Callable[[], SparkSession]:
+    def _spark_from_resource(self) -> Callable[[], SparkSession] | None:
+        """How the engine starts Spark: from the pyspark resource, if the manager has one."""
         resource = self.pyspark
+        if resource is None:
+            return None
 
         def start() -> SparkSession:
             from resources.spark import session_started
 
-            if resource is None:
-                raise ProcessingError("the Tidemark IO manager has no pyspark resource to start Spark from")
             return session_started(resource.spark_session)
         return start
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from lineage.errors import ProcessingError
 from lineage.positions import to_naive_utc
+from resources.spark import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -55,11 +56,6 @@ def ts_literal(value: dt.datetime) -> Column:
 #: Tables this process registered: ``schema.name`` -> the location it gave the table. Only these
 #: may be re-pointed (dropped and created again), and never in a persistent catalog.
 _REGISTERED: dict[str, str] = {}
-
-
-def is_connect(spark: SparkSession) -> bool:
-    """Whether ``spark`` is a Spark Connect client session (its catalog is the server's)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def shared_catalog(spark: SparkSession) -> str | None:

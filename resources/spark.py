@@ -124,6 +124,7 @@ def session_started(spark: SparkSession) -> SparkSession:
 
 
 def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (its catalog is the server's)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 

@@ -144,7 +144,6 @@ def dagster_storage(request: pytest.FixtureRequest) -> dict[str, object]:
     return {"storage": {"postgres": {"postgres_url": dagster_url(f"{base}/{name}")}}}
 
 
-
 # ----------------------------------------------------------------------------- the fast tier
 #: Fixtures that start something heavy (a JVM, a PostgreSQL server, an S3 server). A test using
 #: none of them, and not marked slow or ui, belongs to the fast tier; a test that does use one
