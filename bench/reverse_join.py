@@ -152,13 +152,13 @@ def make_lineage(base: Path, maxstep: int) -> Path:
     return lin
 
 
-def tidemark_refresh(engine: Engine) -> tuple[float, str, str]:
+def tidemark_refresh(engine: Engine, topic: str = TOPIC) -> tuple[float, str, str]:
     """Bring the view up to date: (seconds, strategies, what the blocks' statistics say)."""
     t0 = time.monotonic()
-    results = [r for r in engine.run_until_caught_up([TOPIC]) if r.processed]
+    results = [r for r in engine.run_until_caught_up([topic]) if r.processed]
     took = time.monotonic() - t0
     if not results:
-        raise BenchError(f"Tidemark processed nothing for {TOPIC} after the change")
+        raise BenchError(f"Tidemark processed nothing for {topic} after the change")
     strategies = "+".join(str(r.stats.get("strategy", "?")) for r in results)
     detail = "; ".join(f"{r.stats.get('strategy_reason', r.reason)} ("
                        + ", ".join(f"{k} {r.stats[k]}" for k in STAT_KEYS if r.stats.get(k) not in (None, {}))
@@ -179,11 +179,11 @@ def merge_metrics(view: str) -> str:
     return "; Delta MERGE metrics: " + ", ".join(f"{k} {m[k]}" for k in keys if k in m)
 
 
-def full_rebuild(spark: SparkSession, orders: str, dest: str) -> float:
+def full_rebuild(spark: SparkSession, orders: str, dest: str, sql: str = TRANSFORM_SQL) -> float:
     """The view's SQL over all of the orders, written with one overwrite: seconds."""
     t0 = time.monotonic()
     spark.read.format("delta").load(orders).createOrReplaceTempView("block")
-    spark.sql(TRANSFORM_SQL).write.format("delta").mode("overwrite").save(dest)
+    spark.sql(sql).write.format("delta").mode("overwrite").save(dest)
     return time.monotonic() - t0
 
 
@@ -203,16 +203,17 @@ def sdp_code(orders: str, customers: str) -> str:
         ''')
 
 
-def compare(spark: SparkSession, tables: dict[str, str], expected_rows: int) -> str:
-    """Every table against the first: row counts and ``exceptAll`` both ways."""
+def compare(spark: SparkSession, tables: dict[str, str], expected_rows: int | None,
+            columns: list[str] = COLUMNS) -> str:
+    """Every table against the first: row counts (``expected_rows``, None: any) and ``exceptAll`` both ways."""
     (first, first_path), *others = tables.items()
     ref = spark.read.format("delta").load(first_path)
     texts = []
     for name, path in others:
-        n_a, n_b, only_a, only_b = diff_counts(ref, spark.read.format("delta").load(path), COLUMNS)
+        n_a, n_b, only_a, only_b = diff_counts(ref, spark.read.format("delta").load(path), columns)
         text = f"{first} {n_a:,} rows, {name} {n_b:,}, only in {first} {only_a:,}, only in {name} {only_b:,}"
-        if not (n_a == n_b == expected_rows and only_a == only_b == 0):
-            raise BenchError(f"the results differ ({expected_rows:,} orders): {text}")
+        if not (n_a == n_b == (n_a if expected_rows is None else expected_rows) and only_a == only_b == 0):
+            raise BenchError(f"the results differ (expected {expected_rows or n_a:,} rows): {text}")
         texts.append(text)
     return "; ".join(texts)
 

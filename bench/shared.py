@@ -32,10 +32,11 @@ class BenchError(Exception):
 # ------------------------------------------------------------------ data
 
 
-def append_orders(path: str, start_id: int, n: int, customers: int, t0: dt.datetime) -> None:
+def append_orders(path: str, start_id: int, n: int, customers: int, t0: dt.datetime, span: float = 1.05,
+                  step_us: int = 10_000) -> None:
     """``n`` orders ``(pos, id, customer_id, amount)`` with ids from ``start_id``, in (pos, id)
-    order; two orders share each ``pos`` (ties), ~5 % have a customer_id without a customer
-    (the left join's nulls)."""
+    order; two orders share each ``pos`` (ties), ``step_us`` apart; customer ids are drawn from ``[0, customers *
+    span]``, so with ids ``0 .. customers-1`` present ~5 % have no customer (the left join's nulls)."""
     import numpy as np
     import pyarrow as pa
     from deltalake import write_deltalake
@@ -44,10 +45,10 @@ def append_orders(path: str, start_id: int, n: int, customers: int, t0: dt.datet
         return
     ids = np.arange(start_id, start_id + n, dtype=np.int64)
     base = np.datetime64(t0.replace(tzinfo=None), "us")
-    pos = base + (ids // 2) * np.timedelta64(10_000, "us")
+    pos = base + (ids // 2) * np.timedelta64(step_us, "us")
     rng = np.random.default_rng(start_id)
     table = pa.table({"pos": pa.array(pos).cast(pa.timestamp("us", tz="UTC")), "id": ids,
-                      "customer_id": rng.integers(0, int(customers * 1.05) + 1, n, dtype=np.int64),
+                      "customer_id": rng.integers(0, int(customers * span) + 1, n, dtype=np.int64),
                       "amount": np.round(rng.uniform(1, 500, n), 2)})
     write_deltalake(path, table, mode="append")
 
@@ -148,8 +149,10 @@ def sdp_phases(log: Path, started: float, total: float) -> dict[str, float]:
             "flow": stamps["done"] - stamps["run"], "exit": started + total - stamps["done"]}
 
 
-def sdp_update(base: Path, project: Path, conf: Path, master: str, n: int) -> tuple[float, dict[str, float]]:
-    """One fresh ``spark-pipelines run`` of ``project``: (wall seconds, phases)."""
+def sdp_update(base: Path, project: Path, conf: Path, master: str, n: int,
+               timeout: float = 3600) -> tuple[float, dict[str, float]]:
+    """One fresh ``spark-pipelines run`` of ``project``: (wall seconds, phases); killed after
+    ``timeout`` seconds (``subprocess.TimeoutExpired``)."""
     env = {**os.environ, "SPARK_CONF_DIR": str(conf), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     env.pop("SPARK_HOME", None)
     log = base / f"run{n}.log"
@@ -157,8 +160,7 @@ def sdp_update(base: Path, project: Path, conf: Path, master: str, n: int) -> tu
     # The master goes on the command line: spark-pipelines always runs a local Connect server
     # (--remote), and spark.master in spark-defaults.conf is refused next to it.
     cmd = [str(Path(sys.executable).parent / "spark-pipelines"), "--remote", master, "run"]
-    took = run_logged(cmd, env, project, log,
-                      f"spark-pipelines run #{n}")
+    took = run_logged(cmd, env, project, log, f"spark-pipelines run #{n}", timeout=timeout)
     return took, sdp_phases(log, started, took)
 
 
