@@ -50,6 +50,11 @@ if TYPE_CHECKING:
 PRESENT = "_tm_present"  # marks a re-derived row in the MERGE source (null: the key is no longer produced)
 #: Up to this many affected keys (or changed input rows) are collected and joined as a local relation.
 LOCAL_KEYS = 200_000
+#: Up to this many base rows joining changed reference rows are collected (one scan of the base serves
+#: the rows' old groups and their new ones).
+LOCAL_ROWS = 50_000
+#: Up to this many distinct values of a key column narrow the re-derivation by a literal list.
+NARROW_VALUES = 5_000
 
 
 @dataclass(frozen=True)
@@ -179,14 +184,14 @@ class MergeProcessor:
             return _clustered(full, spec, rows), work
         key = list(spec.key)
         try:
-            keys, _ = spark_io.small_local(self.engine.spark, functools.reduce(
+            keys, key_rows = spark_io.small_local(self.engine.spark, functools.reduce(
                 lambda a, b: a.unionByName(b), [k for _, k in work.affected]).distinct(), LOCAL_KEYS)
         except Exception as exc:
             if not (work.strategy.reverse and _removed(exc)):
                 raise
             self._removed_fallback(topic, work, exc)
             return full, work
-        rederived = spark_io.semi_join(full, keys, key).withColumn(PRESENT, F.lit(True))
+        rederived = spark_io.semi_join(narrow(full, key, key_rows), keys, key).withColumn(PRESENT, F.lit(True))
         return spark_io.rows_of_keys(keys, rederived, key), work
 
     def derive(self, topic: Topic, rec: OffsetRecord, planned: Planned) -> tuple[DataFrame, MergeWork]:
@@ -260,7 +265,7 @@ class MergeProcessor:
         if strategy.reverse:
             try:
                 self._reverse(topic, work, held=self._base(spark, topic, planned, upto=True, last_only=True),
-                              everything=everything, pinned=pinned, tag=tag, keys_of=keys_of)
+                              last=block.last, everything=everything, pinned=pinned, tag=tag, keys_of=keys_of)
             except Exception as exc:
                 if not _removed(exc):
                     raise
@@ -275,23 +280,31 @@ class MergeProcessor:
         work.affected.clear()
         self._refuse_strict(topic, work.strategy)
 
-    def _reverse(self, topic: Topic, work: MergeWork, *, held: DataFrame, everything: DataFrame, pinned: dict[str, str],
-                 tag: str, keys_of: Callable[[str, DataFrame, dict[str, str]], DataFrame]) -> None:
+    def _reverse(self, topic: Topic, work: MergeWork, *, held: DataFrame, last: Position, everything: DataFrame,
+                 pinned: dict[str, str], tag: str, keys_of: Callable[[str, DataFrame, dict[str, str]], DataFrame]) -> None:
         """The affected keys of the changed inputs (see :meth:`derive`) into ``work.affected``."""
         spark, spec, strategy = self.engine.spark, topic.spec, work.strategy
         by_table = {c.table: c for c in work.changes}
         # Base rows joining a changed reference row: those up to ``last`` (what the view holds)
         # left their old groups; those up to ``next`` join their new ones.
-        joining: list[tuple[DataFrame, DataFrame]] = []
+        changed_rows: list[tuple[DataFrame, list[str], list[Any] | None]] = []
         for table in strategy.reverse:
             pairs, c = spec.join_keys[table], by_table[table]
             feed = (spark.read.format("delta").option("readChangeFeed", "true")
                     .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(self.engine.path(table)))
             changed, values = spark_io.small_local(spark, feed.select(*[feed[i].alias(b) for b, i in pairs.items()])
                                                    .distinct(), LOCAL_KEYS)
-            joining.append((_matching(held, changed, list(pairs), values), _matching(everything, changed, list(pairs), values)))
-        moved_old = functools.reduce(lambda a, b: a.unionByName(b), [old for old, _ in joining])
-        moved_new = functools.reduce(lambda a, b: a.unionByName(b), [new for _, new in joining])
+            changed_rows.append((changed, list(pairs), values))
+        moved_new = functools.reduce(lambda a, b: a.unionByName(b),
+                                     [_matching(everything, changed, cols, values) for changed, cols, values in changed_rows])
+        # One scan of the base where there were two: when few, the rows up to ``next`` are
+        # collected once and those up to ``last`` are taken from them.
+        collected, rows = spark_io.small_local(spark, moved_new, LOCAL_ROWS)
+        if rows is not None:
+            moved_new, moved_old = collected, upto(collected, last)
+        else:
+            moved_old = functools.reduce(lambda a, b: a.unionByName(b),
+                                         [_matching(held, changed, cols, values) for changed, cols, values in changed_rows])
         before = {**pinned, **self._pin(work, topic, {t: by_table[t].old or 0 for t in strategy.reverse}, f"tm_old_{tag}")}
         names = ", ".join(f"{t} version {by_table[t].old}" for t in strategy.reverse)
         work.affected.append((f"base rows joining a changed row, before ({names})", keys_of("tm_left", moved_old, before)))
@@ -423,14 +436,42 @@ class MergeProcessor:
 def rows_upto(spark: SparkSession, path: str, end: Position, version: int | None) -> DataFrame:
     """The rows of the table at ``path`` (at Delta ``version``; None: the newest) whose ``(pos, id)``
     is at most ``end``."""
-    from pyspark.sql import functions as F
 
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
+    return upto(reader.load(path), end)
+
+
+def upto(rows: DataFrame, end: Position) -> DataFrame:
+    """The rows of ``rows`` whose ``(pos, id)`` is at most ``end`` (a null ``id`` never is)."""
+    from pyspark.sql import functions as F
+
     np_, ni = spark_io.ts_literal(end.pos), F.lit(end.id).cast("bigint")
     pos, id_ = F.col("pos"), F.col("id")
-    return reader.load(path).where((pos <= np_) & id_.isNotNull()).where((pos < np_) | (id_ <= ni))
+    return rows.where((pos <= np_) & id_.isNotNull()).where((pos < np_) | (id_ <= ni))
+
+
+def narrow(rows: DataFrame, cols: list[str], keys: list[Any] | None) -> DataFrame:
+    """``rows`` filtered to the values each of ``cols`` takes in ``keys`` (the collected key rows;
+    None: not collected, ``rows`` as they are). Implied by the semi join on the keys that follows,
+    so it changes no result; as literals, Spark pushes it down through the transform wherever that
+    is exact (projections, the preserved side of an outer join, grouping columns), so the rows of
+    other keys are dropped at the scan instead of joined and aggregated first."""
+    from pyspark.sql import functions as F
+
+    if keys is None or not keys:
+        return rows
+    for i, c in enumerate(cols):
+        values = {k[i] for k in keys}
+        texts = [spark_io.sql_literal(v) for v in values if v is not None]
+        if len(values) > NARROW_VALUES or None in texts:
+            continue  # many values, or a type without exact literal text: the semi join alone
+        col = spark_io.quote(c)
+        conds = ([f"{col} IN ({', '.join(t for t in texts if t is not None)})"] if texts else []) \
+            + ([f"{col} IS NULL"] if None in values else [])
+        rows = rows.where(F.expr(" OR ".join(conds)))
+    return rows
 
 
 def pin_inputs(engine: Engine, topic: Topic, versions: dict[str, int], prefix: str, views: list[str]) -> dict[str, str]:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import functools
 import importlib
 import logging
@@ -276,6 +277,28 @@ def first_line(exc: BaseException) -> str:
 def quote(col: str) -> str:
     """``col`` as a Spark SQL identifier."""
     return "`" + col.replace("`", "``") + "`"
+
+
+_PLAIN = re.compile(r"[ -~]*")  # printable ASCII: a quoted literal needs no escape but \\ and '
+
+
+def sql_literal(value: Any) -> str | None:
+    """``value`` (as ``collect`` returns it) as Spark SQL literal text, for the types whose text
+    is exact whatever the session's settings (integers, booleans, decimals, dates, printable
+    strings); None for any other (timestamps depend on the driver's time zone, floats on
+    formatting). Literal text costs one parse, where a Python ``Column`` per value costs a JVM
+    round trip each."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, decimal.Decimal):
+        return f"{value}BD" if value.is_finite() else None
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return f"DATE'{value.isoformat()}'"
+    if isinstance(value, str) and _PLAIN.fullmatch(value):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return None
 
 
 def _on(cols: list[str], names: list[str]) -> Column:

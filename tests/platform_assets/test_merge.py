@@ -16,7 +16,7 @@ from lineage.errors import OffsetError, ProcessingError
 from lineage.loader import load_lineage
 from lineage.positions import Position
 from lineage.refresh import RefreshRefused
-from platform_assets import spark_io, views
+from platform_assets import merge, spark_io, views
 from platform_assets.engine import Engine
 from resources.meta_tables import read_etl_log
 from resources.settings import Settings
@@ -80,7 +80,21 @@ def test_bind_block_binds_the_view_in_the_statement_itself() -> None:
     assert merged == "-- c\n/* d */ WITH block AS (SELECT * FROM v), a AS (SELECT 1) SELECT * FROM a, block"
 
 
-def test_reverse_join_rederives_only_the_affected_keys(spark, settings, tmp_path):
+@pytest.mark.parametrize("collected", [True, False], ids=["rows-collected", "rows-not-collected"])
+def test_reverse_join_rederives_only_the_affected_keys(spark, settings, tmp_path, monkeypatch, collected):
+    if not collected:  # the base rows joining changed customers read twice, the re-derivation not narrowed
+        monkeypatch.setattr(merge, "LOCAL_ROWS", 0)
+        monkeypatch.setattr(merge, "NARROW_VALUES", 0)
+    rows_collected: list[bool] = []  # per reverse join: were the base rows joining changed customers collected?
+    small_local = spark_io.small_local
+
+    def spy(spark, df, limit):
+        got = small_local(spark, df, limit)
+        if limit == merge.LOCAL_ROWS:
+            rows_collected.append(got[1] is not None)
+        return got
+
+    monkeypatch.setattr(spark_io, "small_local", spy)
     eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n  full_above: 0.5\n"))
     customers(eng)
     orders(eng, 1, 50)
@@ -97,6 +111,7 @@ def test_reverse_join_rederives_only_the_affected_keys(spark, settings, tmp_path
     assert s["strategy"] == "incremental", s["strategy_reason"]
     assert s["strategy_reason"] == ("incremental: 10 new base rows; reverse join of 3 changed rows of dim.customers "
                                     "(versions 1..3) on customer_id=id")
+    assert rows_collected == [collected]
     # new orders 51..60 (customer 4's order 59 has no customer now), customer 3's 5 old rows, customer 4's 5 old rows
     assert (s["rows_inserted"], s["rows_updated"], s["rows_deleted"]) == (9, 5, 5)
     assert s["keys_rederived"] == 10 + 5 + 5 - 1  # order 53 is new and customer 3's: counted once

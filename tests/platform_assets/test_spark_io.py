@@ -216,3 +216,23 @@ def test_a_block_registers_only_the_tables_its_sql_names(tmp_path):
     assert tables_read(lineage.topic("fact.events"), every) == ["dim.users"]
     # any case, back-quoted, in before/after too; a longer name is not a match
     assert tables_read(lineage.topic("fact.other"), every) == ["dim.users", "fact.events"]
+
+
+def test_sql_literal_text_reads_back_as_the_same_value_in_any_session_time_zone(spark):
+    """Key values a view unit narrows its re-derivation by, as literal text: each reads back
+    exactly; types whose text could shift (timestamps, floats) or need escapes beyond quotes
+    get None (the unit then relies on its semi join alone)."""
+    import decimal
+
+    from platform_assets.spark_io import sql_literal
+
+    values = [0, -7, 2**62, True, False, decimal.Decimal("-123.4500"), decimal.Decimal("1E+3"),
+              dt.date(1969, 12, 31), dt.date(2026, 2, 28), "", "plain", "it's", "back\\slash", "a 'q' \\' mix"]
+    for zone in ("UTC", "America/Los_Angeles"):
+        with session_zone(spark, zone):
+            texts = [sql_literal(v) for v in values]
+            assert None not in texts
+            got = spark.sql("SELECT " + ", ".join(f"{t} AS c{i}" for i, t in enumerate(texts))).collect()[0]
+            assert list(got) == values
+    for unsafe in (dt.datetime(2026, 1, 1, 12), 1.5, "line\nbreak", "ünïcode", b"\x00", decimal.Decimal("NaN"), [1]):
+        assert sql_literal(unsafe) is None, unsafe
