@@ -8,6 +8,7 @@ Nothing here reads files or tables: the geo database is passed in as a lookup fu
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import re
@@ -15,19 +16,24 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateSyntaxError, meta
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2 import meta
 
-from lineage.event_types import CoercionError, SqlType, coerce, implicit_type, promote
-from lineage.events import dumps_exact
-from lineage.intake_destinations import DestinationMode, DestinationSpec, MappingAction, UnmappedPolicy
+from lineage.event_types import CoercionError, SqlType, coerce, implicit_type, parse_timestamp, promote
+from lineage.events import dumps_exact, loads_exact
+from lineage.intake_destinations import (
+    TEMPLATES,
+    DestinationMode,
+    DestinationSpec,
+    MappingAction,
+    UnmappedPolicy,
+    compile_template,
+)
 
 UNMAPPED = "_unmapped_data"
 RESERVED = ("pos", "id", UNMAPPED)  # the stage table's own columns; event fields of these names get a '_' suffix
 #: seed: ``/_timestamp`` is a TIMESTAMP for every event, ``/eventn_ctx/utc_time`` for browser ones
 IMPLICIT_CASTS = {"_timestamp": SqlType.TIMESTAMP, "eventn_ctx_utc_time": SqlType.TIMESTAMP}
 _SPECIAL = re.compile(r"[^a-z0-9_]")
-_ENV = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
 
 GeoLookup = Callable[[str], dict[str, Any] | None]
 _MISSING = object()
@@ -38,15 +44,6 @@ _FAST_TYPES = {str: SqlType.STRING, float: SqlType.DOUBLE, bool: SqlType.BOOLEAN
 
 class EventFailure(Exception):  # noqa: N818 - an outcome of one event, not a failure of Tidemark
     """This event cannot go to this destination: it becomes an EventError in failed events."""
-
-
-def compile_template(text: str) -> Any:
-    """The sandboxed Jinja2 template; ``ValueError`` (a config error) on a syntax error."""
-    try:
-        return _ENV.from_string(text)
-    except TemplateSyntaxError as exc:
-        raise ValueError(f"table_name_template {text!r} is not a valid Jinja2 template: {exc.message} "
-                         f"(line {exc.lineno})") from None
 
 
 @functools.lru_cache(maxsize=65536)
@@ -209,7 +206,7 @@ class Destination:
         self.template = compile_template(self.spec.table_name_template)
         # the template's result depends only on the top-level fields it names: render once per
         # distinct tuple of their (scalar) values
-        self._names = tuple(sorted(meta.find_undeclared_variables(_ENV.parse(self.spec.table_name_template))))
+        self._names = tuple(sorted(meta.find_undeclared_variables(TEMPLATES.parse(self.spec.table_name_template))))
         self.explicit = dict(IMPLICIT_CASTS)
         for r in self.spec.mappings.rules:
             col = path_column(r.dst or r.src or "")
@@ -488,4 +485,67 @@ def type_batch(header: BatchHeader, rows: list[tuple[int, dict[str, Any]]], tabl
         out.columns[UNMAPPED] = (ColumnType(SqlType.STRING), unmapped_col)
         if UNMAPPED not in table:
             out.added.append(UNMAPPED)
+    return out
+
+
+# ------------------------------------------------------------------ a unit's events, prepared
+
+
+@dataclass
+class Pair:
+    """The events of one unit for one (destination, table)."""
+
+    dest: Destination
+    table: str
+    header: BatchHeader
+    rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    received: list[dt.datetime | None] = field(default_factory=list)
+
+
+@dataclass
+class Prepared:
+    pairs: dict[tuple[str, str], Pair] = field(default_factory=dict)
+    failures: dict[str, list[tuple[int, str | None, str]]] = field(default_factory=dict)  # dest -> (line, table, error)
+    events_in: int = 0
+    skipped: int = 0
+
+
+def received_at(event: dict[str, Any]) -> dt.datetime | None:
+    """The event's ``_timestamp`` (when the collector received it), None if absent or unreadable."""
+    ts = event.get("_timestamp")
+    if isinstance(ts, str):
+        try:
+            return parse_timestamp(ts)
+        except ValueError:
+            return None
+    return None
+
+
+def prepare(events: Iterable[tuple[int, dict[str, Any]]], destinations: list[Destination],
+            geo: dict[str, GeoLookup]) -> Prepared:
+    """Multiplex, name, enrich and map every event: rows grouped by (destination, table) with
+    their BatchHeader, and the events that failed (a template error)."""
+    out = Prepared()
+    for line, event in events:
+        out.events_in += 1
+        targets = route(event, destinations)
+        received = received_at(event)
+        for i, d in enumerate(targets):
+            ev = event if i == len(targets) - 1 else loads_exact(dumps_exact(event))  # steps change it in place
+            try:
+                table = d.table_name(ev)
+            except EventFailure as exc:
+                out.failures.setdefault(d.id, []).append((line, None, str(exc)))
+                continue
+            if table is None:
+                out.skipped += 1
+                continue
+            lookup_enrichment(ev, user_agent=d.spec.lookups.user_agent, geo=geo.get(d.id))
+            row = d.map_event(ev)
+            pair = out.pairs.get((d.id, table))
+            if pair is None:
+                pair = out.pairs[(d.id, table)] = Pair(d, table, BatchHeader(table))
+            pair.header.add(row, d.explicit)
+            pair.rows.append((line, row))
+            pair.received.append(received)
     return out

@@ -28,6 +28,8 @@ import re
 from enum import StrEnum
 from typing import Any
 
+from jinja2 import StrictUndefined, TemplateSyntaxError
+from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lineage.event_types import SqlType
@@ -35,6 +37,17 @@ from lineage.event_types import SqlType
 DEST_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 IDENT_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
 POINTER_RE = re.compile(r"^/?[^/]+(/[^/]+)*$")
+#: ``table_name_template``'s Jinja2 environment: sandboxed, an unknown name is an error.
+TEMPLATES = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+
+
+def compile_template(text: str) -> Any:
+    """The sandboxed Jinja2 template; ``ValueError`` (a config error) on a syntax error."""
+    try:
+        return TEMPLATES.from_string(text)
+    except TemplateSyntaxError as exc:
+        raise ValueError(f"table_name_template {text!r} is not a valid Jinja2 template: {exc.message} "
+                         f"(line {exc.lineno})") from None
 
 
 class _Strict(BaseModel):
@@ -136,8 +149,6 @@ class DestinationSpec(_Strict):
     @field_validator("table_name_template")
     @classmethod
     def _template(cls, v: str) -> str:
-        from lineage.event_pipeline import compile_template
-
         compile_template(v)  # a syntax error is a config error, not a failed event
         return v
 

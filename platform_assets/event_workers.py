@@ -25,7 +25,15 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from lineage.event_pipeline import UNMAPPED, BatchHeader, ColumnType, Destination, GeoLookup, type_batch
+from lineage.event_pipeline import (
+    UNMAPPED,
+    BatchHeader,
+    ColumnType,
+    Destination,
+    GeoLookup,
+    prepare,
+    type_batch,
+)
 from lineage.event_types import SqlType, promote
 from lineage.events import has_long_digits, loads_exact
 from lineage.intake_destinations import DestinationSpec
@@ -84,8 +92,6 @@ def type_events(events: Iterable[tuple[int, dict[str, Any]]], destinations: list
                 forced: dict[Key, dict[str, SqlType]] | None = None) -> TypedUnit:
     """Every step of the pipeline over ``events``, typed against ``columns_of(table)``;
     ``forced``: the header to type a pair with (a whole file's promotion)."""
-    from platform_assets.events import prepare
-
     prepared = prepare(events, destinations, geo)
     out = TypedUnit(failures=prepared.failures, events_in=prepared.events_in, skipped=prepared.skipped)
     for key, pair in prepared.pairs.items():

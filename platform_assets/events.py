@@ -39,14 +39,9 @@ import pyarrow as pa
 
 from lineage.errors import TidemarkError
 from lineage.event_pipeline import (
-    BatchHeader,
-    Destination,
-    EventFailure,
     GeoLookup,
-    lookup_enrichment,
-    route,
+    received_at,
 )
-from lineage.event_types import parse_timestamp
 from lineage.events import dumps_exact, loads_exact
 from lineage.intake_destinations import DestinationMode, DestinationSpec
 from platform_assets.event_workers import (
@@ -68,65 +63,6 @@ _TS = pa.timestamp("us", tz="UTC")
 
 def stage_app_id(dest: str, table: str) -> str:
     return f"tidemark-intake:{dest}:{table}"
-
-
-@dataclass
-class Pair:
-    """The events of one unit for one (destination, table)."""
-
-    dest: Destination
-    table: str
-    header: BatchHeader
-    rows: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-    received: list[dt.datetime | None] = field(default_factory=list)
-
-
-@dataclass
-class Prepared:
-    pairs: dict[tuple[str, str], Pair] = field(default_factory=dict)
-    failures: dict[str, list[tuple[int, str | None, str]]] = field(default_factory=dict)  # dest -> (line, table, error)
-    events_in: int = 0
-    skipped: int = 0
-
-
-def _received(event: dict[str, Any]) -> dt.datetime | None:
-    ts = event.get("_timestamp")
-    if isinstance(ts, str):
-        try:
-            return parse_timestamp(ts)
-        except ValueError:
-            return None
-    return None
-
-
-def prepare(events: Iterable[tuple[int, dict[str, Any]]], destinations: list[Destination],
-            geo: dict[str, GeoLookup]) -> Prepared:
-    """Multiplex, name, enrich and map every event: rows grouped by (destination, table) with
-    their BatchHeader, and the events that failed (a template error)."""
-    out = Prepared()
-    for line, event in events:
-        out.events_in += 1
-        targets = route(event, destinations)
-        received = _received(event)
-        for i, d in enumerate(targets):
-            ev = event if i == len(targets) - 1 else loads_exact(dumps_exact(event))  # steps change it in place
-            try:
-                table = d.table_name(ev)
-            except EventFailure as exc:
-                out.failures.setdefault(d.id, []).append((line, None, str(exc)))
-                continue
-            if table is None:
-                out.skipped += 1
-                continue
-            lookup_enrichment(ev, user_agent=d.spec.lookups.user_agent, geo=geo.get(d.id))
-            row = d.map_event(ev)
-            pair = out.pairs.get((d.id, table))
-            if pair is None:
-                pair = out.pairs[(d.id, table)] = Pair(d, table, BatchHeader(table))
-            pair.header.add(row, d.explicit)
-            pair.rows.append((line, row))
-            pair.received.append(received)
-    return out
 
 
 @dataclass(frozen=True)
@@ -347,7 +283,7 @@ class EventProcessor:
             name, file_line = members.where(line)
             rows.append({"failure_id": failure_ids(line, dest), "destination": dest, "table": table, "error": error,
                          "event": dumps_exact(ev).decode(), "file": name, "line": file_line, "failed_at": now,
-                         "received_at": _received(ev)})
+                         "received_at": received_at(ev)})
         return rows
 
     def _log(self, dest: str, table: str, entry: dict[str, Any], unit: str, prepared: TypedUnit, seconds: float) -> None:

@@ -45,9 +45,10 @@ def template_prefix(template: str) -> str:
     """The literal text a template's output starts with (``events_{{ x }}`` -> ``events_``)."""
     from jinja2 import nodes
 
-    from lineage.event_pipeline import _ENV, _SPECIAL
+    from lineage.event_pipeline import _SPECIAL
+    from lineage.intake_destinations import TEMPLATES
 
-    body = _ENV.parse(template).body
+    body = TEMPLATES.parse(template).body
     prefix = ""
     if body and isinstance(body[0], nodes.Output):
         for node in body[0].nodes:

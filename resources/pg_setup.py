@@ -20,17 +20,25 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import psycopg
 from psycopg import sql
 
 from lineage.cdc import TableSchema
 from lineage.errors import TidemarkError
-from resources.pg_decode import UNBOUNDED_NUMERIC, ddl_schema, text_only
+from resources.pg_decode import UNBOUNDED_NUMERIC, Selection, ddl_schema, text_only
 
-if TYPE_CHECKING:
-    from resources.pg_cdc import PostgresSource
+
+class PostgresSource(Protocol):
+    """What the setup needs of a source (:class:`resources.pg_cdc.PostgresSource` is one): its
+    names on the server and its table selection."""
+
+    name: str
+    where: str  # host:port/dbname, for messages
+    slot: str
+    publication: str
+    selection: Selection
 
 log = logging.getLogger(__name__)
 
