@@ -25,6 +25,7 @@ Re-deriving a key from the full inputs makes a unit idempotent: a retry, a resta
 from __future__ import annotations
 
 import functools
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from platform_assets.engine import Engine
+
+log = logging.getLogger(__name__)
 
 PRESENT = "_tm_present"  # marks a re-derived row in the MERGE source (null: the key is no longer produced)
 #: Up to this many affected keys (or changed input rows) are collected and joined as a local relation.
@@ -299,7 +302,15 @@ class MergeProcessor:
                                      [_matching(everything, changed, cols, values) for changed, cols, values in changed_rows])
         # One scan of the base where there were two: when few, the rows up to ``next`` are
         # collected once and those up to ``last`` are taken from them.
-        collected, rows = spark_io.small_local(spark, moved_new, LOCAL_ROWS)
+        try:
+            collected, rows = spark_io.small_local(spark, moved_new, LOCAL_ROWS)
+        except Exception as exc:
+            if _removed(exc):
+                raise
+            # a column type that does not survive the trip to Python and back (an interval, a
+            # variant): the rows stay in Spark, read twice
+            log.info("topic '%s': base rows not collected (%s)", topic.name, spark_io.first_line(exc)[:200])
+            rows = None
         if rows is not None:
             moved_new, moved_old = collected, upto(collected, last)
         else:
@@ -436,7 +447,6 @@ class MergeProcessor:
 def rows_upto(spark: SparkSession, path: str, end: Position, version: int | None) -> DataFrame:
     """The rows of the table at ``path`` (at Delta ``version``; None: the newest) whose ``(pos, id)``
     is at most ``end``."""
-
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
