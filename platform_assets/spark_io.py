@@ -105,8 +105,7 @@ def register_table(spark: SparkSession, table: str, path: str | None) -> None:
     if path is None:
         return
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
-    location = path.replace("\\", "\\\\").replace("'", "\\'")
-    spark.sql(f"CREATE TABLE {ident} USING delta LOCATION '{location}'")
+    spark.sql(f"CREATE TABLE {ident} USING delta LOCATION {sql_string(path)}")
     _REGISTERED[table] = _describe(spark, ident)[1] or path
 
 
@@ -297,8 +296,13 @@ def sql_literal(value: Any) -> str | None:
     if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
         return f"DATE'{value.isoformat()}'"
     if isinstance(value, str) and _PLAIN.fullmatch(value):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return sql_string(value)
     return None
+
+
+def sql_string(text: str) -> str:
+    """``text`` as a quoted Spark SQL string literal (backslashes and quotes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _on(cols: list[str], names: list[str]) -> Column:
