@@ -12,8 +12,9 @@ The keys come by the delta rule (:func:`inexact` says when it applies): new base
 transform's keys over them; a changed input gives the transform's keys over the base rows that
 join to a changed row of it (``join_keys``: base column -> input column), evaluated against the
 input's previous and its new version. That is only possible when every changed input declares
-its base join column and its change feed can be read; and it is only worth it while a small
-share of the input changed. Otherwise the whole view is recomputed, and the reason is recorded; a topic with
+its base join column and its change feed can be read; and it is only worth it while it reads and
+writes less than a recompute (:func:`estimate`, from the tables' sizes in their Delta logs) and
+no more than ``full_above`` of an input changed. Otherwise the whole view is recomputed, and the reason is recorded; a topic with
 ``refresh: incremental_strict`` fails instead (:class:`RefreshRefused`).
 """
 
@@ -59,10 +60,91 @@ class Strategy:
     reason: str
     reverse: tuple[str, ...] = ()  # inputs whose changes are applied by reverse join
     fallback: bool = False  # a full recompute because incremental was impossible or dearer
+    estimate: Estimate | None = None  # what each strategy would read and write (None: not estimated)
 
     @property
     def name(self) -> str:
         return "incremental" if self.incremental else "full"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What a unit's tables hold, from their Delta logs (file sizes; JVM-free): the base at the
+    planned version, every other input at its new version, the view now."""
+
+    base_bytes: int
+    base_rows: int
+    view_bytes: int
+    view_files: int
+    view_rows: int
+    inputs_bytes: dict[str, int]
+
+
+#: Writing a byte (Parquet encoding, compression, statistics, the commit) costs about this many
+#: reads of one: the weight of written bytes in an estimate.
+WRITE_COST = 3
+#: The estimate decides only when a full recompute would move at least this many bytes. Below it
+#: both strategies cost seconds of fixed overhead, and the incremental unit keeps the view's change
+#: feed to the rows that really changed (a view over this view then reverse-joins a few rows).
+COST_FLOOR = 128 * 2**20
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes each strategy would read plus written bytes weighted by :data:`WRITE_COST`."""
+
+    incremental: int
+    full: int
+    files_rewritten: float  # the view's files an incremental unit's MERGE is expected to rewrite
+
+    def text(self) -> str:
+        return (f"estimated {_size(self.incremental)} incremental against {_size(self.full)} full "
+                f"(~{self.files_rewritten:.0f} view files rewritten)")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[InputChange],
+             reverse: Sequence[str]) -> Estimate:
+    """What a full recompute and an incremental unit would read and write, in bytes, from what
+    the unit does (:mod:`platform_assets.merge`):
+
+    * full: every input read once, the whole view written (its size now);
+    * incremental: the base read to find the rows joining a changed row (when an input changed)
+      and again, with every input, to re-derive the affected keys (a pushed-down filter skips
+      files only where statistics allow: counted whole); the changed inputs read at their old
+      version; the view read by the MERGE; and each view file holding an affected row read and
+      written again. Affected rows are placed in files at random, except that the rows of one
+      changed input row share a file (a view clustered by its join column): ``k`` affected
+      clusters touch ``F * (1 - (1 - 1/F)**k)`` of ``F`` files. New base rows mostly make new
+      keys (inserted, no file rewritten) where the view has about a row per base row, and fall
+      into existing groups where it has far fewer (an aggregate)."""
+    inputs = sum(sizes.inputs_bytes.values())
+    full = sizes.base_bytes + inputs + WRITE_COST * sizes.view_bytes
+    by_table = {c.table: c for c in changes}
+    existing = 1 - min(1.0, sizes.view_rows / sizes.base_rows) if sizes.base_rows else 1.0
+    clusters = late_rows + min(base_rows, sizes.view_rows) * existing
+    find = 0.0
+    for t in reverse:
+        c = by_table[t]
+        rows = c.changed_rows if c.changed_rows is not None else (c.table_rows or 0)
+        clusters += 2 * rows  # the groups rows leave (old value) and join (new value)
+        find += sizes.inputs_bytes.get(t, 0)  # the input at its old version
+    if reverse:
+        find += sizes.base_bytes
+    elif base_rows and sizes.base_rows:
+        find += sizes.base_bytes * min(1.0, base_rows / sizes.base_rows)  # the new block alone
+    files = max(sizes.view_files, 1)
+    rewritten = files * (1 - (1 - 1 / files) ** clusters) if clusters else 0.0
+    touched = sizes.view_bytes * rewritten / files
+    incremental = find + sizes.base_bytes + inputs + sizes.view_bytes + touched * (1 + WRITE_COST)
+    return Estimate(int(incremental), int(full), rewritten)
 
 
 def inexact(spec: TopicSpec, table: str, base_columns: Collection[str], *, python_transform: bool = False) -> str:
@@ -92,7 +174,7 @@ def inexact(spec: TopicSpec, table: str, base_columns: Collection[str], *, pytho
 
 
 def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collection[str], late_rows: int = 0,
-           changes: Sequence[InputChange] = (), python_transform: bool = False) -> Strategy:
+           changes: Sequence[InputChange] = (), python_transform: bool = False, sizes: Sizes | None = None) -> Strategy:
     """The strategy of the next unit of merge topic ``spec``.
 
     ``built``: the view holds a commit of this topic (else the first unit builds it whole);
@@ -100,7 +182,12 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collec
     ``join_keys`` name base join columns, see :func:`inexact`); ``late_rows``: late base rows to
     re-derive; ``changes``: every other input; ``python_transform``: a transform is Python code.
     Raises :class:`RefreshRefused` when ``refresh: incremental_strict`` and only a full
-    recompute can do the unit."""
+    recompute can do the unit.
+
+    ``sizes``: the tables' sizes from their logs. With them, an incremental unit that
+    :func:`estimate` finds dearer than a full recompute becomes a full one, once the full
+    recompute moves at least :data:`COST_FLOOR` bytes (never under ``incremental_strict``); the
+    estimate is recorded in the strategy either way. ``full_above`` stays a cap set by share."""
     if not built:
         return Strategy(False, f"initial build: {spec.destination} holds no commit of topic '{spec.name}'")
     if spec.refresh is Refresh.FULL:
@@ -144,4 +231,10 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collec
         n = "an unknown number of" if c.changed_rows is None else str(c.changed_rows)
         parts.append(f"reverse join of {n} changed rows of {t} ({c.versions}) on "
                      + ", ".join(f"{v}={i}" for v, i in spec.join_keys[t].items()))
-    return Strategy(True, "incremental: " + ("; ".join(parts) or "nothing changed"), reverse=tuple(reverse))
+    guess = (None if sizes is None else
+             estimate(sizes, base_rows=base_rows, late_rows=late_rows, changes=changes, reverse=reverse))
+    if guess is not None and not strict and guess.full >= COST_FLOOR and guess.incremental > guess.full:
+        return Strategy(False, f"full recompute because it is cheaper: {guess.text()}", fallback=True, estimate=guess)
+    reason = "incremental: " + ("; ".join(parts) or "nothing changed")
+    return Strategy(True, reason + (f" ({guess.text()})" if guess is not None else ""), reverse=tuple(reverse),
+                    estimate=guess)

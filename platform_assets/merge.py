@@ -227,8 +227,10 @@ class MergeProcessor:
         built = bool(rec.inputs) and delta_meta.open_table(dest) is not None
         base_rows = planned.base_rows if planned.base_rows >= 0 else delta_meta.count_block(
             eng.path(spec.base), block.last, block.next, planned.source_version)
+        sizes = delta_meta.unit_sizes(base, dest, {t: (eng.path(t), rec.inputs_next.get(t)) for t in spec.depends_on[1:]}) \
+            if built else None
         strategy = choose(spec, built=built, base_rows=base_rows, base_columns=base.columns, late_rows=late.rows.num_rows,
-                          changes=changes, python_transform=topic.python)
+                          changes=changes, python_transform=topic.python, sizes=sizes)
         eng.register_tables(topic)
         spark = eng.spark
         tag = uuid.uuid4().hex[:10]
@@ -414,6 +416,8 @@ class MergeProcessor:
             "keys_rederived": m.get("numSourceRows"), "late_rows": work.late_rows,
             "reference_rows_changed": {c.table: c.changed_rows for c in work.changes if c.changed},
             "fallback": work.strategy.fallback,
+            **({"estimate_incremental_bytes": work.strategy.estimate.incremental,
+                "estimate_full_bytes": work.strategy.estimate.full} if work.strategy.estimate is not None else {}),
             "offset_age_s": views.offset_ages(eng, topic, block.next, inputs),
         }
         written = int(figures["rows_inserted"] or 0) + int(figures["rows_updated"] or 0)
@@ -424,7 +428,7 @@ class MergeProcessor:
                                        figures=spark_io.BlockFigures(written, {}), run_id=eng.run_id, now=eng.clock(),
                                        strategy=str(figures["strategy"]), detail=work.strategy.reason,
                                        changes={k: int(v) for k, v in figures.items()
-                                                if k.startswith(("rows_", "keys_", "late_")) and v is not None})
+                                                if k.startswith(("rows_", "keys_", "late_", "estimate_")) and v is not None})
             write_etl_log(eng.settings, entry)
         faults.crashpoint("logged")
         if spec.after:

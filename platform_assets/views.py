@@ -52,8 +52,10 @@ def explain(engine: Engine, topic: Topic, *, keys: int = 0) -> list[str]:
         return [*lines, f"  nothing to do: {look.reason}"]
     built = bool(rec.inputs) and delta_meta.open_table(eng.path(spec.destination)) is not None
     try:
+        sizes = delta_meta.unit_sizes(look.base, eng.path(spec.destination),
+                                      {c.table: (eng.path(c.table), c.new) for c in look.changes}) if built else None
         s = choose(spec, built=built, base_rows=look.base_rows, base_columns=look.base.columns,
-                   late_rows=look.late.rows.num_rows, changes=look.changes, python_transform=topic.python)
+                   late_rows=look.late.rows.num_rows, changes=look.changes, python_transform=topic.python, sizes=sizes)
     except RefreshRefused as exc:
         return [*lines, f"  strategy: REFUSED: {exc}"]
     lines.append(f"  strategy: {s.reason}" if s.incremental else f"  strategy: full: {s.reason}")

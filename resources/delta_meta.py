@@ -11,6 +11,7 @@ import dataclasses
 import datetime as dt
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -22,7 +23,7 @@ import pyarrow.fs as pafs
 from lineage.errors import ProcessingError
 from lineage.planner import TableMark
 from lineage.positions import Position, to_naive_utc
-from lineage.refresh import InputChange
+from lineage.refresh import InputChange, Sizes
 from resources.storage import arrow_filesystem, storage_options
 
 #: Delta truncates timestamp statistics to milliseconds; widen pruning ranges by this much.
@@ -72,6 +73,14 @@ class TableSnapshot:
         if self.table is None or "num_records" not in files.column_names:
             return None
         return int(pc.sum(files["num_records"]).as_py() or 0)
+
+    @functools.cached_property
+    def size_bytes(self) -> int | None:
+        """Bytes of this version's data files (None: no table, or the log does not say)."""
+        files = self.files
+        if self.table is None or "size_bytes" not in files.column_names:
+            return None
+        return int(pc.sum(files["size_bytes"]).as_py() or 0)
 
     @functools.cached_property
     def files(self) -> pa.Table:
@@ -870,6 +879,20 @@ def input_change(table: str, path: str, old: int | None, upto: int | None = None
         return dataclasses.replace(change, changed_rows=rows, problem=(
             f"the change data of version {v} is gone: {rel} ({history.why_gone(rel)})"))
     return dataclasses.replace(change, changed_rows=rows)
+
+
+def unit_sizes(base: TableSnapshot, view: str, inputs: Mapping[str, tuple[str, int | None]]) -> Sizes | None:
+    """The sizes a merge unit's cost estimate needs (:func:`lineage.refresh.estimate`), from the
+    Delta logs alone: ``base`` at the planned version, the view at ``view`` now, every other input
+    (table -> (path, version)). None when the view is not there or a log lacks file sizes."""
+    snap = TableSnapshot.open(view)
+    sizes = {t: TableSnapshot.open(path, version).size_bytes for t, (path, version) in inputs.items()}
+    if (snap.size_bytes is None or snap.row_count is None or base.size_bytes is None or base.row_count is None
+            or None in sizes.values()):
+        return None
+    return Sizes(base_bytes=base.size_bytes, base_rows=base.row_count, view_bytes=snap.size_bytes,
+                 view_files=snap.files.num_rows, view_rows=snap.row_count,
+                 inputs_bytes={t: int(n or 0) for t, n in sizes.items()})
 
 
 def commit_null_counts(path: str, commit: CommitStats) -> tuple[int, dict[str, int]]:

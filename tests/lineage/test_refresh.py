@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lineage.refresh import InputChange, RefreshRefused
+from lineage.refresh import InputChange, RefreshRefused, Sizes, estimate
 from lineage.refresh import choose as choose_
 from lineage.spec import TopicSpec
 
@@ -85,3 +85,52 @@ def test_a_python_transform_cannot_read_the_previous_version() -> None:
     s = choose(spec(), built=True, base_rows=0, changes=[change()], python_transform=True)
     assert not s.incremental and "a Python transform reads dim.c by name" in s.reason
     assert choose(spec(), built=True, base_rows=2, changes=[change(old=5)], python_transform=True).incremental
+
+
+MiB = 2**20
+
+
+def sizes(*, base: int = 1000 * MiB, view: int = 1500 * MiB, files: int = 128, dim: int = 5 * MiB,
+          view_rows: int = 50_000_000) -> Sizes:
+    return Sizes(base_bytes=base, base_rows=50_000_000, view_bytes=view, view_files=files, view_rows=view_rows,
+                 inputs_bytes={"dim.c": dim, "dim.d": dim})
+
+
+def test_a_few_changed_rows_of_a_big_clustered_view_are_incremental_with_the_estimate_recorded() -> None:
+    s = choose(spec(), built=True, base_rows=0, changes=[change(rows=10, total=200_000)], sizes=sizes())
+    assert s.incremental and s.estimate is not None
+    assert s.estimate.incremental < s.estimate.full
+    assert 10 < s.estimate.files_rewritten < 20  # 20 clusters over 128 files: a few share one
+    assert s.reason.endswith(f"({s.estimate.text()})") and "estimated " in s.reason
+
+
+def test_a_change_that_rewrites_most_files_goes_full_when_that_is_cheaper_and_says_by_how_much() -> None:
+    s = choose(spec(full_above=1), built=True, base_rows=0, changes=[change(rows=400, total=1000)],
+               sizes=sizes(files=20))
+    assert (s.incremental, s.fallback) == (False, True)
+    assert s.estimate is not None and s.estimate.incremental > s.estimate.full
+    assert s.estimate.files_rewritten == pytest.approx(20, abs=0.01)
+    assert s.reason == f"full recompute because it is cheaper: {s.estimate.text()}"
+    # strict never trades exactness of the reverse join for cost
+    assert choose(spec(full_above=1, refresh="incremental_strict"), built=True, base_rows=0,
+                  changes=[change(rows=400, total=1000)], sizes=sizes(files=20)).incremental
+
+
+def test_below_the_cost_floor_the_unit_stays_incremental_and_the_change_feed_small() -> None:
+    small = sizes(base=MiB, view=2 * MiB, files=1, dim=MiB)
+    s = choose(spec(full_above=1), built=True, base_rows=0, changes=[change(rows=400)], sizes=small)
+    assert s.incremental and s.estimate is not None and s.estimate.incremental > s.estimate.full
+
+
+def test_the_estimate_grows_with_the_change_and_new_base_rows_read_only_their_block() -> None:
+    few = estimate(sizes(), base_rows=0, late_rows=0, changes=[change(rows=10)], reverse=["dim.c"])
+    many = estimate(sizes(), base_rows=0, late_rows=0, changes=[change(rows=1000)], reverse=["dim.c"])
+    assert few.incremental < many.incremental and few.full == many.full
+    assert many.files_rewritten <= 128
+    appended = estimate(sizes(), base_rows=10_000, late_rows=0, changes=[], reverse=[])
+    # no reference changed: the block's share of the base read to find keys, the base once to
+    # re-derive; a view of a row per base row gets new keys (inserts): no file rewritten
+    assert appended.files_rewritten == 0 and appended.incremental < few.incremental < appended.full
+    grouped = estimate(sizes(view=MiB, files=1, view_rows=20_000), base_rows=10_000, late_rows=0, changes=[], reverse=[])
+    assert grouped.files_rewritten == pytest.approx(1)  # an aggregate: new rows update existing groups
+    assert estimate(sizes(), base_rows=0, late_rows=0, changes=[], reverse=[]).files_rewritten == 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
+from lineage import refresh
 from lineage.checks import ChecksSpec, evaluate_unit
 from lineage.errors import OffsetError, ProcessingError
 from lineage.loader import load_lineage
@@ -109,8 +110,10 @@ def test_reverse_join_rederives_only_the_affected_keys(spark, settings, tmp_path
     [unit] = processed(eng.run_until_caught_up())
     s = unit.stats
     assert s["strategy"] == "incremental", s["strategy_reason"]
-    assert s["strategy_reason"] == ("incremental: 10 new base rows; reverse join of 3 changed rows of dim.customers "
-                                    "(versions 1..3) on customer_id=id")
+    assert s["strategy_reason"].startswith("incremental: 10 new base rows; reverse join of 3 changed rows of "
+                                           "dim.customers (versions 1..3) on customer_id=id (estimated ")
+    # far below the cost floor: incremental although a recompute of so small a view moves fewer bytes
+    assert 0 < s["estimate_full_bytes"] < s["estimate_incremental_bytes"] < refresh.COST_FLOOR
     assert rows_collected == [collected]
     # new orders 51..60 (customer 4's order 59 has no customer now), customer 3's 5 old rows, customer 4's 5 old rows
     assert (s["rows_inserted"], s["rows_updated"], s["rows_deleted"]) == (9, 5, 5)
@@ -119,6 +122,7 @@ def test_reverse_join_rederives_only_the_affected_keys(spark, settings, tmp_path
     logged = read_etl_log(eng.settings, "mart.wide", limit=1)[0]
     assert (logged["strategy"], logged["detail"]) == ("incremental", s["strategy_reason"])
     assert dict(logged["changes"])["rows_deleted"] == 5
+    assert dict(logged["changes"])["estimate_full_bytes"] == s["estimate_full_bytes"]
     commit = DeltaTable(eng.path("mart.wide")).history(1)[0]
     meta = json.loads(commit["userMetadata"])
     assert commit["operation"] == "MERGE"
@@ -126,6 +130,16 @@ def test_reverse_join_rederives_only_the_affected_keys(spark, settings, tmp_path
     assert eng.store.get("mart.wide").inputs == {"dim.customers": 3, "stage.orders": 1}
     # Nothing changed: nothing to do (and no commit)
     assert not processed(eng.run_until_caught_up())
+    # Above the floor, the estimate decides: here a recompute is cheaper, and the unit says so
+    monkeypatch.setattr(refresh, "COST_FLOOR", 0)
+    dim_sql(eng, "UPDATE DIM SET country = 'YY' WHERE id = 5")
+    topic = eng.lineage.topic("mart.wide")
+    assert any(line.startswith("  strategy: full: full recompute because it is cheaper: estimated ")
+               for line in views.explain(eng, topic)), views.explain(eng, topic)
+    [unit] = processed(eng.run_until_caught_up())
+    assert (unit.stats["strategy"], unit.stats["fallback"]) == ("full", True)
+    assert unit.stats["strategy_reason"].startswith("full recompute because it is cheaper: estimated ")
+    assert assert_view_equals_recompute(eng, "mart.wide") == 54
 
 
 def test_a_change_beyond_full_above_or_without_join_keys_recomputes_and_says_why(spark, settings, tmp_path):
