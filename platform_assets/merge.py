@@ -99,6 +99,9 @@ class MergeWork:
     built: bool = True  # the view holds a commit of this topic
     #: Incremental: the affected keys by where they come from (label, keys), see MergeProcessor.derive.
     affected: list[tuple[str, DataFrame]] = field(default_factory=list)
+    #: Incremental: a predicate on the view's rows (SQL, alias ``t``) that every row of an affected key
+    #: satisfies; the MERGE adds it to its condition so Delta reads only the files it may hold ("": none).
+    prune: str = ""
 
 
 class MergeProcessor:
@@ -195,7 +198,32 @@ class MergeProcessor:
             self._removed_fallback(topic, work, exc)
             return full, work
         rederived = spark_io.semi_join(narrow(full, key, key_rows), keys, key).withColumn(PRESENT, F.lit(True))
+        work.prune = self._prune(topic, work, key, key_rows)
         return spark_io.rows_of_keys(keys, rederived, key), work
+
+    def _prune(self, topic: Topic, work: MergeWork, key: list[str], key_rows: list[Any] | None) -> str:
+        """The values the view's clustering column (:func:`cluster_column`) takes in the view's rows
+        of the affected keys, as a predicate on the MERGE's target: exact by construction (read
+        from those very rows, which only this unit writes while it holds the topic), and cheap to
+        find (two columns of the view, the keys as literals). With it Delta skips, by the files'
+        statistics, every file the affected rows are not in, where the MERGE would read them all.
+        "" when the keys were not collected, are many, or the values have no exact literal."""
+        col = cluster_column(topic.spec, work.columns)
+        if not key_rows or len(key_rows) > NARROW_VALUES or col is None or col in key:
+            return ""
+        view = self.engine.spark.read.format("delta").load(self.engine.path(topic.spec.destination))
+        held = narrow(view, key, key_rows).select(col).distinct()
+        _, rows = spark_io.small_local(self.engine.spark, held, NARROW_VALUES)
+        if rows is None:
+            return ""
+        values = [r[0] for r in rows]
+        texts = [spark_io.sql_literal(v) for v in values if v is not None]
+        if None in texts:
+            return ""
+        name = f"t.{spark_io.quote(col)}"
+        conds = ([f"{name} IN ({', '.join(t for t in texts if t is not None)})"] if texts else []) \
+            + ([f"{name} IS NULL"] if None in values else [])
+        return " OR ".join(conds) or "FALSE"  # FALSE: the view holds none of the keys (all inserts)
 
     def derive(self, topic: Topic, rec: OffsetRecord, planned: Planned) -> tuple[DataFrame, MergeWork]:
         """The view over the unit's inputs (every input at the version the unit planned) and the
@@ -391,7 +419,7 @@ class MergeProcessor:
                     if work.strategy.incremental:
                         spark_io.merge_into(eng.spark, opened.out, dest, key=list(spec.key), columns=work.columns,
                                             present=PRESENT, delete_missing=spec.delete_missing, app_id=app_id,
-                                            seq=block.seq, meta=meta)
+                                            seq=block.seq, meta=meta, target_filter=work.prune)
                     else:
                         out = opened.out
                         spark_io.retry_conflicts(lambda: (
@@ -538,6 +566,11 @@ def _clustered(full: DataFrame, spec: TopicSpec, base_rows: int | None) -> DataF
     of ~``CLUSTER_ROWS`` rows: the rows a few input rows map to then share a few files, so a reverse
     join's MERGE (copy-on-write) rewrites those files, not every file. Small views stay as they are.
     Later full recomputes are plain (a shuffle of every row would cost more than the recompute)."""
-    cols = [c for pairs in spec.join_keys.values() for c in pairs if c in full.columns][:1]
+    col = cluster_column(spec, full.columns)
     files = min(CLUSTER_FILES, (base_rows or 0) // CLUSTER_ROWS)
-    return full.repartitionByRange(files, *cols) if cols and files > 1 else full
+    return full.repartitionByRange(files, col) if col is not None and files > 1 else full
+
+
+def cluster_column(spec: TopicSpec, columns: list[str]) -> str | None:
+    """The view column a full build clusters its files by: the first of ``join_keys`` the view has."""
+    return next((c for pairs in spec.join_keys.values() for c in pairs if c in columns), None)

@@ -337,13 +337,15 @@ def rows_of_keys(keys: DataFrame, rows: DataFrame, cols: list[str]) -> DataFrame
 
 
 def merge_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[str], columns: list[str], present: str,
-               delete_missing: bool, app_id: str, seq: int, meta: str) -> None:
+               delete_missing: bool, app_id: str, seq: int, meta: str, target_filter: str = "") -> None:
     """One Delta MERGE of ``source`` into the table at ``dest`` on ``key`` (null-safe): rows whose
     ``present`` column is true are inserted or, where any column differs, updated (an unchanged row
     is not rewritten, so the change feed shows only real changes); keys whose ``present`` is null are
     deleted (``delete_missing``). Idempotent by ``(app_id, seq)`` (Delta's ``txnAppId``/``txnVersion``
-    for DML, as session settings) and self-describing (``meta`` as the commit's ``userMetadata``)."""
-    on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key)
+    for DML, as session settings) and self-describing (``meta`` as the commit's ``userMetadata``).
+    ``target_filter``: a predicate on the target (alias ``t``) that every row of a key in ``source``
+    satisfies, added to the condition so that Delta skips the files it excludes."""
+    on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key) + (f" AND ({target_filter})" if target_filter else "")
     values = [c for c in columns if c not in key]
     differs = " OR ".join(f"NOT (t.{quote(c)} <=> s.{quote(c)})" for c in values)
     sql = (f"MERGE INTO delta.`{dest}` t USING {{source}} s ON {on}\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -126,6 +127,9 @@ def test_reverse_join_rederives_only_the_affected_keys(spark, settings, tmp_path
     commit = DeltaTable(eng.path("mart.wide")).history(1)[0]
     meta = json.loads(commit["userMetadata"])
     assert commit["operation"] == "MERGE"
+    # collected keys: the MERGE reads only the view files holding the affected customers' rows
+    pruned = re.search(r"customer_id#\d+ IN \(4,3\)|customer_id#\d+ IN \(3,4\)", commit["operationParameters"]["predicate"])
+    assert bool(pruned) is collected, commit["operationParameters"]
     assert (meta["seq"], meta["strategy"], meta["inputs"]) == (2, "incremental", {"dim.customers": 3, "stage.orders": 1})
     assert eng.store.get("mart.wide").inputs == {"dim.customers": 3, "stage.orders": 1}
     # Nothing changed: nothing to do (and no commit)
