@@ -78,6 +78,10 @@ class Sizes:
     view_files: int
     view_rows: int
     inputs_bytes: dict[str, int]
+    view_columns: int = 1
+    #: the view has a clustering column, so a MERGE of few keys reads only the files holding them
+    #: (:func:`platform_assets.merge.cluster_column`)
+    clustered: bool = False
 
 
 #: Writing a byte (Parquet encoding, compression, statistics, the commit) costs about this many
@@ -87,6 +91,12 @@ WRITE_COST = 3
 #: both strategies cost seconds of fixed overhead, and the incremental unit keeps the view's change
 #: feed to the rows that really changed (a view over this view then reverse-joins a few rows).
 COST_FLOOR = 128 * 2**20
+#: The fixed cost of an incremental unit beyond a recompute's (reading the change feed, collecting
+#: keys and rows, the MERGE's two passes: a dozen more Spark jobs), as the bytes a recompute moves
+#: in that time: about 7 to 18 s on 2 cores (``bench/view_scaling.py``, 1M and 5M orders).
+INCREMENTAL_OVERHEAD = 256 * 2**20
+#: Up to this many affected keys, a clustered view's MERGE is pruned by their values (as literals).
+PRUNED_KEYS = 5_000
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,12 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def cluster_column(spec: TopicSpec, columns: Collection[str]) -> str | None:
+    """The view column a full build clusters its files by (and a MERGE of few keys is pruned by):
+    the first view column of ``join_keys`` the view has."""
+    return next((c for pairs in spec.join_keys.values() for c in pairs if c in columns), None)
+
+
 def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[InputChange],
              reverse: Sequence[str]) -> Estimate:
     """What a full recompute and an incremental unit would read and write, in bytes, from what
@@ -119,8 +135,9 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
     * incremental: the base read to find the rows joining a changed row (when an input changed)
       and again, with every input, to re-derive the affected keys (a pushed-down filter skips
       files only where statistics allow: counted whole); the changed inputs read at their old
-      version; the view read by the MERGE; and each view file holding an affected row read and
-      written again. Affected rows are placed in files at random, except that the rows of one
+      version; the view read by the MERGE (a clustered view: two of its columns to find the files
+      of the affected keys, then those files); each view file holding an affected row read and
+      written again; and a fixed :data:`INCREMENTAL_OVERHEAD`. Affected rows are placed in files at random, except that the rows of one
       changed input row share a file (a view clustered by its join column): ``k`` affected
       clusters touch ``F * (1 - (1 - 1/F)**k)`` of ``F`` files. New base rows mostly make new
       keys (inserted, no file rewritten) where the view has about a row per base row, and fall
@@ -143,7 +160,11 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
     files = max(sizes.view_files, 1)
     rewritten = files * (1 - (1 - 1 / files) ** clusters) if clusters else 0.0
     touched = sizes.view_bytes * rewritten / files
-    incremental = find + sizes.base_bytes + inputs + sizes.view_bytes + touched * (1 + WRITE_COST)
+    if sizes.clustered and clusters <= PRUNED_KEYS:  # two columns of the view, then the files holding the keys
+        scan = sizes.view_bytes * min(1.0, 2 / max(sizes.view_columns, 1)) + touched
+    else:
+        scan = sizes.view_bytes
+    incremental = INCREMENTAL_OVERHEAD + find + sizes.base_bytes + inputs + scan + touched * (1 + WRITE_COST)
     return Estimate(int(incremental), int(full), rewritten)
 
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from lineage.errors import ProcessingError
 from lineage.planner import Decision
 from lineage.positions import Block, Position
-from lineage.refresh import InputChange, Strategy, choose
+from lineage.refresh import InputChange, Strategy, choose, cluster_column
 from lineage.spec import LateRows, Topic, TopicSpec
 from platform_assets import faults, protocol, spark_io, views
 from platform_assets.protocol import OpenBlock, Planned, StepResult, data_app_id
@@ -255,8 +255,8 @@ class MergeProcessor:
         built = bool(rec.inputs) and delta_meta.open_table(dest) is not None
         base_rows = planned.base_rows if planned.base_rows >= 0 else delta_meta.count_block(
             eng.path(spec.base), block.last, block.next, planned.source_version)
-        sizes = delta_meta.unit_sizes(base, dest, {t: (eng.path(t), rec.inputs_next.get(t)) for t in spec.depends_on[1:]}) \
-            if built else None
+        sizes = delta_meta.unit_sizes(base, dest, {t: (eng.path(t), rec.inputs_next.get(t)) for t in spec.depends_on[1:]},
+                                      spec) if built else None
         strategy = choose(spec, built=built, base_rows=base_rows, base_columns=base.columns, late_rows=late.rows.num_rows,
                           changes=changes, python_transform=topic.python, sizes=sizes)
         eng.register_tables(topic)
@@ -569,8 +569,3 @@ def _clustered(full: DataFrame, spec: TopicSpec, base_rows: int | None) -> DataF
     col = cluster_column(spec, full.columns)
     files = min(CLUSTER_FILES, (base_rows or 0) // CLUSTER_ROWS)
     return full.repartitionByRange(files, col) if col is not None and files > 1 else full
-
-
-def cluster_column(spec: TopicSpec, columns: list[str]) -> str | None:
-    """The view column a full build clusters its files by: the first of ``join_keys`` the view has."""
-    return next((c for pairs in spec.join_keys.values() for c in pairs if c in columns), None)

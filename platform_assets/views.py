@@ -53,7 +53,8 @@ def explain(engine: Engine, topic: Topic, *, keys: int = 0) -> list[str]:
     built = bool(rec.inputs) and delta_meta.open_table(eng.path(spec.destination)) is not None
     try:
         sizes = delta_meta.unit_sizes(look.base, eng.path(spec.destination),
-                                      {c.table: (eng.path(c.table), c.new) for c in look.changes}) if built else None
+                                      {c.table: (eng.path(c.table), c.new) for c in look.changes},
+                                      spec) if built else None
         s = choose(spec, built=built, base_rows=look.base_rows, base_columns=look.base.columns,
                    late_rows=look.late.rows.num_rows, changes=look.changes, python_transform=topic.python, sizes=sizes)
     except RefreshRefused as exc:

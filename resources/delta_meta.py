@@ -23,7 +23,8 @@ import pyarrow.fs as pafs
 from lineage.errors import ProcessingError
 from lineage.planner import TableMark
 from lineage.positions import Position, to_naive_utc
-from lineage.refresh import InputChange, Sizes
+from lineage.refresh import InputChange, Sizes, cluster_column
+from lineage.spec import TopicSpec
 from resources.storage import arrow_filesystem, storage_options
 
 #: Delta truncates timestamp statistics to milliseconds; widen pruning ranges by this much.
@@ -881,10 +882,12 @@ def input_change(table: str, path: str, old: int | None, upto: int | None = None
     return dataclasses.replace(change, changed_rows=rows)
 
 
-def unit_sizes(base: TableSnapshot, view: str, inputs: Mapping[str, tuple[str, int | None]]) -> Sizes | None:
+def unit_sizes(base: TableSnapshot, view: str, inputs: Mapping[str, tuple[str, int | None]],
+               spec: TopicSpec) -> Sizes | None:
     """The sizes a merge unit's cost estimate needs (:func:`lineage.refresh.estimate`), from the
     Delta logs alone: ``base`` at the planned version, the view at ``view`` now, every other input
-    (table -> (path, version)). None when the view is not there or a log lacks file sizes."""
+    (table -> (path, version)); ``spec``: the view's topic. None
+    when the view is not there or a log lacks file sizes."""
     snap = TableSnapshot.open(view)
     sizes = {t: TableSnapshot.open(path, version).size_bytes for t, (path, version) in inputs.items()}
     if (snap.size_bytes is None or snap.row_count is None or base.size_bytes is None or base.row_count is None
@@ -892,7 +895,8 @@ def unit_sizes(base: TableSnapshot, view: str, inputs: Mapping[str, tuple[str, i
         return None
     return Sizes(base_bytes=base.size_bytes, base_rows=base.row_count, view_bytes=snap.size_bytes,
                  view_files=snap.files.num_rows, view_rows=snap.row_count,
-                 inputs_bytes={t: int(n or 0) for t, n in sizes.items()})
+                 inputs_bytes={t: int(n or 0) for t, n in sizes.items()}, view_columns=len(snap.columns),
+                 clustered=cluster_column(spec, list(snap.columns)) is not None)
 
 
 def commit_null_counts(path: str, commit: CommitStats) -> tuple[int, dict[str, int]]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from lineage.refresh import InputChange, RefreshRefused, Sizes, estimate
+from lineage.refresh import InputChange, RefreshRefused, Sizes, cluster_column, estimate
 from lineage.refresh import choose as choose_
 from lineage.spec import TopicSpec
 
@@ -134,3 +136,15 @@ def test_the_estimate_grows_with_the_change_and_new_base_rows_read_only_their_bl
     grouped = estimate(sizes(view=MiB, files=1, view_rows=20_000), base_rows=10_000, late_rows=0, changes=[], reverse=[])
     assert grouped.files_rewritten == pytest.approx(1)  # an aggregate: new rows update existing groups
     assert estimate(sizes(), base_rows=0, late_rows=0, changes=[], reverse=[]).files_rewritten == 0
+
+
+def test_a_clustered_view_s_merge_reads_two_columns_and_the_files_of_few_keys_only() -> None:
+    def cost(view: Sizes, rows: int) -> int:
+        return estimate(view, base_rows=0, late_rows=0, changes=[change(rows=rows, total=200_000)],
+                        reverse=["dim.c"]).incremental
+
+    plain, clustered = sizes(), dataclasses.replace(sizes(), clustered=True, view_columns=8)
+    assert cost(clustered, 10) < cost(plain, 10) - sizes().view_bytes // 2
+    assert cost(clustered, 10_000) == cost(plain, 10_000)  # 20,000 keys: more than a literal list prunes by
+    assert cluster_column(spec(), ["id", "customer_id", "amount"]) == "customer_id"
+    assert cluster_column(spec(), ["country", "revenue"]) is None  # an aggregate without the join column
