@@ -199,7 +199,7 @@ def make_lineage(base: Path, maxstep: int) -> Path:
                 maxstep: {maxstep}
                 delay: 0
                 repeat: 0
-            """))
+            """) + "".join(f"  {line}\n" for line in FORCED))
     (lin / "views.yaml").write_text(f"sources:\n  - table: {ORDERS}\n  - table: {CUSTOMERS}\ntopics:\n"
                                     + "".join(textwrap.indent(t, "  ") for t in topics))
     return lin
@@ -246,6 +246,10 @@ class Sdp:
 
     def table(self, view: View) -> str:
         return str(sdp_table_path(self.projects[view.topic][0], view.topic.split(".")[1]))
+
+
+#: Settings every view gets (``--strategy incremental``: ``full_above: 1``)
+FORCED: list[str] = []
 
 
 def run_size(spark: SparkSession, root: Path, rows: int, customers: int, changes: list[int], append: int, maxstep: int,
@@ -394,7 +398,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sdp-limit", type=float, default=600, help="seconds an SDP run may take before it is killed")
     p.add_argument("--driver-memory", default="6g", help="driver memory of the Spark drivers")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (data, logs)")
+    p.add_argument("--strategy", choices=["auto", "incremental"], default="auto",
+                   help="auto: Tidemark chooses; incremental: every unit of a built view incremental (full_above 1, "
+                        "no estimate decides), to measure that path where it is not chosen")
     args = p.parse_args(argv)
+    if args.strategy == "incremental":
+        from lineage import refresh
+
+        FORCED.append("full_above: 1")
+        refresh.COST_FLOOR = sys.maxsize
     sizes = [1_000_000, 5_000_000] if args.quick else [int(x) for x in args.sizes.split(",") if x.strip()]
     changes = [int(x) for x in args.changes.split(",") if x.strip()]
     if not sizes or any(s <= 0 for s in sizes) or any(n <= 0 for n in changes):

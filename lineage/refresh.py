@@ -88,9 +88,9 @@ class Sizes:
 #: reads of one: the weight of written bytes in an estimate.
 WRITE_COST = 3
 #: The estimate decides only when a full recompute would move at least this many bytes. Below it
-#: both strategies cost seconds of fixed overhead, and the incremental unit keeps the view's change
-#: feed to the rows that really changed (a view over this view then reverse-joins a few rows).
-COST_FLOOR = 128 * 2**20
+#: both strategies take a few seconds, and the incremental unit keeps the view's change feed to
+#: the rows that really changed (a view over this view then reverse-joins a few rows).
+COST_FLOOR = 16 * 2**20
 #: The fixed cost of an incremental unit beyond a recompute's (reading the change feed, collecting
 #: keys and rows, the MERGE's two passes: a dozen more Spark jobs), as the bytes a recompute moves
 #: in that time: about 7 to 18 s on 2 cores (``bench/view_scaling.py``, 1M and 5M orders).
