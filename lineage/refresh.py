@@ -79,8 +79,8 @@ class Sizes:
     view_rows: int
     inputs_bytes: dict[str, int]
     view_columns: int = 1
-    #: the view has a clustering column, so a MERGE of few keys reads only the files holding them
-    #: (:func:`platform_assets.merge.cluster_column`)
+    #: the view's files hold narrow ranges of its clustering column (:func:`cluster_column`), so a
+    #: MERGE of few keys reads only the files holding them
     clustered: bool = False
 
 
@@ -145,7 +145,8 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
     inputs = sum(sizes.inputs_bytes.values())
     full = sizes.base_bytes + inputs + WRITE_COST * sizes.view_bytes
     by_table = {c.table: c for c in changes}
-    existing = 1 - min(1.0, sizes.view_rows / sizes.base_rows) if sizes.base_rows else 1.0
+    before = sizes.base_rows - base_rows  # the base rows the view holds now
+    existing = 1 - min(1.0, sizes.view_rows / before) if before > 0 else 1.0
     clusters = late_rows + min(base_rows, sizes.view_rows) * existing
     find = 0.0
     for t in reverse:

@@ -896,7 +896,29 @@ def unit_sizes(base: TableSnapshot, view: str, inputs: Mapping[str, tuple[str, i
     return Sizes(base_bytes=base.size_bytes, base_rows=base.row_count, view_bytes=snap.size_bytes,
                  view_files=snap.files.num_rows, view_rows=snap.row_count,
                  inputs_bytes={t: int(n or 0) for t, n in sizes.items()}, view_columns=len(snap.columns),
-                 clustered=cluster_column(spec, list(snap.columns)) is not None)
+                 clustered=_clustered_by(snap, cluster_column(spec, list(snap.columns))))
+
+
+def _clustered_by(snap: TableSnapshot, column: str | None) -> bool:
+    """Whether the files of ``snap`` hold narrow ranges of ``column`` (by their statistics): on
+    average a file spans at most a quarter of the column's range, so a literal filter on it skips
+    most files. A view recomputed in full is written unclustered; a single file never skips."""
+    if column is None or snap.files.num_rows < 2:
+        return False
+    files = snap.files
+    low, high = f"min.{column}", f"max.{column}"
+    if low not in files.column_names or high not in files.column_names:
+        return False
+    lo, hi = files[low], files[high]
+    if not (pa.types.is_integer(lo.type) or pa.types.is_floating(lo.type) or pa.types.is_decimal(lo.type)):
+        return False
+    lows, highs = [v for v in lo.to_pylist() if v is not None], [v for v in hi.to_pylist() if v is not None]
+    if not lows or not highs:
+        return False
+    span = float(max(highs)) - float(min(lows))
+    widths = [float(h) - float(lw) for lw, h in zip(lo.to_pylist(), hi.to_pylist(), strict=True)
+              if lw is not None and h is not None]
+    return span > 0 and sum(widths) / len(widths) <= span / 4
 
 
 def commit_null_counts(path: str, commit: CommitStats) -> tuple[int, dict[str, int]]:

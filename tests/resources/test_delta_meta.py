@@ -10,6 +10,7 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from lineage.positions import Position
+from resources import delta_meta
 from resources.delta_meta import (
     RECENT_COMMITS,
     BlockEnd,
@@ -295,3 +296,27 @@ def test_the_newest_version_is_found_by_looking_for_the_next_commit_files(tmp_pa
     _append(path, [(4, 4)])
     assert newest_version(str(path), 2) == 2
     assert newest_version(str(path), 2, recheck=True) == 0
+
+
+def test_unit_sizes_reads_bytes_rows_and_whether_the_view_is_clustered_from_the_logs(tmp_path):
+    from lineage.spec import TopicSpec
+
+    spec = TopicSpec.model_validate({"table": "mart.v", "depends_on": ["stage.o", "dim.c"], "processor": "merge",
+                                     "transforms": ["v.sql"], "key": ["id"], "join_keys": {"dim.c": {"customer_id": "id"}}})
+    base, dim = tmp_path / "base", tmp_path / "dim"
+    write_deltalake(str(base), pa.table({"id": list(range(100)), "customer_id": [i % 10 for i in range(100)]}))
+    write_deltalake(str(dim), pa.table({"id": list(range(10))}))
+    clustered, mixed = tmp_path / "clustered", tmp_path / "mixed"
+    for first in range(0, 100, 25):  # four files, each a quarter of the customers; and four of all of them
+        ids = list(range(first, first + 25))
+        write_deltalake(str(clustered), pa.table({"id": ids, "customer_id": [i // 10 for i in ids]}), mode="append")
+        write_deltalake(str(mixed), pa.table({"id": ids, "customer_id": [i % 10 for i in ids]}), mode="append")
+    inputs = {"dim.c": (str(dim), None)}
+    got = delta_meta.unit_sizes(delta_meta.TableSnapshot.open(str(base)), str(clustered), inputs, spec)
+    assert got is not None and got.clustered
+    assert (got.base_rows, got.view_rows, got.view_files, got.view_columns) == (100, 100, 4, 2)
+    assert got.base_bytes == sum(DeltaTable(str(base)).get_add_actions(flatten=True)["size_bytes"].to_pylist())
+    assert got.inputs_bytes["dim.c"] > 0
+    got = delta_meta.unit_sizes(delta_meta.TableSnapshot.open(str(base)), str(mixed), inputs, spec)
+    assert got is not None and not got.clustered  # every file spans every customer: nothing to skip
+    assert delta_meta.unit_sizes(delta_meta.TableSnapshot.open(str(base)), str(tmp_path / "none"), inputs, spec) is None
