@@ -91,10 +91,14 @@ WRITE_COST = 3
 #: both strategies take a few seconds, and the incremental unit keeps the view's change feed to
 #: the rows that really changed (a view over this view then reverse-joins a few rows).
 COST_FLOOR = 16 * 2**20
-#: The fixed cost of an incremental unit beyond a recompute's (reading the change feed, collecting
-#: keys and rows, the MERGE's two passes: a dozen more Spark jobs), as the bytes a recompute moves
-#: in that time: about 7 to 18 s on 2 cores (``bench/view_scaling.py``, 1M and 5M orders).
-INCREMENTAL_OVERHEAD = 256 * 2**20
+#: The fixed cost of a reverse join beyond a recompute's (the change feed, the inputs pinned at two
+#: versions, collecting keys and rows, the MERGE's two passes: a dozen more Spark jobs), as the
+#: bytes a recompute moves in that time: about 7 to 18 s on 2 cores (``bench/view_scaling.py``,
+#: 1M and 5M orders). A unit of new base rows alone costs about what its bytes say.
+REVERSE_OVERHEAD = 256 * 2**20
+#: A full recompute replaces an incremental unit only when the latter is estimated this much
+#: dearer: the estimate is coarse, and the incremental unit keeps the view's change feed small.
+FULL_MARGIN = 1.25
 #: Up to this many affected keys, a clustered view's MERGE is pruned by their values (as literals).
 PRUNED_KEYS = 5_000
 
@@ -137,7 +141,7 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
       files only where statistics allow: counted whole); the changed inputs read at their old
       version; the view read by the MERGE (a clustered view: two of its columns to find the files
       of the affected keys, then those files); each view file holding an affected row read and
-      written again; and a fixed :data:`INCREMENTAL_OVERHEAD`. Affected rows are placed in files at random, except that the rows of one
+      written again; and, for a reverse join, a fixed :data:`REVERSE_OVERHEAD`. Affected rows are placed in files at random, except that the rows of one
       changed input row share a file (a view clustered by its join column): ``k`` affected
       clusters touch ``F * (1 - (1 - 1/F)**k)`` of ``F`` files. New base rows mostly make new
       keys (inserted, no file rewritten) where the view has about a row per base row, and fall
@@ -165,7 +169,7 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
         scan = sizes.view_bytes * min(1.0, 2 / max(sizes.view_columns, 1)) + touched
     else:
         scan = sizes.view_bytes
-    incremental = INCREMENTAL_OVERHEAD + find + sizes.base_bytes + inputs + scan + touched * (1 + WRITE_COST)
+    incremental = (REVERSE_OVERHEAD if reverse else 0) + find + sizes.base_bytes + inputs + scan + touched * (1 + WRITE_COST)
     return Estimate(int(incremental), int(full), rewritten)
 
 
@@ -207,7 +211,7 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collec
     recompute can do the unit.
 
     ``sizes``: the tables' sizes from their logs. With them, an incremental unit that
-    :func:`estimate` finds dearer than a full recompute becomes a full one, once the full
+    :func:`estimate` finds :data:`FULL_MARGIN` times dearer than a full recompute becomes a full one, once the full
     recompute moves at least :data:`COST_FLOOR` bytes (never under ``incremental_strict``); the
     estimate is recorded in the strategy either way. ``full_above`` stays a cap set by share."""
     if not built:
@@ -255,7 +259,7 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collec
                      + ", ".join(f"{v}={i}" for v, i in spec.join_keys[t].items()))
     guess = (None if sizes is None else
              estimate(sizes, base_rows=base_rows, late_rows=late_rows, changes=changes, reverse=reverse))
-    if guess is not None and not strict and guess.full >= COST_FLOOR and guess.incremental > guess.full:
+    if guess is not None and not strict and guess.full >= COST_FLOOR and guess.incremental > FULL_MARGIN * guess.full:
         return Strategy(False, f"full recompute because it is cheaper: {guess.text()}", fallback=True, estimate=guess)
     reason = "incremental: " + ("; ".join(parts) or "nothing changed")
     return Strategy(True, reason + (f" ({guess.text()})" if guess is not None else ""), reverse=tuple(reverse),
