@@ -20,8 +20,6 @@ KNOWN = {
     # the processors take the whole Engine (typing) and merge/verify/views know each other: a narrow context
     frozenset({"platform_assets.engine", "platform_assets.step", "platform_assets.reload", "platform_assets.merge",
                "platform_assets.views", "platform_assets.verify"}),
-    # the DDL half of the replicator types the replicator it works for (typing): a small protocol
-    frozenset({"platform_assets.cdc", "platform_assets.cdc_ddl"}),
 }
 
 
