@@ -42,7 +42,7 @@ def drain(home: Path, files: Path, unit_bytes: int | None = None, limit: int | N
     from deltalake import DeltaTable
 
     from lineage.intake import load_intake
-    from platform_assets.events_cli import process_ready
+    from platform_assets.intake_units import process_ready
     from resources.incoming_log import ready_dir
     from resources.settings import Settings
 

@@ -226,7 +226,7 @@ def processing_vs_structured_streaming(home: Path, n: int, per_file: int) -> Non
     """``tidemark events process`` vs Spark Structured Streaming's JSON file source, on the same
     files, both writing a Delta table with the same flattened columns."""
     from lineage.intake import load_intake
-    from platform_assets.events_cli import process_ready
+    from platform_assets.intake_units import process_ready
     from resources.incoming_log import ready_dir
     from resources.settings import Settings
     from resources.spark import build_spark_session

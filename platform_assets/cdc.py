@@ -32,10 +32,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from lineage.cdc import (
     BatchError,
@@ -52,21 +49,27 @@ from lineage.errors import OffsetError, TidemarkError
 from lineage.positions import ZERO_TS, Position
 from lineage.replicas import Scd
 from lineage.spec import Replicator
-from platform_assets import cdc_apply, faults
+from platform_assets import cdc_apply, cdc_ddl, faults
 from platform_assets.cdc_apply import Commit, Layout
+from platform_assets.cdc_units import (
+    DROPPED,
+    PAUSED,
+    REPLICATING,
+    CdcResult,
+    ChangeSource,
+    Table,
+    state_word,
+)
 from resources import delta_meta
 from resources.lease import LeaseKeeper
 from resources.meta_tables import LogEntry, write_etl_log
 from resources.offsets import OffsetRecord
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from platform_assets.engine import Engine
 
 PROCESSOR = "cdc"
 log = logging.getLogger(__name__)
-SNAPSHOTTING, REPLICATING, PAUSED, DROPPED = "snapshotting", "replicating", "paused", "dropped"
 
 
 def retryable(exc: BaseException) -> bool:
@@ -75,76 +78,6 @@ def retryable(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "OperationalError" or any(
         s in text for s in ("cannot connect", "cannot open a replication connection", "is in use by process",
                             "replication stream of slot", "Connection refused", "server closed the connection"))
-
-
-class Snapshot(Protocol):
-    lsn: int
-
-    def rows(self, table: str, batch_rows: int = 50_000) -> Iterator[pa.RecordBatch]: ...
-
-
-class ChangeSource(Protocol):
-    """What the replicator needs of a source (``resources.pg_cdc``, ``resources.debezium_source``)."""
-
-    snapshots: bool
-
-    def ensure_setup(self) -> None: ...
-    def tables(self) -> dict[str, TableSchema]: ...
-    def snapshot(self) -> AbstractContextManager[Snapshot]: ...
-    def read(self, after: int, *, upto: int | None = None, max_changes: int = 100_000,
-             wanted: Callable[[str, int], bool] | None = None) -> list[Transaction]: ...
-    def ack(self, lsn: int) -> None: ...
-    def close(self) -> None: ...
-
-
-def applied_lsn(rec: OffsetRecord) -> int | None:
-    """The source position a replica's record says it applied (None: never, a snapshot is due)."""
-    return None if rec.last.is_zero() else rec.last.id
-
-
-def state_word(rec: OffsetRecord | None) -> str:
-    return (rec.state if rec else SNAPSHOTTING).split(":", 1)[0].strip()
-
-
-@dataclass
-class Table:
-    """A replicated table in this unit."""
-
-    source: str
-    replica: str
-    path: str
-    layout: Layout
-    rec: OffsetRecord
-    from_start: bool = False  # a source without snapshots: a new replica takes every change from the start
-    parked: bool = False  # paused (or catching up after a pause) on a slot of its own, not the main one
-
-    @property
-    def applied(self) -> int | None:
-        found = applied_lsn(self.rec)
-        return 0 if found is None and self.from_start else found
-
-    @property
-    def active(self) -> bool:
-        return state_word(self.rec) in (SNAPSHOTTING, REPLICATING, "committed", "planned", "new")
-
-
-@dataclass
-class CdcResult:
-    replicator: str
-    unit: int
-    reason: str
-    transactions: int = 0
-    changes: int = 0
-    tables: dict[str, dict[str, int]] = field(default_factory=dict)  # replica -> counts
-    snapshots: dict[str, int] = field(default_factory=dict)  # replica -> rows copied
-    paused: dict[str, str] = field(default_factory=dict)  # replica -> why
-    acked: int | None = None
-    lag_s: float | None = None  # oldest applied source commit -> its replica commit
-    duration_s: float = 0.0
-
-    @property
-    def processed(self) -> bool:
-        return bool(self.tables or self.snapshots)
 
 
 class ReplicatorUnit:
@@ -178,7 +111,7 @@ class ReplicatorUnit:
                                 f"multiset; scd 2 needs a key (set options: {{{schema.table}: {{key: [...]}}}})")
         return Layout(schema, key_cols, scd, deletes)
 
-    def _table(self, schema: TableSchema) -> Table:
+    def table(self, schema: TableSchema) -> Table:
         replica = self.spec.replica(schema.table)
         other = next((t for t in self.tables.values() if t.replica == replica and t.source != schema.table), None)
         if other is not None:
@@ -190,8 +123,6 @@ class ReplicatorUnit:
                                                   from_start=not self.source.snapshots)
         have = cdc_apply.replica_columns(path) if table.applied is not None else {}
         if have:  # the replica exists
-            from platform_assets import cdc_ddl
-
             problem = cdc_ddl.alter(self, table, schema, have)  # columns the source has now and the replica lacks
             if problem and state_word(rec) != PAUSED:
                 why = f"paused: {problem}; fix the replica's column type or re-copy it: tidemark cdc resume {replica} --resync"
@@ -224,7 +155,7 @@ class ReplicatorUnit:
                              note=f"caught up from the Delta log: unit {seq} applied "
                                                                 f"{format_lsn(int(meta['lsn']))}")
 
-    def _meta(self, unit: int, lsn: int, **extra: Any) -> str:
+    def commit_meta(self, unit: int, lsn: int, **extra: Any) -> str:
         return json.dumps({"replicator": self.spec.name, "processor": PROCESSOR, "unit": unit, "lsn": lsn,
                            "lsn_text": format_lsn(lsn), "run_id": self.engine.run_id, "owner": self.owner, **extra})
 
@@ -237,7 +168,7 @@ class ReplicatorUnit:
         try:
             self.source.ensure_setup()
             for schema in self.source.tables().values():
-                self._table(schema)
+                self.table(schema)
             result = CdcResult(self.spec.name, rec.seq, "caught up", paused=dict(self.paused))
             self._park()
             self._snapshots(result, lease)
@@ -271,7 +202,7 @@ class ReplicatorUnit:
                                    source_version=None)
                 lease.check()
                 rows = cdc_apply.write_snapshot(spark, t.path, t.layout, snap.rows(t.source),
-                                                Commit(f"tidemark:{t.replica}", seq, self._meta(seq, snap.lsn, kind="snapshot")))
+                                                Commit(f"tidemark:{t.replica}", seq, self.commit_meta(seq, snap.lsn, kind="snapshot")))
                 faults.crashpoint("cdc-written")
                 self._log(t, seq, "snapshot", {"rows": rows}, rows, lag=None)
                 t.rec = store.commit(t.replica, self.owner, seq=seq, last=t.rec.last, next=lsn_position(snap.lsn), rows=rows,
@@ -422,8 +353,6 @@ class ReplicatorUnit:
     def _apply_table(self, source_table: str, segments: list[Any], unit: int, seq_of: dict[int, Any],
                      result: CdcResult) -> None:
         """One source table's runs of changes and its DDL changes, in order; a failure that needs a fix pauses it."""
-        from platform_assets import cdc_ddl
-
         t = self.tables.get(source_table)
         try:
             for seg in segments:
@@ -433,7 +362,7 @@ class ReplicatorUnit:
                         break  # paused, dropped, or new: copied by the next unit's snapshot
                     continue
                 if t is None:
-                    t = self._table(self.source.tables()[source_table])
+                    t = self.table(self.source.tables()[source_table])
                 cdc_apply.ensure_replica(self.engine.spark, t.path, t.layout)
                 self._apply(t, unit, [seq_of[id(c)] for c, _tx in seg], seg[-1][1], result)
         except Exception as exc:
@@ -488,7 +417,7 @@ class ReplicatorUnit:
             seq = t.rec.seq + 1
             t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(lsn), seq=seq, source_version=None,
                                inputs_next={"changes": changes[-1].seq})
-        commit = Commit(f"tidemark:{t.replica}", seq, self._meta(unit, lsn, changes=[changes[0].seq, changes[-1].seq]))
+        commit = Commit(f"tidemark:{t.replica}", seq, self.commit_meta(unit, lsn, changes=[changes[0].seq, changes[-1].seq]))
         try:
             if t.layout.multiset:
                 effect = reduce_multiset(changes, t.layout.schema)

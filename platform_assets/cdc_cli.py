@@ -11,15 +11,15 @@ from lineage.cdc import format_lsn
 from lineage.errors import TidemarkError
 from lineage.positions import Position
 from lineage.spec import Lineage, Replicator
+from platform_assets.cli_common import engine_from, format_table, settings_from
 
 STATES = ("SNAPSHOTTING", "REPLICATING", "PAUSED", "FAILING", "DROPPED")
 
 
 def _lineage(args: argparse.Namespace) -> tuple[Any, Lineage]:
     from lineage.loader import load_lineage
-    from platform_assets.cli import _settings
 
-    settings = _settings(args)
+    settings = settings_from(args)
     return settings, load_lineage(settings.lineage)
 
 
@@ -42,9 +42,8 @@ def _replicator_of(lineage: Lineage, replica: str) -> Replicator:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from platform_assets.cdc_run import run_replicator
-    from platform_assets.cli import _engine
 
-    eng = _engine(args)
+    eng = engine_from(args)
     for rep in _replicators(eng.lineage, args.names):
         for result in run_replicator(eng, rep, until_caught_up=args.until_caught_up):
             counts = "; ".join(f"{t} " + ",".join(f"{k}={v}" for k, v in c.items()) for t, c in result.tables.items())
@@ -76,7 +75,6 @@ def status_rows(store: Any, rep: Replicator) -> list[tuple[Any, ...]]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from platform_assets.cli import _table
     from resources.offset_sql import open_offset_store
 
     settings, lineage = _lineage(args)
@@ -93,8 +91,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             rows = status_rows(store, rep)
             if rep.spec.source == "postgres":
                 print("  " + _slot_line(rep, [r[0] for r in rows]))
-            print(_table([(*r[:5], r[5][:70] + ("…" if len(r[5]) > 70 else "")) for r in rows],
-                         ["replica", "state", "applied", "units", "last run", "note"]))
+            print(format_table([(*r[:5], r[5][:70] + ("…" if len(r[5]) > 70 else "")) for r in rows],
+                               ["replica", "state", "applied", "units", "last run", "note"]))
             for r in rows:
                 if r[1] in ("PAUSED", "FAILING"):
                     print(f"{r[0]} {r[1]}: {r[5]}")

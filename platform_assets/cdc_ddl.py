@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from lineage.cdc import DdlChange, DdlKind, TableSchema, format_lsn, lsn_position
 from platform_assets import cdc_apply
+from platform_assets.cdc_units import CdcResult, ReplicaHost, Table
 from platform_assets.spark_io import quote
 from resources import storage
-
-if TYPE_CHECKING:
-    from platform_assets.cdc import CdcResult, ReplicatorUnit, Table
 
 _INTS = ["tinyint", "smallint", "int", "bigint"]
 
@@ -52,11 +49,11 @@ def remove_table(path: str) -> None:
     fs.delete_dir(where)
 
 
-def apply(unit: ReplicatorUnit, t: Table | None, ddl: DdlChange, tx_lsn: int, result: CdcResult) -> Table | None:
+def apply(unit: ReplicaHost, t: Table | None, ddl: DdlChange, tx_lsn: int, result: CdcResult) -> Table | None:
     """Apply one schema change; returns the table the following changes go to (None: none)."""
     store, owner, spark = unit.engine.store, unit.owner, unit.engine.spark
     if ddl.kind is DdlKind.CREATE and ddl.schema is not None and (t is None or t.applied is None):
-        t = unit._table(ddl.schema)
+        t = unit.table(ddl.schema)
         counts = result.tables.setdefault(t.replica, {})
         counts["ddl"] = counts.get("ddl", 0) + 1
         if unit.source.snapshots:  # rows of a CREATE TABLE AS or a rename into the selection were never streamed:
@@ -95,14 +92,14 @@ def apply(unit: ReplicatorUnit, t: Table | None, ddl: DdlChange, tx_lsn: int, re
     if ddl.kind is DdlKind.RENAME and ddl.new_table:
         if not unit.spec.selects(ddl.new_table):
             return apply(unit, t, DdlChange(ddl.table, DdlKind.DROP, statement=ddl.statement), tx_lsn, result)
-        new = unit._table(TableSchema(ddl.new_table, t.layout.schema.columns, t.layout.schema.key))
+        new = unit.table(TableSchema(ddl.new_table, t.layout.schema.columns, t.layout.schema.key))
         seq = new.rec.seq + 1
         pos = lsn_position(tx_lsn)
         new.rec = store.plan(new.replica, owner, last=new.rec.last, next=pos, seq=seq, source_version=None)
         df = spark.read.format("delta").load(t.path)
         (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
          .option("txnAppId", f"tidemark:{new.replica}").option("txnVersion", seq)
-         .option("userMetadata", unit._meta(result.unit, tx_lsn, kind="rename", renamed_from=t.replica)).save(new.path))
+         .option("userMetadata", unit.commit_meta(result.unit, tx_lsn, kind="rename", renamed_from=t.replica)).save(new.path))
         new.rec = store.commit(new.replica, owner, seq=seq, last=new.rec.last, next=pos, rows=0, state="replicating",
                                note=f"renamed from {t.source} at {format_lsn(tx_lsn)}")
         remove_table(t.path)
@@ -113,7 +110,7 @@ def apply(unit: ReplicatorUnit, t: Table | None, ddl: DdlChange, tx_lsn: int, re
     return t
 
 
-def alter(unit: ReplicatorUnit, t: Table, schema: TableSchema, have: dict[str, str] | None = None) -> str | None:
+def alter(unit: ReplicaHost, t: Table, schema: TableSchema, have: dict[str, str] | None = None) -> str | None:
     """Bring the replica's columns to ``schema`` (``have``: its columns now, if already read); the
     reason when a change cannot be applied."""
     have = cdc_apply.replica_columns(t.path) if have is None else have

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from lineage.errors import TidemarkError
 from lineage.spec import Replicator
-from platform_assets.cdc import CdcResult, ChangeSource, ReplicatorUnit, retryable
+from platform_assets.cdc import ReplicatorUnit, retryable
+from platform_assets.cdc_units import CdcResult, ChangeSource
 
 if TYPE_CHECKING:
     from platform_assets.engine import Engine

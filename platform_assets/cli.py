@@ -17,58 +17,21 @@ from typing import Any
 
 from lineage.durations import format_duration
 from lineage.errors import LineageError, TidemarkError
-from lineage.positions import Position, format_ts
+from lineage.positions import Position
 from lineage.spec import Processor
+from platform_assets.cli_common import close_engines, engine_from, format_cell, format_table, settings_from
 from resources.settings import Settings
 from resources.storage import check_warehouse
-
-
-def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
-    cells = [[_cell(v) for v in r] for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(out)
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, Position):
-        return "start" if v.is_zero() else f"{format_ts(v.pos).replace('T', ' ')[:23]} #{v.id}"
-    if isinstance(v, dt.datetime):
-        return format_ts(v.replace(tzinfo=None) if v.tzinfo else v).replace("T", " ")[:23]
-    if isinstance(v, float):
-        return f"{v:,.1f}"
-    if isinstance(v, dict):
-        return ",".join(f"{k}={n}" for k, n in v.items()) or "{}"
-    return str(v)
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    return Settings.from_env(home=args.home, warehouse=args.warehouse, offsets_url=args.offsets_url,
-                             lineage=args.lineage, spark_master=args.spark_master)
-
-
-def _engine(args: argparse.Namespace, settings: Settings | None = None):  # noqa: ANN202 - lazy import of the engine
-    from lineage.loader import load_lineage
-    from platform_assets.engine import Engine
-
-    settings = settings or _settings(args)
-    eng = Engine(settings, load_lineage(settings.lineage))
-    _ENGINES.append(eng)
-    return eng
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from lineage.loader import load_lineage
 
-    settings = _settings(args)
+    settings = settings_from(args)
     lineage = load_lineage(settings.lineage)
     rows = [(t.name, t.spec.processor.value, ", ".join(t.spec.depends_on), format_duration(t.spec.delay), format_duration(t.spec.repeat),
              t.spec.maxstep, t.where) for t in lineage.topics.values()]
-    print(_table(rows, ["topic", "processor", "depends_on", "delay", "repeat", "maxstep", "declared at"]))
+    print(format_table(rows, ["topic", "processor", "depends_on", "delay", "repeat", "maxstep", "declared at"]))
     print(f"\nOK: {len(lineage.topics)} topics, {len(lineage.sources)} sources in {len(lineage.files)} file(s) under {settings.lineage}")
     for warning in [*_wait_warnings(settings, lineage), *_exactness_warnings(settings, lineage)]:
         print(f"warning: {warning}")
@@ -127,7 +90,7 @@ def _wait_warnings(settings: Settings, lineage: Any) -> list[str]:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    eng = _engine(args)
+    eng = engine_from(args)
     wrote = eng.publish_lineage()
     print(f"sch.lineage {'updated' if wrote else 'already current'} at {eng.path('sch.lineage')}")
     return 0
@@ -137,7 +100,7 @@ def _lag_rows(eng: Any) -> str:
     lag = eng.lag()
     rows = [(r.topic, r.processor, r.last, r.next, r.source_max, r.lag_s, r.offset_age_s, r.state, r.owner or "", r.reason)
             for r in lag]
-    out = _table(rows, ["topic", "processor", "last", "next", "source max", "lag s", "offset age s", "state", "owner", "reason"])
+    out = format_table(rows, ["topic", "processor", "last", "next", "source max", "lag s", "offset age s", "state", "owner", "reason"])
     ages = [f"  {r.topic}: " + ", ".join(f"{t} {'-' if a is None else f'{a:.0f}'} s" for t, a in r.offset_ages.items())
             for r in lag if len(r.offset_ages) > 1]
     if ages:  # merge topics: one offset per input
@@ -151,7 +114,7 @@ def _lag_rows(eng: Any) -> str:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    eng = _engine(args)
+    eng = engine_from(args)
     topic = eng.lineage.topic(args.topic)
     if topic.spec.processor is Processor.MERGE:
         from platform_assets import views
@@ -159,31 +122,31 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print("\n".join(views.explain(eng, topic, keys=args.keys)))
         return 0
     row = next(r for r in eng.lag() if r.topic == topic.name)
-    print(f"topic {topic.name} ({topic.spec.processor.value} into {topic.spec.destination}): last {_cell(row.last)}"
-          f"{', block pending up to ' + _cell(row.next) if row.next else ''}\n  {row.reason}")
+    print(f"topic {topic.name} ({topic.spec.processor.value} into {topic.spec.destination}): last {format_cell(row.last)}"
+          f"{', block pending up to ' + format_cell(row.next) if row.next else ''}\n  {row.reason}")
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from platform_assets.verify import verify
 
-    eng = _engine(args)
+    eng = engine_from(args)
     verdict = verify(eng, eng.lineage.topic(args.topic), sample=args.sample, show=args.show, seed=args.seed)
     print("\n".join(verdict.lines()))
     return 0 if verdict.ok else 1
 
 
 def cmd_lag(args: argparse.Namespace) -> int:
-    print(_lag_rows(_engine(args)))
+    print(_lag_rows(engine_from(args)))
     return 0
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
     from platform_assets import maintain
 
-    eng = _engine(args)
+    eng = engine_from(args)
     healths = maintain.healths(eng, args.tables or None)
-    print(_table([maintain.health_row(h) for h in healths], maintain.HEALTH_COLUMNS))
+    print(format_table([maintain.health_row(h) for h in healths], maintain.HEALTH_COLUMNS))
     for h in healths:
         for warning in h.warnings:
             print(f"warning: {warning}")
@@ -193,7 +156,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
 def cmd_maintain(args: argparse.Namespace) -> int:
     from platform_assets import maintain
 
-    eng = _engine(args)
+    eng = engine_from(args)
     opts = maintain.Options(retain_hours=args.retain_hours, dry_run=args.dry_run, compact=not args.no_compact,
                             cleanup=not args.no_cleanup, cluster=args.cluster, writers_idle=args.writers_idle)
     failed: list[str] = []
@@ -219,38 +182,38 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 
 def cmd_offsets(args: argparse.Namespace) -> int:
-    eng = _engine(args)
+    eng = engine_from(args)
     store = eng.store
     if args.action == "show":
         if args.history:
             entries = store.history(args.topic, limit=args.limit)
-            print(_table([(e.at, e.topic, e.action, e.who, e.old_last, e.new_last, e.note) for e in entries],
-                         ["at", "topic", "action", "who", "old last", "new last", "note"]))
+            print(format_table([(e.at, e.topic, e.action, e.who, e.old_last, e.new_last, e.note) for e in entries],
+                               ["at", "topic", "action", "who", "old last", "new last", "note"]))
             return 0
         recs = [r for r in store.list() if args.topic in (None, r.topic)]
-        print(_table([(r.topic, r.last, r.next, r.rows, r.seq, r.run, r.processor, r.state, r.owner,
-                       r.lease_until if r.owner else None) for r in recs],
-                     ["topic", "last", "next", "rows", "seq", "run", "processor", "state", "owner", "lease until"]))
+        print(format_table([(r.topic, r.last, r.next, r.rows, r.seq, r.run, r.processor, r.state, r.owner,
+                             r.lease_until if r.owner else None) for r in recs],
+                           ["topic", "last", "next", "rows", "seq", "run", "processor", "state", "owner", "lease until"]))
         merged = [r for r in recs if r.inputs or r.inputs_next]
         if merged:  # merge topics: the Delta version applied of every input (and the pending unit's)
             print("\nper-input offsets (Delta versions):")
-            print(_table([(r.topic, ", ".join(f"{k}@{v}" for k, v in sorted(r.inputs.items())),
-                           ", ".join(f"{k}@{v}" for k, v in sorted((r.inputs_next or {}).items())) or None) for r in merged],
-                         ["topic", "applied", "pending unit"]))
+            print(format_table([(r.topic, ", ".join(f"{k}@{v}" for k, v in sorted(r.inputs.items())),
+                                 ", ".join(f"{k}@{v}" for k, v in sorted((r.inputs_next or {}).items())) or None) for r in merged],
+                               ["topic", "applied", "pending unit"]))
         return 0
     if not args.topic:
         raise TidemarkError(f"tidemark offsets {args.action}: name the topic")
     topic = eng.lineage.topic(args.topic)
     if args.action == "init":
         rec = eng.ensure_offsets(topic, Position.parse(args.start) if args.start else None)
-        print(f"{rec.topic}: last = {_cell(rec.last)}")
+        print(f"{rec.topic}: last = {format_cell(rec.last)}")
     elif args.action == "reset":
         if not args.to or not args.reason:
             raise TidemarkError("tidemark offsets reset needs --to POSITION and --reason TEXT (it is logged)")
         rec = eng.reset_offsets(topic, Position.parse(args.to), args.reason, late_from_now=args.late_from_now)
         late = (f"; late rows of {topic.spec.base} looked for from version {rec.source_version} on"
                 if args.late_from_now else "")
-        print(f"{rec.topic}: last reset to {_cell(rec.last)} (logged; seq stays {rec.seq}{late})")
+        print(f"{rec.topic}: last reset to {format_cell(rec.last)} (logged; seq stays {rec.seq}{late})")
     elif args.action == "adopt":
         if topic.spec.processor is not Processor.MERGE:
             raise TidemarkError(f"tidemark offsets adopt: '{topic.name}' is a {topic.spec.processor.value} topic; adopt takes "
@@ -266,7 +229,7 @@ def cmd_offsets(args: argparse.Namespace) -> int:
 
 def _print_result(r: Any) -> None:
     if r.processed:
-        rng = f" {_cell(r.block.last)} .. {_cell(r.block.next)}" if r.block else ""
+        rng = f" {format_cell(r.block.last)} .. {format_cell(r.block.next)}" if r.block else ""
         extra = " [recovered: data had landed, offset caught up]" if r.recovered else ""
         bad = f", {r.bad_rows} bad rows quarantined" if r.bad_rows else ""
         print(f"  {r.topic:<22} {r.reason:<10} rows={r.rows:<7} delta v{r.delta_version} {r.duration_s:5.1f}s{rng}{bad}{extra}", flush=True)
@@ -275,7 +238,7 @@ def _print_result(r: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    eng = _engine(args)
+    eng = engine_from(args)
     eng.publish_lineage()
     names = args.topics or None
     if names:
@@ -323,7 +286,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from lineage.partitions import partitions_name
 
-    eng = _engine(args)
+    eng = engine_from(args)
     topic = eng.lineage.topic(args.topic)
     planned = eng.plan_block(topic.name)
     if planned.block is None:
@@ -336,7 +299,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not instance.has_dynamic_partition(name, key):
         instance.add_dynamic_partitions(name, [key])
     b = planned.block
-    print(f"{topic.name}: {'pending' if planned.retry else 'planned'} block {b.seq} ({_cell(b.last)} .. {_cell(b.next)})")
+    print(f"{topic.name}: {'pending' if planned.retry else 'planned'} block {b.seq} ({format_cell(b.last)} .. {format_cell(b.next)})")
     print(key)
     return 0
 
@@ -344,15 +307,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_log(args: argparse.Namespace) -> int:
     from resources.meta_tables import read_etl_log
 
-    rows = read_etl_log(_settings(args), args.topic, args.limit)
-    print(_table([(r["ts"], r["topic"], r["seq"], r["rows"], r["max_id"], r["min_ts"], r["max_ts"], r["max_lag"],
-                   {k: n for k, n in (r["nulls"] or []) if n}, r["bad_rows"], r["delta_version"], r["duration_s"]) for r in rows],
-                 ["ts", "topic", "seq", "rows", "max_id", "min_ts", "max_ts", "max_lag s", "nulls", "bad", "delta v", "secs"]))
+    rows = read_etl_log(settings_from(args), args.topic, args.limit)
+    print(format_table([(r["ts"], r["topic"], r["seq"], r["rows"], r["max_id"], r["min_ts"], r["max_ts"], r["max_lag"],
+                         {k: n for k, n in (r["nulls"] or []) if n}, r["bad_rows"], r["delta_version"], r["duration_s"]) for r in rows],
+                       ["ts", "topic", "seq", "rows", "max_id", "min_ts", "max_ts", "max_lag s", "nulls", "bad", "delta v", "secs"]))
     units = [r for r in rows if r.get("strategy")]
     if units:  # merge topics: what each unit did and why
         print("\nmerge units:")
-        print(_table([(r["ts"], r["topic"], r["seq"], r["strategy"], dict(r.get("changes") or []), r.get("detail") or "")
-                      for r in units], ["ts", "topic", "seq", "strategy", "changes", "why"]))
+        print(format_table([(r["ts"], r["topic"], r["seq"], r["strategy"], dict(r.get("changes") or []), r.get("detail") or "")
+                            for r in units], ["ts", "topic", "seq", "strategy", "changes", "why"]))
     return 0
 
 
@@ -415,7 +378,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from platform_assets.demo import ShopFeeder
 
-    settings = _settings(args)
+    settings = settings_from(args)
     check_warehouse(settings.warehouse)  # before the sources are written
     own_dagster_home = "DAGSTER_HOME" not in os.environ
     if not args.keep:
@@ -440,7 +403,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     posted = demo_events.collect_demo_events(settings)
     print(f"   events: a collector on a free loopback port acknowledged {posted.accepted} of {posted.posted} events "
           f"({posted.page_views} page views, {posted.carts} cart events) in {posted.seconds * 1000:.0f} ms; stopped, files rotated")
-    eng = _engine(args, settings)
+    eng = engine_from(args, settings)
     print(f"2. lineage valid: {len(eng.lineage.topics)} topics; published to sch.lineage")
     eng.publish_lineage()
     print("3. first pass through Dagster, until caught up (starting Spark; one session serves every run):", flush=True)
@@ -486,7 +449,7 @@ def cmd_spark(args: argparse.Namespace) -> int:
     """``spark up|down|status``: the local Spark Connect server under the state dir."""
     from resources import spark_server
 
-    settings = _settings(args)
+    settings = settings_from(args)
     home = settings.home
     if args.action == "up":
         t0 = time.monotonic()
@@ -543,7 +506,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     Spark Connect server on them."""
     from resources import spark_cluster
 
-    home = _settings(args).home
+    home = settings_from(args).home
     if args.action == "up":
         t0 = time.monotonic()
         started = spark_cluster.up(home, workers=args.workers, worker_cores=args.worker_cores, worker_memory=args.worker_memory,
@@ -596,7 +559,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         return 2
     c = intake.collector
     host, port = args.host or c.host, c.port if args.port is None else args.port
-    events_dir = _settings(args).events_dir()
+    events_dir = settings_from(args).events_dir()
     tokens = ", ".join(f"{t.id} ({t.kind})" for t in intake.tokens)
     if args.print_config:
         print(f"config {intake.file}\nlisten http://{host}:{port}\ntokens {tokens}\nlog {events_dir / 'incoming'}")
@@ -734,9 +697,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_ENGINES: list[Any] = []
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -748,9 +708,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        for eng in _ENGINES:
-            eng.close()
-        _ENGINES.clear()
+        close_engines()
 
 
 def run() -> None:

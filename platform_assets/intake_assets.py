@@ -164,7 +164,7 @@ def build_intake_definitions(settings: Settings, lineage: Lineage, intake_file: 
     @dg.multi_asset(name=JOB_NAME + "_process", specs=asset_specs, check_specs=check_specs, can_subset=False,
                     pool="tidemark/intake")
     def process(context):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 - Dagster inspects the signature
-        from platform_assets.events_cli import process_ready
+        from platform_assets.intake_units import process_ready
 
         current = load_intake(config, secrets=False)  # the config as it is now (a fix needs no reload)
         results = process_ready(settings, current, until_empty=False)

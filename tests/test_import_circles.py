@@ -14,14 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: the circles still open (their modules), each with its way out in docs/layout.md
 KNOWN = {
-    # the CLI's sub-command modules import helpers back from cli.py: a registry and cli.common
-    frozenset({"platform_assets.cli", "platform_assets.cdc_cli", "platform_assets.events_cli",
-               "platform_assets.definitions", "platform_assets.demo_events", "platform_assets.intake_assets"}),
     # the processors take the whole Engine (typing) and merge/verify/views know each other: a narrow context
     frozenset({"platform_assets.engine", "platform_assets.step", "platform_assets.reload", "platform_assets.merge",
                "platform_assets.views", "platform_assets.verify"}),
-    # the DDL half of the replicator types the replicator it works for (typing): a small protocol
-    frozenset({"platform_assets.cdc", "platform_assets.cdc_ddl"}),
 }
 
 

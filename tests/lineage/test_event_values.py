@@ -320,7 +320,7 @@ def test_random_events_through_files_the_processor_and_delta(settings: Any, tmp_
     from deltalake import DeltaTable
 
     from lineage.intake import load_intake
-    from platform_assets.events_cli import process_ready
+    from platform_assets.intake_units import process_ready
     from resources.incoming_log import file_name, ready_dir
     from tests.platform_assets.test_events import T0, config
 

@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 from lineage.intake import load_intake
 from platform_assets import feeder
 from platform_assets.demo_events import CollectorProcess, ensure_tokens
-from platform_assets.events_cli import process_ready
+from platform_assets.intake_units import process_ready
 from resources.incoming_log import iter_ready_files
 from resources.settings import Settings
 

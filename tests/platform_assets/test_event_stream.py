@@ -19,7 +19,7 @@ import pytest
 
 from lineage.intake import load_intake
 from platform_assets.event_stream import StreamLoop
-from platform_assets.events_cli import process_ready, status
+from platform_assets.intake_units import process_ready, status
 from resources import event_queue as q
 from resources import event_store as store
 from resources.delta_meta import open_table

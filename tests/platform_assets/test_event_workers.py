@@ -13,7 +13,7 @@ import pytest
 
 from lineage.intake import load_intake
 from platform_assets.event_workers import shutdown_pool, split_file
-from platform_assets.events_cli import process_ready
+from platform_assets.intake_units import process_ready
 from resources import event_store as store
 from resources.delta_meta import open_table
 from resources.incoming_log import ready_dir

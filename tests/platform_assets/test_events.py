@@ -15,7 +15,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lineage.intake import load_intake
-from platform_assets.events_cli import process_ready, replay, status
+from platform_assets.intake_units import process_ready, replay, status
 from resources import event_store as store
 from resources.incoming_log import file_name, ready_dir
 from resources.meta_tables import read_etl_log
