@@ -46,6 +46,7 @@ from resources.offsets import OffsetRecord
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from platform_assets.context import UnitContext
     from platform_assets.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -484,7 +485,7 @@ def narrow(rows: DataFrame, cols: list[str], keys: list[Any] | None) -> DataFram
     return rows
 
 
-def pin_inputs(engine: Engine, topic: Topic, versions: dict[str, int], prefix: str, views: list[str]) -> dict[str, str]:
+def pin_inputs(engine: UnitContext, topic: Topic, versions: dict[str, int], prefix: str, views: list[str]) -> dict[str, str]:
     """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
     lineage table -> view name (for :func:`spark_io.transform`'s ``tables``); the names are added
     to ``views`` (to drop when done). None for a Python transform: it reads what it names

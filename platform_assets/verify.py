@@ -26,7 +26,7 @@ from resources import delta_meta
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-    from platform_assets.engine import Engine
+    from platform_assets.context import UnitContext
 
 #: Relative tolerance of floating-point columns.
 REL_TOL = 1e-9
@@ -73,7 +73,7 @@ def _row(row: dict[str, Any] | None) -> str:
     return "(no row)" if row is None else ", ".join(f"{k}={v!r}" for k, v in row.items())
 
 
-def verify(engine: Engine, topic: Topic, *, sample: int = 0, show: int = 20, seed: int | None = None) -> Verdict:
+def verify(engine: UnitContext, topic: Topic, *, sample: int = 0, show: int = 20, seed: int | None = None) -> Verdict:
     """Compare merge topic ``topic``'s view with its recompute (see the module's doc): every key,
     or ``sample`` keys drawn at random from the view; up to ``show`` differing keys in full."""
     from pyspark.sql import functions as F
