@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from lineage.errors import ProcessingError
 from lineage.positions import Position
 from lineage.spec import Processor, Topic
-from platform_assets import merge, spark_io
+from platform_assets import blocks, merge, spark_io
 from platform_assets.protocol import data_app_id
 from resources import delta_meta
 
@@ -103,7 +103,7 @@ def verify(engine: UnitContext, topic: Topic, *, sample: int = 0, show: int = 20
     eng.register_tables(topic)
     spark, tag, views = eng.spark, uuid.uuid4().hex[:10], list[str]()
     try:
-        base = merge.rows_upto(spark, eng.path(spec.base), end, None if version is None else int(version))
+        base = blocks.rows_upto(spark, eng.path(spec.base), end, None if version is None else int(version))
         base.createOrReplaceTempView(f"tm_verify_{tag}")
         views.append(f"tm_verify_{tag}")
         pinned = merge.pin_inputs(eng, topic, {t: v for t, v in inputs.items() if t != spec.base}, f"tm_verify_in_{tag}",

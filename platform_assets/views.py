@@ -1,7 +1,7 @@
 """Operating merge topics (materialized views) without running them: what the next unit would do
-(``tidemark explain``), taking over a view built elsewhere (``tidemark offsets adopt``,
-Datapipe's ``initialize_offsets``), and how old every input's offset is (``offset_age_seconds``).
-All JVM-free: the offset store and the Delta logs."""
+(``tidemark explain``) and taking over a view built elsewhere (``tidemark offsets adopt``,
+Datapipe's ``initialize_offsets``). All JVM-free: the offset store and the Delta logs (how old
+every input's offset is, ``offset_age_seconds``, is :func:`platform_assets.blocks.offset_ages`)."""
 
 from __future__ import annotations
 
@@ -147,15 +147,3 @@ def adopt(engine: Engine, topic: Topic, *, dry_run: bool) -> list[str]:
                          next=max(last, locked_rec.last), rows=0, note=f"adopt {spec.destination} version {view.version}")
     return [*lines, "adopted: the next unit applies only what changes from here"]
 
-
-def offset_ages(engine: Engine, topic: Topic, last: Position, inputs: dict[str, int]) -> dict[str, float | None]:
-    """Seconds since the newest data each input's offset covers (Datapipe's ``offset_age_seconds``):
-    the base by its ``last`` position, every other input by the commit time of its applied version."""
-    eng, spec = engine, topic.spec
-    now = eng.clock()
-    out: dict[str, float | None] = {spec.base: None if last.is_zero() else round((now - last.pos).total_seconds(), 3)}
-    for table in spec.depends_on[1:]:
-        version = inputs.get(table)
-        at = None if version is None else delta_meta.commit_time(eng.path(table), version)
-        out[table] = None if at is None else round((now - at).total_seconds(), 3)
-    return out
