@@ -37,7 +37,7 @@ from lineage.planner import Decision
 from lineage.positions import Block, Position
 from lineage.refresh import InputChange, Strategy, choose
 from lineage.spec import LateRows, Topic, TopicSpec
-from platform_assets import blocks, faults, protocol, spark_io
+from platform_assets import blocks, faults, protocol, spark_io, view_inputs
 from platform_assets.protocol import OpenBlock, Planned, StepResult, data_app_id
 from resources import delta_meta
 from resources.meta_tables import quarantine_rows, write_etl_log
@@ -330,7 +330,7 @@ class MergeProcessor:
     def _pin(self, work: MergeWork, topic: Topic, versions: dict[str, int], prefix: str) -> dict[str, str]:
         """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
         lineage table -> view name (for :func:`spark_io.transform`'s ``tables``)."""
-        return pin_inputs(self.engine, topic, versions, prefix, work.views)
+        return view_inputs.pin_inputs(self.engine, topic, versions, prefix, work.views)
 
     def _view(self, spark: SparkSession, work: MergeWork, name: str, df: DataFrame) -> DataFrame:
         df.createOrReplaceTempView(name)
@@ -464,23 +464,6 @@ def narrow(rows: DataFrame, cols: list[str], keys: list[Any] | None) -> DataFram
             + ([f"{col} IS NULL"] if None in values else [])
         rows = rows.where(F.expr(" OR ".join(conds)))
     return rows
-
-
-def pin_inputs(engine: UnitContext, topic: Topic, versions: dict[str, int], prefix: str, views: list[str]) -> dict[str, str]:
-    """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
-    lineage table -> view name (for :func:`spark_io.transform`'s ``tables``); the names are added
-    to ``views`` (to drop when done). None for a Python transform: it reads what it names
-    (:func:`lineage.refresh.inexact` says what that costs)."""
-    out: dict[str, str] = {}
-    if topic.python:
-        return out
-    for i, table in enumerate(spark_io.tables_read(topic, versions)):
-        name = f"{prefix}_{i}"
-        engine.spark.read.format("delta").option("versionAsOf", versions[table]).load(engine.path(table)) \
-            .createOrReplaceTempView(name)
-        views.append(name)
-        out[table] = name
-    return out
 
 
 def _removed(exc: BaseException) -> bool:

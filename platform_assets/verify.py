@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from lineage.errors import ProcessingError
 from lineage.positions import Position
 from lineage.spec import Processor, Topic
-from platform_assets import blocks, merge, spark_io
+from platform_assets import blocks, spark_io, view_inputs
 from platform_assets.protocol import data_app_id
 from resources import delta_meta
 
@@ -106,7 +106,7 @@ def verify(engine: UnitContext, topic: Topic, *, sample: int = 0, show: int = 20
         base = blocks.rows_upto(spark, eng.path(spec.base), end, None if version is None else int(version))
         base.createOrReplaceTempView(f"tm_verify_{tag}")
         views.append(f"tm_verify_{tag}")
-        pinned = merge.pin_inputs(eng, topic, {t: v for t, v in inputs.items() if t != spec.base}, f"tm_verify_in_{tag}",
+        pinned = view_inputs.pin_inputs(eng, topic, {t: v for t, v in inputs.items() if t != spec.base}, f"tm_verify_in_{tag}",
                                   views)
         want = spark_io.transform(spark, topic, base, view=views[0], tables=pinned)
         got = spark.read.format("delta").option("versionAsOf", now).load(dest)

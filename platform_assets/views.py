@@ -12,15 +12,15 @@ from lineage.positions import Position
 from lineage.refresh import choose
 from lineage.spec import LateRows, Topic
 from platform_assets import protocol
+from platform_assets.merge import MergeLook, MergeProcessor
 from resources import delta_meta
 
 if TYPE_CHECKING:
-    from platform_assets.engine import Engine
-    from platform_assets.merge import MergeLook
+    from platform_assets.context import TopicContext
     from resources.offsets import OffsetRecord
 
 
-def explain(engine: Engine, topic: Topic, *, keys: int = 0) -> list[str]:
+def explain(engine: TopicContext, topic: Topic, *, keys: int = 0) -> list[str]:
     """What the next unit would do, without running it or starting Spark; with ``keys`` (> 0) also
     the view keys it would re-derive, by where they come from (up to ``keys`` of each; this
     starts Spark and evaluates the transform, writing nothing)."""
@@ -35,7 +35,7 @@ def explain(engine: Engine, topic: Topic, *, keys: int = 0) -> list[str]:
         return [*lines, f"  unit {rec.seq} is pending ({rec.last.to_text()} .. {rec.next.to_text() if rec.next else ''}): "
                         f"the next run redoes exactly it"]
     try:
-        look = eng.merge.look(topic, rec)
+        look = MergeProcessor(eng).look(topic, rec)
     except TidemarkError as exc:
         return [*lines, f"  cannot plan the next unit: {exc}"]
     lines.append(f"  new base rows: {look.base_rows}" + (f" up to {look.end.to_text()}" if look.end > rec.last else
@@ -62,7 +62,7 @@ def explain(engine: Engine, topic: Topic, *, keys: int = 0) -> list[str]:
     return lines
 
 
-def affected_keys(engine: Engine, topic: Topic, rec: OffsetRecord, look: MergeLook, *, limit: int) -> list[str]:
+def affected_keys(engine: TopicContext, topic: Topic, rec: OffsetRecord, look: MergeLook, *, limit: int) -> list[str]:
     """The keys the next unit of merge topic ``topic`` would re-derive, by where they come from
     (the unit is derived as :meth:`MergeProcessor.derive` would, on the inputs as they are now;
     nothing is planned or written)."""
@@ -77,7 +77,7 @@ def affected_keys(engine: Engine, topic: Topic, rec: OffsetRecord, look: MergeLo
         inputs[spec.base] = look.base.version
     planned = Planned(Block(topic.name, rec.seq + 1, rec.last, look.end, may_be_empty=True), "explain",
                       base_rows=look.base_rows, source_version=look.base.version)
-    _, work = eng.merge.derive(topic, dataclasses.replace(rec, inputs_next=inputs), planned)
+    _, work = MergeProcessor(eng).derive(topic, dataclasses.replace(rec, inputs_next=inputs), planned)
     try:
         if not work.strategy.incremental:
             return [f"  affected keys: every key ({work.strategy.reason})"]
@@ -93,7 +93,7 @@ def affected_keys(engine: Engine, topic: Topic, rec: OffsetRecord, look: MergeLo
             eng.spark.catalog.dropTempView(view)
 
 
-def adopt(engine: Engine, topic: Topic, *, dry_run: bool) -> list[str]:
+def adopt(engine: TopicContext, topic: Topic, *, dry_run: bool) -> list[str]:
     """Take over an existing view without reprocessing it (Datapipe's ``initialize_offsets``):
     ``last`` from the view's own newest ``(pos, id)`` when it has them, else the base's newest
     position; every input's offset at its current version. The view is assumed current as of
