@@ -163,7 +163,7 @@ PHASES = [
     ("find_block_end", "delta_meta.find_block_end (pyarrow scan of pos/id)"),
     ("quarantine check", "delta_meta.bad_position_rows (null pos/id check)"),
     ("register tables", "Engine.register (deltalake open / CREATE TABLE)"),
-    ("block+transform", "StepProcessor.block_df + transform + before/after SQL (lazy plans)"),
+    ("block+transform", "blocks.block_df + transform + before/after SQL (lazy plans)"),
     ("spark write", "DataFrameWriter.save: the Delta append job itself"),
     ("find_txn_commit", "delta_meta.find_txn_commit (read dest _delta_log)"),
     ("etl.log write", "write_etl_log (deltalake append to etl.log)"),
@@ -176,6 +176,7 @@ def instrument(engine: Any, profile: Profile) -> None:
     """Wrap the engine's collaborators with timers (this process only)."""
     from pyspark.sql.readwriter import DataFrameWriter
 
+    import platform_assets.blocks as blocks_mod
     import platform_assets.reload as reload_mod
     import platform_assets.spark_io as spark_io
     import platform_assets.step as step_mod
@@ -186,7 +187,7 @@ def instrument(engine: Any, profile: Profile) -> None:
         setattr(store, name, profile.wrap("offset store", getattr(store, name)))
     engine.decide = profile.wrap("decide", engine.decide)
     engine.register = profile.wrap("register tables", engine.register)
-    engine.step.block_df = profile.wrap("block+transform", engine.step.block_df)
+    blocks_mod.block_df = profile.wrap("block+transform", blocks_mod.block_df)  # the step processor calls it by module
     for name in ("transform", "run_statements"):
         setattr(spark_io, name, profile.wrap("block+transform", getattr(spark_io, name)))
     for name, label in (("find_block_end", "find_block_end"), ("bad_position_rows", "quarantine check"),

@@ -21,11 +21,11 @@ from lineage.errors import OffsetError, ProcessingError, TidemarkError, TopicLoc
 from lineage.planner import Decision, TableMark, TopicState, lag_seconds, plan_topic
 from lineage.positions import Position
 from lineage.spec import Lineage, Processor, Topic
-from platform_assets import protocol, spark_io, views
+from platform_assets import blocks, protocol, spark_io
 from platform_assets.merge import MergeProcessor
 from platform_assets.protocol import OpenBlock, Planned, StepResult, UnitProcessor, data_app_id
 from platform_assets.reload import ReloadProcessor
-from platform_assets.step import StepProcessor
+from platform_assets.step import StepProcessor, pending
 from resources import delta_meta
 from resources.lease import LeaseKeeper
 from resources.meta_tables import (
@@ -302,9 +302,9 @@ class Engine:
 
     def offset_ages(self, topic: Topic, rec: OffsetRecord) -> dict[str, float | None]:
         """Seconds since the data each input's offset covers: a step topic's base by ``last``; a
-        merge topic's every input (see :meth:`MergeProcessor.offset_ages`); none for a reload."""
+        merge topic's every input (see :func:`blocks.offset_ages`); none for a reload."""
         if topic.spec.processor is Processor.MERGE:
-            return views.offset_ages(self, topic, rec.last, dict(rec.inputs))
+            return blocks.offset_ages(self, topic, rec.last, dict(rec.inputs))
         if topic.spec.processor is Processor.STEP and not rec.last.is_zero():
             return {topic.spec.base: round((self.clock() - rec.last.pos).total_seconds(), 3)}
         return {}
@@ -396,7 +396,19 @@ class Engine:
         topic = self.lineage.topic(name)
         if topic.spec.processor is not Processor.STEP:
             raise ProcessingError(f"topic '{name}' is a {topic.spec.processor.value} topic: only step topics have blocks")
-        return self.step.plan(topic)
+        # Read-only look first: a pending block is all in the record, and a topic that waits
+        # (the common cases on a sensor tick) costs no lock and no write. Only planning a new
+        # block takes the lock, and reuses the look if the record has not changed meanwhile.
+        rec = self.store.get(topic.name) or self.ensure_offsets(topic)
+        look = None
+        if not rec.owner:
+            if rec.pending:
+                return pending(rec)
+            look = self.step.look(topic, rec)
+            if not look.decision.ready:
+                return Planned(None, look.decision.reason)
+        with self.locked(topic, record_failure=False) as locked_rec:
+            return self.step.plan_locked(topic, locked_rec, look)
 
     def run_block(self, name: str, seq: int) -> StepResult:
         """Process block ``seq`` of topic ``name``: the pending block, exactly as planned. A block

@@ -37,7 +37,7 @@ from lineage.planner import Decision
 from lineage.positions import Block, Position
 from lineage.refresh import InputChange, Strategy, choose, cluster_column
 from lineage.spec import LateRows, Topic, TopicSpec
-from platform_assets import faults, protocol, spark_io, views
+from platform_assets import blocks, faults, protocol, spark_io, view_inputs
 from platform_assets.protocol import OpenBlock, Planned, StepResult, data_app_id
 from resources import delta_meta
 from resources.meta_tables import quarantine_rows, write_etl_log
@@ -46,7 +46,7 @@ from resources.offsets import OffsetRecord
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from platform_assets.engine import Engine
+    from platform_assets.context import UnitContext
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,9 @@ class MergeWork:
 
 
 class MergeProcessor:
-    """Plans, opens and lands the units of merge topics for one :class:`Engine`."""
+    """Plans, opens and lands the units of merge topics for one engine (its :class:`UnitContext`)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: UnitContext) -> None:
         self.engine = engine
 
     # ----------------------------------------------------------------- planning (no JVM)
@@ -126,7 +126,7 @@ class MergeProcessor:
         late = empty
         done = rec.inputs.get(spec.base)
         if spec.late_rows is LateRows.REDERIVE and done is not None and base.version is not None and not rec.last.is_zero():
-            late = eng.step.late_rows(topic, base, done, rec.last)
+            late = blocks.late_rows(topic, base, done, rec.last)
         changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t)) for t in spec.depends_on[1:])
         return MergeLook(rec, decision, base, end, rows, late, changes)
 
@@ -143,7 +143,7 @@ class MergeProcessor:
             warnings: tuple[str, ...] = ((delta_meta.late_detection_warning(spec.base, look.late.unreadable),)
                                          if look.late.unreadable else ())
         else:
-            bad_rows, warnings = eng.step.quarantine(topic, rec, look.base)
+            bad_rows, warnings = blocks.quarantine(eng, topic, rec, look.base)
         if not look.ready or look.base.version is None:
             return Planned(None, look.reason, bad_rows=bad_rows, warnings=warnings)
         inputs = {spec.base: look.base.version, **{c.table: c.new for c in look.changes if c.new is not None}}
@@ -167,7 +167,7 @@ class MergeProcessor:
             landed = delta_meta.find_txn_commit(dest, data_app_id(topic.name), planned.block.seq) if planned.retry else None
         started = time.monotonic()
         if landed is None and planned.retry:
-            eng.step.require_snapshot(topic, planned)  # its base snapshot may have lost files to VACUUM
+            blocks.require_snapshot(eng, topic, planned)  # its base snapshot may have lost files to VACUUM
         if landed is not None:
             work = MergeWork(Strategy(False, "landed before a crash"), (), 0)
             return OpenBlock(topic, planned, started, planned.block.seq, landed=landed, merge=work)
@@ -249,7 +249,7 @@ class MergeProcessor:
         base = delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version)
         late = delta_meta.LateRows(delta_meta.pa.table({}))
         if spec.late_rows is LateRows.REDERIVE and done is not None and not block.last.is_zero():
-            late = eng.step.late_rows(topic, base, done, block.last)
+            late = blocks.late_rows(topic, base, done, block.last)
         changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t), upto=rec.inputs_next.get(t))
                         for t in spec.depends_on[1:])
         built = bool(rec.inputs) and delta_meta.open_table(dest) is not None
@@ -342,7 +342,7 @@ class MergeProcessor:
             log.info("topic '%s': base rows not collected (%s)", topic.name, spark_io.first_line(exc)[:200])
             rows = None
         if rows is not None:
-            moved_new, moved_old = collected, upto(collected, last)
+            moved_new, moved_old = collected, blocks.upto(collected, last)
         else:
             moved_old = functools.reduce(lambda a, b: a.unionByName(b),
                                          [_matching(held, changed, cols, values) for changed, cols, values in changed_rows])
@@ -360,7 +360,7 @@ class MergeProcessor:
     def _pin(self, work: MergeWork, topic: Topic, versions: dict[str, int], prefix: str) -> dict[str, str]:
         """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
         lineage table -> view name (for :func:`spark_io.transform`'s ``tables``)."""
-        return pin_inputs(self.engine, topic, versions, prefix, work.views)
+        return view_inputs.pin_inputs(self.engine, topic, versions, prefix, work.views)
 
     def _view(self, spark: SparkSession, work: MergeWork, name: str, df: DataFrame) -> DataFrame:
         df.createOrReplaceTempView(name)
@@ -374,8 +374,8 @@ class MergeProcessor:
         if block is None:
             raise ProcessingError(f"topic '{topic.name}': a unit without bounds")
         if not upto:
-            return self.engine.step.block_df(topic.spec.base, block, planned.source_version)
-        return rows_upto(spark, self.engine.path(topic.spec.base), block.last if last_only else block.next,
+            return blocks.block_df(self.engine, topic.spec.base, block, planned.source_version)
+        return blocks.rows_upto(spark, self.engine.path(topic.spec.base), block.last if last_only else block.next,
                          planned.source_version)
 
     def _verify(self, topic: Topic) -> dict[str, Any]:
@@ -446,7 +446,7 @@ class MergeProcessor:
             "fallback": work.strategy.fallback,
             **({"estimate_incremental_bytes": work.strategy.estimate.incremental,
                 "estimate_full_bytes": work.strategy.estimate.full} if work.strategy.estimate is not None else {}),
-            "offset_age_s": views.offset_ages(eng, topic, block.next, inputs),
+            "offset_age_s": blocks.offset_ages(eng, topic, block.next, inputs),
         }
         written = int(figures["rows_inserted"] or 0) + int(figures["rows_updated"] or 0)
         with eng.phases.timed("log"):
@@ -476,24 +476,6 @@ class MergeProcessor:
                           stats={**protocol.stats_dict(entry), **figures, "warnings": list(planned.warnings)})
 
 
-def rows_upto(spark: SparkSession, path: str, end: Position, version: int | None) -> DataFrame:
-    """The rows of the table at ``path`` (at Delta ``version``; None: the newest) whose ``(pos, id)``
-    is at most ``end``."""
-    reader = spark.read.format("delta")
-    if version is not None:
-        reader = reader.option("versionAsOf", version)
-    return upto(reader.load(path), end)
-
-
-def upto(rows: DataFrame, end: Position) -> DataFrame:
-    """The rows of ``rows`` whose ``(pos, id)`` is at most ``end`` (a null ``id`` never is)."""
-    from pyspark.sql import functions as F
-
-    np_, ni = spark_io.ts_literal(end.pos), F.lit(end.id).cast("bigint")
-    pos, id_ = F.col("pos"), F.col("id")
-    return rows.where((pos <= np_) & id_.isNotNull()).where((pos < np_) | (id_ <= ni))
-
-
 def narrow(rows: DataFrame, cols: list[str], keys: list[Any] | None) -> DataFrame:
     """``rows`` filtered to the values each of ``cols`` takes in ``keys`` (the collected key rows;
     None: not collected, ``rows`` as they are). Implied by the semi join on the keys that follows,
@@ -514,23 +496,6 @@ def narrow(rows: DataFrame, cols: list[str], keys: list[Any] | None) -> DataFram
             + ([f"{col} IS NULL"] if None in values else [])
         rows = rows.where(F.expr(" OR ".join(conds)))
     return rows
-
-
-def pin_inputs(engine: Engine, topic: Topic, versions: dict[str, int], prefix: str, views: list[str]) -> dict[str, str]:
-    """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
-    lineage table -> view name (for :func:`spark_io.transform`'s ``tables``); the names are added
-    to ``views`` (to drop when done). None for a Python transform: it reads what it names
-    (:func:`lineage.refresh.inexact` says what that costs)."""
-    out: dict[str, str] = {}
-    if topic.python:
-        return out
-    for i, table in enumerate(spark_io.tables_read(topic, versions)):
-        name = f"{prefix}_{i}"
-        engine.spark.read.format("delta").option("versionAsOf", versions[table]).load(engine.path(table)) \
-            .createOrReplaceTempView(name)
-        views.append(name)
-        out[table] = name
-    return out
 
 
 def _removed(exc: BaseException) -> bool:

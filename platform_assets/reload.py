@@ -22,13 +22,13 @@ from resources.meta_tables import write_etl_log
 from resources.offsets import OffsetRecord
 
 if TYPE_CHECKING:
-    from platform_assets.engine import Engine
+    from platform_assets.context import UnitContext
 
 
 class ReloadProcessor:
-    """Opens and lands the rebuilds of reload topics for one :class:`Engine`."""
+    """Opens and lands the rebuilds of reload topics for one engine (its :class:`UnitContext`)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: UnitContext) -> None:
         self.engine = engine
 
     def open(self, topic: Topic, rec: OffsetRecord, seq: int | None = None) -> OpenBlock | StepResult:

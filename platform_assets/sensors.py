@@ -128,7 +128,7 @@ def offset_age_checks(engine: Any, lineage: Lineage, states: dict[str, str]) -> 
     reported (runless; the alert sensor alerts on a failed one) only when the verdict changes
     from ``states`` (topic -> "pass" | "fail", kept in the sensor's cursor)."""
     from lineage.checks import Severity
-    from platform_assets import views
+    from platform_assets import blocks
 
     out: list[dg.AssetCheckEvaluation] = []
     new = dict(states)
@@ -139,7 +139,7 @@ def offset_age_checks(engine: Any, lineage: Lineage, states: dict[str, str]) -> 
         rec = engine.store.get(topic.name)
         if rec is None or not rec.inputs:
             continue
-        ages = {k: v for k, v in views.offset_ages(engine, topic, rec.last, dict(rec.inputs)).items() if v is not None}
+        ages = {k: v for k, v in blocks.offset_ages(engine, topic, rec.last, dict(rec.inputs)).items() if v is not None}
         if not ages:
             continue
         oldest, age = max(ages.items(), key=lambda kv: kv[1])

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 from lineage.errors import ProcessingError
 from lineage.positions import Position
 from lineage.spec import Processor, Topic
-from platform_assets import merge, spark_io
+from platform_assets import blocks, spark_io, view_inputs
 from platform_assets.protocol import data_app_id
 from resources import delta_meta
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-    from platform_assets.engine import Engine
+    from platform_assets.context import UnitContext
 
 #: Relative tolerance of floating-point columns.
 REL_TOL = 1e-9
@@ -73,7 +73,7 @@ def _row(row: dict[str, Any] | None) -> str:
     return "(no row)" if row is None else ", ".join(f"{k}={v!r}" for k, v in row.items())
 
 
-def verify(engine: Engine, topic: Topic, *, sample: int = 0, show: int = 20, seed: int | None = None) -> Verdict:
+def verify(engine: UnitContext, topic: Topic, *, sample: int = 0, show: int = 20, seed: int | None = None) -> Verdict:
     """Compare merge topic ``topic``'s view with its recompute (see the module's doc): every key,
     or ``sample`` keys drawn at random from the view; up to ``show`` differing keys in full."""
     from pyspark.sql import functions as F
@@ -103,10 +103,10 @@ def verify(engine: Engine, topic: Topic, *, sample: int = 0, show: int = 20, see
     eng.register_tables(topic)
     spark, tag, views = eng.spark, uuid.uuid4().hex[:10], list[str]()
     try:
-        base = merge.rows_upto(spark, eng.path(spec.base), end, None if version is None else int(version))
+        base = blocks.rows_upto(spark, eng.path(spec.base), end, None if version is None else int(version))
         base.createOrReplaceTempView(f"tm_verify_{tag}")
         views.append(f"tm_verify_{tag}")
-        pinned = merge.pin_inputs(eng, topic, {t: v for t, v in inputs.items() if t != spec.base}, f"tm_verify_in_{tag}",
+        pinned = view_inputs.pin_inputs(eng, topic, {t: v for t, v in inputs.items() if t != spec.base}, f"tm_verify_in_{tag}",
                                   views)
         want = spark_io.transform(spark, topic, base, view=views[0], tables=pinned)
         got = spark.read.format("delta").option("versionAsOf", now).load(dest)

@@ -1,7 +1,7 @@
 """Operating merge topics (materialized views) without running them: what the next unit would do
-(``tidemark explain``), taking over a view built elsewhere (``tidemark offsets adopt``,
-Datapipe's ``initialize_offsets``), and how old every input's offset is (``offset_age_seconds``).
-All JVM-free: the offset store and the Delta logs."""
+(``tidemark explain``) and taking over a view built elsewhere (``tidemark offsets adopt``,
+Datapipe's ``initialize_offsets``). All JVM-free: the offset store and the Delta logs (how old
+every input's offset is, ``offset_age_seconds``, is :func:`platform_assets.blocks.offset_ages`)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from lineage.positions import Position
 from lineage.refresh import choose
 from lineage.spec import LateRows, Topic
 from platform_assets import protocol
+from platform_assets.merge import MergeLook, MergeProcessor
 from resources import delta_meta
 
 if TYPE_CHECKING:
-    from platform_assets.engine import Engine
-    from platform_assets.merge import MergeLook
+    from platform_assets.context import TopicContext
     from resources.offsets import OffsetRecord
 
 
-def explain(engine: Engine, topic: Topic, *, keys: int = 0) -> list[str]:
+def explain(engine: TopicContext, topic: Topic, *, keys: int = 0) -> list[str]:
     """What the next unit would do, without running it or starting Spark; with ``keys`` (> 0) also
     the view keys it would re-derive, by where they come from (up to ``keys`` of each; this
     starts Spark and evaluates the transform, writing nothing)."""
@@ -35,7 +35,7 @@ def explain(engine: Engine, topic: Topic, *, keys: int = 0) -> list[str]:
         return [*lines, f"  unit {rec.seq} is pending ({rec.last.to_text()} .. {rec.next.to_text() if rec.next else ''}): "
                         f"the next run redoes exactly it"]
     try:
-        look = eng.merge.look(topic, rec)
+        look = MergeProcessor(eng).look(topic, rec)
     except TidemarkError as exc:
         return [*lines, f"  cannot plan the next unit: {exc}"]
     lines.append(f"  new base rows: {look.base_rows}" + (f" up to {look.end.to_text()}" if look.end > rec.last else
@@ -65,7 +65,7 @@ def explain(engine: Engine, topic: Topic, *, keys: int = 0) -> list[str]:
     return lines
 
 
-def affected_keys(engine: Engine, topic: Topic, rec: OffsetRecord, look: MergeLook, *, limit: int) -> list[str]:
+def affected_keys(engine: TopicContext, topic: Topic, rec: OffsetRecord, look: MergeLook, *, limit: int) -> list[str]:
     """The keys the next unit of merge topic ``topic`` would re-derive, by where they come from
     (the unit is derived as :meth:`MergeProcessor.derive` would, on the inputs as they are now;
     nothing is planned or written)."""
@@ -80,7 +80,7 @@ def affected_keys(engine: Engine, topic: Topic, rec: OffsetRecord, look: MergeLo
         inputs[spec.base] = look.base.version
     planned = Planned(Block(topic.name, rec.seq + 1, rec.last, look.end, may_be_empty=True), "explain",
                       base_rows=look.base_rows, source_version=look.base.version)
-    _, work = eng.merge.derive(topic, dataclasses.replace(rec, inputs_next=inputs), planned)
+    _, work = MergeProcessor(eng).derive(topic, dataclasses.replace(rec, inputs_next=inputs), planned)
     try:
         if not work.strategy.incremental:
             return [f"  affected keys: every key ({work.strategy.reason})"]
@@ -96,7 +96,7 @@ def affected_keys(engine: Engine, topic: Topic, rec: OffsetRecord, look: MergeLo
             eng.spark.catalog.dropTempView(view)
 
 
-def adopt(engine: Engine, topic: Topic, *, dry_run: bool) -> list[str]:
+def adopt(engine: TopicContext, topic: Topic, *, dry_run: bool) -> list[str]:
     """Take over an existing view without reprocessing it (Datapipe's ``initialize_offsets``):
     ``last`` from the view's own newest ``(pos, id)`` when it has them, else the base's newest
     position; every input's offset at its current version. The view is assumed current as of
@@ -150,15 +150,3 @@ def adopt(engine: Engine, topic: Topic, *, dry_run: bool) -> list[str]:
                          next=max(last, locked_rec.last), rows=0, note=f"adopt {spec.destination} version {view.version}")
     return [*lines, "adopted: the next unit applies only what changes from here"]
 
-
-def offset_ages(engine: Engine, topic: Topic, last: Position, inputs: dict[str, int]) -> dict[str, float | None]:
-    """Seconds since the newest data each input's offset covers (Datapipe's ``offset_age_seconds``):
-    the base by its ``last`` position, every other input by the commit time of its applied version."""
-    eng, spec = engine, topic.spec
-    now = eng.clock()
-    out: dict[str, float | None] = {spec.base: None if last.is_zero() else round((now - last.pos).total_seconds(), 3)}
-    for table in spec.depends_on[1:]:
-        version = inputs.get(table)
-        at = None if version is None else delta_meta.commit_time(eng.path(table), version)
-        out[table] = None if at is None else round((now - at).total_seconds(), 3)
-    return out
