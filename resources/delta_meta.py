@@ -70,18 +70,18 @@ class TableSnapshot:
     @functools.cached_property
     def row_count(self) -> int | None:
         """Rows in this version, from the files' statistics (None: no table or no statistics)."""
-        files = self.files
-        if self.table is None or "num_records" not in files.column_names:
-            return None
-        return int(pc.sum(files["num_records"]).as_py() or 0)
+        return self._total("num_records")
 
     @functools.cached_property
     def size_bytes(self) -> int | None:
         """Bytes of this version's data files (None: no table, or the log does not say)."""
+        return self._total("size_bytes")
+
+    def _total(self, column: str) -> int | None:
         files = self.files
-        if self.table is None or "size_bytes" not in files.column_names:
+        if self.table is None or column not in files.column_names:
             return None
-        return int(pc.sum(files["size_bytes"]).as_py() or 0)
+        return int(pc.sum(files[column]).as_py() or 0)
 
     @functools.cached_property
     def files(self) -> pa.Table:
