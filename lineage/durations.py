@@ -1,4 +1,5 @@
-"""Durations written as in the seed's Lineage table: ``30s``, ``5m``, ``1h30m``, ``2d``, ``0``."""
+"""Durations written as in the seed's Lineage table: ``30s``, ``5m``, ``1h30m``, ``2d``, ``0``; and byte
+sizes as people read them (``12.3 MiB``)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,13 @@ def format_duration(value: dt.timedelta) -> str:
             out.append(f"{secs // size}{unit}")
             secs %= size
     return "".join(out)
+
+
+def format_size(n: float) -> str:
+    """Bytes as people read them: ``512 B``, ``12.3 MiB``, at most ``GiB``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            break
+        size /= 1024
+    return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from lineage.durations import format_size
 from lineage.errors import ProcessingError
 from lineage.spec import Refresh, TopicSpec
 
@@ -112,16 +113,8 @@ class Estimate:
     files_rewritten: float  # the view's files an incremental unit's MERGE is expected to rewrite
 
     def text(self) -> str:
-        return (f"estimated {_size(self.incremental)} incremental against {_size(self.full)} full "
+        return (f"estimated {format_size(self.incremental)} incremental against {format_size(self.full)} full "
                 f"(~{self.files_rewritten:.0f} view files rewritten)")
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def cluster_column(spec: TopicSpec, columns: Collection[str]) -> str | None:

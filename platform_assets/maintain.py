@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lineage.durations import format_size
 from lineage.errors import ConfigError
 from lineage.spec import Processor
 from platform_assets.faults import crashpoint
@@ -242,20 +243,11 @@ def describe(h: Health, r: Report) -> list[str]:
 
 def health_row(h: Health) -> tuple:
     horizon = h.horizon
-    return (h.table, h.version, h.files, h.small_files, _size(h.bytes), h.since_checkpoint,
+    return (h.table, h.version, h.files, h.small_files, format_size(h.bytes), h.since_checkpoint,
             horizon.describe() if horizon else None, "; ".join(h.reasons()) or "ok")
 
 
 HEALTH_COLUMNS = ["table", "version", "files", "small", "bytes", "since checkpoint", "oldest version needed", "maintenance"]
-
-
-def _size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            break
-        size /= 1024
-    return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
 
 
 def health_metadata(h: Health) -> dict[str, object]:

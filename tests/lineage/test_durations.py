@@ -124,3 +124,10 @@ def test_parse_format_round_trip(text: str) -> None:
 def test_format_duration_drops_fractions_of_a_second() -> None:
     assert format_duration(dt.timedelta(seconds=61, milliseconds=500)) == "1m1s"
     assert format_duration(dt.timedelta(milliseconds=500)) == "0"
+
+
+def test_format_size_reads_as_people_read_bytes() -> None:
+    from lineage.durations import format_size
+
+    assert [format_size(n) for n in (0, 1023, 1024, 396 * 2**20, 5 * 2**40)] == [
+        "0 B", "1023 B", "1.0 KiB", "396.0 MiB", "5120.0 GiB"]
