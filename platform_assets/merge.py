@@ -28,7 +28,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -216,14 +216,8 @@ class MergeProcessor:
         _, rows = spark_io.small_local(self.engine.spark, held, NARROW_VALUES)
         if rows is None:
             return ""
-        values = [r[0] for r in rows]
-        texts = [spark_io.sql_literal(v) for v in values if v is not None]
-        if None in texts:
-            return ""
-        name = f"t.{spark_io.quote(col)}"
-        conds = ([f"{name} IN ({', '.join(t for t in texts if t is not None)})"] if texts else []) \
-            + ([f"{name} IS NULL"] if None in values else [])
-        return " OR ".join(conds) or "FALSE"  # FALSE: the view holds none of the keys (all inserts)
+        # FALSE when the view holds none of the keys (all inserts)
+        return one_of(f"t.{spark_io.quote(col)}", [r[0] for r in rows]) or ""
 
     def derive(self, topic: Topic, rec: OffsetRecord, planned: Planned) -> tuple[DataFrame, MergeWork]:
         """The view over the unit's inputs (every input at the version the unit planned) and the
@@ -488,14 +482,21 @@ def narrow(rows: DataFrame, cols: list[str], keys: list[Any] | None) -> DataFram
         return rows
     for i, c in enumerate(cols):
         values = {k[i] for k in keys}
-        texts = [spark_io.sql_literal(v) for v in values if v is not None]
-        if len(values) > NARROW_VALUES or None in texts:
-            continue  # many values, or a type without exact literal text: the semi join alone
-        col = spark_io.quote(c)
-        conds = ([f"{col} IN ({', '.join(t for t in texts if t is not None)})"] if texts else []) \
-            + ([f"{col} IS NULL"] if None in values else [])
-        rows = rows.where(F.expr(" OR ".join(conds)))
+        cond = one_of(spark_io.quote(c), values) if len(values) <= NARROW_VALUES else None
+        if cond is not None:  # else many values, or a type without exact literal text: the semi join alone
+            rows = rows.where(F.expr(cond))
     return rows
+
+
+def one_of(column: str, values: Collection[Any]) -> str | None:
+    """SQL text: ``column`` (as written) equals one of ``values``, a null by ``IS NULL``; ``FALSE``
+    for no values. None when a value has no exact literal text (:func:`spark_io.sql_literal`)."""
+    texts = [spark_io.sql_literal(v) for v in values if v is not None]
+    if None in texts:
+        return None
+    conds = ([f"{column} IN ({', '.join(t for t in texts if t is not None)})"] if texts else []) \
+        + ([f"{column} IS NULL"] if None in values else [])
+    return " OR ".join(conds) or "FALSE"
 
 
 def _removed(exc: BaseException) -> bool:
