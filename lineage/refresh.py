@@ -42,6 +42,7 @@ class InputChange:
     changed_rows: int | None = None  # rows its commits inserted, updated or deleted (None: unknown)
     table_rows: int | None = None  # rows in the input now (None: unknown)
     problem: str = ""  # why its change data feed cannot be read over (old, new] ("" = it can)
+    table_bytes: int | None = None  # bytes of its data files at ``new`` (None: unknown)
 
     @property
     def changed(self) -> bool:

@@ -246,11 +246,11 @@ class MergeProcessor:
             late = blocks.late_rows(topic, base, done, block.last)
         changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t), upto=rec.inputs_next.get(t))
                         for t in spec.depends_on[1:])
-        built = bool(rec.inputs) and delta_meta.open_table(dest) is not None
+        view = delta_meta.TableSnapshot.open(dest)
+        built = bool(rec.inputs) and view.version is not None
         base_rows = planned.base_rows if planned.base_rows >= 0 else delta_meta.count_block(
             eng.path(spec.base), block.last, block.next, planned.source_version)
-        sizes = delta_meta.unit_sizes(base, dest, {t: (eng.path(t), rec.inputs_next.get(t)) for t in spec.depends_on[1:]},
-                                      spec) if built else None
+        sizes = delta_meta.unit_sizes(base, view, changes, spec) if built else None
         strategy = choose(spec, built=built, base_rows=base_rows, base_columns=base.columns, late_rows=late.rows.num_rows,
                           changes=changes, python_transform=topic.python, sizes=sizes)
         eng.register_tables(topic)

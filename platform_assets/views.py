@@ -50,11 +50,10 @@ def explain(engine: TopicContext, topic: Topic, *, keys: int = 0) -> list[str]:
         lines.append(f"  input {c.table}: {state}; {how}" + (f"; change feed: {c.problem}" if c.problem else ""))
     if not look.ready:
         return [*lines, f"  nothing to do: {look.reason}"]
-    built = bool(rec.inputs) and delta_meta.open_table(eng.path(spec.destination)) is not None
+    view = delta_meta.TableSnapshot.open(eng.path(spec.destination))
+    built = bool(rec.inputs) and view.version is not None
     try:
-        sizes = delta_meta.unit_sizes(look.base, eng.path(spec.destination),
-                                      {c.table: (eng.path(c.table), c.new) for c in look.changes},
-                                      spec) if built else None
+        sizes = delta_meta.unit_sizes(look.base, view, look.changes, spec) if built else None
         s = choose(spec, built=built, base_rows=look.base_rows, base_columns=look.base.columns,
                    late_rows=look.late.rows.num_rows, changes=look.changes, python_transform=topic.python, sizes=sizes)
     except RefreshRefused as exc:

@@ -11,7 +11,7 @@ import dataclasses
 import datetime as dt
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -857,7 +857,7 @@ def input_change(table: str, path: str, old: int | None, upto: int | None = None
     snap = TableSnapshot.open(path, upto)
     if snap.version is None:
         return InputChange(table, old, None, problem=f"no Delta table at {path}")
-    change = InputChange(table, old, snap.version, table_rows=snap.row_count)
+    change = InputChange(table, old, snap.version, table_rows=snap.row_count, table_bytes=snap.size_bytes)
     if not change.changed or old is None:
         return change
     if not change_feed_enabled(snap):
@@ -882,14 +882,12 @@ def input_change(table: str, path: str, old: int | None, upto: int | None = None
     return dataclasses.replace(change, changed_rows=rows)
 
 
-def unit_sizes(base: TableSnapshot, view: str, inputs: Mapping[str, tuple[str, int | None]],
-               spec: TopicSpec) -> Sizes | None:
+def unit_sizes(base: TableSnapshot, snap: TableSnapshot, changes: Sequence[InputChange], spec: TopicSpec) -> Sizes | None:
     """The sizes a merge unit's cost estimate needs (:func:`lineage.refresh.estimate`), from the
-    Delta logs alone: ``base`` at the planned version, the view at ``view`` now, every other input
-    (table -> (path, version)); ``spec``: the view's topic. None
-    when the view is not there or a log lacks file sizes."""
-    snap = TableSnapshot.open(view)
-    sizes = {t: TableSnapshot.open(path, version).size_bytes for t, (path, version) in inputs.items()}
+    Delta logs alone: ``base`` at the planned version, the view ``snap`` now, every other input as
+    its change says (:func:`input_change`); ``spec``: the view's topic. None when the view is not
+    there or a log lacks file sizes."""
+    sizes = {c.table: c.table_bytes for c in changes}
     if (snap.size_bytes is None or snap.row_count is None or base.size_bytes is None or base.row_count is None
             or None in sizes.values()):
         return None
@@ -912,12 +910,12 @@ def _clustered_by(snap: TableSnapshot, column: str | None) -> bool:
     lo, hi = files[low], files[high]
     if not (pa.types.is_integer(lo.type) or pa.types.is_floating(lo.type) or pa.types.is_decimal(lo.type)):
         return False
-    lows, highs = [v for v in lo.to_pylist() if v is not None], [v for v in hi.to_pylist() if v is not None]
-    if not lows or not highs:
+    ranges = [(float(a), float(b)) for a, b in zip(lo.to_pylist(), hi.to_pylist(), strict=True)
+              if a is not None and b is not None]
+    if not ranges:
         return False
-    span = float(max(highs)) - float(min(lows))
-    widths = [float(h) - float(lw) for lw, h in zip(lo.to_pylist(), hi.to_pylist(), strict=True)
-              if lw is not None and h is not None]
+    span = max(b for _, b in ranges) - min(a for a, _ in ranges)
+    widths = [b - a for a, b in ranges]
     return span > 0 and sum(widths) / len(widths) <= span / 4
 
 

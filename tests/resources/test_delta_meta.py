@@ -311,12 +311,16 @@ def test_unit_sizes_reads_bytes_rows_and_whether_the_view_is_clustered_from_the_
         ids = list(range(first, first + 25))
         write_deltalake(str(clustered), pa.table({"id": ids, "customer_id": [i // 10 for i in ids]}), mode="append")
         write_deltalake(str(mixed), pa.table({"id": ids, "customer_id": [i % 10 for i in ids]}), mode="append")
-    inputs = {"dim.c": (str(dim), None)}
-    got = delta_meta.unit_sizes(delta_meta.TableSnapshot.open(str(base)), str(clustered), inputs, spec)
+    changes = [delta_meta.input_change("dim.c", str(dim), None)]
+    snap = delta_meta.TableSnapshot.open
+
+    got = delta_meta.unit_sizes(snap(str(base)), snap(str(clustered)), changes, spec)
     assert got is not None and got.clustered
     assert (got.base_rows, got.view_rows, got.view_files, got.view_columns) == (100, 100, 4, 2)
     assert got.base_bytes == sum(DeltaTable(str(base)).get_add_actions(flatten=True)["size_bytes"].to_pylist())
-    assert got.inputs_bytes["dim.c"] > 0
-    got = delta_meta.unit_sizes(delta_meta.TableSnapshot.open(str(base)), str(mixed), inputs, spec)
+    assert got.inputs_bytes["dim.c"] == sum(DeltaTable(str(dim)).get_add_actions(flatten=True)["size_bytes"].to_pylist()) > 0
+    got = delta_meta.unit_sizes(snap(str(base)), snap(str(mixed)), changes, spec)
     assert got is not None and not got.clustered  # every file spans every customer: nothing to skip
-    assert delta_meta.unit_sizes(delta_meta.TableSnapshot.open(str(base)), str(tmp_path / "none"), inputs, spec) is None
+    assert delta_meta.unit_sizes(snap(str(base)), snap(str(tmp_path / "none")), changes, spec) is None
+    gone = [delta_meta.input_change("dim.c", str(tmp_path / "no-dim"), None)]  # an input without a table
+    assert delta_meta.unit_sizes(snap(str(base)), snap(str(clustered)), gone, spec) is None
