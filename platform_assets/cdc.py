@@ -29,14 +29,19 @@ acknowledged, then the parked slot is dropped and the replica follows the main s
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lineage import cdc_columns
 from lineage.cdc import (
     BatchError,
     DdlChange,
+    Numbered,
     TableSchema,
     Transaction,
     format_lsn,
@@ -66,6 +71,8 @@ from resources.meta_tables import LogEntry, write_etl_log
 from resources.offsets import OffsetRecord
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from platform_assets.engine import Engine
 
 PROCESSOR = "cdc"
@@ -78,6 +85,19 @@ def retryable(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "OperationalError" or any(
         s in text for s in ("cannot connect", "cannot open a replication connection", "is in use by process",
                             "replication stream of slot", "Connection refused", "server closed the connection"))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One replica's changes in a unit: their sequence numbers, how many, the oldest commit time, the
+    source position they reach, and ``land``, which applies them in one commit and returns the counts."""
+
+    first: int
+    last: int
+    count: int
+    oldest: dt.datetime
+    lsn: int
+    land: Callable[[Commit], dict[str, int]]
 
 
 class ReplicatorUnit:
@@ -320,35 +340,93 @@ class ReplicatorUnit:
         key = self.spec.state_key
         active = [t.applied for t in self.tables.values() if t.applied is not None and t.active and not t.parked]
         after = min(active) if active else 0  # paused replicas hold the acknowledgement back, not the reading
+        txs: list[Transaction] | None = None
         if rec.pending:  # a unit planned before a crash: exactly its transactions again, numbered alike
             unit, upto = rec.seq, int(rec.source_version or 0)
             first = (rec.inputs_next or {}).get("first", rec.inputs.get("changes", 0) + 1)
-            txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
+            cols = self._read_columns(after, upto=upto, max_changes=10**12)
+            if cols is None:
+                txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
+            transactions = cols.transactions if cols is not None else len(txs or [])
         else:
-            txs = self.source.read(after, max_changes=self.spec.maxstep, wanted=self._wanted)
-            # the source holds nothing more of the selection up to ``end`` (PostgreSQL: also past skipped WAL)
-            upto = max(int(getattr(txs, "end", 0) or 0), txs[-1].lsn if txs else 0)
-            if not txs:
+            cols = self._read_columns(after, max_changes=self.spec.maxstep)
+            if cols is None:
+                txs = self.source.read(after, max_changes=self.spec.maxstep, wanted=self._wanted)
+                # the source holds nothing more of the selection up to ``end`` (PostgreSQL: also past skipped WAL)
+                upto = max(int(getattr(txs, "end", 0) or 0), txs[-1].lsn if txs else 0)
+                transactions, rows = len(txs), sum(t.rows for t in txs)
+            else:
+                upto, transactions, rows = cols.lsn, cols.transactions, cols.frame.num_rows
+            if not transactions:
                 self._advance(upto)
                 result.acked = self._ack(upto)
                 return
             unit = rec.seq + 1
             first = max([rec.inputs.get("changes", 0)] + [t.rec.inputs.get("changes", 0) for t in self.tables.values()]) + 1
-            rows = sum(t.rows for t in txs)
             rec = store.plan(key, self.owner, last=rec.last, next=Position(ZERO_TS, unit), seq=unit, source_version=upto,
                              inputs_next={"changes": first + rows - 1, "first": first})
             faults.crashpoint("cdc-planned")
-        result.unit, result.transactions = unit, len(txs)
-        seq_of = {id(n.change): n for n in number(txs, first)}
+        result.unit, result.transactions = unit, transactions
+        runs = self._column_runs(cols.frame, first) if cols is not None else None
+        if runs is None and txs is None:  # the columns hold what only the Python path reduces: the same transactions
+            txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
         lease.check()
-        for source_table, segments in self._split(txs).items():
-            self._apply_table(source_table, segments, unit, seq_of, result)
+        if runs is not None:
+            for source_table, run in runs.items():
+                self._apply_table(source_table, [run], unit, {}, result)
+        else:
+            seq_of = {id(n.change): n for n in number(txs or [], first)}
+            for source_table, segments in self._split(txs or []).items():
+                self._apply_table(source_table, segments, unit, seq_of, result)
         store.commit(key, self.owner, seq=unit, last=rec.last, next=rec.next or rec.last, rows=result.changes,
-                     note=f"unit {unit}: {len(txs)} transactions up to {format_lsn(upto)}")
+                     note=f"unit {unit}: {transactions} transactions up to {format_lsn(upto)}")
         self._advance(upto)
         faults.crashpoint("cdc-committed")
         result.acked = self._ack(upto)
-        result.reason = f"unit {unit}: {len(txs)} transactions, {result.changes} changes up to {format_lsn(upto)}"
+        result.reason = f"unit {unit}: {transactions} transactions, {result.changes} changes up to {format_lsn(upto)}"
+
+    # ------------------------------------------------------------------ changes as columns
+    def _read_columns(self, after: int, *, upto: int | None = None, max_changes: int) -> Any:
+        """The source's columnar read (``read_columns``) when it has one and every replica reading
+        changes is a keyed SCD1 replica (the layout :mod:`lineage.cdc_columns` reduces); None: the
+        Python path (:meth:`ChangeSource.read`) reads this unit."""
+        read = getattr(self.source, "read_columns", None)
+        if read is None:
+            return None
+        wanted_after: dict[str, int | None] = {}
+        for t in self.tables.values():  # :meth:`_wanted` as positions
+            on = t.active and not t.parked and t.applied is not None
+            if on and (t.layout.multiset or t.layout.scd is not Scd.TYPE1):
+                return None
+            wanted_after[t.source] = t.applied if on else None
+        return read(after, upto=upto, max_changes=max_changes, wanted_after=wanted_after)
+
+    def _column_runs(self, frame: pa.Table, first: int) -> dict[str, Run] | None:
+        """Per source table, its changes of a columnar read reduced on columns, numbered from ``first``
+        in source order as :func:`lineage.cdc.number` numbers them; None when a table's changes need
+        the Python path (:class:`lineage.cdc_columns.NotColumnar`, or an error it reports its own way)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        frame = frame.append_column(cdc_columns.SEQ, pa.array(np.arange(first, first + frame.num_rows, dtype=np.int64)))
+        runs: dict[str, Run] = {}
+        for name in pc.unique(frame["_tm_table"]).to_pylist():
+            t = self.tables[name]
+            rows = frame.filter(pc.equal(frame["_tm_table"], name))
+            try:
+                effect = cdc_columns.reduce_scd1(rows, t.layout.key, t.layout.schema.names, table=name)
+            except (cdc_columns.NotColumnar, BatchError) as exc:
+                log.info("replicator %s: %s reduced change by change (%s)", self.spec.name, name, exc)
+                return None
+            runs[name] = Run(rows[cdc_columns.SEQ][0].as_py(), rows[cdc_columns.SEQ][-1].as_py(), rows.num_rows,
+                             pc.min(rows[cdc_columns.TIME]).as_py(), rows["_tm_lsn"][-1].as_py(),
+                             functools.partial(self._land_columns, t, effect))
+        return runs
+
+    def _land_columns(self, t: Table, effect: cdc_columns.ColumnEffect, commit: Commit) -> dict[str, int]:
+        cdc_apply.apply_scd1_columns(self.engine.spark, t.path, t.layout, effect, commit)
+        return effect.counts
 
     def _apply_table(self, source_table: str, segments: list[Any], unit: int, seq_of: dict[int, Any],
                      result: CdcResult) -> None:
@@ -364,7 +442,8 @@ class ReplicatorUnit:
                 if t is None:
                     t = self.table(self.source.tables()[source_table])
                 cdc_apply.ensure_replica(self.engine.spark, t.path, t.layout)
-                self._apply(t, unit, [seq_of[id(c)] for c, _tx in seg], seg[-1][1], result)
+                run = seg if isinstance(seg, Run) else self._python_run(t, [seq_of[id(c)] for c, _tx in seg], seg[-1][1])
+                self._apply(t, unit, run, result)
         except Exception as exc:
             if t is None or retryable(exc) or isinstance(exc, OffsetError):
                 raise
@@ -406,9 +485,24 @@ class ReplicatorUnit:
                 segs[-1].append((ch, tx))
         return out
 
-    def _apply(self, t: Table, unit: int, changes: list[Any], last_tx: Transaction, result: CdcResult) -> None:
-        store, spark = self.engine.store, self.engine.spark
-        lsn = last_tx.lsn
+    def _python_run(self, t: Table, changes: list[Numbered], last_tx: Transaction) -> Run:
+        """A replica's run of changes as Python objects (:mod:`lineage.cdc`'s reductions)."""
+
+        def land(commit: Commit) -> dict[str, int]:
+            spark = self.engine.spark
+            if t.layout.multiset:
+                effect = reduce_multiset(changes, t.layout.schema)
+                cdc_apply.apply_multiset(spark, t.path, t.layout, effect, commit)
+                return effect.counts
+            keyed = reduce_keyed(changes, t.layout.schema, t.layout.key, history=t.layout.scd is Scd.TYPE2)
+            (cdc_apply.apply_scd2 if t.layout.scd is Scd.TYPE2 else cdc_apply.apply_scd1)(spark, t.path, t.layout, keyed, commit)
+            return keyed.counts
+
+        return Run(changes[0].seq, changes[-1].seq, len(changes), min(n.commit_time for n in changes), last_tx.lsn, land)
+
+    def _apply(self, t: Table, unit: int, run: Run, result: CdcResult) -> None:
+        store = self.engine.store
+        lsn = run.lsn
         if t.rec.pending and t.rec.next != lsn_position(lsn):  # planned with other bounds and never landed
             t.rec = store.reset(t.replica, t.rec.last, who=self.owner, reason="unit re-planned after a crash")
         if t.rec.pending:  # planned before a crash and not landed: exactly it again
@@ -416,26 +510,18 @@ class ReplicatorUnit:
         else:
             seq = t.rec.seq + 1
             t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(lsn), seq=seq, source_version=None,
-                               inputs_next={"changes": changes[-1].seq})
-        commit = Commit(f"tidemark:{t.replica}", seq, self.commit_meta(unit, lsn, changes=[changes[0].seq, changes[-1].seq]))
+                               inputs_next={"changes": run.last})
+        commit = Commit(f"tidemark:{t.replica}", seq, self.commit_meta(unit, lsn, changes=[run.first, run.last]))
         try:
-            if t.layout.multiset:
-                effect = reduce_multiset(changes, t.layout.schema)
-                counts = effect.counts
-                cdc_apply.apply_multiset(spark, t.path, t.layout, effect, commit)
-            else:
-                keyed = reduce_keyed(changes, t.layout.schema, t.layout.key, history=t.layout.scd is Scd.TYPE2)
-                counts = keyed.counts
-                (cdc_apply.apply_scd2 if t.layout.scd is Scd.TYPE2 else cdc_apply.apply_scd1)(spark, t.path, t.layout, keyed, commit)
+            counts = run.land(commit)
         except BatchError as exc:
             raise TidemarkError(f"replica {t.replica}: {exc}") from None
         faults.crashpoint("cdc-written")
-        oldest = min(n.commit_time for n in changes)
-        lag = (dt.datetime.now(dt.UTC).replace(tzinfo=None) - oldest).total_seconds()
-        self._log(t, seq, "apply", counts, len(changes), lag=lag)
-        t.rec = store.commit(t.replica, self.owner, seq=seq, last=t.rec.last, next=lsn_position(lsn), rows=len(changes),
-                             state=REPLICATING, note=f"unit {unit}: {len(changes)} changes up to {format_lsn(lsn)}")
-        result.changes += len(changes)
+        lag = (dt.datetime.now(dt.UTC).replace(tzinfo=None) - run.oldest).total_seconds()
+        self._log(t, seq, "apply", counts, run.count, lag=lag)
+        t.rec = store.commit(t.replica, self.owner, seq=seq, last=t.rec.last, next=lsn_position(lsn), rows=run.count,
+                             state=REPLICATING, note=f"unit {unit}: {run.count} changes up to {format_lsn(lsn)}")
+        result.changes += run.count
         totals = result.tables.setdefault(t.replica, {})
         for k, v in counts.items():
             totals[k] = totals.get(k, 0) + v

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from lineage import cdc_columns as columns
 from lineage.cdc import UNKNOWN, BatchEffect, MultisetEffect, TableSchema
+from lineage.cdc_columns import ColumnEffect
 from lineage.replicas import Deletes, Scd
 from platform_assets import spark_io
 from platform_assets.spark_io import quote
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 
 SEQ, COMMIT_TS, DELETED, COPY = "_sequence_num", "_commit_ts", "_deleted", "_copy"
 VALID_FROM, VALID_TO, CURRENT = "_valid_from", "_valid_to", "_is_current"
-PRESENT, UNKNOWN_COLS = "_tm_present", "_tm_unknown"
+PRESENT, UNKNOWN_COLS = columns.PRESENT, "_tm_unknown"
 #: Replica table properties: the change feed for views reading replicas, no deletion vectors and no
 #: type widening until a column widens (the ``deltalake`` reader, and pandas/polars users through it,
 #: cannot read tables with either reader feature: see :func:`platform_assets.cdc_ddl.alter`).
@@ -235,6 +237,26 @@ def apply_scd1(spark: SparkSession, path: str, layout: Layout, effect: BatchEffe
     tbl = arrow_table(cols + key_types, [r[:-1] for r in rows]).append_column(
         UNKNOWN_COLS, pa.array([r[-1] for r in rows], type=pa.list_(pa.string())))
     source = _origin_fill(spark, local_frame(spark, tbl), path, layout, unknown_any, current_only=False)
+    spark_io.run_merge(spark, _scd1_sql(path, layout, effect.truncated_at), source, app_id=commit.app_id,
+                       seq=commit.version, meta=commit.meta)
+
+
+def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: ColumnEffect, commit: Commit) -> None:
+    """:func:`apply_scd1` for an effect reduced on columns (:func:`lineage.cdc_columns.reduce_scd1`):
+    the same MERGE, its source the effect's rows as they are (no value to fill from the replica)."""
+    rows = effect.rows
+    source = pa.table({**{c.name: rows[c.name].cast(arrow_type(c.type)) for c in layout.schema.columns},
+                       SEQ: rows[columns.SEQ], COMMIT_TS: rows[columns.TIME].cast(arrow_type("timestamp")),
+                       PRESENT: rows[columns.PRESENT]})
+    spark_io.run_merge(spark, _scd1_sql(path, layout, None), local_frame(spark, source), app_id=commit.app_id,
+                       seq=commit.version, meta=commit.meta)
+
+
+def _scd1_sql(path: str, layout: Layout, truncated_at: int | None) -> str:
+    """The MERGE of an SCD1 effect (source ``s``: the source's columns, ``_sequence_num``, ``_commit_ts``
+    and ``_tm_present``): a key's newer state replaces the replica's, an absent one deletes it
+    (``deletes: soft``: marks it), a TRUNCATE removes every row it saw."""
+    names = [c.name for c in layout.schema.columns]
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in layout.key)
     soft = layout.deletes is Deletes.SOFT
     non_key = [c for c in names if c not in layout.key]
@@ -248,10 +270,10 @@ def apply_scd1(spark: SparkSession, path: str, layout: Layout, effect: BatchEffe
            f"WHEN MATCHED AND s.{PRESENT} AND s.{SEQ} > t.{SEQ} THEN UPDATE SET {sets}\n"
            f"WHEN NOT MATCHED AND s.{PRESENT} THEN INSERT ({', '.join(map(quote, insert_cols))}) "
            f"VALUES ({', '.join(insert_vals)})")
-    if effect.truncated_at is not None:
+    if truncated_at is not None:
         trunc = f"UPDATE SET t.{DELETED} = true" if soft else "DELETE"
-        sql += f"\nWHEN NOT MATCHED BY SOURCE AND t.{SEQ} < {effect.truncated_at} THEN {trunc}"
-    spark_io.run_merge(spark, sql, source, app_id=commit.app_id, seq=commit.version, meta=commit.meta)
+        sql += f"\nWHEN NOT MATCHED BY SOURCE AND t.{SEQ} < {truncated_at} THEN {trunc}"
+    return sql
 
 
 def apply_scd2(spark: SparkSession, path: str, layout: Layout, effect: BatchEffect, commit: Commit) -> None:

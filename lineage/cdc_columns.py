@@ -1,0 +1,115 @@
+"""The net effect of a batch on a keyed SCD1 replica, computed on columns (issue 19, part 1).
+
+:func:`lineage.cdc.reduce_keyed` walks a batch change by change in Python (about 13 µs a change);
+this does the same reduction with Arrow compute, for the batches it can do exactly: every change
+carries whole rows (no TOAST value left unsent), no TRUNCATE, and every key known. Then the net
+effect of a batch is plain: each change *touches* keys — an INSERT or UPDATE sets its after-row's
+key to the after-row, an UPDATE that changed the key and a DELETE clear the before-image's key —
+and the effect at a key is its last touch. (With an unsent column the row would depend on the
+key's earlier state, which is why those batches stay on the Python path.)
+
+A batch is an Arrow table, one row per change in source order (the columnar read of a source:
+``resources.debezium_source.DebeziumFileSource.read_columns``):
+
+* ``_tm_seq`` int64 — the change's sequence number (:func:`lineage.cdc.number`'s);
+* ``_tm_time`` timestamp — its transaction's commit time;
+* ``_tm_op`` string — ``insert``, ``update`` or ``delete`` (:class:`lineage.cdc.Op` values);
+* the source's columns, the after-row's values (null without an after-row);
+* ``_tm_before_<k>`` per key column ``k``, and ``_tm_has_before`` — the before-image's key.
+
+:func:`reduce_scd1` returns one row per touched key: the source's columns (key columns set; the
+others null where the key ends absent), ``_tm_seq``, ``_tm_time`` and ``_tm_present``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lineage.cdc import BatchError, Op
+
+SEQ, TIME, OP, HAS_BEFORE, PRESENT = "_tm_seq", "_tm_time", "_tm_op", "_tm_has_before", "_tm_present"
+
+
+def before(key_column: str) -> str:
+    """The batch column holding the before-image's value of a key column."""
+    return f"_tm_before_{key_column}"
+
+
+class NotColumnar(Exception):
+    """The batch holds something only the Python path reduces exactly (the caller reduces it there)."""
+
+
+@dataclass(frozen=True)
+class ColumnEffect:
+    """The net effect of a batch on a keyed SCD1 replica: one row per touched key."""
+
+    rows: pa.Table
+    counts: dict[str, int]
+
+
+def _same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Null-safe equality (``<=>``)."""
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    return pc.or_(pc.fill_null(pc.equal(a, b), False), both_null)
+
+
+def reduce_scd1(batch: pa.Table, key: Sequence[str], names: Sequence[str], *, table: str) -> ColumnEffect:
+    """The last touch of every key the batch touches (see the module docstring); raises
+    :class:`NotColumnar` for what :func:`lineage.cdc.reduce_keyed` must do, and the same
+    :class:`~lineage.cdc.BatchError` it raises for a DELETE without a before-image."""
+    ops = batch[OP]
+    is_ins, is_upd, is_del = (pc.equal(ops, op.value) for op in (Op.INSERT, Op.UPDATE, Op.DELETE))
+    counts = {"inserts": pc.sum(is_ins).as_py() or 0, "updates": pc.sum(is_upd).as_py() or 0,
+              "deletes": pc.sum(is_del).as_py() or 0, "truncates": 0}
+    if counts["inserts"] + counts["updates"] + counts["deletes"] != batch.num_rows:
+        raise NotColumnar("a change that is not an insert, update or delete")
+    has_before = pc.fill_null(batch[HAS_BEFORE], False)
+    if pc.any(pc.and_(is_del, pc.invert(has_before))).as_py():
+        raise BatchError(f"{table}: a DELETE without a before-image (the source sent no old key)")
+    sets = pc.or_(is_ins, is_upd)
+    for k in key:
+        # a null key in an after-row: the Python path tells a missing key column (an error) from a null value
+        if pc.any(pc.and_(sets, pc.is_null(batch[k]))).as_py():
+            raise NotColumnar(f"a null value of key column {k!r}")
+    # an UPDATE that changed the key, or a DELETE: clears the before-image's key
+    key_changed = pc.and_(is_upd, has_before)
+    if key:
+        same_key = _same(batch[key[0]], batch[before(key[0])])
+        for k in key[1:]:
+            same_key = pc.and_(same_key, _same(batch[k], batch[before(k)]))
+        key_changed = pc.and_(key_changed, pc.invert(same_key))
+    clears = pc.or_(is_del, key_changed)
+    for k in key:
+        if pc.any(pc.and_(clears, pc.is_null(batch[before(k)]))).as_py():
+            raise NotColumnar(f"a before-image without key column {k!r}")
+    set_rows = batch.filter(sets)
+    set_rows = set_rows.select([*names, SEQ, TIME]).append_column(PRESENT, _fill(True, set_rows.num_rows))
+    gone = batch.filter(clears)
+    cleared = pa.table({c: (gone[before(c)] if c in key else pa.nulls(gone.num_rows, batch.schema.field(c).type))
+                        for c in names} | {SEQ: gone[SEQ], TIME: gone[TIME], PRESENT: _fill(False, gone.num_rows)})
+    touches = pa.concat_tables([set_rows, cleared.cast(set_rows.schema)])
+    return ColumnEffect(last_per_key(touches, key), counts)
+
+
+def last_per_key(touches: pa.Table, key: Sequence[str]) -> pa.Table:
+    """The row with the greatest ``_tm_seq`` of each key (a key's touches have distinct numbers:
+    an UPDATE's cleared and set keys differ). Sorted by key and number, a key's last row is the
+    one where the next row's key differs."""
+    n = touches.num_rows
+    if n <= 1:
+        return touches
+    rows = touches.take(pc.sort_indices(touches, sort_keys=[(c, "ascending", "at_end") for c in (*key, SEQ)]))
+    differs = None
+    for k in key:
+        col = rows[k].combine_chunks()
+        d = pc.invert(_same(col.slice(0, n - 1), col.slice(1)))
+        differs = d if differs is None else pc.or_(differs, d)
+    return rows.filter(pa.concat_arrays([differs, pa.array([True])]))
+
+
+def _fill(value: bool, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(value, pa.bool_()), n)
