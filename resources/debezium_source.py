@@ -301,7 +301,10 @@ class DebeziumFileSource:
         as numbers (an ISO string fails the strict parse: None); no decimal or binary columns."""
         from platform_assets.cdc_apply import arrow_type
 
-        schemas = self.tables()
+        try:
+            schemas = self.tables()
+        except DebeziumFormatError:
+            return None  # read() raises it again, with the line
         rekeyed = set(self._rekeyed)
         # the tables whose changes can be in the frame: their columns (parsed) and key columns
         candidates = [schemas[t] for t, p in wanted_after.items() if p is not None and t in schemas]
@@ -331,8 +334,11 @@ class DebeziumFileSource:
             parts.append(part)
             if _cut(pa.concat_tables(parts), wanted_after, max_changes)[1]:
                 break  # read() stops inside what was read: the files after do not matter
-        if self.tables() != schemas or self._rekeyed != rekeyed:
-            return None  # lines appended meanwhile changed a schema
+        try:
+            if self.tables() != schemas or self._rekeyed != rekeyed:
+                return None  # lines appended meanwhile changed a schema
+        except DebeziumFormatError:
+            return None
         events = pa.concat_tables(parts).combine_chunks()
         events = events.slice(0, _cut(events, wanted_after, max_changes)[0])
         if any(t not in wanted_after for t in pc.unique(events.column("table")).to_pylist()):
