@@ -17,6 +17,7 @@ so the files' order is the source order; a replica records the position it appli
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -178,10 +179,11 @@ class DebeziumFileSource:
         for i, path in enumerate(self.files()):
             if i < start_file:
                 continue
+            skip = after & 0xFFFFFFFF if i == start_file else 0  # the lines up to ``after``, not decoded
             with path.open("rb") as fh:
-                for n, line in enumerate(fh, 1):
+                for n, line in enumerate(itertools.islice(fh, skip, None), skip + 1):
                     pos = position(i, n)
-                    if pos <= after or not line.strip():
+                    if not line.strip():
                         continue
                     if not line.endswith(b"\n"):
                         break  # a line still being written: read it next time
@@ -324,6 +326,7 @@ class DebeziumFileSource:
                                                    ("txId", pa.int64()), ("ts_ms", pa.int64())])),
                              ("ts_ms", pa.int64()), ("transaction", pa.struct([("id", pa.string())]))])
         parts: list[pa.Table] = [_no_events(payload)]
+        wanted = 0
         files = self.files()
         for i, path in enumerate(files):
             if i < after >> 32 or (upto is not None and i > upto >> 32):
@@ -332,7 +335,8 @@ class DebeziumFileSource:
             if part is None:
                 return None
             parts.append(part)
-            if _cut(pa.concat_tables(parts), wanted_after, max_changes)[1]:
+            wanted += int(_wanted(part, wanted_after).sum())
+            if wanted >= max_changes and _cut(pa.concat_tables(parts), wanted_after, max_changes)[1]:
                 break  # read() stops inside what was read: the files after do not matter
         try:
             if self.tables() != schemas or self._rekeyed != rekeyed:
@@ -372,6 +376,13 @@ class DebeziumFileSource:
             return None  # a "payload" member could be the envelope's (read() takes it as the payload)
         if shape in ("payload", "bare") and buf.find(b'"value"', lo, hi) >= 0:
             return None  # a "value" member could be a record value or a tombstone's
+        if buf.find(b"NaN", lo, hi) >= 0 or buf.find(b"Infinity", lo, hi) >= 0:
+            return None  # NaN/Infinity (or those letters in a string): orjson refuses them, Arrow takes them
+        if (data[lo:hi] >= 0x80).any():
+            try:
+                buf[lo:hi].decode()
+            except UnicodeDecodeError:
+                return None  # orjson refuses invalid UTF-8; Arrow's parser lets it by in the fields it skips
         fields = {"kv_payload": [("value", pa.struct([("payload", payload)]))], "kv_bare": [("value", payload)],
                   "payload": [("payload", payload)], "bare": list(payload)}[shape]
         try:
@@ -511,8 +522,8 @@ def _frame(events: pa.Table, wanted_after: Mapping[str, int | None], schemas: Ma
     has = np.bincount(group, weights=wanted, minlength=len(last)) > 0  # read() returns it
     tx_no = np.cumsum(has) - 1
     g_ts = ts[last]
-    if len(g_ts) and (g_ts.min() < _US_RANGE[0] // 1000 or g_ts.max() > _US_RANGE[1] // 1000):
-        return None  # a commit time beyond Python's datetime: read() raises
+    if ts.min() < _US_RANGE[0] // 1000 or ts.max() > _US_RANGE[1] // 1000:
+        return None  # a commit time beyond Python's datetime: read() raises (it converts every event's)
     rows = np.flatnonzero(wanted)
     ev = events.take(pa.array(rows))
     g = group[rows]
@@ -524,8 +535,8 @@ def _frame(events: pa.Table, wanted_after: Mapping[str, int | None], schemas: Ma
     types: dict[str, str] = {}
     for s in in_frame:
         for c in s.columns:
-            if types.setdefault(c.name, c.type) != c.type:
-                return None  # two tables in the frame with one column name of different types
+            if types.setdefault(c.name, c.type) != c.type or c.name.startswith("_tm_"):
+                return None  # two tables in the frame with one column name of different types (or ours)
     after = ev.column("after").combine_chunks()
     after_by = dict(zip([f.name for f in after.type], after.flatten(), strict=True))
     for name, spark_type in types.items():

@@ -263,9 +263,12 @@ def good(i: int = 1, **row: Any) -> str:
 @pytest.mark.parametrize("bad", ["{not json\n", '{"key": {"id": 1}, "value": {"payload": {"op": "x"}}}\n',
                                  '{"key": {"id": 1}, "value": {"payload": {"after": {}}}}\n',
                                  '{"key": {"id": 1}}\n', '{"key": {"id": 1}, "value": {"payload": null}}\n',
-                                 '{"key": {"id": 1}, "value": {"payload": {"op": "c", "ts_ms": NaN}}}\n'])
+                                 '{"key": {"id": 1}, "value": {"payload": {"op": "c", "ts_ms": NaN}}}\n',
+                                 good(3)[:-3] + ', "skipped": -Infinity}}\n', good(4).replace('"c"', '"c\xff"', 1)])
 def test_none_where_read_raises(tmp_path: Path, bad: str) -> None:
-    (tmp_path / "0000.json").write_text(good(1) + bad + good(2))
+    """Also where Arrow's parser is laxer than orjson (NaN, Infinity, invalid UTF-8 in a skipped field)."""
+    (tmp_path / "0000.json").write_bytes((good(1) + bad + good(2)).encode("utf-8", "surrogateescape")
+                                         .replace("\xff".encode(), b"\xff"))
     src = DebeziumFileSource(tmp_path, name="t", selects=selects)
     with pytest.raises(DebeziumFormatError):
         src.read(0)
@@ -343,6 +346,29 @@ def test_none_for_a_key_that_changed(tmp_path: Path) -> None:
 def test_none_for_a_null_value_that_is_not_a_tombstone(tmp_path: Path) -> None:
     src = none_case(tmp_path, [good(1), '{"value": null, "key": {"id": 1}}\n'])
     assert len(src.read(0)) == 1
+
+
+def test_none_for_a_commit_time_beyond_datetime(tmp_path: Path) -> None:
+    (tmp_path / "0000.json").write_text(good(1) + good(2).replace('"ts_ms": 10,', '"ts_ms": 10000000000000000,'))
+    src = DebeziumFileSource(tmp_path, name="t", selects=selects)
+    assert src.read_columns(0, wanted_after={"inv.c": 0}) is None
+    with pytest.raises(OverflowError):
+        src.read(0)
+
+
+def test_none_for_a_column_named_like_ours(tmp_path: Path) -> None:
+    src = none_case(tmp_path, [good(1, _tm_pos=5)])
+    assert src.read(0)[0].changes[0].after == {"id": 1, "qty": 1, "_tm_pos": 5}  # type: ignore[union-attr]
+
+
+def test_many_small_files_and_a_transaction_across_files(tmp_path: Path) -> None:
+    lines = random_lines(random.Random(11), 400)
+    write(tmp_path, [lines[i:i + 13] for i in range(0, len(lines), 13)])
+    src = DebeziumFileSource(tmp_path, name="t", selects=selects)
+    wanted = dict.fromkeys(("public.a", "public.b", "inv.c"), 0)
+    for max_changes in (1, 10, 50, 10**6):
+        for after in (0, position(3, 4), position(7, 13)):
+            same(src, after, max_changes=max_changes, wanted_after=wanted)
 
 
 def test_none_for_before_image_without_key_values(tmp_path: Path) -> None:
