@@ -297,7 +297,10 @@ class DebeziumFileSource:
 
         The schemas are current (``tables()`` is called here, before and after the files are read:
         every line read here was learned, so every field of an event is a column of its table, and a
-        table's key is the one read() would use, unless the key changed: ``_rekeyed``). Supported
+        table's key is the one read() would use, unless the key changed: ``_rekeyed``). tables() also
+        parsed every line with orjson, as read() does: a line orjson refuses (not JSON, NaN, Infinity,
+        invalid UTF-8 — some of which Arrow's parser lets by in the fields it skips) makes it raise,
+        and this returns None. Supported
         lines: ``{"key":..,"value":{"payload":{..}}}`` (with or without ``schema``),
         ``{"key":..,"value":{..}}``, ``{"payload":{..}}`` and the payload alone; timestamps and dates
         as numbers (an ISO string fails the strict parse: None); no decimal or binary columns."""
@@ -376,13 +379,6 @@ class DebeziumFileSource:
             return None  # a "payload" member could be the envelope's (read() takes it as the payload)
         if shape in ("payload", "bare") and buf.find(b'"value"', lo, hi) >= 0:
             return None  # a "value" member could be a record value or a tombstone's
-        if buf.find(b"NaN", lo, hi) >= 0 or buf.find(b"Infinity", lo, hi) >= 0:
-            return None  # NaN/Infinity (or those letters in a string): orjson refuses them, Arrow takes them
-        if (data[lo:hi] >= 0x80).any():
-            try:
-                buf[lo:hi].decode()
-            except UnicodeDecodeError:
-                return None  # orjson refuses invalid UTF-8; Arrow's parser lets it by in the fields it skips
         fields = {"kv_payload": [("value", pa.struct([("payload", payload)]))], "kv_bare": [("value", payload)],
                   "payload": [("payload", payload)], "bare": list(payload)}[shape]
         try:

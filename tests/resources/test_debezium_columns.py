@@ -266,7 +266,8 @@ def good(i: int = 1, **row: Any) -> str:
                                  '{"key": {"id": 1}, "value": {"payload": {"op": "c", "ts_ms": NaN}}}\n',
                                  good(3)[:-3] + ', "skipped": -Infinity}}\n', good(4).replace('"c"', '"c\xff"', 1)])
 def test_none_where_read_raises(tmp_path: Path, bad: str) -> None:
-    """Also where Arrow's parser is laxer than orjson (NaN, Infinity, invalid UTF-8 in a skipped field)."""
+    """Also where Arrow's parser is laxer than orjson (NaN, Infinity, invalid UTF-8 in a skipped field):
+    tables(), called first, parses every line with orjson and raises."""
     (tmp_path / "0000.json").write_bytes((good(1) + bad + good(2)).encode("utf-8", "surrogateescape")
                                          .replace("\xff".encode(), b"\xff"))
     src = DebeziumFileSource(tmp_path, name="t", selects=selects)
