@@ -48,6 +48,8 @@ _EPOCH = dt.datetime(1970, 1, 1)
 _JSON_TYPE = {"tinyint": pa.int64(), "smallint": pa.int64(), "int": pa.int64(), "bigint": pa.int64(),
               "float": pa.float64(), "double": pa.float64(), "boolean": pa.bool_(), "string": pa.string(),
               "timestamp": pa.int64(), "date": pa.int64()}
+#: Lines parsed at once by the columnar read (at least twice max_changes).
+BATCH_LINES = 50_000
 #: Python's datetime/date range (read() raises beyond it): microseconds and days from the epoch.
 _US_RANGE = (-62135596800 * 10**6, 253402300800 * 10**6 - 1)
 _DAY_RANGE = (-719162, 2932896)
@@ -329,18 +331,27 @@ class DebeziumFileSource:
                                                    ("txId", pa.int64()), ("ts_ms", pa.int64())])),
                              ("ts_ms", pa.int64()), ("transaction", pa.struct([("id", pa.string())]))])
         parts: list[pa.Table] = [_no_events(payload)]
-        wanted = 0
+        wanted, stopped = 0, False
         files = self.files()
+        batch = max(2 * max_changes, BATCH_LINES)  # read() stops at max_changes: so may the parse
         for i, path in enumerate(files):
-            if i < after >> 32 or (upto is not None and i > upto >> 32):
+            if stopped or i < after >> 32 or (upto is not None and i > upto >> 32):
                 continue
-            part = self._file_events(i, path, after, upto, payload, last=i == len(files) - 1)
-            if part is None:
-                return None
-            parts.append(part)
-            wanted += int(_wanted(part, wanted_after).sum())
-            if wanted >= max_changes and _cut(pa.concat_tables(parts), wanted_after, max_changes)[1]:
-                break  # read() stops inside what was read: the files after do not matter
+            buf = path.read_bytes()
+            if i < len(files) - 1 and len(buf) and buf[-1] != 10:
+                return None  # a partly written line before the last file: tables() skipped it, read() too
+            nl = np.flatnonzero(np.frombuffer(buf, np.uint8) == 10)
+            first = (after & 0xFFFFFFFF) + 1 if i == after >> 32 else 1
+            end = len(nl) if upto is None or i < upto >> 32 else min(len(nl), upto & 0xFFFFFFFF)
+            for lo in range(first, end + 1, batch):
+                part = self._file_events(i, buf, nl, lo, min(lo + batch - 1, end), payload)
+                if part is None:
+                    return None
+                parts.append(part)
+                wanted += int(_wanted(part, wanted_after).sum())
+                if wanted >= max_changes and _cut(pa.concat_tables(parts), wanted_after, max_changes)[1]:
+                    stopped = True  # read() stops inside what was read: the lines after do not matter
+                    break
         try:
             if self.tables() != schemas or self._rekeyed != rekeyed:
                 return None  # lines appended meanwhile changed a schema
@@ -354,19 +365,16 @@ class DebeziumFileSource:
             return None  # a truncate
         return _frame(events, wanted_after, schemas, arrow_type)
 
-    def _file_events(self, i: int, path: Path, after: int, upto: int | None, payload: pa.StructType, *,
-                     last: bool) -> pa.Table | None:
-        """The selected events of file ``i`` in ``(after, upto]`` (columns: :func:`_no_events`), or None
-        when a line is not one read() would read the same way."""
-        buf = path.read_bytes()
-        nl = np.flatnonzero(np.frombuffer(buf, np.uint8) == 10)
-        if not last and len(buf) and buf[-1] != 10:
-            return None  # a partly written line before the last file: tables() skipped it, read() too
-        first = (after & 0xFFFFFFFF) + 1 if i == after >> 32 else 1
-        end = len(nl) if upto is None or i < upto >> 32 else min(len(nl), upto & 0xFFFFFFFF)
+    def _file_events(self, i: int, buf: bytes, nl: np.ndarray, first: int, end: int,
+                     payload: pa.StructType) -> pa.Table | None:
+        """The selected events of lines ``first..end`` of file ``i`` (its bytes, the offsets of its
+        newlines; columns: :func:`_no_events`), or None when a line is not one read() would read the
+        same way."""
         if end < first:
             return _no_events(payload)
-        starts = np.concatenate([[0], nl[:-1] + 1])[first - 1:end]
+        starts = nl[max(first - 2, 0):end - 1] + 1
+        if first == 1:
+            starts = np.concatenate([np.zeros(1, np.int64), starts])
         ends = nl[first - 1:end]
         data = np.frombuffer(buf, np.uint8)
         if not (data[starts] == ord("{")).all():

@@ -15,6 +15,7 @@ import pytest
 
 from lineage.cdc import Op
 from platform_assets.cdc_apply import arrow_type
+from resources import debezium_source
 from resources.debezium_source import ColumnRead, DebeziumFileSource, DebeziumFormatError, position
 
 MICRO = "io.debezium.time.MicroTimestamp"
@@ -182,7 +183,10 @@ def same(src: DebeziumFileSource, after: int = 0, *, upto: int | None = None, ma
     return got
 
 
-def test_random_histories_read_like_read(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", [50_000, 5])
+def test_random_histories_read_like_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
+    """(Also with the lines parsed 5 at a time, at least twice max_changes.)"""
+    monkeypatch.setattr(debezium_source, "BATCH_LINES", batch)
     rng = random.Random(7)
     lines = random_lines(rng, 900)
     write(tmp_path, [lines[:300], lines[300:310], lines[310:]])
