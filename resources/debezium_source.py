@@ -48,7 +48,7 @@ _EPOCH = dt.datetime(1970, 1, 1)
 _JSON_TYPE = {"tinyint": pa.int64(), "smallint": pa.int64(), "int": pa.int64(), "bigint": pa.int64(),
               "float": pa.float64(), "double": pa.float64(), "boolean": pa.bool_(), "string": pa.string(),
               "timestamp": pa.int64(), "date": pa.int64()}
-#: Lines parsed at once by the columnar read (at least twice max_changes).
+#: Lines parsed at once by the columnar read (at least a little more than max_changes).
 BATCH_LINES = 50_000
 #: Python's datetime/date range (read() raises beyond it): microseconds and days from the epoch.
 _US_RANGE = (-62135596800 * 10**6, 253402300800 * 10**6 - 1)
@@ -333,7 +333,8 @@ class DebeziumFileSource:
         parts: list[pa.Table] = [_no_events(payload)]
         wanted, stopped = 0, False
         files = self.files()
-        batch = max(2 * max_changes, BATCH_LINES)  # read() stops at max_changes: so may the parse
+        # read() stops at the transaction after max_changes wanted changes: so may the parse
+        batch = max(max_changes + max_changes // 8 + 100, BATCH_LINES)
         for i, path in enumerate(files):
             if stopped or i < after >> 32 or (upto is not None and i > upto >> 32):
                 continue

@@ -185,7 +185,7 @@ def same(src: DebeziumFileSource, after: int = 0, *, upto: int | None = None, ma
 
 @pytest.mark.parametrize("batch", [50_000, 5])
 def test_random_histories_read_like_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
-    """(Also with the lines parsed 5 at a time, at least twice max_changes.)"""
+    """(Also with the lines parsed 5 at a time, at least a little more than max_changes.)"""
     monkeypatch.setattr(debezium_source, "BATCH_LINES", batch)
     rng = random.Random(7)
     lines = random_lines(rng, 900)
