@@ -434,17 +434,15 @@ class DebeziumFileSource:
                 self._selected[t] = self.selects(t)
         chosen = keep & pc.is_in(names, pa.array([t for t in unique if self._selected[t]], pa.string())).to_numpy(
             zero_copy_only=False)
-        idx = pa.array(np.flatnonzero(chosen))
         ts = pc.if_else(pc.fill_null(pc.not_equal(ts_ms, 0), False), ts_ms,
                         pc.if_else(pc.fill_null(pc.not_equal(src_ts, 0), False), src_ts, 0))
         tx_str = transaction.flatten()[0]
         txk = pc.if_else(pc.is_valid(tx_id), 1, pc.if_else(pc.is_valid(tx_str), 2, 0)).cast(pa.int8())
         pos = (np.int64(i) << 32) | (np.arange(first, end + 1, dtype=np.int64))
-        return pa.table({"pos": pa.array(pos).take(idx), "table": names.take(idx), "op": op.take(idx),
-                         "txk": txk.take(idx), "txi": pc.fill_null(tx_id, 0).take(idx),
-                         "txs": pc.if_else(pc.is_valid(tx_id), pa.scalar(None, pa.string()), tx_str).take(idx),
-                         "ts": ts.cast(pa.int64()).take(idx), "after": after_img.take(idx),
-                         "before": before.take(idx)})
+        events = pa.table({"pos": pa.array(pos), "table": names, "op": op, "txk": txk, "txi": pc.fill_null(tx_id, 0),
+                           "txs": pc.if_else(pc.is_valid(tx_id), pa.scalar(None, pa.string()), tx_str),
+                           "ts": ts.cast(pa.int64()), "after": after_img, "before": before})
+        return events if chosen.all() else events.take(pa.array(np.flatnonzero(chosen)))
 
 
 def _no_events(payload: pa.StructType) -> pa.Table:
@@ -530,7 +528,7 @@ def _frame(events: pa.Table, wanted_after: Mapping[str, int | None], schemas: Ma
     if ts.min() < _US_RANGE[0] // 1000 or ts.max() > _US_RANGE[1] // 1000:
         return None  # a commit time beyond Python's datetime: read() raises (it converts every event's)
     rows = np.flatnonzero(wanted)
-    ev = events.take(pa.array(rows))
+    ev = events if len(rows) == n else events.take(pa.array(rows))
     g = group[rows]
     cols: dict[str, pa.Array] = {
         "_tm_pos": pa.array(pos[rows]), "_tm_lsn": pa.array(pos[last][g]),
