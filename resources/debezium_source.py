@@ -17,12 +17,18 @@ so the files' order is the source order; a replica records the position it appli
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
 
 from lineage.cdc import Column, Op, RowChange, TableSchema, Transaction
 from lineage.errors import TidemarkError
@@ -37,6 +43,19 @@ LOGICAL = {"io.debezium.time.MicroTimestamp": "timestamp", "io.debezium.time.Tim
 PRIMITIVE = {"int8": "tinyint", "int16": "smallint", "int32": "int", "int64": "bigint", "float32": "float",
              "float64": "double", "boolean": "boolean", "string": "string", "bytes": "binary"}
 _EPOCH = dt.datetime(1970, 1, 1)
+#: The JSON value each Spark type is parsed from by the columnar read (Arrow's JSON reader is strict:
+#: a value of another JSON type fails the parse, and the read falls back to ``read()``).
+_JSON_TYPE = {"tinyint": pa.int64(), "smallint": pa.int64(), "int": pa.int64(), "bigint": pa.int64(),
+              "float": pa.float64(), "double": pa.float64(), "boolean": pa.bool_(), "string": pa.string(),
+              "timestamp": pa.int64(), "date": pa.int64()}
+#: Lines parsed at once by the columnar read (at least a little more than max_changes).
+BATCH_LINES = 50_000
+#: Python's datetime/date range (read() raises beyond it): microseconds and days from the epoch.
+_US_RANGE = (-62135596800 * 10**6, 253402300800 * 10**6 - 1)
+_DAY_RANGE = (-719162, 2932896)
+#: A Kafka tombstone line: ``"value": null`` as the last member of the top-level object (a nested
+#: member would be followed by more closing braces; a string cannot hold an unescaped quote).
+_TOMBSTONE = r'"value"\s*:\s*null\s*\}\s*$'
 
 
 class DebeziumFormatError(TidemarkError):
@@ -95,6 +114,15 @@ def _infer(value: Any) -> str:
     return "string"
 
 
+@dataclass(frozen=True)
+class ColumnRead:
+    """What :meth:`DebeziumFileSource.read_columns` returns: ``read()``'s answer as one Arrow table."""
+
+    frame: pa.Table  # the wanted row changes, in source order (columns: see read_columns)
+    transactions: int  # how many Transaction objects read() would have returned for the same call
+    lsn: int  # read()'s txs[-1].lsn (0 when frame is empty)
+
+
 class DebeziumFileSource:
     """Debezium JSON change events from the files under ``path`` (see the module docstring)."""
 
@@ -108,6 +136,9 @@ class DebeziumFileSource:
         self._selected: dict[str, bool] = {}  # table -> selected (fnmatch once per table, not per event)
         self._names: dict[str, set[str]] = {}  # column names of each table's schema
         self._scanned = 0  # events up to here were learned by tables() (files never change once written)
+        # tables whose record key named other key columns than before: read() learning an older event
+        # again sets its key back, so the key of a change depends on where the read starts
+        self._rekeyed: set[str] = set()
 
     def ensure_setup(self) -> None:
         if not self.root.is_dir():
@@ -150,10 +181,11 @@ class DebeziumFileSource:
         for i, path in enumerate(self.files()):
             if i < start_file:
                 continue
+            skip = after & 0xFFFFFFFF if i == start_file else 0  # the lines up to ``after``, not decoded
             with path.open("rb") as fh:
-                for n, line in enumerate(fh, 1):
+                for n, line in enumerate(itertools.islice(fh, skip, None), skip + 1):
                     pos = position(i, n)
-                    if pos <= after or not line.strip():
+                    if not line.strip():
                         continue
                     if not line.endswith(b"\n"):
                         break  # a line still being written: read it next time
@@ -195,6 +227,8 @@ class DebeziumFileSource:
         for name, v in row.items():
             cols.setdefault(name, known.get(name) or _infer(v))
         keys = tuple(k for k in key_fields if k in cols) if key else ()
+        if keys and old is not None and old.key and keys != old.key:
+            self._rekeyed.add(table)
         merged = {**known, **{k: v for k, v in cols.items() if k not in known}}
         if old is None or list(merged) != old.names or (keys and keys != old.key):
             self._schemas[table] = TableSchema(table, tuple(Column(n, t) for n, t in merged.items()),
@@ -249,3 +283,317 @@ class DebeziumFileSource:
         if before is not None and schema.key:
             before = {k: before[k] for k in schema.key if k in before} or None
         return RowChange(table, op, after=after, before=before, unchanged=unchanged)
+
+    # ------------------------------------------------------------------ columnar read
+    def read_columns(self, after: int, *, upto: int | None = None, max_changes: int = 100_000,
+                     wanted_after: Mapping[str, int | None]) -> ColumnRead | None:
+        """``read(after, upto=upto, max_changes=max_changes, wanted=...)`` as one Arrow table, parsed
+        by Arrow's JSON reader (C++) instead of an object per event; ``wanted_after[t]``: changes of
+        ``t`` at positions above it are wanted (None: none are). None whenever the answer could differ
+        from read()'s in any way (the caller then calls read(), which also raises read()'s errors).
+
+        Columns, one row per wanted change: ``_tm_pos``, ``_tm_lsn``, ``_tm_time`` (naive UTC),
+        ``_tm_tx`` (0, 1, ... per Transaction), ``_tm_table``, ``_tm_op`` (``insert``/``update``/
+        ``delete``), every column of the frame's tables (the after-image, typed as the replica),
+        ``_tm_before_<k>`` per key column k (the before-image's key) and ``_tm_has_before``.
+
+        The schemas are current (``tables()`` is called here, before and after the files are read:
+        every line read here was learned, so every field of an event is a column of its table, and a
+        table's key is the one read() would use, unless the key changed: ``_rekeyed``). tables() also
+        parsed every line with orjson, as read() does: a line orjson refuses (not JSON, NaN, Infinity,
+        invalid UTF-8 — some of which Arrow's parser lets by in the fields it skips) makes it raise,
+        and this returns None. Supported
+        lines: ``{"key":..,"value":{"payload":{..}}}`` (with or without ``schema``),
+        ``{"key":..,"value":{..}}``, ``{"payload":{..}}`` and the payload alone; timestamps and dates
+        as numbers (an ISO string fails the strict parse: None); no decimal or binary columns."""
+        from platform_assets.cdc_apply import arrow_type
+
+        try:
+            schemas = self.tables()
+        except DebeziumFormatError:
+            return None  # read() raises it again, with the line
+        rekeyed = set(self._rekeyed)
+        # the tables whose changes can be in the frame: their columns (parsed) and key columns
+        candidates = [schemas[t] for t, p in wanted_after.items() if p is not None and t in schemas]
+        if any(not s.key or s.table in rekeyed for s in candidates):
+            return None  # a multiset, or a key that depends on where the read starts
+        json_types: dict[str, pa.DataType] = {}
+        for s in candidates:
+            for c in s.columns:
+                jt = _JSON_TYPE.get(c.type)
+                if jt is None or json_types.setdefault(c.name, jt) != jt:
+                    return None  # decimal/binary, or two tables reading one name as different JSON types
+        after_struct = pa.struct([(n, t) for n, t in json_types.items()] or [("\0", pa.null())])
+        key_names = list(dict.fromkeys(k for s in candidates for k in s.key))
+        before_struct = pa.struct([(k, json_types[k]) for k in key_names] or [("\0", pa.null())])
+        payload = pa.struct([("op", pa.string()), ("before", before_struct), ("after", after_struct),
+                             ("source", pa.struct([("schema", pa.string()), ("db", pa.string()), ("table", pa.string()),
+                                                   ("txId", pa.int64()), ("ts_ms", pa.int64())])),
+                             ("ts_ms", pa.int64()), ("transaction", pa.struct([("id", pa.string())]))])
+        parts: list[pa.Table] = [_no_events(payload)]
+        wanted, stopped = 0, False
+        files = self.files()
+        # read() stops at the transaction after max_changes wanted changes: so may the parse
+        batch = max(max_changes + max_changes // 8 + 100, BATCH_LINES)
+        for i, path in enumerate(files):
+            if stopped or i < after >> 32 or (upto is not None and i > upto >> 32):
+                continue
+            buf = path.read_bytes()
+            if i < len(files) - 1 and len(buf) and buf[-1] != 10:
+                return None  # a partly written line before the last file: tables() skipped it, read() too
+            nl = np.flatnonzero(np.frombuffer(buf, np.uint8) == 10)
+            first = (after & 0xFFFFFFFF) + 1 if i == after >> 32 else 1
+            end = len(nl) if upto is None or i < upto >> 32 else min(len(nl), upto & 0xFFFFFFFF)
+            for lo in range(first, end + 1, batch):
+                part = self._file_events(i, buf, nl, lo, min(lo + batch - 1, end), payload)
+                if part is None:
+                    return None
+                parts.append(part)
+                wanted += int(_wanted(part, wanted_after).sum())
+                if wanted >= max_changes and _cut(pa.concat_tables(parts), wanted_after, max_changes)[1]:
+                    stopped = True  # read() stops inside what was read: the lines after do not matter
+                    break
+        try:
+            if self.tables() != schemas or self._rekeyed != rekeyed:
+                return None  # lines appended meanwhile changed a schema
+        except DebeziumFormatError:
+            return None
+        events = pa.concat_tables(parts).combine_chunks()
+        events = events.slice(0, _cut(events, wanted_after, max_changes)[0])
+        if any(t not in wanted_after for t in pc.unique(events.column("table")).to_pylist()):
+            return None  # a table the caller does not know yet (the read() path makes its replica)
+        if "t" in pc.unique(events.column("op")).to_pylist():
+            return None  # a truncate
+        return _frame(events, wanted_after, schemas, arrow_type)
+
+    def _file_events(self, i: int, buf: bytes, nl: np.ndarray, first: int, end: int,
+                     payload: pa.StructType) -> pa.Table | None:
+        """The selected events of lines ``first..end`` of file ``i`` (its bytes, the offsets of its
+        newlines; columns: :func:`_no_events`), or None when a line is not one read() would read the
+        same way."""
+        if end < first:
+            return _no_events(payload)
+        starts = nl[max(first - 2, 0):end - 1] + 1
+        if first == 1:
+            starts = np.concatenate([np.zeros(1, np.int64), starts])
+        ends = nl[first - 1:end]
+        data = np.frombuffer(buf, np.uint8)
+        if not (data[starts] == ord("{")).all():
+            return None  # a blank line, leading whitespace, or no JSON object
+        lo, hi = int(starts[0]), int(ends[-1]) + 1
+        shape = _shape(buf, starts, ends)
+        if shape is None:
+            return None
+        if shape in ("kv_bare", "bare") and buf.find(b'"payload"', lo, hi) >= 0:
+            return None  # a "payload" member could be the envelope's (read() takes it as the payload)
+        if shape in ("payload", "bare") and buf.find(b'"value"', lo, hi) >= 0:
+            return None  # a "value" member could be a record value or a tombstone's
+        fields = {"kv_payload": [("value", pa.struct([("payload", payload)]))], "kv_bare": [("value", payload)],
+                  "payload": [("payload", payload)], "bare": list(payload)}[shape]
+        try:
+            parsed = pj.read_json(pa.BufferReader(pa.py_buffer(buf)[lo:hi]),
+                                  read_options=pj.ReadOptions(block_size=max(1 << 22, int((ends - starts).max()) + 2)),
+                                  parse_options=pj.ParseOptions(explicit_schema=pa.schema(fields),
+                                                                unexpected_field_behavior="ignore"))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None  # not JSON, or a value of another type than the column's
+        n = len(starts)
+        if parsed.num_rows != n:
+            return None  # lines and rows do not pair up: positions would be wrong
+        parsed = parsed.combine_chunks()
+        tomb = np.zeros(n, dtype=bool)
+        if shape == "bare":
+            pay = pa.StructArray.from_arrays([parsed.column(f.name).chunk(0) for f in payload], fields=list(payload))
+        elif shape == "payload":
+            pay = parsed.column("payload").chunk(0)
+        else:
+            value = parsed.column("value").chunk(0)
+            tomb = value.is_null().to_numpy(zero_copy_only=False)
+            if tomb.any():  # each line with its newline, as one binary array over the file's bytes
+                lines = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(
+                    np.append(starts, ends[-1] + 1).astype(np.int64)), pa.py_buffer(buf)])
+                raw = lines.filter(pa.array(tomb))
+                if not pc.all(pc.match_substring_regex(raw, _TOMBSTONE)).as_py():
+                    return None  # a null value that is not a top-level "value": null
+            pay = value.flatten()[0] if shape == "kv_payload" else value
+            if shape == "kv_payload" and (pc.sum(pc.is_null(pay)).as_py() or 0) != int(tomb.sum()):
+                return None  # a value without its payload (or a null one): read() reads that otherwise
+        if shape == "payload" and pay.null_count:
+            return None  # a null or absent payload: read() raises or reads the line otherwise
+        op, before, after_img, source, ts_ms, transaction = pay.flatten()
+        keep = ~tomb
+        if not pc.all(pc.is_in(pc.filter(op, pa.array(keep)), pa.array(list(OPS)))).as_py() and keep.any():
+            return None  # not a Debezium change event: read() raises the precise error
+        schema_, db, table, tx_id, src_ts = source.flatten()
+        ns = pc.if_else(pc.fill_null(pc.not_equal(schema_, ""), False), schema_,
+                        pc.if_else(pc.fill_null(pc.not_equal(db, ""), False), db, "public"))
+        names = pc.binary_join_element_wise(ns, pc.fill_null(table, "None"), ".")
+        unique = pc.unique(pc.filter(names, pa.array(keep))).to_pylist()
+        for t in unique:
+            if t not in self._selected:
+                self._selected[t] = self.selects(t)
+        chosen = keep & pc.is_in(names, pa.array([t for t in unique if self._selected[t]], pa.string())).to_numpy(
+            zero_copy_only=False)
+        ts = pc.if_else(pc.fill_null(pc.not_equal(ts_ms, 0), False), ts_ms,
+                        pc.if_else(pc.fill_null(pc.not_equal(src_ts, 0), False), src_ts, 0))
+        tx_str = transaction.flatten()[0]
+        txk = pc.if_else(pc.is_valid(tx_id), 1, pc.if_else(pc.is_valid(tx_str), 2, 0)).cast(pa.int8())
+        pos = (np.int64(i) << 32) | (np.arange(first, end + 1, dtype=np.int64))
+        events = pa.table({"pos": pa.array(pos), "table": names, "op": op, "txk": txk, "txi": pc.fill_null(tx_id, 0),
+                           "txs": pc.if_else(pc.is_valid(tx_id), pa.scalar(None, pa.string()), tx_str),
+                           "ts": ts.cast(pa.int64()), "after": after_img, "before": before})
+        return events if chosen.all() else events.take(pa.array(np.flatnonzero(chosen)))
+
+
+def _no_events(payload: pa.StructType) -> pa.Table:
+    """The columns of :meth:`DebeziumFileSource._file_events`, no rows."""
+    return pa.table({"pos": pa.array([], pa.int64()), "table": pa.array([], pa.string()),
+                     "op": pa.array([], pa.string()), "txk": pa.array([], pa.int8()), "txi": pa.array([], pa.int64()),
+                     "txs": pa.array([], pa.string()), "ts": pa.array([], pa.int64()),
+                     "after": pa.array([], payload.field("after").type),
+                     "before": pa.array([], payload.field("before").type)})
+
+
+def _shape(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> str | None:
+    """How the file's records hold the payload, from its first record that is not a tombstone."""
+    for s, e in zip(starts[:100].tolist(), ends[:100].tolist(), strict=True):
+        try:
+            doc = orjson.loads(buf[s:e])
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        if "value" in doc:
+            if doc["value"] is None:
+                continue
+            return "kv_payload" if isinstance(doc["value"], dict) and "payload" in doc["value"] else "kv_bare"
+        return "payload" if "payload" in doc else "bare"
+    return None
+
+
+def _starts(events: pa.Table) -> np.ndarray:
+    """Which events start a Transaction of read(): no txId, or another than the previous event's."""
+    txk = events.column("txk").to_numpy()
+    txi = events.column("txi").to_numpy()
+    start = np.ones(len(txk), dtype=bool)
+    if len(txk) > 1:
+        txs = events.column("txs")
+        same_s = pc.fill_null(pc.equal(txs.slice(1), txs.slice(0, len(txk) - 1)), False).to_numpy(zero_copy_only=False)
+        same = (txk[1:] == txk[:-1]) & (txk[1:] != 0) & np.where(txk[1:] == 1, txi[1:] == txi[:-1], same_s)
+        start[1:] = ~same
+    return start
+
+
+def _wanted(events: pa.Table, wanted_after: Mapping[str, int | None]) -> np.ndarray:
+    """read()'s ``wanted(table, pos)`` per event (False for a table not in ``wanted_after``)."""
+    tables = events.column("table")
+    pos = events.column("pos").to_numpy()
+    wanted = np.zeros(len(pos), dtype=bool)
+    for t in pc.unique(tables).to_pylist():
+        p = wanted_after.get(t)
+        if p is not None:
+            wanted |= pc.equal(tables, t).to_numpy(zero_copy_only=False) & (pos > p)
+    return wanted
+
+
+def _cut(events: pa.Table, wanted_after: Mapping[str, int | None], max_changes: int) -> tuple[int, bool]:
+    """How many of the events read() goes through before ``max_changes`` stops it (it stops at the
+    start of a transaction once that many changes are wanted), and whether it stopped."""
+    if events.num_rows == 0:
+        return 0, False
+    wanted = _wanted(events, wanted_after)
+    before = np.cumsum(wanted) - wanted
+    stops = np.flatnonzero(_starts(events) & (before >= max_changes))
+    return (int(stops[0]), True) if len(stops) else (events.num_rows, False)
+
+
+def _frame(events: pa.Table, wanted_after: Mapping[str, int | None], schemas: Mapping[str, TableSchema],
+           arrow_type: Callable[[str], pa.DataType]) -> ColumnRead | None:
+    """The wanted changes of ``events`` (those read() goes through) as read_columns' frame."""
+    n = events.num_rows
+    if n == 0:
+        return ColumnRead(pa.table({"_tm_pos": pa.array([], pa.int64()), "_tm_lsn": pa.array([], pa.int64()),
+                                    "_tm_time": pa.array([], pa.timestamp("us")), "_tm_tx": pa.array([], pa.int64()),
+                                    "_tm_table": pa.array([], pa.string()), "_tm_op": pa.array([], pa.string()),
+                                    "_tm_has_before": pa.array([], pa.bool_())}), 0, 0)
+    start = _starts(events)
+    group = np.cumsum(start) - 1
+    wanted = _wanted(events, wanted_after)
+    last = np.append(np.flatnonzero(start)[1:] - 1, n - 1).astype(np.int64)  # each transaction's last event
+    pos = events.column("pos").to_numpy()
+    ts = events.column("ts").to_numpy()
+    has = np.bincount(group, weights=wanted, minlength=len(last)) > 0  # read() returns it
+    tx_no = np.cumsum(has) - 1
+    g_ts = ts[last]
+    if ts.min() < _US_RANGE[0] // 1000 or ts.max() > _US_RANGE[1] // 1000:
+        return None  # a commit time beyond Python's datetime: read() raises (it converts every event's)
+    rows = np.flatnonzero(wanted)
+    ev = events if len(rows) == n else events.take(pa.array(rows))
+    g = group[rows]
+    cols: dict[str, pa.Array] = {
+        "_tm_pos": pa.array(pos[rows]), "_tm_lsn": pa.array(pos[last][g]),
+        "_tm_time": pa.array(g_ts[g] * 1000).cast(pa.timestamp("us")),
+        "_tm_tx": pa.array(tx_no[g]), "_tm_table": ev.column("table").combine_chunks(), "_tm_op": _op_names(ev)}
+    in_frame = [schemas[t] for t in pc.unique(cols["_tm_table"]).to_pylist()]
+    types: dict[str, str] = {}
+    for s in in_frame:
+        for c in s.columns:
+            if types.setdefault(c.name, c.type) != c.type or c.name.startswith("_tm_"):
+                return None  # two tables in the frame with one column name of different types (or ours)
+    after = ev.column("after").combine_chunks()
+    after_by = dict(zip([f.name for f in after.type], after.flatten(), strict=True))
+    for name, spark_type in types.items():
+        col = _column(after_by[name], spark_type, arrow_type(spark_type))
+        if col is None:
+            return None
+        cols[name] = col
+    before = ev.column("before").combine_chunks()
+    before_valid = before.is_valid().to_numpy(zero_copy_only=False)
+    before_by = dict(zip([f.name for f in before.type], before.flatten(), strict=True))
+    table_of = cols["_tm_table"]
+    any_key = np.zeros(len(rows), dtype=bool)
+    keys = list(dict.fromkeys(k for s in in_frame for k in s.key))
+    for k in keys:
+        mine = pc.is_in(table_of, pa.array([s.table for s in in_frame if k in s.key], pa.string()))
+        value = pc.if_else(mine, before_by[k], pa.scalar(None, before_by[k].type))
+        col = _column(value, types[k], arrow_type(types[k]))
+        if col is None or f"_tm_before_{k}" in cols:
+            return None
+        cols[f"_tm_before_{k}"] = col
+        any_key |= pc.fill_null(pc.is_valid(value), False).to_numpy(zero_copy_only=False) &             mine.to_numpy(zero_copy_only=False)
+    if (before_valid & ~any_key).any():
+        return None  # a before-image whose key values are all null or absent (read() tells them apart)
+    cols["_tm_has_before"] = pa.array(before_valid & any_key)
+    frame = pa.table(cols)
+    return ColumnRead(frame, int(has.sum()), int(pos[last][has][-1]) if has.any() else 0)
+
+
+def _op_names(events: pa.Table) -> pa.Array:
+    """The ``Op`` value of each event's ``op`` (``c``/``r``: insert)."""
+    op = events.column("op").combine_chunks()
+    return pc.if_else(pc.equal(op, "u"), Op.UPDATE.value, pc.if_else(pc.equal(op, "d"), Op.DELETE.value,
+                                                                      Op.INSERT.value))
+
+
+def _column(parsed: pa.Array, spark_type: str, arrow: pa.DataType) -> pa.Array | None:
+    """A parsed JSON column as the replica's column (``_convert``'s rules), or None when read() would
+    give another value (or raise)."""
+    try:
+        if spark_type == "timestamp":
+            ints = pc.fill_null(parsed, 0).to_numpy()
+            us = np.where(np.abs(ints) > 10**14, ints, ints * 1000)
+            if len(us) and (us.min() < _US_RANGE[0] or us.max() > _US_RANGE[1]):
+                return None  # beyond Python's datetime: read() raises
+            return pa.array(us, mask=parsed.is_null().to_numpy(zero_copy_only=False)).cast(arrow)
+        if spark_type == "date":
+            days = pc.fill_null(parsed, 0).to_numpy()
+            if len(days) and (days.min() < _DAY_RANGE[0] or days.max() > _DAY_RANGE[1]):
+                return None
+            return pa.array(days, mask=parsed.is_null().to_numpy(zero_copy_only=False)).cast(pa.int32()).cast(arrow)
+        if spark_type == "string" and pc.any(pc.equal(parsed, UNAVAILABLE)).as_py():
+            return None  # an unchanged TOAST value: read() leaves the column out of the change
+        if pa.types.is_floating(parsed.type) and pc.any(pc.is_nan(parsed)).as_py():
+            return None  # NaN/Infinity are not JSON: read() raises
+        return parsed.cast(arrow)
+    except (pa.ArrowInvalid, OverflowError):
+        return None
