@@ -202,8 +202,11 @@ def make_lineage(base: Path, events_dir: Path, maxstep: int) -> Path:
     return lineage
 
 
-def run_cdc(spark: SparkSession, settings: Settings) -> tuple[float, list[Any], Timer]:
-    """The replicator until caught up, timed; its parts timed by wrappers."""
+def run_cdc(spark: SparkSession, settings: Settings, reader: str) -> tuple[float, list[Any], Timer]:
+    """The replicator until caught up, timed; its parts timed by wrappers. ``reader``: ``columns``
+    (the source's columnar read and reduction, where they apply) or ``python`` (the change-by-change
+    path every source has: the columnar read hidden from the processor)."""
+    from lineage import cdc_columns
     from lineage.loader import load_lineage
     from platform_assets import cdc, cdc_apply, cdc_run, spark_io
     from platform_assets.engine import Engine
@@ -214,6 +217,11 @@ def run_cdc(spark: SparkSession, settings: Settings) -> tuple[float, list[Any], 
     timer.wrap(DebeziumFileSource, "read", "read+parse")
     timer.wrap(cdc, "reduce_keyed", "reduce")
     timer.wrap(cdc_apply, "arrow_table", "local relation")
+    if reader == "python":
+        DebeziumFileSource.read_columns = None  # type: ignore[assignment,method-assign]
+    else:
+        timer.wrap(DebeziumFileSource, "read_columns", "read columns")
+        timer.wrap(cdc_columns, "reduce_scd1", "reduce columns")
     timer.wrap(spark_io, "run_merge", "MERGE")
     engine = Engine(settings, load_lineage(settings.lineage), spark=spark, owner="bench-cdc")
     try:
@@ -448,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sdp-probe", action=argparse.BooleanOptionalAction, default=True,
                    help="run `spark-pipelines run` with create_auto_cdc_flow on a Delta table and print what it says")
     p.add_argument("--driver-memory", default="4g", help="the bench's Spark driver memory")
+    p.add_argument("--reader", choices=["columns", "python"], default="columns",
+                   help="the processor's path: the columnar read and reduction (default), or change by change")
     p.add_argument("--seed", type=int, default=10)
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
     args = p.parse_args(argv)
@@ -517,9 +527,9 @@ def throughput(spark: SparkSession, settings: Settings, base: Path, args: argpar
     # Whichever side goes first pays the first query's costs (JIT, caches): AUTO CDC's goes first.
     auto_s, batches = autocdc_on_delta(spark, changes, target, str(base / "autocdc" / "_checkpoint"))
     print(f"AUTO CDC algorithm on Delta: {auto_s:.1f} s, {batches} micro-batch(es)", flush=True)
-    cdc_s, results, timer = run_cdc(spark, settings)
+    cdc_s, results, timer = run_cdc(spark, settings, args.reader)
     units = [r for r in results if r.processed]
-    print(f"cdc processor: {cdc_s:.1f} s, {len(units)} unit(s) with changes + {len(results) - len(units)} "
+    print(f"cdc processor ({args.reader}): {cdc_s:.1f} s, {len(units)} unit(s) with changes + {len(results) - len(units)} "
           f"caught-up check; {timer.text()}", flush=True)
     applied = sum(r.changes for r in units)
     if applied != args.events:
@@ -545,7 +555,7 @@ def print_table(args: argparse.Namespace, thr: Throughput | None, lag: Lag | Non
         print(f"\nthroughput: {args.events:,} events onto {args.rows:,} rows (60/20/20 update/insert/delete), one warm "
               f"local[2] session, load {os.getloadavg()[0]:.2f}")
         print(f"{'side':<34} {'s':>8} {'events/s':>10}  runs")
-        print(f"{'cdc processor (Debezium files)':<34} {thr.cdc_s:8.1f} {cdc_eps:10,.0f}  {thr.units} unit(s)")
+        print(f"{f'cdc processor ({args.reader})':<34} {thr.cdc_s:8.1f} {cdc_eps:10,.0f}  {thr.units} unit(s)")
         print(f"{'AUTO CDC algorithm on Delta':<34} {thr.auto_s:8.1f} {auto_eps:10,.0f}  {thr.batches} micro-batch(es)")
         print(f"target: cdc >= {TARGET_RATIO}x AUTO CDC: {ratio:.2f}x -> {'met' if ratio >= TARGET_RATIO else 'MISSED'}")
         print(f"spark-pipelines AUTO CDC on Delta: {thr.probe}")

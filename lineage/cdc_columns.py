@@ -23,6 +23,7 @@ others null where the key ends absent), ``_tm_seq``, ``_tm_time`` and ``_tm_pres
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,20 @@ import pyarrow.compute as pc
 from lineage.cdc import BatchError, Op
 
 SEQ, TIME, OP, HAS_BEFORE, PRESENT = "_tm_seq", "_tm_time", "_tm_op", "_tm_has_before", "_tm_present"
+
+
+def arrow_type(spark_type: str) -> pa.DataType:
+    """The Arrow type of a replica column of Spark SQL type ``spark_type`` (a primitive type)."""
+    t = spark_type.strip().lower()
+    if m := re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", t):
+        return pa.decimal128(int(m[1]), int(m[2]))
+    simple = {"tinyint": pa.int8(), "smallint": pa.int16(), "int": pa.int32(), "integer": pa.int32(), "bigint": pa.int64(),
+              "float": pa.float32(), "double": pa.float64(), "boolean": pa.bool_(), "string": pa.string(),
+              "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us"),
+              "binary": pa.binary()}
+    if t not in simple:
+        raise ValueError(f"replica column type {spark_type!r} is not supported (use a Spark SQL primitive type)")
+    return simple[t]
 
 
 def before(key_column: str) -> str:

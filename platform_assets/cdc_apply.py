@@ -15,7 +15,6 @@ twice. Replica layouts (besides the source's columns):
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,7 @@ import pyarrow as pa
 
 from lineage import cdc_columns as columns
 from lineage.cdc import UNKNOWN, BatchEffect, MultisetEffect, TableSchema
-from lineage.cdc_columns import ColumnEffect
+from lineage.cdc_columns import ColumnEffect, arrow_type
 from lineage.replicas import Deletes, Scd
 from platform_assets import spark_io
 from platform_assets.spark_io import quote
@@ -78,19 +77,6 @@ class Commit:
 
 
 # ------------------------------------------------------------------ Spark types <-> Arrow
-
-
-def arrow_type(spark_type: str) -> pa.DataType:
-    t = spark_type.strip().lower()
-    if m := re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", t):
-        return pa.decimal128(int(m[1]), int(m[2]))
-    simple = {"tinyint": pa.int8(), "smallint": pa.int16(), "int": pa.int32(), "integer": pa.int32(), "bigint": pa.int64(),
-              "float": pa.float32(), "double": pa.float64(), "boolean": pa.bool_(), "string": pa.string(),
-              "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us"),
-              "binary": pa.binary()}
-    if t not in simple:
-        raise ValueError(f"replica column type {spark_type!r} is not supported (use a Spark SQL primitive type)")
-    return simple[t]
 
 
 def arrow_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]]) -> pa.Table:

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from lineage.cdc import Column, Op, RowChange, TableSchema, Transaction
+from lineage.cdc_columns import arrow_type
 from lineage.errors import TidemarkError
 
 UNAVAILABLE = "__debezium_unavailable_value"
@@ -139,6 +140,10 @@ class DebeziumFileSource:
         # tables whose record key named other key columns than before: read() learning an older event
         # again sets its key back, so the key of a change depends on where the read starts
         self._rekeyed: set[str] = set()
+        # per table, the last position where an UPDATE's after-image lacked some of the table's columns
+        # (read() carries such a column from the row's earlier state; a column null in Arrow cannot say
+        # that), and where the table gained a column (the UPDATEs before it lack that one)
+        self._partial: dict[str, int] = {}
 
     def ensure_setup(self) -> None:
         if not self.root.is_dir():
@@ -207,11 +212,18 @@ class DebeziumFileSource:
                         selected = self._selected[table] = self.selects(table)
                     if not selected:
                         continue
-                    self._learn(table, value if isinstance(value, dict) else {}, payload, key, where=f"{path}:{n}")
+                    self._learn(table, value if isinstance(value, dict) else {}, payload, key, pos)
                     yield pos, table, payload, key
 
-    def _learn(self, table: str, value: dict[str, Any], payload: dict[str, Any], key: Any, *, where: str) -> None:
-        """The table's schema from the envelope's ``schema`` (or the values), its key from the record key."""
+    def _learn(self, table: str, value: dict[str, Any], payload: dict[str, Any], key: Any, pos: int) -> None:
+        """The table's schema from the envelope's ``schema`` (or the values), its key from the record key;
+        ``_partial`` kept (see ``__init__``)."""
+        self._learn_schema(table, value, payload, key, pos)
+        after = payload.get("after")
+        if payload.get("op") == "u" and isinstance(after, dict) and len(after) < len(self._names[table]):
+            self._partial[table] = pos
+
+    def _learn_schema(self, table: str, value: dict[str, Any], payload: dict[str, Any], key: Any, pos: int) -> None:
         cols: dict[str, str] = {}
         for field in (value.get("schema") or {}).get("fields") or []:
             if field.get("field") in ("after", "before"):
@@ -230,6 +242,8 @@ class DebeziumFileSource:
         if keys and old is not None and old.key and keys != old.key:
             self._rekeyed.add(table)
         merged = {**known, **{k: v for k, v in cols.items() if k not in known}}
+        if old is not None and len(merged) > len(old.names):
+            self._partial[table] = pos
         if old is None or list(merged) != old.names or (keys and keys != old.key):
             self._schemas[table] = TableSchema(table, tuple(Column(n, t) for n, t in merged.items()),
                                                keys or (old.key if old else ()))
@@ -306,8 +320,6 @@ class DebeziumFileSource:
         lines: ``{"key":..,"value":{"payload":{..}}}`` (with or without ``schema``),
         ``{"key":..,"value":{..}}``, ``{"payload":{..}}`` and the payload alone; timestamps and dates
         as numbers (an ISO string fails the strict parse: None); no decimal or binary columns."""
-        from platform_assets.cdc_apply import arrow_type
-
         try:
             schemas = self.tables()
         except DebeziumFormatError:
@@ -315,8 +327,8 @@ class DebeziumFileSource:
         rekeyed = set(self._rekeyed)
         # the tables whose changes can be in the frame: their columns (parsed) and key columns
         candidates = [schemas[t] for t, p in wanted_after.items() if p is not None and t in schemas]
-        if any(not s.key or s.table in rekeyed for s in candidates):
-            return None  # a multiset, or a key that depends on where the read starts
+        if any(not s.key or s.table in rekeyed or self._partial.get(s.table, 0) > after for s in candidates):
+            return None  # a multiset, a key that depends on where the read starts, or an UPDATE without every column
         json_types: dict[str, pa.DataType] = {}
         for s in candidates:
             for c in s.columns:

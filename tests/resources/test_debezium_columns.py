@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from lineage.cdc import Op
-from platform_assets.cdc_apply import arrow_type
+from lineage.cdc_columns import arrow_type
 from resources import debezium_source
 from resources.debezium_source import ColumnRead, DebeziumFileSource, DebeziumFormatError, position
 
@@ -59,7 +59,7 @@ def tombstone(key: dict[str, Any]) -> str:
     return json.dumps({"key": key, "value": None}) + "\n"
 
 
-def random_row(rng: random.Random, table: str, key: dict[str, Any]) -> dict[str, Any]:
+def random_row(rng: random.Random, table: str, key: dict[str, Any], *, partial: bool = True) -> dict[str, Any]:
     row = dict(key)
     for col, (t, name) in TABLES[table][0].items():
         if col in key:
@@ -78,7 +78,7 @@ def random_row(rng: random.Random, table: str, key: dict[str, Any]) -> dict[str,
             row[col] = rng.random() < 0.5
         else:
             row[col] = rng.randrange(-1000, 1000)
-    if rng.random() < 0.2:  # an after-image that lacks a column
+    if partial and rng.random() < 0.2:  # an after-image that lacks a column (an UPDATE's: see test_none_for_an_update_without_every_column)
         row.pop(rng.choice([c for c in TABLES[table][0] if c not in key]), None)
     return row
 
@@ -113,7 +113,7 @@ def random_lines(rng: random.Random, n: int) -> list[str]:
             elif op == "u":
                 new = random_key(rng, t) if rng.random() < 0.3 else k  # a key-changing update
                 before = None if rng.random() < 0.4 else dict(k)
-                lines.append(event(t, "u", after=random_row(rng, t, new), before=before, key=new, tx=txid, ts=ts,
+                lines.append(event(t, "u", after=random_row(rng, t, new, partial=False), before=before, key=new, tx=txid, ts=ts,
                                    tx_in=tx_in))
             else:
                 lines.append(event(t, "c", after=random_row(rng, t, k), before=None, key=k, tx=txid, ts=ts,
@@ -235,17 +235,36 @@ def test_record_value_without_envelope(tmp_path: Path) -> None:
     assert same(src, 0, max_changes=4, wanted_after={"s.t": 0}).transactions == 2
 
 
-def test_a_column_added_in_the_range_is_a_column_of_the_frame(tmp_path: Path) -> None:
-    """tables() (called first) learned the new column: every event's fields are columns of its table."""
+def test_a_column_added_in_the_range_is_read_change_by_change_then_a_column_of_the_frame(tmp_path: Path) -> None:
+    """The UPDATEs before a column appears lack it, and read() carries it from the row's earlier state:
+    from before the column appeared, None; from where it did, a column of the frame."""
     k = {"id": 1}
     lines = [event("inv.c", "c", after={"id": 1, "qty": 2}, before=None, key=k, tx=1, ts=10, with_schema=False),
              json.dumps({"key": k, "value": {"payload": {"op": "u", "after": {"id": 1, "qty": 3, "extra": "new"},
                                                          "ts_ms": 11, "source": {"schema": "inv", "table": "c",
-                                                                                 "txId": 2}}}}) + "\n"]
+                                                                                 "txId": 2}}}}) + "\n",
+             event("inv.c", "u", after={"id": 1, "qty": 4, "extra": "newer"}, before=None, key=k, tx=3, ts=12,
+                   with_schema=False)]
     write(tmp_path, [lines])
     src = DebeziumFileSource(tmp_path, name="t", selects=lambda t: True)
-    got = same(src, 0, wanted_after={"inv.c": 0})
-    assert got.frame.column("extra").to_pylist() == [None, "new"]
+    assert src.read_columns(0, wanted_after={"inv.c": 0}) is None
+    got = same(src, position(0, 2), wanted_after={"inv.c": 0})
+    assert got.frame.column("extra").to_pylist() == ["newer"]
+
+
+def test_none_for_an_update_without_every_column(tmp_path: Path) -> None:
+    """read() carries a column an UPDATE's after-image lacks from the row's earlier state; Arrow's null
+    cannot say so. Reads starting after that UPDATE are columns again."""
+    k = {"id": 1}
+    lines = [event("inv.c", "c", after={"id": 1, "qty": 2}, before=None, key=k, tx=1, ts=10, with_schema=False),
+             event("inv.c", "u", after={"id": 1}, before=None, key=k, tx=2, ts=11, with_schema=False),
+             event("inv.c", "u", after={"id": 1, "qty": 5}, before=None, key=k, tx=3, ts=12, with_schema=False)]
+    write(tmp_path, [lines])
+    src = DebeziumFileSource(tmp_path, name="t", selects=lambda t: True)
+    src.tables()
+    assert src.read_columns(0, wanted_after={"inv.c": 0}) is None
+    assert src.read(0)[1].changes[0].after == {"id": 1}  # type: ignore[union-attr]
+    assert same(src, position(0, 2), wanted_after={"inv.c": 0}).frame.column("qty").to_pylist() == [5]
 
 
 # ------------------------------------------------------------------ None: the caller reads with read()
