@@ -142,8 +142,10 @@ class DebeziumFileSource:
         self._rekeyed: set[str] = set()
         # per table, the last position where an UPDATE's after-image lacked some of the table's columns
         # (read() carries such a column from the row's earlier state; a column null in Arrow cannot say
-        # that), and where the table gained a column (the UPDATEs before it lack that one)
+        # that), or where the table gained a column after an UPDATE (the UPDATEs before lack that one; a
+        # first DELETE, whose before-image holds only the key, adds the other columns after it harmlessly)
         self._partial: dict[str, int] = {}
+        self._updated: set[str] = set()  # tables with an UPDATE learned
 
     def ensure_setup(self) -> None:
         if not self.root.is_dir():
@@ -218,10 +220,15 @@ class DebeziumFileSource:
     def _learn(self, table: str, value: dict[str, Any], payload: dict[str, Any], key: Any, pos: int) -> None:
         """The table's schema from the envelope's ``schema`` (or the values), its key from the record key;
         ``_partial`` kept (see ``__init__``)."""
+        columns = len(self._names.get(table, ()))
         self._learn_schema(table, value, payload, key, pos)
-        after = payload.get("after")
-        if payload.get("op") == "u" and isinstance(after, dict) and len(after) < len(self._names[table]):
-            self._partial[table] = pos
+        if len(self._names[table]) > columns and table in self._updated:
+            self._partial[table] = pos  # a column added after UPDATEs that lack it
+        if payload.get("op") == "u":
+            self._updated.add(table)
+            after = payload.get("after")
+            if isinstance(after, dict) and len(after) < len(self._names[table]):
+                self._partial[table] = pos
 
     def _learn_schema(self, table: str, value: dict[str, Any], payload: dict[str, Any], key: Any, pos: int) -> None:
         cols: dict[str, str] = {}
@@ -242,8 +249,6 @@ class DebeziumFileSource:
         if keys and old is not None and old.key and keys != old.key:
             self._rekeyed.add(table)
         merged = {**known, **{k: v for k, v in cols.items() if k not in known}}
-        if old is not None and len(merged) > len(old.names):
-            self._partial[table] = pos
         if old is None or list(merged) != old.names or (keys and keys != old.key):
             self._schemas[table] = TableSchema(table, tuple(Column(n, t) for n, t in merged.items()),
                                                keys or (old.key if old else ()))

@@ -239,17 +239,25 @@ def test_a_column_added_in_the_range_is_read_change_by_change_then_a_column_of_t
     """The UPDATEs before a column appears lack it, and read() carries it from the row's earlier state:
     from before the column appeared, None; from where it did, a column of the frame."""
     k = {"id": 1}
-    lines = [event("inv.c", "c", after={"id": 1, "qty": 2}, before=None, key=k, tx=1, ts=10, with_schema=False),
-             json.dumps({"key": k, "value": {"payload": {"op": "u", "after": {"id": 1, "qty": 3, "extra": "new"},
-                                                         "ts_ms": 11, "source": {"schema": "inv", "table": "c",
-                                                                                 "txId": 2}}}}) + "\n",
-             event("inv.c", "u", after={"id": 1, "qty": 4, "extra": "newer"}, before=None, key=k, tx=3, ts=12,
-                   with_schema=False)]
-    write(tmp_path, [lines])
+    upd = lambda qty, tx, **extra: event("inv.c", "u", after={"id": 1, "qty": qty, **extra}, before=None, key=k, tx=tx,  # noqa: E731
+                                         ts=10 + tx, with_schema=False)
+    write(tmp_path, [[event("inv.c", "c", after={"id": 1, "qty": 2}, before=None, key=k, tx=1, ts=10, with_schema=False),
+                      upd(3, 2), upd(3, 3, extra="new"), upd(4, 4, extra="newer")]])
     src = DebeziumFileSource(tmp_path, name="t", selects=lambda t: True)
     assert src.read_columns(0, wanted_after={"inv.c": 0}) is None
-    got = same(src, position(0, 2), wanted_after={"inv.c": 0})
+    got = same(src, position(0, 3), wanted_after={"inv.c": 0})
     assert got.frame.column("extra").to_pylist() == ["newer"]
+
+
+def test_columns_first_seen_after_a_delete_are_columns_of_the_frame(tmp_path: Path) -> None:
+    """A first DELETE (its before-image only the key) teaches the key alone; the INSERTs and UPDATEs
+    after it bring the other columns, and no UPDATE lacked them: the frame holds them."""
+    k = {"id": 1}
+    write(tmp_path, [[event("inv.c", "d", after=None, before=k, key=k, tx=1, ts=10, with_schema=False),
+                      event("inv.c", "c", after={"id": 1, "qty": 2}, before=None, key=k, tx=2, ts=11, with_schema=False),
+                      event("inv.c", "u", after={"id": 1, "qty": 3}, before=None, key=k, tx=3, ts=12, with_schema=False)]])
+    src = DebeziumFileSource(tmp_path, name="t", selects=lambda t: True)
+    assert same(src, 0, wanted_after={"inv.c": 0}).frame.column("qty").to_pylist() == [None, 2, 3]
 
 
 def test_none_for_an_update_without_every_column(tmp_path: Path) -> None:
