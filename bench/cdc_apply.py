@@ -167,7 +167,7 @@ def write_change_table(ev: Events, path: str) -> None:
 # ------------------------------------------------------------------ side 1: the cdc processor
 
 
-def write_replica(spark: SparkSession, settings: Settings, rows: int) -> str:
+def write_replica(spark: SparkSession, settings: Settings, rows: int, change_feed: bool) -> str:
     """The replica of ``rows`` starting rows, written directly in the processor's layout (source
     columns, ``_sequence_num`` 0, ``_commit_ts`` null, replica properties), in one commit carrying
     what a snapshot commit carries: ``txnAppId tidemark:<replica>``/``txnVersion 1`` and the source
@@ -179,7 +179,7 @@ def write_replica(spark: SparkSession, settings: Settings, rows: int) -> str:
     path = settings.table_path(REPLICA)
     schema = TableSchema(TABLE, (Column("id", "bigint"), Column("name", "string"), Column("amount", "double"),
                                  Column("v", "bigint")), ("id",))
-    ensure_replica(spark, path, Layout(schema, ("id",)))
+    ensure_replica(spark, path, Layout(schema, ("id",), change_feed=change_feed))
     meta = json.dumps({"replicator": REPLICATOR, "processor": "cdc", "unit": 1, "lsn": 0, "lsn_text": "0/0",
                        "kind": "snapshot", "owner": "bench"})
     (spark.range(1, rows + 1).selectExpr(*base_values_sql(), "CAST(0 AS BIGINT) AS _sequence_num",
@@ -189,7 +189,7 @@ def write_replica(spark: SparkSession, settings: Settings, rows: int) -> str:
     return path
 
 
-def make_lineage(base: Path, events_dir: Path, maxstep: int) -> Path:
+def make_lineage(base: Path, events_dir: Path, maxstep: int, change_feed: bool = True) -> Path:
     lineage = base / "lineage.yaml"
     lineage.write_text(textwrap.dedent(f"""\
         cdc:
@@ -198,6 +198,7 @@ def make_lineage(base: Path, events_dir: Path, maxstep: int) -> Path:
             path: {events_dir}
             tables: [{TABLE}]
             maxstep: {maxstep}
+            change_feed: {str(change_feed).lower()}
         """))
     return lineage
 
@@ -458,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--driver-memory", default="4g", help="the bench's Spark driver memory")
     p.add_argument("--reader", choices=["columns", "python"], default="columns",
                    help="the processor's path: the columnar read and reduction (default), or change by change")
+    p.add_argument("--change-feed", action=argparse.BooleanOptionalAction, default=True,
+                   help="the replica keeps Delta's Change Data Feed (the default; AUTO CDC's target has none)")
     p.add_argument("--seed", type=int, default=10)
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
     args = p.parse_args(argv)
@@ -475,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
         from resources.spark import build_spark_session
 
         settings = Settings.from_env({}, home=base / "home", lineage=make_lineage(base, base / "events",
-                                                                                 args.maxstep or args.events),
+                                                                                 args.maxstep or args.events,
+                                                                                 args.change_feed),
                                      spark_master="local[2]")
         t = time.monotonic()
         spark = build_spark_session(settings, app_name="tidemark-bench-cdc")
@@ -519,7 +523,7 @@ def throughput(spark: SparkSession, settings: Settings, base: Path, args: argpar
     print(f"events: {args.events:,} ({mix}) in {int(ev.tx[-1]) + 1:,} transactions; generated in "
           f"{time.monotonic() - t:.1f} s (untimed)", flush=True)
     t = time.monotonic()
-    replica = write_replica(spark, settings, args.rows)
+    replica = write_replica(spark, settings, args.rows, args.change_feed)
     target = str(base / "autocdc" / "items")
     write_autocdc_target(spark, target, args.rows)
     print(f"starting tables written in {time.monotonic() - t:.1f} s (untimed)", flush=True)
@@ -529,7 +533,7 @@ def throughput(spark: SparkSession, settings: Settings, base: Path, args: argpar
     print(f"AUTO CDC algorithm on Delta: {auto_s:.1f} s, {batches} micro-batch(es)", flush=True)
     cdc_s, results, timer = run_cdc(spark, settings, args.reader)
     units = [r for r in results if r.processed]
-    print(f"cdc processor ({args.reader}): {cdc_s:.1f} s, {len(units)} unit(s) with changes + {len(results) - len(units)} "
+    print(f"cdc processor ({args.reader}, change feed {'on' if args.change_feed else 'off'}): {cdc_s:.1f} s, {len(units)} unit(s) with changes + {len(results) - len(units)} "
           f"caught-up check; {timer.text()}", flush=True)
     applied = sum(r.changes for r in units)
     if applied != args.events:
@@ -555,7 +559,7 @@ def print_table(args: argparse.Namespace, thr: Throughput | None, lag: Lag | Non
         print(f"\nthroughput: {args.events:,} events onto {args.rows:,} rows (60/20/20 update/insert/delete), one warm "
               f"local[2] session, load {os.getloadavg()[0]:.2f}")
         print(f"{'side':<34} {'s':>8} {'events/s':>10}  runs")
-        print(f"{f'cdc processor ({args.reader})':<34} {thr.cdc_s:8.1f} {cdc_eps:10,.0f}  {thr.units} unit(s)")
+        print(f"{f'cdc processor ({args.reader}, feed ' + ('on' if args.change_feed else 'off') + ')':<34} {thr.cdc_s:8.1f} {cdc_eps:10,.0f}  {thr.units} unit(s)")
         print(f"{'AUTO CDC algorithm on Delta':<34} {thr.auto_s:8.1f} {auto_eps:10,.0f}  {thr.batches} micro-batch(es)")
         print(f"target: cdc >= {TARGET_RATIO}x AUTO CDC: {ratio:.2f}x -> {'met' if ratio >= TARGET_RATIO else 'MISSED'}")
         print(f"spark-pipelines AUTO CDC on Delta: {thr.probe}")

@@ -10,7 +10,7 @@
         tables: [public.customers, "public.order_*"]   # names and fnmatch patterns
         schema: replica                     # public.customers -> replica.customers, sales.x -> replica.sales__x
         options:
-          public.customers: {scd: 2}        # per table (or pattern): key, deletes, scd
+          public.customers: {scd: 2}        # per table (or pattern): key, deletes, scd, change_feed
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class TableOptions(_Strict):
     key: list[str] = Field(default_factory=list, description="replica key columns; default: the source's primary key")
     deletes: Deletes | None = Field(None, description="hard | soft (default: the replicator's)")
     scd: Scd | None = Field(None, description="1 | 2 (default: the replicator's)")
+    change_feed: bool | None = Field(None, description="keep Delta's Change Data Feed on the replica (default: the "
+                                                       "replicator's)")
 
 
 class ReplicatorSpec(_Strict):
@@ -63,6 +65,9 @@ class ReplicatorSpec(_Strict):
                                                                 "(whole transactions: a big one may pass it)")
     deletes: Deletes = Deletes.HARD
     scd: Scd = Scd.TYPE1
+    change_feed: bool = Field(True, description="keep Delta's Change Data Feed on the replicas: views that join a "
+                                                "replica refresh by the rows it changed; false: every unit's MERGE "
+                                                "writes no change files (faster), and such views recompute in full")
     on_drop: Literal["keep", "drop"] = Field("keep", description="a table dropped in the source: keep its replica "
                                                                  "(no more changes) or drop it")
     options: dict[str, TableOptions] = Field(default_factory=dict, description="per table name or pattern")
@@ -130,14 +135,15 @@ class ReplicatorSpec(_Strict):
         part = name if src_schema == "public" else f"{re.sub(r'[^A-Za-z0-9_]', '_', src_schema)}__{name}"
         return f"{self.schema_}.{part}".lower()
 
-    def table_options(self, table: str) -> tuple[list[str], Deletes, Scd]:
-        """``(key override, deletes, scd)`` of a source table: the first matching ``options``
-        entry (exact names before patterns), else the replicator's defaults."""
+    def table_options(self, table: str) -> tuple[list[str], Deletes, Scd, bool]:
+        """``(key override, deletes, scd, change feed)`` of a source table: the first matching
+        ``options`` entry (exact names before patterns), else the replicator's defaults."""
         entries = sorted(self.options.items(), key=lambda kv: any(ch in kv[0] for ch in "*?["))
         for pattern, opts in entries:
             if fnmatch.fnmatchcase(table, pattern):
-                return list(opts.key), opts.deletes or self.deletes, opts.scd or self.scd
-        return [], self.deletes, self.scd
+                feed = self.change_feed if opts.change_feed is None else opts.change_feed
+                return list(opts.key), opts.deletes or self.deletes, opts.scd or self.scd, feed
+        return [], self.deletes, self.scd, self.change_feed
 
     def explicit_replicas(self) -> list[str]:
         """Replicas named without a pattern (known before the source is asked)."""

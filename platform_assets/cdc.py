@@ -120,7 +120,7 @@ class ReplicatorUnit:
         return store.acquire(key, self.owner)
 
     def layout(self, schema: TableSchema) -> Layout:
-        key, deletes, scd = self.spec.table_options(schema.table)
+        key, deletes, scd, feed = self.spec.table_options(schema.table)
         key_cols = tuple(key) or schema.key
         missing = [k for k in key_cols if schema.column(k) is None]
         if missing:
@@ -129,7 +129,7 @@ class ReplicatorUnit:
         if not key_cols and scd is Scd.TYPE2:
             raise TidemarkError(f"replicator '{self.spec.name}': {schema.table} has no key, so it is replicated as a "
                                 f"multiset; scd 2 needs a key (set options: {{{schema.table}: {{key: [...]}}}})")
-        return Layout(schema, key_cols, scd, deletes)
+        return Layout(schema, key_cols, scd, deletes, feed)
 
     def table(self, schema: TableSchema) -> Table:
         replica = self.spec.replica(schema.table)
@@ -143,6 +143,7 @@ class ReplicatorUnit:
                                                   from_start=not self.source.snapshots)
         have = cdc_apply.replica_columns(path) if table.applied is not None else {}
         if have:  # the replica exists
+            self._change_feed(table)
             problem = cdc_ddl.alter(self, table, schema, have)  # columns the source has now and the replica lacks
             if problem and state_word(rec) != PAUSED:
                 why = f"paused: {problem}; fix the replica's column type or re-copy it: tidemark cdc resume {replica} --resync"
@@ -150,6 +151,15 @@ class ReplicatorUnit:
                 table.rec = self.engine.store.get(replica) or rec
                 self.paused[replica] = why
         return table
+
+    def _change_feed(self, t: Table) -> None:
+        """The replica's change feed set as its options say (``change_feed``), when it was set otherwise."""
+        snap = delta_meta.TableSnapshot.open(t.path)
+        if snap.table is None or delta_meta.change_feed_enabled(snap) == t.layout.change_feed:
+            return
+        value = str(t.layout.change_feed).lower()
+        self.engine.spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.CHANGE_FEED}' = '{value}')")
+        log.info("replicator %s: replica %s: %s = %s (change_feed)", self.spec.name, t.replica, cdc_apply.CHANGE_FEED, value)
 
     def _reconcile(self, replica: str, path: str, rec: OffsetRecord) -> OffsetRecord:
         """The record caught up with what the replica's Delta log records (the log is the truth)."""

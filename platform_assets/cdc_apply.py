@@ -34,10 +34,12 @@ if TYPE_CHECKING:
 SEQ, COMMIT_TS, DELETED, COPY = "_sequence_num", "_commit_ts", "_deleted", "_copy"
 VALID_FROM, VALID_TO, CURRENT = "_valid_from", "_valid_to", "_is_current"
 PRESENT, UNKNOWN_COLS = columns.PRESENT, "_tm_unknown"
-#: Replica table properties: the change feed for views reading replicas, no deletion vectors and no
-#: type widening until a column widens (the ``deltalake`` reader, and pandas/polars users through it,
-#: cannot read tables with either reader feature: see :func:`platform_assets.cdc_ddl.alter`).
-REPLICA_PROPERTIES = {"delta.enableChangeDataFeed": "true", "delta.enableDeletionVectors": "false"}
+#: Replica table properties: the change feed for views reading replicas (unless ``change_feed: false``),
+#: no deletion vectors and no type widening until a column widens (the ``deltalake`` reader, and
+#: pandas/polars users through it, cannot read tables with either reader feature: see
+#: :func:`platform_assets.cdc_ddl.alter`).
+CHANGE_FEED = "delta.enableChangeDataFeed"
+REPLICA_PROPERTIES = {CHANGE_FEED: "true", "delta.enableDeletionVectors": "false"}
 #: set on a replica when a source column widens (int -> bigint, ...): only then
 TYPE_WIDENING = "delta.enableTypeWidening"
 
@@ -50,6 +52,7 @@ class Layout:
     key: tuple[str, ...]
     scd: Scd = Scd.TYPE1
     deletes: Deletes = Deletes.HARD
+    change_feed: bool = True
 
     @property
     def multiset(self) -> bool:
@@ -65,6 +68,10 @@ class Layout:
 
     def columns(self) -> list[tuple[str, str]]:
         return [(c.name, c.type) for c in self.schema.columns] + self.extra()
+
+    def properties(self) -> dict[str, str]:
+        """The replica's table properties (:data:`REPLICA_PROPERTIES`, the change feed as configured)."""
+        return {**REPLICA_PROPERTIES, CHANGE_FEED: str(self.change_feed).lower()}
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,18 @@ def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     return spark.createDataFrame(table)
 
 
+#: A MERGE's source up to this size (Arrow bytes) is broadcast to the join with the replica: the
+#: replica's rows are then not shuffled (5M rows, 900k changes: the MERGE 36.5 s -> 20.9 s; bench/README.md).
+BROADCAST_BYTES = 256 << 20
+
+
+def merge_source(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """The effect of a batch as a MERGE's source: a local relation, broadcast when small enough
+    (:data:`BROADCAST_BYTES`; Spark's own threshold, 10 MB, leaves most units to a shuffle)."""
+    df = local_frame(spark, table)
+    return df.hint("broadcast") if table.nbytes <= BROADCAST_BYTES else df
+
+
 # ------------------------------------------------------------------ the replica table
 
 
@@ -103,7 +122,7 @@ def ensure_replica(spark: SparkSession, path: str, layout: Layout) -> bool:
     if open_table(path) is not None:  # JVM-free, and works over Spark Connect too
         return False
     cols = ", ".join(f"{quote(n)} {t}" for n, t in layout.columns())
-    props = ", ".join(f"'{k}' = '{v}'" for k, v in REPLICA_PROPERTIES.items())
+    props = ", ".join(f"'{k}' = '{v}'" for k, v in layout.properties().items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({cols}) USING DELTA TBLPROPERTIES ({props})")
     return True
 
@@ -147,7 +166,7 @@ def write_snapshot(spark: SparkSession, path: str, layout: Layout, batches: Iter
         w = df.write.format("delta").mode("overwrite" if first else "append")
         if first:
             w = w.option("overwriteSchema", "true")
-            for k, v in REPLICA_PROPERTIES.items():  # the table's properties, as ensure_replica sets them
+            for k, v in layout.properties().items():  # the table's properties, as ensure_replica sets them
                 w = w.option(k, v)
         if last:
             w = w.option("txnAppId", commit.app_id).option("txnVersion", commit.version).option("userMetadata", commit.meta)
@@ -222,7 +241,7 @@ def apply_scd1(spark: SparkSession, path: str, layout: Layout, effect: BatchEffe
                      eff.present, *(eff.origin if unknown and eff.origin else [None] * len(layout.key)), unknown))
     tbl = arrow_table(cols + key_types, [r[:-1] for r in rows]).append_column(
         UNKNOWN_COLS, pa.array([r[-1] for r in rows], type=pa.list_(pa.string())))
-    source = _origin_fill(spark, local_frame(spark, tbl), path, layout, unknown_any, current_only=False)
+    source = _origin_fill(spark, merge_source(spark, tbl), path, layout, unknown_any, current_only=False)
     spark_io.run_merge(spark, _scd1_sql(path, layout, effect.truncated_at), source, app_id=commit.app_id,
                        seq=commit.version, meta=commit.meta)
 
@@ -234,7 +253,7 @@ def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: C
     source = pa.table({**{c.name: rows[c.name].cast(arrow_type(c.type)) for c in layout.schema.columns},
                        SEQ: rows[columns.SEQ], COMMIT_TS: rows[columns.TIME].cast(arrow_type("timestamp")),
                        PRESENT: rows[columns.PRESENT]})
-    spark_io.run_merge(spark, _scd1_sql(path, layout, None), local_frame(spark, source), app_id=commit.app_id,
+    spark_io.run_merge(spark, _scd1_sql(path, layout, None), merge_source(spark, source), app_id=commit.app_id,
                        seq=commit.version, meta=commit.meta)
 
 
@@ -290,7 +309,7 @@ def apply_scd2(spark: SparkSession, path: str, layout: Layout, effect: BatchEffe
                          until is None, True))
             unknowns.append(unknown)
     tbl = arrow_table(cols, rows).append_column(UNKNOWN_COLS, pa.array(unknowns, type=pa.list_(pa.string())))
-    source = _origin_fill(spark, local_frame(spark, tbl), path, layout, any(unknowns), current_only=True)
+    source = _origin_fill(spark, merge_source(spark, tbl), path, layout, any(unknowns), current_only=True)
     on = " AND ".join(f"t.{quote(k)} = s._tm_mk_{k}" for k in layout.key) + f" AND t.{CURRENT}"
     insert_cols = names + [SEQ, VALID_FROM, VALID_TO, CURRENT]
     sql = (f"MERGE INTO delta.`{path}` t USING {{source}} s ON {on}\n"
@@ -336,7 +355,7 @@ def apply_multiset(spark: SparkSession, path: str, layout: Layout, effect: Multi
             rows.append((*row, copy, effect.last_seq, True))
     if not rows and effect.truncated_at is None:
         rows.append((*[None] * len(names), -1, effect.last_seq, False))  # nothing to change: an empty MERGE still commits
-    source = local_frame(spark, arrow_table(typed + [(COPY, "int"), (SEQ, "bigint"), (PRESENT, "boolean")], rows))
+    source = merge_source(spark, arrow_table(typed + [(COPY, "int"), (SEQ, "bigint"), (PRESENT, "boolean")], rows))
     on = " AND ".join(f"t.{quote(c)} <=> s.{quote(c)}" for c in names) + f" AND t.{COPY} = s.{COPY}"
     insert_cols = names + [COPY, SEQ]
     sql = (f"MERGE INTO delta.`{path}` t USING {{source}} s ON {on}\n"

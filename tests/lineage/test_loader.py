@@ -1028,8 +1028,9 @@ cdc:
   - name: shop
     dsn_env: SHOP_DSN
     tables: [public.customers, "sales.order_*"]
+    change_feed: false
     options:
-      public.customers: {scd: 2}
+      public.customers: {scd: 2, change_feed: true}
 topics:
   - table: dim.customers
     depends_on: [replica.customers]
@@ -1042,6 +1043,7 @@ topics:
     assert rep.replica("public.customers") == "replica.customers" and rep.replica("sales.order_lines") == "replica.sales__order_lines"
     assert rep.selects("sales.order_x") and not rep.selects("sales.orders")
     assert rep.table_options("public.customers")[2] == 2 and rep.table_options("sales.order_1")[2] == 1
+    assert rep.table_options("public.customers")[3] is True and rep.table_options("sales.order_1")[3] is False
     assert lineage.replicator_of("replica.customers") is lineage.replicators["shop"]
 
 

@@ -161,3 +161,25 @@ def test_a_change_a_replica_cannot_take_pauses_only_that_replica(spark, settings
     assert replica(spark, s, "replica.customers", "id", "name") == [(1, "x")]  # the others go on
     status = tidemark(s, "cdc", "status")
     assert "PAUSED" in status.stdout and "tidemark cdc resume replica.names" in status.stdout, status.stdout
+
+
+def test_change_feed_as_the_options_say_also_when_they_change(spark, settings: Settings, tmp_path: Path) -> None:
+    """``change_feed: false`` makes replicas without Delta's Change Data Feed; set back to true, the
+    next unit turns it on for the existing replica (a view joining it can read its changes again)."""
+    from deltalake import DeltaTable
+
+    def feed(s: Settings) -> str | None:
+        return DeltaTable(s.table_path("replica.customers")).metadata().configuration.get("delta.enableChangeDataFeed")
+
+    s = setup(settings, tmp_path)
+    lineage = s.lineage.read_text()
+    s.lineage.write_text(lineage.replace("    options:", "    change_feed: false\n    options:"))
+    write_events(tmp_path, "0001.json", customers_events())
+    run(spark, s)
+    assert feed(s) == "false"
+    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Alice"), (1, "Bob")]
+    s.lineage.write_text(lineage)
+    write_events(tmp_path, "0002.json", [event("customers", "c", 30, after={"id": 5, "name": "Cy"}, key={"id": 5})])
+    run(spark, s)
+    assert feed(s) == "true"
+    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Alice"), (1, "Bob"), (5, "Cy")]
