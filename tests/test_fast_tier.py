@@ -22,6 +22,9 @@ OUTSIDE = {
     "tests/platform_assets/test_dagster_postgres.py": "the prod profile end to end: Dagster, Spark and PostgreSQL at once",
     "tests/platform_assets/test_cdc.py": "whole replicators from seed changes through Spark (35 s or more each); "
                                           "the fast tier applies changes in test_cdc_apply.py",
+    "tests/platform_assets/test_cdc_columns.py": "whole replicators on both paths through Spark (1-2 min each); the fast "
+                                                  "tier checks the columnar reduction and read in tests/lineage and "
+                                                  "tests/resources",
     "tests/platform_assets/test_cleanup.py": "rounds of OPTIMIZE and VACUUM of bases under running topics (30 s or more each)",
     "tests/bench/test_cdc_apply_bench.py": "runs the benchmark script in its own process (a JVM and PostgreSQL)",
     "tests/bench/test_maintenance_bench.py": "runs the benchmark script in its own process (a JVM)",
