@@ -22,6 +22,6 @@ def test_cdc_bench_runs_at_tiny_sizes() -> None:
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
-    assert "-> EQUAL" in out and "cdc processor (Debezium files)" in out, out
+    assert "-> EQUAL" in out and "cdc processor (columns, feed on)" in out, out
     assert "unit(s)" in out and "target: cdc >= 1.5x AUTO CDC" in out, out
     assert "replica equal to the source after the load" in out and "target: lag p95 < 60 s" in out, out
