@@ -33,6 +33,8 @@ import pyarrow.compute as pc
 from lineage.cdc import BatchError, Op
 
 SEQ, TIME, OP, HAS_BEFORE, PRESENT = "_tm_seq", "_tm_time", "_tm_op", "_tm_has_before", "_tm_present"
+#: more columns of a source's columnar read: position, its transaction's position and number, table
+POS, LSN, TX, TABLE = "_tm_pos", "_tm_lsn", "_tm_tx", "_tm_table"
 
 
 def arrow_type(spark_type: str) -> pa.DataType:

@@ -141,9 +141,10 @@ class ReplicatorUnit:
         rec = self._reconcile(replica, path, self._record(replica, f"replica of {schema.table}"))
         table = self.tables[schema.table] = Table(schema.table, replica, path, self.layout(schema), rec,
                                                   from_start=not self.source.snapshots)
-        have = cdc_apply.replica_columns(path) if table.applied is not None else {}
-        if have:  # the replica exists
-            self._change_feed(table)
+        snap = delta_meta.TableSnapshot.open(path) if table.applied is not None else None
+        have = cdc_apply.columns_of(snap.table) if snap is not None else {}
+        if snap is not None and have:  # the replica exists
+            self._change_feed(table, snap)
             problem = cdc_ddl.alter(self, table, schema, have)  # columns the source has now and the replica lacks
             if problem and state_word(rec) != PAUSED:
                 why = f"paused: {problem}; fix the replica's column type or re-copy it: tidemark cdc resume {replica} --resync"
@@ -152,9 +153,9 @@ class ReplicatorUnit:
                 self.paused[replica] = why
         return table
 
-    def _change_feed(self, t: Table) -> None:
-        """The replica's change feed set as its options say (``change_feed``), when it was set otherwise."""
-        snap = delta_meta.TableSnapshot.open(t.path)
+    def _change_feed(self, t: Table, snap: delta_meta.TableSnapshot) -> None:
+        """The replica's change feed (``snap``: its table now) set as its options say (``change_feed``),
+        when it was set otherwise."""
         if snap.table is None or delta_meta.change_feed_enabled(snap) == t.layout.change_feed:
             return
         value = str(t.layout.change_feed).lower()
@@ -421,16 +422,16 @@ class ReplicatorUnit:
 
         frame = frame.append_column(cdc_columns.SEQ, pa.array(np.arange(first, first + frame.num_rows, dtype=np.int64)))
         runs: dict[str, Run] = {}
-        for name in pc.unique(frame["_tm_table"]).to_pylist():
+        for name in pc.unique(frame[cdc_columns.TABLE]).to_pylist():
             t = self.tables[name]
-            rows = frame.filter(pc.equal(frame["_tm_table"], name))
+            rows = frame.filter(pc.equal(frame[cdc_columns.TABLE], name))
             try:
                 effect = cdc_columns.reduce_scd1(rows, t.layout.key, t.layout.schema.names, table=name)
             except (cdc_columns.NotColumnar, BatchError) as exc:
                 log.info("replicator %s: %s reduced change by change (%s)", self.spec.name, name, exc)
                 return None
             runs[name] = Run(rows[cdc_columns.SEQ][0].as_py(), rows[cdc_columns.SEQ][-1].as_py(), rows.num_rows,
-                             pc.min(rows[cdc_columns.TIME]).as_py(), rows["_tm_lsn"][-1].as_py(),
+                             pc.min(rows[cdc_columns.TIME]).as_py(), rows[cdc_columns.LSN][-1].as_py(),
                              functools.partial(self._land_columns, t, effect))
         return runs
 

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from lineage import cdc_columns as columns
+from lineage import cdc_columns
 from lineage.cdc import UNKNOWN, BatchEffect, MultisetEffect, TableSchema
-from lineage.cdc_columns import ColumnEffect, arrow_type
+from lineage.cdc_columns import arrow_type
 from lineage.replicas import Deletes, Scd
 from platform_assets import spark_io
 from platform_assets.spark_io import quote
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 SEQ, COMMIT_TS, DELETED, COPY = "_sequence_num", "_commit_ts", "_deleted", "_copy"
 VALID_FROM, VALID_TO, CURRENT = "_valid_from", "_valid_to", "_is_current"
-PRESENT, UNKNOWN_COLS = columns.PRESENT, "_tm_unknown"
+PRESENT, UNKNOWN_COLS = cdc_columns.PRESENT, "_tm_unknown"
 #: Replica table properties: the change feed for views reading replicas (unless ``change_feed: false``),
 #: no deletion vectors and no type widening until a column widens (the ``deltalake`` reader, and
 #: pandas/polars users through it, cannot read tables with either reader feature: see
@@ -134,7 +134,11 @@ def replica_columns(path: str) -> dict[str, str]:
     """The replica's columns now, name -> Spark SQL type, from its Delta log (no JVM)."""
     from resources.delta_meta import open_table
 
-    table = open_table(path)
+    return columns_of(open_table(path))
+
+
+def columns_of(table: Any | None) -> dict[str, str]:
+    """A replica's columns, name -> Spark SQL type, from its open ``deltalake`` table (None: no table)."""
     if table is None:
         return {}
     out = {}
@@ -246,13 +250,13 @@ def apply_scd1(spark: SparkSession, path: str, layout: Layout, effect: BatchEffe
                        seq=commit.version, meta=commit.meta)
 
 
-def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: ColumnEffect, commit: Commit) -> None:
+def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: cdc_columns.ColumnEffect, commit: Commit) -> None:
     """:func:`apply_scd1` for an effect reduced on columns (:func:`lineage.cdc_columns.reduce_scd1`):
     the same MERGE, its source the effect's rows as they are (no value to fill from the replica)."""
     rows = effect.rows
     source = pa.table({**{c.name: rows[c.name].cast(arrow_type(c.type)) for c in layout.schema.columns},
-                       SEQ: rows[columns.SEQ], COMMIT_TS: rows[columns.TIME].cast(arrow_type("timestamp")),
-                       PRESENT: rows[columns.PRESENT]})
+                       SEQ: rows[cdc_columns.SEQ], COMMIT_TS: rows[cdc_columns.TIME].cast(arrow_type("timestamp")),
+                       PRESENT: rows[cdc_columns.PRESENT]})
     spark_io.run_merge(spark, _scd1_sql(path, layout, None), merge_source(spark, source), app_id=commit.app_id,
                        seq=commit.version, meta=commit.meta)
 

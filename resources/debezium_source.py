@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from lineage import cdc_columns
 from lineage.cdc import Column, Op, RowChange, TableSchema, Transaction
 from lineage.cdc_columns import arrow_type
 from lineage.errors import TidemarkError
@@ -221,7 +222,7 @@ class DebeziumFileSource:
         """The table's schema from the envelope's ``schema`` (or the values), its key from the record key;
         ``_partial`` kept (see ``__init__``)."""
         columns = len(self._names.get(table, ()))
-        self._learn_schema(table, value, payload, key, pos)
+        self._learn_schema(table, value, payload, key)
         if len(self._names[table]) > columns and table in self._updated:
             self._partial[table] = pos  # a column added after UPDATEs that lack it
         if payload.get("op") == "u":
@@ -230,7 +231,7 @@ class DebeziumFileSource:
             if isinstance(after, dict) and len(after) < len(self._names[table]):
                 self._partial[table] = pos
 
-    def _learn_schema(self, table: str, value: dict[str, Any], payload: dict[str, Any], key: Any, pos: int) -> None:
+    def _learn_schema(self, table: str, value: dict[str, Any], payload: dict[str, Any], key: Any) -> None:
         cols: dict[str, str] = {}
         for field in (value.get("schema") or {}).get("fields") or []:
             if field.get("field") in ("after", "before"):
@@ -381,7 +382,7 @@ class DebeziumFileSource:
             return None  # a table the caller does not know yet (the read() path makes its replica)
         if "t" in pc.unique(events.column("op")).to_pylist():
             return None  # a truncate
-        return _frame(events, wanted_after, schemas, arrow_type)
+        return _frame(events, wanted_after, schemas)
 
     def _file_events(self, i: int, buf: bytes, nl: np.ndarray, first: int, end: int,
                      payload: pa.StructType) -> pa.Table | None:
@@ -524,15 +525,14 @@ def _cut(events: pa.Table, wanted_after: Mapping[str, int | None], max_changes: 
     return (int(stops[0]), True) if len(stops) else (events.num_rows, False)
 
 
-def _frame(events: pa.Table, wanted_after: Mapping[str, int | None], schemas: Mapping[str, TableSchema],
-           arrow_type: Callable[[str], pa.DataType]) -> ColumnRead | None:
+def _frame(events: pa.Table, wanted_after: Mapping[str, int | None], schemas: Mapping[str, TableSchema]) -> ColumnRead | None:
     """The wanted changes of ``events`` (those read() goes through) as read_columns' frame."""
     n = events.num_rows
     if n == 0:
-        return ColumnRead(pa.table({"_tm_pos": pa.array([], pa.int64()), "_tm_lsn": pa.array([], pa.int64()),
-                                    "_tm_time": pa.array([], pa.timestamp("us")), "_tm_tx": pa.array([], pa.int64()),
-                                    "_tm_table": pa.array([], pa.string()), "_tm_op": pa.array([], pa.string()),
-                                    "_tm_has_before": pa.array([], pa.bool_())}), 0, 0)
+        return ColumnRead(pa.table({cdc_columns.POS: pa.array([], pa.int64()), cdc_columns.LSN: pa.array([], pa.int64()),
+                                    cdc_columns.TIME: pa.array([], pa.timestamp("us")), cdc_columns.TX: pa.array([], pa.int64()),
+                                    cdc_columns.TABLE: pa.array([], pa.string()), cdc_columns.OP: pa.array([], pa.string()),
+                                    cdc_columns.HAS_BEFORE: pa.array([], pa.bool_())}), 0, 0)
     start = _starts(events)
     group = np.cumsum(start) - 1
     wanted = _wanted(events, wanted_after)
@@ -548,10 +548,10 @@ def _frame(events: pa.Table, wanted_after: Mapping[str, int | None], schemas: Ma
     ev = events if len(rows) == n else events.take(pa.array(rows))
     g = group[rows]
     cols: dict[str, pa.Array] = {
-        "_tm_pos": pa.array(pos[rows]), "_tm_lsn": pa.array(pos[last][g]),
-        "_tm_time": pa.array(g_ts[g] * 1000).cast(pa.timestamp("us")),
-        "_tm_tx": pa.array(tx_no[g]), "_tm_table": ev.column("table").combine_chunks(), "_tm_op": _op_names(ev)}
-    in_frame = [schemas[t] for t in pc.unique(cols["_tm_table"]).to_pylist()]
+        cdc_columns.POS: pa.array(pos[rows]), cdc_columns.LSN: pa.array(pos[last][g]),
+        cdc_columns.TIME: pa.array(g_ts[g] * 1000).cast(pa.timestamp("us")),
+        cdc_columns.TX: pa.array(tx_no[g]), cdc_columns.TABLE: ev.column("table").combine_chunks(), cdc_columns.OP: _op_names(ev)}
+    in_frame = [schemas[t] for t in pc.unique(cols[cdc_columns.TABLE]).to_pylist()]
     types: dict[str, str] = {}
     for s in in_frame:
         for c in s.columns:
@@ -567,20 +567,20 @@ def _frame(events: pa.Table, wanted_after: Mapping[str, int | None], schemas: Ma
     before = ev.column("before").combine_chunks()
     before_valid = before.is_valid().to_numpy(zero_copy_only=False)
     before_by = dict(zip([f.name for f in before.type], before.flatten(), strict=True))
-    table_of = cols["_tm_table"]
+    table_of = cols[cdc_columns.TABLE]
     any_key = np.zeros(len(rows), dtype=bool)
     keys = list(dict.fromkeys(k for s in in_frame for k in s.key))
     for k in keys:
         mine = pc.is_in(table_of, pa.array([s.table for s in in_frame if k in s.key], pa.string()))
         value = pc.if_else(mine, before_by[k], pa.scalar(None, before_by[k].type))
         col = _column(value, types[k], arrow_type(types[k]))
-        if col is None or f"_tm_before_{k}" in cols:
+        if col is None or cdc_columns.before(k) in cols:
             return None
-        cols[f"_tm_before_{k}"] = col
+        cols[cdc_columns.before(k)] = col
         any_key |= pc.fill_null(pc.is_valid(value), False).to_numpy(zero_copy_only=False) &             mine.to_numpy(zero_copy_only=False)
     if (before_valid & ~any_key).any():
         return None  # a before-image whose key values are all null or absent (read() tells them apart)
-    cols["_tm_has_before"] = pa.array(before_valid & any_key)
+    cols[cdc_columns.HAS_BEFORE] = pa.array(before_valid & any_key)
     frame = pa.table(cols)
     return ColumnRead(frame, int(has.sum()), int(pos[last][has][-1]) if has.any() else 0)
 
