@@ -179,7 +179,8 @@ def diff_counts(a: DataFrame, b: DataFrame, columns: list[str]) -> tuple[int, in
 
 def observed_replicator(settings: Any, name: str, spark: Any, owner: str) -> tuple[Any, Any, Any, list[Any]]:
     """An engine on ``settings`` (``spark``), its replicator ``name`` and that replicator's source
-    whose reads are observed: every transaction a unit reads is appended to the returned list."""
+    whose reads are observed: every transaction a unit reads is appended to the returned list (from
+    a columnar read, an object with its ``lsn`` and ``commit_time``)."""
     from lineage.loader import load_lineage
     from platform_assets.cdc_run import open_source
     from platform_assets.engine import Engine
@@ -196,4 +197,21 @@ def observed_replicator(settings: Any, name: str, spark: Any, owner: str) -> tup
         return txs
 
     source.read = observed  # type: ignore[method-assign]
+    read_columns = getattr(source, "read_columns", None)
+    if read_columns is not None:
+        def observed_columns(*a: Any, **kw: Any) -> Any:  # the same, from a columnar read: (lsn, commit time) per transaction
+            from types import SimpleNamespace
+
+            from lineage import cdc_columns
+
+            cols = read_columns(*a, **kw)
+            if cols is not None:
+                txs: dict[int, Any] = {}
+                for part in cols.by_table().values():
+                    for lsn, ts in zip(part[cdc_columns.LSN].to_pylist(), part[cdc_columns.TIME].to_pylist(), strict=True):
+                        txs.setdefault(lsn, ts)
+                seen.extend(SimpleNamespace(lsn=lsn, commit_time=ts) for lsn, ts in sorted(txs.items()))
+            return cols
+
+        source.read_columns = observed_columns  # type: ignore[attr-defined]
     return engine, rep, source, seen

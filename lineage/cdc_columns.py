@@ -35,6 +35,7 @@ from lineage.cdc import BatchError, Op
 SEQ, TIME, OP, HAS_BEFORE, PRESENT = "_tm_seq", "_tm_time", "_tm_op", "_tm_has_before", "_tm_present"
 #: more columns of a source's columnar read: position, its transaction's position and number, table
 POS, LSN, TX, TABLE = "_tm_pos", "_tm_lsn", "_tm_tx", "_tm_table"
+ROW = "_tm_row"  # a change's index in its read
 
 
 def arrow_type(spark_type: str) -> pa.DataType:
@@ -54,6 +55,36 @@ def arrow_type(spark_type: str) -> pa.DataType:
 def before(key_column: str) -> str:
     """The batch column holding the before-image's value of a key column."""
     return f"_tm_before_{key_column}"
+
+
+@dataclass(frozen=True)
+class ColumnRead:
+    """What a source's ``read_columns`` returns: its ``read()``'s answer as Arrow tables — one
+    ``frame`` of every table's changes (columns shared by name), or, with ``parts``, one table per
+    source table whose ``_tm_row`` is the change's index in read()'s order (``frame`` then empty)."""
+
+    frame: pa.Table  # the wanted row changes, in source order (the columns of :func:`empty_frame`, then the tables')
+    transactions: int  # how many Transaction objects read() would have returned for the same call
+    lsn: int  # where the read ended: the position a unit plans up to (as the caller takes it from read())
+    parts: dict[str, pa.Table] | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.frame.num_rows + sum(p.num_rows for p in (self.parts or {}).values())
+
+    def by_table(self) -> dict[str, pa.Table]:
+        """Per source table its changes in source order, each with ``_tm_row``."""
+        if self.parts is not None:
+            return self.parts
+        frame = self.frame.append_column(ROW, pa.array(range(self.frame.num_rows), pa.int64()))
+        return {name: frame.filter(pc.equal(frame[TABLE], name)) for name in pc.unique(frame[TABLE]).to_pylist()}
+
+
+def empty_frame() -> pa.Table:
+    """A read's frame without changes: its own columns, no source columns."""
+    return pa.table({POS: pa.array([], pa.int64()), LSN: pa.array([], pa.int64()), TIME: pa.array([], pa.timestamp("us")),
+                     TX: pa.array([], pa.int64()), TABLE: pa.array([], pa.string()), OP: pa.array([], pa.string()),
+                     HAS_BEFORE: pa.array([], pa.bool_())})
 
 
 class NotColumnar(Exception):
@@ -103,7 +134,7 @@ def reduce_scd1(batch: pa.Table, key: Sequence[str], names: Sequence[str], *, ta
     for k in key:
         if pc.any(pc.and_(clears, pc.is_null(batch[before(k)]))).as_py():
             raise NotColumnar(f"a before-image without key column {k!r}")
-    set_rows = batch.filter(sets)
+    set_rows = batch if pc.all(sets).as_py() else batch.filter(sets)  # (a filter copies every column)
     set_rows = set_rows.select([*names, SEQ, TIME]).append_column(PRESENT, _fill(True, set_rows.num_rows))
     gone = batch.filter(clears)
     cleared = pa.table({c: (gone[before(c)] if c in key else pa.nulls(gone.num_rows, batch.schema.field(c).type))
@@ -114,18 +145,19 @@ def reduce_scd1(batch: pa.Table, key: Sequence[str], names: Sequence[str], *, ta
 
 def last_per_key(touches: pa.Table, key: Sequence[str]) -> pa.Table:
     """The row with the greatest ``_tm_seq`` of each key (a key's touches have distinct numbers:
-    an UPDATE's cleared and set keys differ). Sorted by key and number, a key's last row is the
-    one where the next row's key differs."""
+    an UPDATE's cleared and set keys differ), in key order. Sorted by key and number, a key's last
+    row is the one where the next row's key differs; only the key columns are sorted, the rows are
+    taken once (a batch of millions of changes is copied once, not three times)."""
     n = touches.num_rows
     if n <= 1:
         return touches
-    rows = touches.take(pc.sort_indices(touches, sort_keys=[(c, "ascending", "at_end") for c in (*key, SEQ)]))
+    order = pc.sort_indices(touches.select([*key, SEQ]), sort_keys=[(c, "ascending", "at_end") for c in (*key, SEQ)])
     differs = None
     for k in key:
-        col = rows[k].combine_chunks()
+        col = touches[k].take(order).combine_chunks()
         d = pc.invert(_same(col.slice(0, n - 1), col.slice(1)))
         differs = d if differs is None else pc.or_(differs, d)
-    return rows.filter(pa.concat_arrays([differs, pa.array([True])]))
+    return touches.take(order.filter(pa.concat_arrays([differs, pa.array([True])])))
 
 
 def _fill(value: bool, n: int) -> pa.Array:

@@ -71,7 +71,6 @@ from resources.meta_tables import LogEntry, write_etl_log
 from resources.offsets import OffsetRecord
 
 if TYPE_CHECKING:
-    import pyarrow as pa
 
     from platform_assets.engine import Engine
 
@@ -367,7 +366,7 @@ class ReplicatorUnit:
                 upto = max(int(getattr(txs, "end", 0) or 0), txs[-1].lsn if txs else 0)
                 transactions, rows = len(txs), sum(t.rows for t in txs)
             else:
-                upto, transactions, rows = cols.lsn, cols.transactions, cols.frame.num_rows
+                upto, transactions, rows = cols.lsn, cols.transactions, cols.rows
             if not transactions:
                 self._advance(upto)
                 result.acked = self._ack(upto)
@@ -378,7 +377,7 @@ class ReplicatorUnit:
                              inputs_next={"changes": first + rows - 1, "first": first})
             faults.crashpoint("cdc-planned")
         result.unit, result.transactions = unit, transactions
-        runs = self._column_runs(cols.frame, first) if cols is not None else None
+        runs = self._column_runs(cols, first) if cols is not None else None
         if runs is None and txs is None:  # the columns hold what only the Python path reduces: the same transactions
             txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
         lease.check()
@@ -412,20 +411,20 @@ class ReplicatorUnit:
             wanted_after[t.source] = t.applied if on else None
         return read(after, upto=upto, max_changes=max_changes, wanted_after=wanted_after)
 
-    def _column_runs(self, frame: pa.Table, first: int) -> dict[str, Run] | None:
+    def _column_runs(self, cols: cdc_columns.ColumnRead, first: int) -> dict[str, Run] | None:
         """Per source table, its changes of a columnar read reduced on columns, numbered from ``first``
         in source order as :func:`lineage.cdc.number` numbers them; None when a table's changes need
         the Python path (:class:`lineage.cdc_columns.NotColumnar`, or an error it reports its own way)."""
-        import numpy as np
-        import pyarrow as pa
         import pyarrow.compute as pc
 
-        frame = frame.append_column(cdc_columns.SEQ, pa.array(np.arange(first, first + frame.num_rows, dtype=np.int64)))
         runs: dict[str, Run] = {}
-        for name in pc.unique(frame[cdc_columns.TABLE]).to_pylist():
+        for name, part in cols.by_table().items():
             t = self.tables[name]
-            rows = frame.filter(pc.equal(frame[cdc_columns.TABLE], name))
+            rows = part.append_column(cdc_columns.SEQ, pc.add(part[cdc_columns.ROW], first))
+            missing = [c for c in (*t.layout.schema.names, *map(cdc_columns.before, t.layout.key)) if c not in rows.column_names]
             try:
+                if missing:
+                    raise cdc_columns.NotColumnar(f"the read holds no column {', '.join(missing)}")
                 effect = cdc_columns.reduce_scd1(rows, t.layout.key, t.layout.schema.names, table=name)
             except (cdc_columns.NotColumnar, BatchError) as exc:
                 log.info("replicator %s: %s reduced change by change (%s)", self.spec.name, name, exc)

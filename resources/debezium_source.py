@@ -20,7 +20,6 @@ import datetime as dt
 import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ import pyarrow.json as pj
 
 from lineage import cdc_columns
 from lineage.cdc import Column, Op, RowChange, TableSchema, Transaction
-from lineage.cdc_columns import arrow_type
+from lineage.cdc_columns import ColumnRead, arrow_type
 from lineage.errors import TidemarkError
 
 UNAVAILABLE = "__debezium_unavailable_value"
@@ -114,15 +113,6 @@ def _infer(value: Any) -> str:
     if isinstance(value, float):
         return "double"
     return "string"
-
-
-@dataclass(frozen=True)
-class ColumnRead:
-    """What :meth:`DebeziumFileSource.read_columns` returns: ``read()``'s answer as one Arrow table."""
-
-    frame: pa.Table  # the wanted row changes, in source order (columns: see read_columns)
-    transactions: int  # how many Transaction objects read() would have returned for the same call
-    lsn: int  # read()'s txs[-1].lsn (0 when frame is empty)
 
 
 class DebeziumFileSource:
@@ -529,10 +519,7 @@ def _frame(events: pa.Table, wanted_after: Mapping[str, int | None], schemas: Ma
     """The wanted changes of ``events`` (those read() goes through) as read_columns' frame."""
     n = events.num_rows
     if n == 0:
-        return ColumnRead(pa.table({cdc_columns.POS: pa.array([], pa.int64()), cdc_columns.LSN: pa.array([], pa.int64()),
-                                    cdc_columns.TIME: pa.array([], pa.timestamp("us")), cdc_columns.TX: pa.array([], pa.int64()),
-                                    cdc_columns.TABLE: pa.array([], pa.string()), cdc_columns.OP: pa.array([], pa.string()),
-                                    cdc_columns.HAS_BEFORE: pa.array([], pa.bool_())}), 0, 0)
+        return ColumnRead(cdc_columns.empty_frame(), 0, 0)
     start = _starts(events)
     group = np.cumsum(start) - 1
     wanted = _wanted(events, wanted_after)

@@ -27,7 +27,7 @@ import secrets
 import select
 import struct
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,9 +35,11 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from lineage.cdc import TableSchema, Transaction, format_lsn, parse_lsn
+from lineage import cdc_columns as cc
+from lineage.cdc import TableSchema, format_lsn, parse_lsn
+from lineage.cdc_columns import ColumnRead, NotColumnar
 from resources import pg_setup
-from resources.pg_decode import SESSION_OPTIONS, Decoder, Selection, ddl_schema, parse_text
+from resources.pg_decode import SESSION_OPTIONS, ColumnDecoder, Decoder, Selection, ddl_schema, parse_text
 from resources.pg_setup import CdcSourceError, Problem
 
 if TYPE_CHECKING:
@@ -62,14 +64,14 @@ class SlotPosition:
         return max(0, self.current - self.confirmed_flush)
 
 
-class ReadResult(list[Transaction]):
+class ReadResult(list[Any]):
     """The transactions of :meth:`PostgresSource.read` (a list), plus ``end``: the source holds
     nothing more of the selection committed after ``after`` and at or before ``end`` — once every
     returned transaction is applied, acknowledging ``end`` is safe (it moves the slot past WAL
     without changes, so an idle selection does not pin WAL forever). ``caught_up``: the read
     stopped because it reached the server's WAL end as of the call."""
 
-    def __init__(self, txs: Sequence[Transaction], end: int, caught_up: bool) -> None:
+    def __init__(self, txs: Sequence[Any], end: int, caught_up: bool) -> None:
         super().__init__(txs)
         self.end, self.caught_up = end, caught_up
 
@@ -146,6 +148,7 @@ class PostgresSource:
         self.dsn, self.name = dsn, name
         self.selection = Selection(tuple(tables), tuple(exclude))
         self.slot = self.publication = f"tidemark_{name}"
+        self.ddl_table = f"tidemark.{name}_ddl"  # the DDL log, read in order with the data
         self.idle_timeout = idle_timeout
         info = conninfo_to_dict(dsn)
         self.where = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
@@ -329,7 +332,26 @@ class PostgresSource:
         transaction left without changes is left out — ``ReadResult.end`` says how far the read
         looked, so the caller can move past them. Acknowledges nothing: the same (after, upto)
         reads the same again. ``slot``: a parked replica's slot instead of the main one."""
-        slot = slot or self.slot
+        return self._read(after, upto, max_changes, Decoder(self.selection, self.ddl_table, wanted), slot or self.slot)
+
+    def read_columns(self, after: int, *, upto: int | None = None, max_changes: int = 100_000,
+                     wanted_after: Mapping[str, int | None]) -> ColumnRead | None:
+        """``read(after, upto=upto, max_changes=max_changes, wanted=...)`` on the main slot as one
+        Arrow table (:class:`resources.pg_decode.ColumnDecoder`: values turned into Arrow every 64k
+        changes, so a big transaction is held as Arrow buffers, not Python objects);
+        ``wanted_after[t]``: changes of ``t`` committed after that LSN are wanted (None: none are).
+        None when the span holds what only read() carries (a new table, DDL, TRUNCATE, a TOAST value
+        not sent): the caller then reads it with read(). ``lsn``: where the read ended, as
+        ``max(ReadResult.end, the last transaction's lsn)``."""
+        decoder = ColumnDecoder(self.selection, self.ddl_table, wanted_after)
+        try:
+            txs = self._read(after, upto, max_changes, decoder, self.slot)
+        except NotColumnar as exc:
+            log.info("%s: changes after %s read change by change (%s)", self.where, format_lsn(after), exc)
+            return None
+        return ColumnRead(cc.empty_frame(), len(txs), max(txs.end, txs[-1].lsn if txs else 0), parts=decoder.frames())
+
+    def _read(self, after: int, upto: int | None, max_changes: int, decoder: Decoder, slot: str) -> ReadResult:
         with self._sql() as conn:
             self._wait_inactive(conn, slot=slot)
             repl = self._replication()
@@ -338,15 +360,14 @@ class PostgresSource:
                 limit = target if upto is None else min(upto, target)
                 self._command(repl, f"START_REPLICATION SLOT {slot} LOGICAL {format_lsn(after + 1 if after else 0)} "
                                     f"(proto_version '1', publication_names '{self.publication}')")
-                return self._stream(repl, after, limit, target, max_changes, wanted)
+                return self._stream(repl, after, limit, target, max_changes, decoder)
             finally:
                 repl.finish()
                 self._wait_inactive(conn, slot=slot)
 
     def _stream(self, repl: pq.abc.PGconn, after: int, limit: int, target: int, max_changes: int,
-                wanted: Callable[[str, int], bool] | None) -> ReadResult:
-        decoder = Decoder(self.selection, f"tidemark.{self.name}_ddl", wanted)
-        txs: list[Transaction] = []
+                decoder: Decoder) -> ReadResult:
+        txs: list[Any] = []  # Transaction (Decoder) or Committed (ColumnDecoder)
         rows, wal_end, end = 0, 0, after
         repl.nonblocking = 1
         last_data = last_ping = time.monotonic()

@@ -12,11 +12,15 @@ import datetime as dt
 import json
 import re
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lineage import cdc_columns as cc
 from lineage.cdc import Change, Column, DdlChange, DdlKind, Op, RowChange, TableSchema, Transaction
 
 # ------------------------------------------------------------------ types
@@ -366,3 +370,172 @@ class Decoder:
         if self.open is None:
             raise DecodeError("a change outside a transaction")
         return self.wanted is None or self.wanted(table, self.open.lsn)
+
+
+# ------------------------------------------------------------------ changes as columns
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A transaction the :class:`ColumnDecoder` finished: its positions and how many of its row
+    changes it kept (``changes``, as a :class:`Transaction`'s are counted: nonzero means kept)."""
+
+    lsn: int
+    end_lsn: int
+    changes: int
+
+    @property
+    def rows(self) -> int:
+        return self.changes
+
+
+class ColumnDecoder(Decoder):
+    """:class:`Decoder`'s reading of the stream, the kept row changes gathered as Arrow columns, one
+    table per source table (:class:`lineage.cdc_columns.ColumnRead` ``parts``), instead of
+    :class:`RowChange` objects: values are parsed by :func:`parse_text` as there and turned into
+    Arrow every ``chunk_rows`` changes of a table, so a transaction of millions of rows is held as
+    Arrow buffers, not a Python object per value.
+
+    ``wanted_after[t]``: changes of ``t`` committed after that LSN are kept (None: none are). It
+    raises :class:`lineage.cdc_columns.NotColumnar` (the caller reads the same span with a plain
+    :class:`Decoder`) for what only the change-by-change path carries: a table not in
+    ``wanted_after`` (new to the reader), a kept DDL change or TRUNCATE, a TOAST value not sent, a
+    column named ``_tm_*``, a table whose columns or replica identity change within the read."""
+
+    def __init__(self, selected: Callable[[str], bool], ddl_table: str, wanted_after: Mapping[str, int | None],
+                 *, chunk_rows: int = 65_536) -> None:
+        super().__init__(selected, ddl_table, self._wants)
+        self.wanted_after, self.chunk_rows = wanted_after, chunk_rows
+        self.parts: dict[str, _Part] = {}
+        self.commits: list[tuple[int, dt.datetime]] = []  # per kept transaction: commit LSN and time
+        self.rows = 0  # kept changes so far (finished transactions and the open one)
+        self._kept_in_open = self._tx = 0
+
+    def _wants(self, table: str, lsn: int) -> bool:
+        if table not in self.wanted_after:
+            raise cc.NotColumnar(f"a change of {table}, new to the replicator")
+        applied = self.wanted_after[table]
+        return applied is not None and lsn > applied
+
+    def _add(self, change: Change) -> None:
+        raise cc.NotColumnar(f"a {'schema change' if isinstance(change, DdlChange) else 'TRUNCATE'} of {change.table}")
+
+    def feed(self, msg: bytes) -> Transaction | Committed | None:  # type: ignore[override]
+        if msg[:1] != b"C":
+            return super().feed(msg)
+        tx = super().feed(msg)
+        if not isinstance(tx, Transaction):
+            raise DecodeError("a COMMIT without its transaction")
+        kept, self._kept_in_open = self._kept_in_open, 0
+        if kept:
+            self.commits.append((tx.lsn, tx.commit_time))
+        return Committed(tx.lsn, tx.end_lsn, kept)
+
+    def _row(self, tag: str, r: _Reader) -> None:
+        (relid,) = struct.unpack_from("!I", r.buf, r.pos)
+        rel = self.relations.get(relid)
+        if rel is None or rel.table == self.ddl_table or not self.selected(rel.table):
+            return super()._row(tag, r)  # as the plain decoder reads it: a DDL row, or dropped
+        r.pos += 4
+        if self.open is None:
+            raise DecodeError("a change outside a transaction")
+        if not self._wants(rel.table, self.open.lsn):
+            return
+        part = self.parts.get(rel.table)
+        if part is None:
+            part = self.parts[rel.table] = _Part(rel)
+        elif part.columns != rel.columns or part.key_flags != rel.key_flags:
+            raise cc.NotColumnar(f"{rel.table}'s columns or replica identity changed within the read")
+        kind = r.byte()
+        before = None
+        if kind in ("K", "O"):
+            before = r.tuple()
+            if tag == "U":
+                kind = r.byte()
+        after = r.tuple() if kind == "N" else None
+        if self._kept_in_open == 0:
+            self._tx = len(self.commits)
+        self._kept_in_open += 1
+        for col, values, (vk, raw) in zip(rel.columns, part.after, after or part.nulls, strict=True):
+            if vk == "u":
+                raise cc.NotColumnar(f"{rel.table}.{col.name}: a TOAST value the source did not send")
+            values.append(self._value(rel, col, vk, raw))
+        for i, values in part.before.items():
+            values.append(None if before is None else self._value(rel, rel.columns[i], *before[i]))
+        part.meta[0].append(self.rows)
+        part.meta[1].append(self._tx)
+        part.meta[2].append(_OP_NAMES[tag])
+        part.meta[3].append(before is not None)
+        self.rows += 1
+        if len(part.meta[0]) >= self.chunk_rows:
+            part.flush()
+
+    @staticmethod
+    def _value(rel: Relation, col: Column, kind: str, raw: bytes | None) -> Any:
+        if kind == "n" or raw is None:
+            return None
+        if kind == "b":
+            raise DecodeError(f"{rel.table}.{col.name}: binary values are not requested")
+        return parse_text(col, bytes(raw).decode())
+
+    def frames(self) -> dict[str, pa.Table]:
+        """Per source table its kept changes of the finished transactions, in source order:
+        ``_tm_row`` (the change's index in the read), ``_tm_pos`` and ``_tm_lsn`` (the commit LSN:
+        pgoutput gives a change no position of its own), ``_tm_time``, ``_tm_tx``, ``_tm_table``,
+        ``_tm_op``, the table's columns, ``_tm_before_<k>`` per replica identity column, ``_tm_has_before``."""
+        lsns = pa.array([lsn for lsn, _ in self.commits], pa.int64())
+        times = pa.array([t for _, t in self.commits], pa.timestamp("us"))
+        finished = self.rows - self._kept_in_open  # a read that ended inside a transaction (the server went quiet)
+        out: dict[str, pa.Table] = {}
+        for table, part in self.parts.items():
+            part.flush()
+            body = pa.concat_tables(part.chunks)
+            body = body.slice(0, pc.sum(pc.less(body[cc.ROW], finished)).as_py() or 0)  # rows are in order: a prefix
+            part.chunks = [body]
+            if not body.num_rows:
+                continue
+            tx = body[cc.TX]
+            lsn = lsns.take(tx)
+            out[table] = pa.table({cc.ROW: body[cc.ROW], cc.POS: lsn, cc.LSN: lsn, cc.TIME: times.take(tx), cc.TX: tx,
+                                   cc.TABLE: pa.repeat(pa.scalar(table), body.num_rows),
+                                   cc.OP: body[cc.OP],
+                                   **{c: body[c] for c in body.column_names if not c.startswith("_tm_")},
+                                   **{c: body[c] for c in body.column_names if c.startswith(cc.before(""))},
+                                   cc.HAS_BEFORE: body[cc.HAS_BEFORE]})
+        return out
+
+
+_OP_NAMES = {"I": Op.INSERT.value, "U": Op.UPDATE.value, "D": Op.DELETE.value}
+
+
+class _Part:
+    """A table's kept changes of a :class:`ColumnDecoder` read: Arrow chunks and the lists filling the next."""
+
+    def __init__(self, rel: Relation) -> None:
+        self.columns, self.key_flags = list(rel.columns), list(rel.key_flags)
+        for c in self.columns:
+            if c.name.startswith("_tm_"):
+                raise cc.NotColumnar(f"{rel.table}: a source column named {c.name!r} (the frame's own prefix)")
+        self.types = [cc.arrow_type(c.type) for c in self.columns]
+        self.keys = [i for i, k in enumerate(self.key_flags) if k]
+        self.nulls = [("n", None)] * len(self.columns)
+        self.chunks: list[pa.Table] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.meta: tuple[list[int], list[int], list[str], list[bool]] = ([], [], [], [])
+        self.after: list[list[Any]] = [[] for _ in self.columns]
+        self.before: dict[int, list[Any]] = {i: [] for i in self.keys}
+
+    def flush(self) -> None:
+        if not self.meta[0]:
+            return
+        row, tx, op, has = self.meta
+        cols: dict[str, pa.Array] = {cc.ROW: pa.array(row, pa.int64()), cc.TX: pa.array(tx, pa.int64()),
+                                     cc.OP: pa.array(op, pa.string()), cc.HAS_BEFORE: pa.array(has, pa.bool_())}
+        for c, t, values in zip(self.columns, self.types, self.after, strict=True):
+            cols[c.name] = pa.array(values, t)
+        for i, values in self.before.items():
+            cols[cc.before(self.columns[i].name)] = pa.array(values, self.types[i])
+        self.chunks.append(pa.table(cols))
+        self._reset()

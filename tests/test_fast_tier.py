@@ -27,6 +27,7 @@ OUTSIDE = {
                                                   "tests/resources",
     "tests/platform_assets/test_cleanup.py": "rounds of OPTIMIZE and VACUUM of bases under running topics (30 s or more each)",
     "tests/bench/test_cdc_apply_bench.py": "runs the benchmark script in its own process (a JVM and PostgreSQL)",
+    "tests/bench/test_cdc_big_tx_bench.py": "runs the benchmark script in its own processes (JVMs and PostgreSQL)",
     "tests/bench/test_maintenance_bench.py": "runs the benchmark script in its own process (a JVM)",
 }
 

@@ -204,7 +204,10 @@ def test_a_paused_replica_is_parked_on_its_own_slot_and_catches_up_when_resumed(
     assert len(replica(spark, s, "r_s7.s7__b", "id")) == 20_003
 
 
-def _random_dml(pg: str, schema: str, seed: int, txs: int, stop: threading.Event | None = None) -> None:
+def _random_dml(pg: str, schema: str, seed: int, txs: int, stop: threading.Event | None = None, *,
+                keyed_only: bool = False) -> None:
+    """Random transactions on ``schema.k`` (keyed) and ``schema.m`` (no key, TRUNCATEs); ``keyed_only``:
+    on ``k`` alone."""
     rnd = random.Random(seed)
     with psycopg.connect(pg, autocommit=True) as conn:
         for _ in range(txs):
@@ -217,24 +220,27 @@ def _random_dml(pg: str, schema: str, seed: int, txs: int, stop: threading.Event
                     if op < 0.35:
                         conn.execute(f"INSERT INTO {schema}.k VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v",
                                      (k, rnd.randint(0, 9)))
-                        conn.execute(f"INSERT INTO {schema}.m VALUES (%s)", (rnd.randint(0, 5),))
+                        if not keyed_only:
+                            conn.execute(f"INSERT INTO {schema}.m VALUES (%s)", (rnd.randint(0, 5),))
                     elif op < 0.6:
                         conn.execute(f"UPDATE {schema}.k SET v = v + 1 WHERE id = %s", (k,))
-                        conn.execute(f"UPDATE {schema}.m SET x = x + 1 WHERE ctid IN (SELECT ctid FROM {schema}.m "
+                        if not keyed_only:
+                            conn.execute(f"UPDATE {schema}.m SET x = x + 1 WHERE ctid IN (SELECT ctid FROM {schema}.m "
                                      f"WHERE x = %s LIMIT 1)", (rnd.randint(0, 5),))
                     elif op < 0.75:  # key change (skipped when the new key is taken)
                         conn.execute(f"UPDATE {schema}.k SET id = %s WHERE id = %s AND NOT EXISTS "
                                      f"(SELECT 1 FROM {schema}.k WHERE id = %s)", (k + 100, k, k + 100))
                     elif op < 0.97:
                         conn.execute(f"DELETE FROM {schema}.k WHERE id = %s", (k,))
-                        conn.execute(f"DELETE FROM {schema}.m WHERE ctid IN (SELECT ctid FROM {schema}.m WHERE x = %s "
+                        if not keyed_only:
+                            conn.execute(f"DELETE FROM {schema}.m WHERE ctid IN (SELECT ctid FROM {schema}.m WHERE x = %s "
                                      f"LIMIT 1)", (rnd.randint(0, 5),))
-                    else:
+                    elif not keyed_only:
                         conn.execute(f"TRUNCATE {schema}.m")
 
 
 def _equal(spark: Any, s: Settings, pg: str, schema: str) -> None:
-    assert replica(spark, s, f"r_{schema}.{schema}__k", "id,v") == sorted(query(pg, f"SELECT id, v FROM {schema}.k"))
+    _equal_k(spark, s, pg, schema)
     got = Counter(r[0] for r in replica(spark, s, f"r_{schema}.{schema}__m", "x"))
     assert got == Counter(r[0] for r in query(pg, f"SELECT x FROM {schema}.m"))
 
@@ -282,6 +288,45 @@ def test_sigkill_between_the_delta_commit_and_the_slot_ack(settings: Settings, t
     _equal(spark, s, pg, "s4")
     slot = query(pg, "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'tidemark_s4'")[0][0]
     assert slot is not None  # acknowledged after the last commit
+
+
+@pytest.mark.slow
+def test_keyed_replicas_take_the_columnar_path_and_end_equal_after_sigkills(settings: Settings, tmp_path: Path, pg: str,
+                                                                           spark, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keyed tables only: units read as Arrow columns (``read_columns``) and reduced on columns, with
+    key changes; killed at each crash point of a unit, then run to the end: equal to the source."""
+    from lineage import cdc_columns
+
+    sql(pg, "CREATE SCHEMA s8", "CREATE TABLE s8.k (id int PRIMARY KEY, v int)")
+    s = setup(settings, tmp_path, pg, "s8", maxstep=30)
+    env = {"TM_TEST_DSN": pg}
+    assert tidemark(s, "cdc", "run", "s8", env=env).returncode == 0  # the snapshot
+    calls = {"n": 0}
+    reduce = cdc_columns.reduce_scd1
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        calls["n"] += 1
+        return reduce(*a, **kw)
+
+    monkeypatch.setattr(cdc_columns, "reduce_scd1", counted)
+    _random_dml(pg, "s8", 80, 40, keyed_only=True)
+    run(spark, s, "s8")
+    assert calls["n"] >= 3  # several units, each reduced on columns
+    _equal_k(spark, s, pg, "s8")
+    kills = 0
+    for i, point in enumerate(["cdc-planned", "cdc-written", "cdc-committed"]):
+        _random_dml(pg, "s8", 300 + i, 25, keyed_only=True)
+        crashed = tidemark(s, "cdc", "run", "s8", env={**env, "TIDEMARK_CRASH_AT": point})
+        assert crashed.returncode in (0, -signal.SIGKILL), (point, crashed.stdout, crashed.stderr[-2000:])
+        kills += crashed.returncode == -signal.SIGKILL
+    assert kills >= 2
+    done = tidemark(s, "cdc", "run", "s8", "--until-caught-up", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _equal_k(spark, s, pg, "s8")
+
+
+def _equal_k(spark: Any, s: Settings, pg: str, schema: str) -> None:
+    assert replica(spark, s, f"r_{schema}.{schema}__k", "id,v") == sorted(query(pg, f"SELECT id, v FROM {schema}.k"))
 
 
 def test_replicas_are_dagster_assets_run_by_the_slot_sensor_with_metadata_and_checks(spark, settings: Settings, tmp_path: Path,

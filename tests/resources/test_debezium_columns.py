@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from lineage.cdc import Op
+from lineage.cdc import Op, RowChange, TableSchema, Transaction
 from lineage.cdc_columns import arrow_type
 from resources import debezium_source
 from resources.debezium_source import ColumnRead, DebeziumFileSource, DebeziumFormatError, position
@@ -142,17 +142,28 @@ def flatten(src: DebeziumFileSource, after: int, *, upto: int | None, max_change
 
     schemas = src.tables()
     txs = src.read(after, upto=upto, max_changes=max_changes, wanted=wanted)
+    return ColumnRead(frame_from(txs, schemas, positions), len(txs), txs[-1].lsn if txs else 0)
+
+
+def frame_from(txs: Sequence[Transaction], schemas: Mapping[str, TableSchema], positions: Sequence[int], *,
+               only: str | None = None) -> pa.Table:
+    """Transactions of row changes (read()'s answer) flattened, in Python, into read_columns' frame;
+    ``positions``: each change's ``_tm_pos``. ``only``: that table's part (with ``_tm_row``)."""
     rows: list[dict[str, Any]] = []
     for n, tx in enumerate(txs):
         for ch in tx.changes:
-            assert not isinstance(ch, Op)
-            rows.append({"_tm_lsn": tx.lsn, "_tm_time": tx.commit_time, "_tm_tx": n, "_tm_table": ch.table,  # type: ignore[union-attr]
-                         "_tm_op": ch.op.value, "after": ch.after, "before": ch.before})  # type: ignore[union-attr]
+            assert isinstance(ch, RowChange)
+            rows.append({"_tm_row": len(rows), "_tm_lsn": tx.lsn, "_tm_time": tx.commit_time, "_tm_tx": n,
+                         "_tm_table": ch.table, "_tm_op": ch.op.value, "after": ch.after, "before": ch.before})
     assert len(rows) == len(positions)
+    if only is not None:
+        positions = [p for p, r in zip(positions, rows, strict=True) if r["_tm_table"] == only]
+        rows = [r for r in rows if r["_tm_table"] == only]
     in_frame = list(dict.fromkeys(r["_tm_table"] for r in rows))
     types = {c.name: c.type for t in in_frame for c in schemas[t].columns}
     keys = list(dict.fromkeys(k for t in in_frame for k in schemas[t].key))
     cols: dict[str, pa.Array] = {
+        **({"_tm_row": pa.array([r["_tm_row"] for r in rows], pa.int64())} if only is not None else {}),
         "_tm_pos": pa.array(positions, pa.int64()), "_tm_lsn": pa.array([r["_tm_lsn"] for r in rows], pa.int64()),
         "_tm_time": pa.array([r["_tm_time"] for r in rows], pa.timestamp("us")),
         "_tm_tx": pa.array([r["_tm_tx"] for r in rows], pa.int64()),
@@ -164,7 +175,7 @@ def flatten(src: DebeziumFileSource, after: int, *, upto: int | None, max_change
         cols[f"_tm_before_{k}"] = pa.array([(r["before"] or {}).get(k) if k in schemas[r["_tm_table"]].key else None
                                             for r in rows], arrow_type(types[k]))
     cols["_tm_has_before"] = pa.array([r["before"] is not None for r in rows], pa.bool_())
-    return ColumnRead(pa.table(cols), len(txs), txs[-1].lsn if txs else 0)
+    return pa.table(cols)
 
 
 def same(src: DebeziumFileSource, after: int = 0, *, upto: int | None = None, max_changes: int = 100_000,
