@@ -23,6 +23,7 @@ others null where the key ends absent), ``_tm_seq``, ``_tm_time`` and ``_tm_pres
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,6 +59,28 @@ def before(key_column: str) -> str:
 
 
 @dataclass(frozen=True)
+class Spilled:
+    """A table's changes of a read too big to hold, written as they streamed to a Parquet file that
+    Spark reads (the columns of a ``parts`` table, without ``_tm_pos`` and ``_tm_table``), and its
+    figures. Only rows with ``_tm_row`` below ``rows_below`` belong to the read."""
+
+    path: str
+    rows_below: int
+    count: int
+    first_row: int
+    last_row: int
+    oldest: dt.datetime | None
+    lsn: int  # the commit LSN of its last change
+    inserts: int
+    updates: int
+    deletes: int
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"inserts": self.inserts, "updates": self.updates, "deletes": self.deletes, "truncates": 0}
+
+
+@dataclass(frozen=True)
 class ColumnRead:
     """What a source's ``read_columns`` returns: its ``read()``'s answer as Arrow tables — one
     ``frame`` of every table's changes (columns shared by name), or, with ``parts``, one table per
@@ -67,10 +90,12 @@ class ColumnRead:
     transactions: int  # how many Transaction objects read() would have returned for the same call
     lsn: int  # where the read ended: the position a unit plans up to (as the caller takes it from read())
     parts: dict[str, pa.Table] | None = None
+    spilled: dict[str, Spilled] | None = None  # tables whose changes went to Parquet files (not in parts)
 
     @property
     def rows(self) -> int:
-        return self.frame.num_rows + sum(p.num_rows for p in (self.parts or {}).values())
+        return (self.frame.num_rows + sum(p.num_rows for p in (self.parts or {}).values())
+                + sum(s.count for s in (self.spilled or {}).values()))
 
     def by_table(self) -> dict[str, pa.Table]:
         """Per source table its changes in source order, each with ``_tm_row``."""

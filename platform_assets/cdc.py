@@ -30,11 +30,15 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import inspect
 import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lineage import cdc_columns
@@ -78,6 +82,19 @@ PROCESSOR = "cdc"
 log = logging.getLogger(__name__)
 
 
+def spill_rows_setting() -> int:
+    """Changes a unit's columnar read holds in memory before it spills them to Parquet
+    (``$TIDEMARK_CDC_SPILL_ROWS``, default 1,000,000)."""
+    raw = os.environ.get("TIDEMARK_CDC_SPILL_ROWS", "1000000")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise TidemarkError(f"TIDEMARK_CDC_SPILL_ROWS={raw!r}: expected a whole number of changes >= 1")
+    return value
+
+
 def retryable(exc: BaseException) -> bool:
     """A failure that may pass by itself (the source is down or busy), as opposed to one that needs a fix."""
     text = str(exc)
@@ -107,6 +124,9 @@ class ReplicatorUnit:
         self.owner = engine.owner
         self.tables: dict[str, Table] = {}
         self.paused: dict[str, str] = {}  # replicas paused while the unit looked at the source's schemas
+        warehouse = engine.settings.warehouse
+        # where a read too big to hold spills (Spark reads it: a local warehouse means Spark sees this host's files)
+        self._spill_dir = None if "://" in warehouse else Path(engine.settings.home) / "spill" / rep.spec.name
 
     # ------------------------------------------------------------------ state
     def _record(self, key: str, note: str) -> OffsetRecord:
@@ -346,12 +366,22 @@ class ReplicatorUnit:
                          self.spec.name, t.replica)
 
     def _stream(self, rec: OffsetRecord, result: CdcResult, lease: LeaseKeeper) -> None:
+        if self._spill_dir is not None:  # under the replicator's lock: what is there was left by a killed unit
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
+        try:
+            self._stream_unit(rec, result, lease)
+        finally:
+            if self._spill_dir is not None:
+                shutil.rmtree(self._spill_dir, ignore_errors=True)
+
+    def _stream_unit(self, rec: OffsetRecord, result: CdcResult, lease: LeaseKeeper) -> None:
         store = self.engine.store
         key = self.spec.state_key
         active = [t.applied for t in self.tables.values() if t.applied is not None and t.active and not t.parked]
         after = min(active) if active else 0  # paused replicas hold the acknowledgement back, not the reading
         txs: list[Transaction] | None = None
         if rec.pending:  # a unit planned before a crash: exactly its transactions again, numbered alike
+            result.redone = True
             unit, upto = rec.seq, int(rec.source_version or 0)
             first = (rec.inputs_next or {}).get("first", rec.inputs.get("changes", 0) + 1)
             cols = self._read_columns(after, upto=upto, max_changes=10**12)
@@ -409,30 +439,49 @@ class ReplicatorUnit:
             if on and (t.layout.multiset or t.layout.scd is not Scd.TYPE1):
                 return None
             wanted_after[t.source] = t.applied if on else None
-        return read(after, upto=upto, max_changes=max_changes, wanted_after=wanted_after)
+        kwargs: dict[str, Any] = {}
+        if self._spill_dir is not None and "spill_dir" in inspect.signature(read).parameters:
+            kwargs = {"spill_dir": self._spill_dir / f"unit-{time.time_ns()}", "spill_rows": spill_rows_setting()}
+        return read(after, upto=upto, max_changes=max_changes, wanted_after=wanted_after, **kwargs)
 
     def _column_runs(self, cols: cdc_columns.ColumnRead, first: int) -> dict[str, Run] | None:
-        """Per source table, its changes of a columnar read reduced on columns, numbered from ``first``
-        in source order as :func:`lineage.cdc.number` numbers them; None when a table's changes need
-        the Python path (:class:`lineage.cdc_columns.NotColumnar`, or an error it reports its own way)."""
+        """Per source table, its changes of a columnar read reduced on columns (in Spark for a table
+        spilled to Parquet), numbered from ``first`` in source order as :func:`lineage.cdc.number`
+        numbers them; None when a table's changes need the Python path
+        (:class:`lineage.cdc_columns.NotColumnar`, or an error it reports its own way)."""
         import pyarrow.compute as pc
+        import pyarrow.parquet as pq
 
         runs: dict[str, Run] = {}
-        for name, part in cols.by_table().items():
-            t = self.tables[name]
-            rows = part.append_column(cdc_columns.SEQ, pc.add(part[cdc_columns.ROW], first))
-            missing = [c for c in (*t.layout.schema.names, *map(cdc_columns.before, t.layout.key)) if c not in rows.column_names]
-            try:
-                if missing:
-                    raise cdc_columns.NotColumnar(f"the read holds no column {', '.join(missing)}")
+        try:
+            for name, part in cols.by_table().items():
+                t = self.tables[name]
+                rows = part.append_column(cdc_columns.SEQ, pc.add(part[cdc_columns.ROW], first))
+                self._check_columns(t, rows.column_names)
                 effect = cdc_columns.reduce_scd1(rows, t.layout.key, t.layout.schema.names, table=name)
-            except (cdc_columns.NotColumnar, BatchError) as exc:
-                log.info("replicator %s: %s reduced change by change (%s)", self.spec.name, name, exc)
-                return None
-            runs[name] = Run(rows[cdc_columns.SEQ][0].as_py(), rows[cdc_columns.SEQ][-1].as_py(), rows.num_rows,
-                             pc.min(rows[cdc_columns.TIME]).as_py(), rows[cdc_columns.LSN][-1].as_py(),
-                             functools.partial(self._land_columns, t, effect))
+                runs[name] = Run(rows[cdc_columns.SEQ][0].as_py(), rows[cdc_columns.SEQ][-1].as_py(), rows.num_rows,
+                                 pc.min(rows[cdc_columns.TIME]).as_py(), rows[cdc_columns.LSN][-1].as_py(),
+                                 functools.partial(self._land_columns, t, effect))
+            for name, spilled in (cols.spilled or {}).items():
+                t = self.tables[name]
+                self._check_columns(t, pq.read_schema(spilled.path).names)
+                df = cdc_apply.spilled_effect(self.engine.spark, spilled, t.layout, first, table=name)
+                runs[name] = Run(first + spilled.first_row, first + spilled.last_row, spilled.count,
+                                 spilled.oldest or ZERO_TS, spilled.lsn, functools.partial(self._land_spilled, t, df, spilled))
+        except (cdc_columns.NotColumnar, BatchError) as exc:
+            log.info("replicator %s: reduced change by change (%s)", self.spec.name, exc)
+            return None
         return runs
+
+    @staticmethod
+    def _check_columns(t: Table, have: list[str]) -> None:
+        missing = [c for c in (*t.layout.schema.names, *map(cdc_columns.before, t.layout.key)) if c not in have]
+        if missing:
+            raise cdc_columns.NotColumnar(f"{t.source}: the read holds no column {', '.join(missing)}")
+
+    def _land_spilled(self, t: Table, effect: Any, spilled: cdc_columns.Spilled, commit: Commit) -> dict[str, int]:
+        cdc_apply.apply_scd1_spilled(self.engine.spark, t.path, t.layout, effect, commit)
+        return spilled.counts
 
     def _land_columns(self, t: Table, effect: cdc_columns.ColumnEffect, commit: Commit) -> dict[str, int]:
         cdc_apply.apply_scd1_columns(self.engine.spark, t.path, t.layout, effect, commit)

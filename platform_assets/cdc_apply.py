@@ -261,6 +261,57 @@ def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: c
                        seq=commit.version, meta=commit.meta)
 
 
+def spilled_effect(spark: SparkSession, spilled: cdc_columns.Spilled, layout: Layout, first: int, *, table: str) -> DataFrame:
+    """:func:`lineage.cdc_columns.reduce_scd1` in Spark, over a table's changes spilled to Parquet
+    (a read too big to hold): the last touch of every key, numbered ``first + _tm_row``. Raises
+    :class:`~lineage.cdc_columns.NotColumnar` and :class:`~lineage.cdc.BatchError` as it does (one
+    aggregate over the file, before anything is written)."""
+    from functools import reduce
+
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from lineage.cdc import BatchError, Op
+
+    c = cdc_columns
+    df = spark.read.parquet(spilled.path).where(F.col(c.ROW) < spilled.rows_below)
+    op = F.col(c.OP)
+    is_upd, is_del = op == Op.UPDATE.value, op == Op.DELETE.value
+    sets = (op == Op.INSERT.value) | is_upd
+    has_before = F.coalesce(F.col(c.HAS_BEFORE), F.lit(False))
+    same_key = reduce(lambda a, b: a & b, [F.col(quote(k)).eqNullSafe(F.col(quote(c.before(k)))) for k in layout.key])
+    clears = is_del | (is_upd & has_before & ~same_key)
+    flags = {"delete without a before-image": is_del & ~has_before,
+             **{f"a null value of key column {k!r}": sets & F.col(quote(k)).isNull() for k in layout.key},
+             **{f"a before-image without key column {k!r}": clears & F.col(quote(c.before(k))).isNull() for k in layout.key}}
+    found = df.agg(*[F.max(cond.cast("int")).alias(f"f{i}") for i, cond in enumerate(flags.values())]).first()
+    bad = [what for i, what in enumerate(flags) if found is not None and found[f"f{i}"] == 1]
+    if bad and bad[0] == "delete without a before-image":
+        raise BatchError(f"{table}: a DELETE without a before-image (the source sent no old key)")
+    if bad:
+        raise c.NotColumnar(bad[0])
+    names = [col.name for col in layout.schema.columns]
+    seq = (F.col(c.ROW) + F.lit(first)).alias(c.SEQ)
+    set_rows = df.where(sets).select(*[F.col(quote(n)) for n in names], seq, F.col(c.TIME), F.lit(True).alias(PRESENT))
+    cleared = df.where(clears).select(
+        *[(F.col(quote(c.before(col.name))) if col.name in layout.key else F.lit(None).cast(col.type)).alias(col.name)
+          for col in layout.schema.columns], seq, F.col(c.TIME), F.lit(False).alias(PRESENT))
+    last = Window.partitionBy(*[F.col(quote(k)) for k in layout.key]).orderBy(F.col(c.SEQ).desc())
+    return (set_rows.unionByName(cleared).withColumn("_tm_rank", F.row_number().over(last))
+            .where(F.col("_tm_rank") == 1).drop("_tm_rank"))
+
+
+def apply_scd1_spilled(spark: SparkSession, path: str, layout: Layout, effect: DataFrame, commit: Commit) -> None:
+    """:func:`apply_scd1_columns` for an effect :func:`spilled_effect` computed in Spark: the same MERGE."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    source = effect.select(*[F.col(quote(col.name)).cast(col.type).alias(col.name) for col in layout.schema.columns],
+                           F.col(cdc_columns.SEQ).alias(SEQ), F.col(cdc_columns.TIME).cast("timestamp").alias(COMMIT_TS),
+                           F.col(PRESENT))
+    spark_io.run_merge(spark, _scd1_sql(path, layout, None), source, app_id=commit.app_id, seq=commit.version,
+                       meta=commit.meta)
+
+
 def _scd1_sql(path: str, layout: Layout, truncated_at: int | None) -> str:
     """The MERGE of an SCD1 effect (source ``s``: the source's columns, ``_sequence_num``, ``_commit_ts``
     and ``_tm_present``): a key's newer state replaces the replica's, an absent one deletes it

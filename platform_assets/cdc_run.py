@@ -42,7 +42,8 @@ def open_source(rep: Replicator) -> ChangeSource:
 
 def run_replicator(engine: Engine, rep: Replicator, *, until_caught_up: bool = False, retries: int = 4,
                    backoff_s: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> Iterator[CdcResult]:
-    """Units of one replicator: one, or until a unit finds nothing to do. A retryable failure (the
+    """Units of one replicator: one, or until a unit finds nothing to do (a unit redone after a crash
+    does not count as finding nothing). A retryable failure (the
     source unreachable) is retried ``retries`` times with exponential backoff (2, 4, 8, 16 s); the
     replicator's state says ``failing: ...`` meanwhile, and the last failure is raised."""
     source = open_source(rep)
@@ -61,7 +62,7 @@ def run_replicator(engine: Engine, rep: Replicator, *, until_caught_up: bool = F
                 continue
             attempt = 0
             yield result
-            if not until_caught_up or not result.processed or result.paused:
-                return
+            if not until_caught_up or not (result.processed or result.redone) or result.paused:
+                return  # (a unit redone after a crash may find its writes landed: more may wait behind it)
     finally:
         source.close()

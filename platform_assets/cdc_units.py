@@ -88,6 +88,7 @@ class CdcResult:
     acked: int | None = None
     lag_s: float | None = None  # oldest applied source commit -> its replica commit
     duration_s: float = 0.0
+    redone: bool = False  # it finished a unit planned before a crash (perhaps with nothing left to write)
 
     @property
     def processed(self) -> bool:

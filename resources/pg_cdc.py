@@ -29,6 +29,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -335,21 +336,25 @@ class PostgresSource:
         return self._read(after, upto, max_changes, Decoder(self.selection, self.ddl_table, wanted), slot or self.slot)
 
     def read_columns(self, after: int, *, upto: int | None = None, max_changes: int = 100_000,
-                     wanted_after: Mapping[str, int | None]) -> ColumnRead | None:
-        """``read(after, upto=upto, max_changes=max_changes, wanted=...)`` on the main slot as one
-        Arrow table (:class:`resources.pg_decode.ColumnDecoder`: values turned into Arrow every 64k
-        changes, so a big transaction is held as Arrow buffers, not Python objects);
+                     wanted_after: Mapping[str, int | None], spill_dir: Path | None = None,
+                     spill_rows: int = 1_000_000) -> ColumnRead | None:
+        """``read(after, upto=upto, max_changes=max_changes, wanted=...)`` on the main slot as Arrow
+        tables, one per source table (:class:`resources.pg_decode.ColumnDecoder`: values turned into
+        Arrow every 64k changes, so a big transaction is held as Arrow buffers, not Python objects);
         ``wanted_after[t]``: changes of ``t`` committed after that LSN are wanted (None: none are).
-        None when the span holds what only read() carries (a new table, DDL, TRUNCATE, a TOAST value
-        not sent): the caller then reads it with read(). ``lsn``: where the read ended, as
+        With ``spill_dir``, a read past ``spill_rows`` changes writes them to Parquet files there as
+        they stream (``ColumnRead.spilled``; the caller removes the directory). None when the span
+        holds what only read() carries (a new table, DDL, TRUNCATE, a TOAST value not sent): the
+        caller then reads it with read(). ``lsn``: where the read ended, as
         ``max(ReadResult.end, the last transaction's lsn)``."""
-        decoder = ColumnDecoder(self.selection, self.ddl_table, wanted_after)
+        decoder = ColumnDecoder(self.selection, self.ddl_table, wanted_after, spill_dir=spill_dir, spill_rows=spill_rows)
         try:
             txs = self._read(after, upto, max_changes, decoder, self.slot)
         except NotColumnar as exc:
             log.info("%s: changes after %s read change by change (%s)", self.where, format_lsn(after), exc)
             return None
-        return ColumnRead(cc.empty_frame(), len(txs), max(txs.end, txs[-1].lsn if txs else 0), parts=decoder.frames())
+        return ColumnRead(cc.empty_frame(), len(txs), max(txs.end, txs[-1].lsn if txs else 0), parts=decoder.frames(),
+                          spilled=decoder.spilled() or None)
 
     def _read(self, after: int, upto: int | None, max_changes: int, decoder: Decoder, slot: str) -> ReadResult:
         with self._sql() as conn:

@@ -8,6 +8,7 @@ stream (pgoutput sends values as text) and the snapshot (``resources.pg_cdc``) g
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import re
@@ -15,10 +16,12 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from lineage import cdc_columns as cc
 from lineage.cdc import Change, Column, DdlChange, DdlKind, Op, RowChange, TableSchema, Transaction
@@ -394,7 +397,9 @@ class ColumnDecoder(Decoder):
     table per source table (:class:`lineage.cdc_columns.ColumnRead` ``parts``), instead of
     :class:`RowChange` objects: values are parsed by :func:`parse_text` as there and turned into
     Arrow every ``chunk_rows`` changes of a table, so a transaction of millions of rows is held as
-    Arrow buffers, not a Python object per value.
+    Arrow buffers, not a Python object per value. With ``spill_dir``, once a read holds
+    ``spill_rows`` changes every table's chunks go to a Parquet file there as they fill
+    (``ColumnRead.spilled``): the process then holds one chunk per table, whatever the read's size.
 
     ``wanted_after[t]``: changes of ``t`` committed after that LSN are kept (None: none are). It
     raises :class:`lineage.cdc_columns.NotColumnar` (the caller reads the same span with a plain
@@ -403,13 +408,15 @@ class ColumnDecoder(Decoder):
     column named ``_tm_*``, a table whose columns or replica identity change within the read."""
 
     def __init__(self, selected: Callable[[str], bool], ddl_table: str, wanted_after: Mapping[str, int | None],
-                 *, chunk_rows: int = 65_536) -> None:
+                 *, chunk_rows: int = 65_536, spill_dir: Path | None = None, spill_rows: int = 1_000_000) -> None:
         super().__init__(selected, ddl_table, self._wants)
         self.wanted_after, self.chunk_rows = wanted_after, chunk_rows
+        self.spill_dir, self.spill_rows = spill_dir, spill_rows
+        self.spilling = False
         self.parts: dict[str, _Part] = {}
-        self.commits: list[tuple[int, dt.datetime]] = []  # per kept transaction: commit LSN and time
+        self.transactions = 0  # finished transactions with kept changes
         self.rows = 0  # kept changes so far (finished transactions and the open one)
-        self._kept_in_open = self._tx = 0
+        self._kept_in_open = 0
 
     def _wants(self, table: str, lsn: int) -> bool:
         if table not in self.wanted_after:
@@ -428,7 +435,9 @@ class ColumnDecoder(Decoder):
             raise DecodeError("a COMMIT without its transaction")
         kept, self._kept_in_open = self._kept_in_open, 0
         if kept:
-            self.commits.append((tx.lsn, tx.commit_time))
+            self.transactions += 1
+            for part in self.parts.values():
+                part.commit()
         return Committed(tx.lsn, tx.end_lsn, kept)
 
     def _row(self, tag: str, r: _Reader) -> None:
@@ -437,13 +446,16 @@ class ColumnDecoder(Decoder):
         if rel is None or rel.table == self.ddl_table or not self.selected(rel.table):
             return super()._row(tag, r)  # as the plain decoder reads it: a DDL row, or dropped
         r.pos += 4
-        if self.open is None:
+        tx = self.open
+        if tx is None:
             raise DecodeError("a change outside a transaction")
-        if not self._wants(rel.table, self.open.lsn):
+        if not self._wants(rel.table, tx.lsn):
             return
         part = self.parts.get(rel.table)
         if part is None:
             part = self.parts[rel.table] = _Part(rel)
+            if self.spilling:
+                part.spill(self._spill_path(rel.table))
         elif part.columns != rel.columns or part.key_flags != rel.key_flags:
             raise cc.NotColumnar(f"{rel.table}'s columns or replica identity changed within the read")
         kind = r.byte()
@@ -453,22 +465,25 @@ class ColumnDecoder(Decoder):
             if tag == "U":
                 kind = r.byte()
         after = r.tuple() if kind == "N" else None
-        if self._kept_in_open == 0:
-            self._tx = len(self.commits)
-        self._kept_in_open += 1
         for col, values, (vk, raw) in zip(rel.columns, part.after, after or part.nulls, strict=True):
             if vk == "u":
                 raise cc.NotColumnar(f"{rel.table}.{col.name}: a TOAST value the source did not send")
             values.append(self._value(rel, col, vk, raw))
         for i, values in part.before.items():
             values.append(None if before is None else self._value(rel, rel.columns[i], *before[i]))
-        part.meta[0].append(self.rows)
-        part.meta[1].append(self._tx)
-        part.meta[2].append(_OP_NAMES[tag])
-        part.meta[3].append(before is not None)
+        part.add(self.rows, self.transactions, tx.lsn, tx.commit_time, _OP_NAMES[tag], before is not None)
         self.rows += 1
-        if len(part.meta[0]) >= self.chunk_rows:
+        self._kept_in_open += 1
+        if len(part.row) >= self.chunk_rows:
             part.flush()
+        if self.spill_dir is not None and not self.spilling and self.rows >= self.spill_rows:
+            self.spilling = True
+            for table, p in self.parts.items():
+                p.spill(self._spill_path(table))
+
+    def _spill_path(self, table: str) -> Path:
+        assert self.spill_dir is not None  # noqa: S101 - only called while spilling
+        return self.spill_dir / f"{len(self.parts):04d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', table)}.parquet"
 
     @staticmethod
     def _value(rel: Relation, col: Column, kind: str, raw: bytes | None) -> Any:
@@ -479,37 +494,72 @@ class ColumnDecoder(Decoder):
         return parse_text(col, bytes(raw).decode())
 
     def frames(self) -> dict[str, pa.Table]:
-        """Per source table its kept changes of the finished transactions, in source order:
-        ``_tm_row`` (the change's index in the read), ``_tm_pos`` and ``_tm_lsn`` (the commit LSN:
-        pgoutput gives a change no position of its own), ``_tm_time``, ``_tm_tx``, ``_tm_table``,
+        """Per source table held in memory its kept changes of the finished transactions, in source
+        order: ``_tm_row`` (the change's index in the read), ``_tm_pos`` and ``_tm_lsn`` (the commit
+        LSN: pgoutput gives a change no position of its own), ``_tm_time``, ``_tm_tx``, ``_tm_table``,
         ``_tm_op``, the table's columns, ``_tm_before_<k>`` per replica identity column, ``_tm_has_before``."""
-        lsns = pa.array([lsn for lsn, _ in self.commits], pa.int64())
-        times = pa.array([t for _, t in self.commits], pa.timestamp("us"))
         finished = self.rows - self._kept_in_open  # a read that ended inside a transaction (the server went quiet)
         out: dict[str, pa.Table] = {}
         for table, part in self.parts.items():
+            if part.writer is not None:
+                continue
             part.flush()
-            body = pa.concat_tables(part.chunks)
+            body = pa.concat_tables(part.chunks) if part.chunks else None
+            if body is None:
+                continue
             body = body.slice(0, pc.sum(pc.less(body[cc.ROW], finished)).as_py() or 0)  # rows are in order: a prefix
             part.chunks = [body]
-            if not body.num_rows:
+            if body.num_rows:
+                out[table] = body.add_column(1, cc.POS, body[cc.LSN]).add_column(
+                    6, cc.TABLE, pa.repeat(pa.scalar(table), body.num_rows))
+        return out
+
+    def spilled(self) -> dict[str, cc.Spilled]:
+        """Per source table written to Parquet (:meth:`frames` holds the others) its file and figures."""
+        out: dict[str, cc.Spilled] = {}
+        for table, part in self.parts.items():
+            if part.writer is None:
                 continue
-            tx = body[cc.TX]
-            lsn = lsns.take(tx)
-            out[table] = pa.table({cc.ROW: body[cc.ROW], cc.POS: lsn, cc.LSN: lsn, cc.TIME: times.take(tx), cc.TX: tx,
-                                   cc.TABLE: pa.repeat(pa.scalar(table), body.num_rows),
-                                   cc.OP: body[cc.OP],
-                                   **{c: body[c] for c in body.column_names if not c.startswith("_tm_")},
-                                   **{c: body[c] for c in body.column_names if c.startswith(cc.before(""))},
-                                   cc.HAS_BEFORE: body[cc.HAS_BEFORE]})
+            part.flush()
+            part.writer.close()
+            part.writer = None
+            if part.stats.count:
+                out[table] = cc.Spilled(str(part.path), self.rows - self._kept_in_open, **dataclasses.asdict(part.stats))
         return out
 
 
 _OP_NAMES = {"I": Op.INSERT.value, "U": Op.UPDATE.value, "D": Op.DELETE.value}
 
 
+@dataclass
+class _Stats:
+    """Figures of a table's kept changes (a :class:`lineage.cdc_columns.Spilled`'s)."""
+
+    count: int = 0
+    first_row: int = 0
+    last_row: int = 0
+    oldest: dt.datetime | None = None
+    lsn: int = 0
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+
+    def fold(self, other: _Stats) -> None:
+        if not other.count:
+            return
+        if not self.count:
+            self.first_row = other.first_row
+        self.count += other.count
+        self.last_row, self.lsn = other.last_row, other.lsn
+        self.oldest = other.oldest if self.oldest is None or (other.oldest and other.oldest < self.oldest) else self.oldest
+        self.inserts += other.inserts
+        self.updates += other.updates
+        self.deletes += other.deletes
+
+
 class _Part:
-    """A table's kept changes of a :class:`ColumnDecoder` read: Arrow chunks and the lists filling the next."""
+    """A table's kept changes of a :class:`ColumnDecoder` read: Arrow chunks (or, spilling, a Parquet
+    file) and the lists filling the next."""
 
     def __init__(self, rel: Relation) -> None:
         self.columns, self.key_flags = list(rel.columns), list(rel.key_flags)
@@ -519,23 +569,63 @@ class _Part:
         self.types = [cc.arrow_type(c.type) for c in self.columns]
         self.keys = [i for i, k in enumerate(self.key_flags) if k]
         self.nulls = [("n", None)] * len(self.columns)
+        self.schema = pa.schema([(cc.ROW, pa.int64()), (cc.LSN, pa.int64()), (cc.TIME, pa.timestamp("us")),
+                                 (cc.TX, pa.int64()), (cc.OP, pa.string()),
+                                 *((c.name, t) for c, t in zip(self.columns, self.types, strict=True)),
+                                 *((cc.before(self.columns[i].name), self.types[i]) for i in self.keys),
+                                 (cc.HAS_BEFORE, pa.bool_())])
         self.chunks: list[pa.Table] = []
+        self.writer: pq.ParquetWriter | None = None
+        self.path: Path | None = None
+        self.stats, self.open = _Stats(), _Stats()
         self._reset()
 
     def _reset(self) -> None:
-        self.meta: tuple[list[int], list[int], list[str], list[bool]] = ([], [], [], [])
+        self.row: list[int] = []
+        self.meta: tuple[list[int], list[int], list[dt.datetime], list[str], list[bool]] = ([], [], [], [], [])
         self.after: list[list[Any]] = [[] for _ in self.columns]
         self.before: dict[int, list[Any]] = {i: [] for i in self.keys}
 
+    def add(self, row: int, tx: int, lsn: int, time: dt.datetime, op: str, has_before: bool) -> None:
+        self.row.append(row)
+        for values, v in zip(self.meta, (tx, lsn, time, op, has_before), strict=True):
+            values.append(v)  # type: ignore[attr-defined]
+        o = self.open
+        if not o.count:
+            o.first_row, o.oldest = row, time
+        o.count += 1
+        o.last_row, o.lsn = row, lsn
+        if op == Op.INSERT.value:
+            o.inserts += 1
+        elif op == Op.UPDATE.value:
+            o.updates += 1
+        else:
+            o.deletes += 1
+
+    def commit(self) -> None:
+        self.stats.fold(self.open)
+        self.open = _Stats()
+
+    def spill(self, path: Path) -> None:
+        """From now on, chunks go to the Parquet file ``path`` (those held so far first)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.writer = path, pq.ParquetWriter(path, self.schema)
+        for chunk in self.chunks:
+            self.writer.write_table(chunk)
+        self.chunks = []
+
     def flush(self) -> None:
-        if not self.meta[0]:
+        if not self.row:
             return
-        row, tx, op, has = self.meta
-        cols: dict[str, pa.Array] = {cc.ROW: pa.array(row, pa.int64()), cc.TX: pa.array(tx, pa.int64()),
-                                     cc.OP: pa.array(op, pa.string()), cc.HAS_BEFORE: pa.array(has, pa.bool_())}
-        for c, t, values in zip(self.columns, self.types, self.after, strict=True):
-            cols[c.name] = pa.array(values, t)
-        for i, values in self.before.items():
-            cols[cc.before(self.columns[i].name)] = pa.array(values, self.types[i])
-        self.chunks.append(pa.table(cols))
+        tx, lsn, time, op, has = self.meta
+        arrays = [pa.array(self.row, pa.int64()), pa.array(lsn, pa.int64()), pa.array(time, pa.timestamp("us")),
+                  pa.array(tx, pa.int64()), pa.array(op, pa.string()),
+                  *(pa.array(values, t) for t, values in zip(self.types, self.after, strict=True)),
+                  *(pa.array(values, self.types[i]) for i, values in self.before.items()),
+                  pa.array(has, pa.bool_())]
+        chunk = pa.Table.from_arrays(arrays, schema=self.schema)
+        if self.writer is not None:
+            self.writer.write_table(chunk)
+        else:
+            self.chunks.append(chunk)
         self._reset()

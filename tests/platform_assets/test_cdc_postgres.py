@@ -294,35 +294,52 @@ def test_sigkill_between_the_delta_commit_and_the_slot_ack(settings: Settings, t
 def test_keyed_replicas_take_the_columnar_path_and_end_equal_after_sigkills(settings: Settings, tmp_path: Path, pg: str,
                                                                            spark, monkeypatch: pytest.MonkeyPatch) -> None:
     """Keyed tables only: units read as Arrow columns (``read_columns``) and reduced on columns, with
-    key changes; killed at each crash point of a unit, then run to the end: equal to the source."""
+    key changes, also spilled to Parquet and reduced in Spark (``TIDEMARK_CDC_SPILL_ROWS``); killed at
+    each crash point of a unit, spilling or not, then run to the end: equal to the source."""
     from lineage import cdc_columns
+    from platform_assets import cdc_apply
 
     sql(pg, "CREATE SCHEMA s8", "CREATE TABLE s8.k (id int PRIMARY KEY, v int)")
     s = setup(settings, tmp_path, pg, "s8", maxstep=30)
     env = {"TM_TEST_DSN": pg}
     assert tidemark(s, "cdc", "run", "s8", env=env).returncode == 0  # the snapshot
-    calls = {"n": 0}
-    reduce = cdc_columns.reduce_scd1
-
-    def counted(*a: Any, **kw: Any) -> Any:
-        calls["n"] += 1
-        return reduce(*a, **kw)
-
-    monkeypatch.setattr(cdc_columns, "reduce_scd1", counted)
+    calls = {"reduce_scd1": 0, "apply_scd1_spilled": 0, "apply_scd1": 0}
+    for module, name in ((cdc_columns, "reduce_scd1"), (cdc_apply, "apply_scd1_spilled"), (cdc_apply, "apply_scd1")):
+        monkeypatch.setattr(module, name, _counted(getattr(module, name), name, calls))
     _random_dml(pg, "s8", 80, 40, keyed_only=True)
     run(spark, s, "s8")
-    assert calls["n"] >= 3  # several units, each reduced on columns
+    assert calls["reduce_scd1"] >= 3 and calls["apply_scd1_spilled"] == calls["apply_scd1"] == 0  # never the Python path
     _equal_k(spark, s, pg, "s8")
+    monkeypatch.setenv("TIDEMARK_CDC_SPILL_ROWS", "10")
+    _random_dml(pg, "s8", 81, 40, keyed_only=True)
+    run(spark, s, "s8")
+    assert calls["apply_scd1_spilled"] >= 3  # units past 10 changes: reduced in Spark from the spilled Parquet
+    assert calls["apply_scd1"] == 0
+    _equal_k(spark, s, pg, "s8")
+    assert not (Path(s.home) / "spill" / "s8").exists()  # removed after each unit
     kills = 0
-    for i, point in enumerate(["cdc-planned", "cdc-written", "cdc-committed"]):
+    for i, (point, spill) in enumerate([("cdc-planned", "10"), ("cdc-written", "10"), ("cdc-committed", "10"),
+                                        ("cdc-written", "1000000")]):
         _random_dml(pg, "s8", 300 + i, 25, keyed_only=True)
-        crashed = tidemark(s, "cdc", "run", "s8", env={**env, "TIDEMARK_CRASH_AT": point})
+        crashed = tidemark(s, "cdc", "run", "s8", env={**env, "TIDEMARK_CRASH_AT": point, "TIDEMARK_CDC_SPILL_ROWS": spill})
         assert crashed.returncode in (0, -signal.SIGKILL), (point, crashed.stdout, crashed.stderr[-2000:])
         kills += crashed.returncode == -signal.SIGKILL
-    assert kills >= 2
-    done = tidemark(s, "cdc", "run", "s8", "--until-caught-up", env=env)
+        if point == "cdc-written":  # the redone unit finds its write landed; --until-caught-up goes on past it
+            done = tidemark(s, "cdc", "run", "s8", "--until-caught-up", env={**env, "TIDEMARK_CDC_SPILL_ROWS": spill})
+            assert done.returncode == 0, done.stderr[-3000:]
+            _equal_k(spark, s, pg, "s8")
+    assert kills >= 3
+    done = tidemark(s, "cdc", "run", "s8", "--until-caught-up", env={**env, "TIDEMARK_CDC_SPILL_ROWS": "10"})
     assert done.returncode == 0, done.stderr[-3000:]
     _equal_k(spark, s, pg, "s8")
+
+
+def _counted(f: Any, name: str, calls: dict[str, int]) -> Any:
+    def counted(*a: Any, **kw: Any) -> Any:
+        calls[name] += 1
+        return f(*a, **kw)
+
+    return counted
 
 
 def _equal_k(spark: Any, s: Settings, pg: str, schema: str) -> None:

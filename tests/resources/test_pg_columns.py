@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from lineage.cdc_columns import ColumnRead
@@ -57,8 +61,9 @@ def random_dml(pg: str, s: str, rng: random.Random, txs: int) -> None:
 
 
 def same(src: PostgresSource, after: int, *, upto: int | None = None, max_changes: int,
-         wanted_after: Mapping[str, int | None]) -> ColumnRead:
-    got = src.read_columns(after, upto=upto, max_changes=max_changes, wanted_after=wanted_after)
+         wanted_after: Mapping[str, int | None], spill_dir: Path | None = None) -> ColumnRead:
+    got = src.read_columns(after, upto=upto, max_changes=max_changes, wanted_after=wanted_after, spill_dir=spill_dir,
+                           spill_rows=50)
     assert got is not None
     positions: list[int] = []
 
@@ -71,8 +76,23 @@ def same(src: PostgresSource, after: int, *, upto: int | None = None, max_change
     assert (got.transactions, got.lsn) == (len(txs), max(txs.end, txs[-1].lsn if txs else 0))
     schemas = src.tables()
     want = {t: frame_from(txs, schemas, positions, only=t) for t in {c.table for tx in txs for c in tx.changes}}
-    assert got.frame.num_rows == 0 and got.parts is not None and set(got.parts) == set(want)
-    for table, part in got.parts.items():
+    assert got.frame.num_rows == 0 and got.parts is not None
+    parts = dict(got.parts)
+    for table, spilled in (got.spilled or {}).items():  # read back as Spark reads it, with the figures
+        rows = pq.read_table(spilled.path)
+        rows = rows.filter(pc.less(rows["_tm_row"], spilled.rows_below))
+        assert (spilled.count, spilled.first_row, spilled.last_row) == (
+            rows.num_rows, rows["_tm_row"][0].as_py(), rows["_tm_row"][-1].as_py())
+        assert (spilled.oldest, spilled.lsn) == (pc.min(rows["_tm_time"]).as_py(), rows["_tm_lsn"][-1].as_py())
+        ops = rows["_tm_op"].to_pylist()
+        assert spilled.counts == {"inserts": ops.count("insert"), "updates": ops.count("update"),
+                                  "deletes": ops.count("delete"), "truncates": 0}
+        parts[table] = rows.append_column("_tm_pos", rows["_tm_lsn"]).append_column(
+            "_tm_table", pa.repeat(pa.scalar(table), rows.num_rows))
+    assert set(parts) == set(want) and len(parts) == len(got.parts) + len(got.spilled or {})
+    if spill_dir is not None and got.rows >= 50:
+        assert got.spilled and not got.parts  # past spill_rows every table is spilled
+    for table, part in parts.items():
         extra = set(part.column_names) - set(want[table].column_names)
         assert all(c.startswith("_tm_before_") for c in extra), extra  # REPLICA IDENTITY FULL: every column's
         names = ["_tm_row", "_tm_pos", "_tm_lsn", "_tm_time", "_tm_tx", "_tm_table", "_tm_op", "_tm_has_before",
@@ -84,18 +104,27 @@ def same(src: PostgresSource, after: int, *, upto: int | None = None, max_change
     return got
 
 
-@pytest.mark.parametrize("chunk", [65_536, 3])
-def test_random_dml_reads_like_read(pg: str, monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+@pytest.mark.parametrize(("chunk", "spill"), [(65_536, False), (3, False), (3, True)])
+def test_random_dml_reads_like_read(pg: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, chunk: int,
+                                    spill: bool) -> None:
+    """(``spill``: a read past 50 changes goes to Parquet files as it streams.)"""
     init = pg_decode.ColumnDecoder.__init__
     monkeypatch.setattr(pg_decode.ColumnDecoder, "__init__",
                         lambda self, *a, **kw: init(self, *a, **{**kw, "chunk_rows": chunk}))
-    s = f"pc{chunk}"
+    s = f"pc{chunk}{'s' if spill else ''}"
+    spill_dir = tmp_path if spill else None
     with source(pg, s, *(t.format(s=s) for t in TABLES)) as src:
         rng = random.Random(11)
         random_dml(pg, s, rng, 120)
         tables = [f"{s}.a", f"{s}.b", f"{s}.c"]
         everything = same(src, 0, max_changes=10**9, wanted_after=dict.fromkeys(tables, 0))
-        parts = list((everything.parts or {}).values())
+        assert not everything.spilled
+        if spill:
+            everything = same(src, 0, max_changes=10**9, wanted_after=dict.fromkeys(tables, 0), spill_dir=tmp_path / "all")
+            assert everything.spilled and not everything.parts
+            parts = [pq.read_table(x.path) for x in everything.spilled.values()]
+        else:
+            parts = list((everything.parts or {}).values())
         lsns = sorted({lsn for p in parts for lsn in p["_tm_lsn"].to_pylist()})
         assert everything.transactions == len(lsns) >= 100
         assert {op for p in parts for op in p["_tm_op"].to_pylist()} == {"insert", "update", "delete"}
@@ -103,7 +132,8 @@ def test_random_dml_reads_like_read(pg: str, monkeypatch: pytest.MonkeyPatch, ch
             after = rng.choice([0, *lsns])
             upto = rng.choice(lsns) if rng.random() < 0.3 else None
             wanted_after = {t: rng.choice([None, 0, rng.choice(lsns)]) if rng.random() < 0.4 else after for t in tables}
-            same(src, after, upto=upto, max_changes=rng.choice([1, 7, 50, 10**9]), wanted_after=wanted_after)
+            same(src, after, upto=upto, max_changes=rng.choice([1, 7, 50, 10**9]), wanted_after=wanted_after,
+                 spill_dir=spill_dir and spill_dir / str(_))
 
 
 def test_what_only_read_carries_gives_none(pg: str) -> None:
