@@ -8,7 +8,8 @@ figure is that process's own peak resident memory (``getrusage`` ``ru_maxrss``; 
 another process, bounded by its heap, ``--driver-memory``):
 
 * ``columns``: pgoutput decoded into Arrow columns (``PostgresSource.read_columns``), reduced on
-  columns, one MERGE;
+  columns, one MERGE; past ``TIDEMARK_CDC_SPILL_ROWS`` changes (default 1M) spilled to Parquet as
+  they stream and reduced by Spark (the ``landed`` column says which: ``spilled`` or ``in memory``);
 * ``python``: the change-by-change path (a ``RowChange`` object per row), as before issue 19.
 
 Every replica is then compared with the table (row count and checksums) through the ``deltalake``
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -45,9 +47,18 @@ def settings_of(base: Path) -> Settings:
     return Settings.from_env({}, home=base / "home", lineage=base / "lineage.yaml", spark_master="local[2]")
 
 
+def _noting(f: Any, how: str, landed: list[str]) -> Any:
+    def wrapped(*a: Any, **kw: Any) -> Any:
+        landed.append(how)
+        return f(*a, **kw)
+
+    return wrapped
+
+
 def child(base: Path, name: str, path: str) -> None:
     """Run replicator ``name`` until caught up on ``path``; print its figures as one JSON line."""
     from lineage.loader import load_lineage
+    from platform_assets import cdc_apply
     from platform_assets.cdc_run import run_replicator
     from platform_assets.engine import Engine
     from resources.pg_cdc import PostgresSource
@@ -55,6 +66,9 @@ def child(base: Path, name: str, path: str) -> None:
 
     if path == "python":
         PostgresSource.read_columns = None  # type: ignore[assignment,method-assign]
+    landed: list[str] = []  # which MERGE landed each replica's unit
+    for fn, how in (("apply_scd1_spilled", "spilled"), ("apply_scd1_columns", "memory"), ("apply_scd1", "python")):
+        setattr(cdc_apply, fn, _noting(getattr(cdc_apply, fn), how, landed))
     settings = settings_of(base)
     spark = build_spark_session(settings, app_name=f"tidemark-bench-big-tx-{path}")
     spark.range(1).count()
@@ -66,7 +80,7 @@ def child(base: Path, name: str, path: str) -> None:
     finally:
         engine.close()
     seconds = time.monotonic() - t
-    print(json.dumps({"seconds": seconds, "units": len(results), "changes": sum(r.changes for r in results),
+    print(json.dumps({"seconds": seconds, "units": len(results), "landed": ",".join(sorted(set(landed))), "changes": sum(r.changes for r in results),
                       "rss_before_mb": before_mb, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
     spark.stop()
 
@@ -132,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(server.url) as conn:
             want = conn.execute(f"SELECT {CHECK} FROM bx.t").fetchone()
         settings = settings_of(base)
-        print(f"{'path':<8} {'seconds':>8} {'units':>6} {'changes':>10} {'RSS before':>11} {'peak RSS':>9}  replica", flush=True)
+        print(f"{'path':<8} {'landed':<10} {'seconds':>8} {'units':>6} {'changes':>10} {'RSS before':>11} {'peak RSS':>9}  replica",
+          flush=True)
         for path in paths:
             fig = run_child(base, f"bx{path[0]}", path, env)
             import pyarrow.compute as pc
@@ -142,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                    pc.sum(pc.utf8_length(rows["note"])).as_py())
             same = want is not None and tuple(int(x) for x in want) == tuple(int(x) for x in got)
             failed = failed or not same
-            print(f"{path:<8} {fig['seconds']:>8.1f} {fig['units']:>6} {fig['changes']:>10,} {fig['rss_before_mb']:>8,.0f} MB "
+            print(f"{path:<8} {fig['landed']:<10} {fig['seconds']:>8.1f} {fig['units']:>6} {fig['changes']:>10,} {fig['rss_before_mb']:>8,.0f} MB "
                   f"{fig['peak_rss_mb']:>6,.0f} MB  {'equal to the source' if same else f'DIFFERS: {got} != {want}'}"
                   + (f"; target < {TARGET_MB:,} MB: {'MET' if fig['peak_rss_mb'] < TARGET_MB else 'MISSED'}"
                      if path == "columns" else ""), flush=True)

@@ -5,6 +5,7 @@ Declarative Pipelines project run by a fresh ``spark-pipelines run``."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,23 +195,34 @@ def observed_replicator(settings: Any, name: str, spark: Any, owner: str) -> tup
 
     def observed(*a: Any, **kw: Any) -> Any:  # the transactions each unit applies
         txs = read(*a, **kw)
-        seen.extend(txs)
+        known = {x.lsn for x in seen}  # (a unit whose columnar read fell back reads the same span again)
+        seen.extend(tx for tx in txs if tx.lsn not in known)
         return txs
 
     source.read = observed  # type: ignore[method-assign]
     read_columns = getattr(source, "read_columns", None)
     if read_columns is not None:
+        @functools.wraps(read_columns)  # (keeps its signature: the processor asks it whether it spills)
         def observed_columns(*a: Any, **kw: Any) -> Any:  # the same, from a columnar read: (lsn, commit time) per transaction
-            from types import SimpleNamespace
+            import numpy as np
+            import pyarrow as pa
+            import pyarrow.compute as pc
+            import pyarrow.parquet as pq
 
-            from lineage import cdc_columns
+            from lineage import cdc_columns as cc
 
             cols = read_columns(*a, **kw)
             if cols is not None:
+                tables = list(cols.by_table().values())
+                for s in (cols.spilled or {}).values():
+                    rows = pq.read_table(s.path, columns=[cc.ROW, cc.LSN, cc.TIME])
+                    tables.append(rows.filter(pc.less(rows[cc.ROW], s.rows_below)))
                 txs: dict[int, Any] = {}
-                for part in cols.by_table().values():
-                    for lsn, ts in zip(part[cdc_columns.LSN].to_pylist(), part[cdc_columns.TIME].to_pylist(), strict=True):
-                        txs.setdefault(lsn, ts)
+                for part in tables:
+                    lsns, first = np.unique(part[cc.LSN].to_numpy(), return_index=True)
+                    times = part[cc.TIME].take(pa.array(first))
+                    for lsn, ts in zip(lsns.tolist(), times.to_pylist(), strict=True):
+                        txs.setdefault(lsn, ts.replace(tzinfo=None) if ts.tzinfo else ts)
                 seen.extend(SimpleNamespace(lsn=lsn, commit_time=ts) for lsn, ts in sorted(txs.items()))
             return cols
 

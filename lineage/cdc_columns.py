@@ -61,8 +61,9 @@ def before(key_column: str) -> str:
 @dataclass(frozen=True)
 class Spilled:
     """A table's changes of a read too big to hold, written as they streamed to a Parquet file that
-    Spark reads (the columns of a ``parts`` table, without ``_tm_pos`` and ``_tm_table``), and its
-    figures. Only rows with ``_tm_row`` below ``rows_below`` belong to the read."""
+    Spark reads (the columns of a ``parts`` table, without ``_tm_pos`` and ``_tm_table``; ``_tm_time``
+    a UTC instant there), and its figures. Only rows with ``_tm_row`` below ``rows_below`` belong to
+    the read."""
 
     path: str
     rows_below: int

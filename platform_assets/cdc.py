@@ -82,6 +82,9 @@ PROCESSOR = "cdc"
 log = logging.getLogger(__name__)
 
 
+SPILL_DIR = "_tidemark_spill"  # under a local warehouse: <warehouse>/_tidemark_spill/<replicator>/unit-<ns>/
+
+
 def spill_rows_setting() -> int:
     """Changes a unit's columnar read holds in memory before it spills them to Parquet
     (``$TIDEMARK_CDC_SPILL_ROWS``, default 1,000,000)."""
@@ -125,8 +128,9 @@ class ReplicatorUnit:
         self.tables: dict[str, Table] = {}
         self.paused: dict[str, str] = {}  # replicas paused while the unit looked at the source's schemas
         warehouse = engine.settings.warehouse
-        # where a read too big to hold spills (Spark reads it: a local warehouse means Spark sees this host's files)
-        self._spill_dir = None if "://" in warehouse else Path(engine.settings.home) / "spill" / rep.spec.name
+        # where a read too big to hold spills: beside the tables, where Spark reads (also a remote Spark on a
+        # shared mount); not a table (no _delta_log). Not on an object store: then a read is held in memory.
+        self._spill_dir = None if "://" in warehouse else Path(warehouse) / SPILL_DIR / rep.spec.name
 
     # ------------------------------------------------------------------ state
     def _record(self, key: str, note: str) -> OffsetRecord:

@@ -350,11 +350,13 @@ class PostgresSource:
         decoder = ColumnDecoder(self.selection, self.ddl_table, wanted_after, spill_dir=spill_dir, spill_rows=spill_rows)
         try:
             txs = self._read(after, upto, max_changes, decoder, self.slot)
+            return ColumnRead(cc.empty_frame(), len(txs), max(txs.end, txs[-1].lsn if txs else 0), parts=decoder.frames(),
+                              spilled=decoder.spilled() or None)
         except NotColumnar as exc:
             log.info("%s: changes after %s read change by change (%s)", self.where, format_lsn(after), exc)
             return None
-        return ColumnRead(cc.empty_frame(), len(txs), max(txs.end, txs[-1].lsn if txs else 0), parts=decoder.frames(),
-                          spilled=decoder.spilled() or None)
+        finally:
+            decoder.close()
 
     def _read(self, after: int, upto: int | None, max_changes: int, decoder: Decoder, slot: str) -> ReadResult:
         with self._sql() as conn:

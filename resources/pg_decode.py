@@ -413,6 +413,7 @@ class ColumnDecoder(Decoder):
         self.wanted_after, self.chunk_rows = wanted_after, chunk_rows
         self.spill_dir, self.spill_rows = spill_dir, spill_rows
         self.spilling = False
+        self._files = 0
         self.parts: dict[str, _Part] = {}
         self.transactions = 0  # finished transactions with kept changes
         self.rows = 0  # kept changes so far (finished transactions and the open one)
@@ -483,7 +484,15 @@ class ColumnDecoder(Decoder):
 
     def _spill_path(self, table: str) -> Path:
         assert self.spill_dir is not None  # noqa: S101 - only called while spilling
-        return self.spill_dir / f"{len(self.parts):04d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', table)}.parquet"
+        self._files += 1  # (the number keeps two tables apart whose cleaned names are alike)
+        return self.spill_dir / f"{self._files:04d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', table)}.parquet"
+
+    def close(self) -> None:
+        """Close the Parquet files still open (a read that failed while spilling)."""
+        for part in self.parts.values():
+            if part.writer is not None:
+                part.writer.close()
+                part.writer = None
 
     @staticmethod
     def _value(rel: Relation, col: Column, kind: str, raw: bytes | None) -> Any:
@@ -528,6 +537,7 @@ class ColumnDecoder(Decoder):
         return out
 
 
+_UTC = pa.timestamp("us", tz="UTC")
 _OP_NAMES = {"I": Op.INSERT.value, "U": Op.UPDATE.value, "D": Op.DELETE.value}
 
 
@@ -607,12 +617,23 @@ class _Part:
         self.open = _Stats()
 
     def spill(self, path: Path) -> None:
-        """From now on, chunks go to the Parquet file ``path`` (those held so far first)."""
+        """From now on, chunks go to the Parquet file ``path`` (those held so far first). ``_tm_time``
+        is written as a UTC instant there (Spark reads a naive Parquet timestamp as TIMESTAMP_NTZ,
+        which a cast would take as the session's local time)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path, self.writer = path, pq.ParquetWriter(path, self.schema)
+        self.path, self.writer = path, pq.ParquetWriter(path, self._spilled_schema())
         for chunk in self.chunks:
-            self.writer.write_table(chunk)
+            self._write(chunk)
         self.chunks = []
+
+    def _spilled_schema(self) -> pa.Schema:
+        i = self.schema.get_field_index(cc.TIME)
+        return self.schema.set(i, pa.field(cc.TIME, _UTC))
+
+    def _write(self, chunk: pa.Table) -> None:
+        assert self.writer is not None  # noqa: S101 - only called while spilling
+        i = chunk.schema.get_field_index(cc.TIME)
+        self.writer.write_table(chunk.set_column(i, cc.TIME, chunk[cc.TIME].cast(_UTC)))
 
     def flush(self) -> None:
         if not self.row:
@@ -625,7 +646,7 @@ class _Part:
                   pa.array(has, pa.bool_())]
         chunk = pa.Table.from_arrays(arrays, schema=self.schema)
         if self.writer is not None:
-            self.writer.write_table(chunk)
+            self._write(chunk)
         else:
             self.chunks.append(chunk)
         self._reset()

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_big_transaction_bench_runs_at_a_tiny_size() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_CDC_SPILL_ROWS": "5000"}
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "cdc_big_tx.py"), "--rows", "20000", "--paths", "columns",
                            "--driver-memory", "1g"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout
@@ -24,3 +24,4 @@ def test_big_transaction_bench_runs_at_a_tiny_size() -> None:
     assert "one transaction of 21,000 row changes (1,000 key changes)" in out, out
     line = next(x for x in out.splitlines() if x.startswith("columns "))
     assert "equal to the source" in line and "peak RSS" in out and "target < 1,536 MB" in line, out
+    assert line.split()[1] == "spilled", out  # TIDEMARK_CDC_SPILL_ROWS below the transaction

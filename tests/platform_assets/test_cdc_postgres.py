@@ -316,7 +316,7 @@ def test_keyed_replicas_take_the_columnar_path_and_end_equal_after_sigkills(sett
     assert calls["apply_scd1_spilled"] >= 3  # units past 10 changes: reduced in Spark from the spilled Parquet
     assert calls["apply_scd1"] == 0
     _equal_k(spark, s, pg, "s8")
-    assert not (Path(s.home) / "spill" / "s8").exists()  # removed after each unit
+    assert not (Path(s.warehouse) / "_tidemark_spill" / "s8").exists()  # removed after each unit
     kills = 0
     for i, (point, spill) in enumerate([("cdc-planned", "10"), ("cdc-written", "10"), ("cdc-committed", "10"),
                                         ("cdc-written", "1000000")]):

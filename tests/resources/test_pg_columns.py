@@ -81,9 +81,12 @@ def same(src: PostgresSource, after: int, *, upto: int | None = None, max_change
     for table, spilled in (got.spilled or {}).items():  # read back as Spark reads it, with the figures
         rows = pq.read_table(spilled.path)
         rows = rows.filter(pc.less(rows["_tm_row"], spilled.rows_below))
+        assert rows.schema.field("_tm_time").type == pa.timestamp("us", tz="UTC")  # an instant for Spark
+        rows = rows.set_column(rows.schema.get_field_index("_tm_time"), "_tm_time", rows["_tm_time"].cast(pa.timestamp("us")))
         assert (spilled.count, spilled.first_row, spilled.last_row) == (
             rows.num_rows, rows["_tm_row"][0].as_py(), rows["_tm_row"][-1].as_py())
         assert (spilled.oldest, spilled.lsn) == (pc.min(rows["_tm_time"]).as_py(), rows["_tm_lsn"][-1].as_py())
+        assert spilled.path.startswith(str(spill_dir))
         ops = rows["_tm_op"].to_pylist()
         assert spilled.counts == {"inserts": ops.count("insert"), "updates": ops.count("update"),
                                   "deletes": ops.count("delete"), "truncates": 0}
