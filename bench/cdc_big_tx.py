@@ -25,10 +25,8 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.shared import throwaway_postgres  # noqa: E402
 from resources.settings import Settings  # noqa: E402
 
 TARGET_MB = 1536
@@ -112,18 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     import psycopg
     from deltalake import DeltaTable
 
-    from resources import local_pg
-
-    base = Path(tempfile.mkdtemp(prefix="tidemark-bench-big-tx-"))
-    os.chmod(base, 0o755)  # as root, the server's user must be able to enter it
-    pg_home = base / "pg"
-    pg_home.mkdir()
-    os.chmod(pg_home, 0o755)
-    server = local_pg.start(pg_home, port=local_pg.free_port(), options={"wal_level": "logical"})
-    env = {**os.environ, "TIDEMARK_BENCH_CDC_DSN": server.url, "TIDEMARK_DRIVER_MEMORY": args.driver_memory,
-           "PYTHONPATH": str(ROOT)}
-    failed = False
-    try:
+    with throwaway_postgres("tidemark-bench-big-tx-", keep=args.keep) as (base, server):
+        env = {**os.environ, "TIDEMARK_BENCH_CDC_DSN": server.url, "TIDEMARK_DRIVER_MEMORY": args.driver_memory,
+               "PYTHONPATH": str(ROOT)}
+        failed = False
         with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute("CREATE SCHEMA bx")
             conn.execute("CREATE TABLE bx.t (id bigint PRIMARY KEY, v bigint, note text, at timestamptz)")
@@ -147,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             want = conn.execute(f"SELECT {CHECK} FROM bx.t").fetchone()
         settings = settings_of(base)
         print(f"{'path':<8} {'landed':<10} {'seconds':>8} {'units':>6} {'changes':>10} {'RSS before':>11} {'peak RSS':>9}  replica",
-          flush=True)
+              flush=True)
         for path in paths:
             fig = run_child(base, f"bx{path[0]}", path, env)
             import pyarrow.compute as pc
@@ -161,10 +152,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fig['peak_rss_mb']:>6,.0f} MB  {'equal to the source' if same else f'DIFFERS: {got} != {want}'}"
                   + (f"; target < {TARGET_MB:,} MB: {'MET' if fig['peak_rss_mb'] < TARGET_MB else 'MISSED'}"
                      if path == "columns" else ""), flush=True)
-    finally:
-        local_pg.stop(pg_home)
-        if not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
     return 1 if failed else 0
 
 

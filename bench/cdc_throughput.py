@@ -25,9 +25,7 @@ import argparse
 import datetime as dt
 import os
 import random
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.shared import BenchError, observed_replicator  # noqa: E402
+from bench.shared import BenchError, observed_replicator, throwaway_postgres  # noqa: E402
 from resources.settings import Settings  # noqa: E402
 
 TABLES = ("accounts", "tellers", "history")
@@ -128,17 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     import psycopg
 
     from platform_assets.cdc import ReplicatorUnit
-    from resources import local_pg
     from resources.spark import build_spark_session
 
-    base = Path(tempfile.mkdtemp(prefix="tidemark-bench-cdc-tp-"))
-    os.chmod(base, 0o755)  # as root, the server's user must be able to enter it
-    pg_home = base / "pg"
-    pg_home.mkdir()
-    os.chmod(pg_home, 0o755)
-    server = local_pg.start(pg_home, port=local_pg.free_port(), options={"wal_level": "logical"})
-    failed = False
-    try:
+    with throwaway_postgres("tidemark-bench-cdc-tp-", keep=args.keep) as (base, server):
+        failed = False
         with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute("CREATE SCHEMA bt")
             for tname in TABLES:
@@ -235,10 +226,6 @@ def main(argv: list[str] | None = None) -> int:
             source.close()
             engine.close()
             spark.stop()
-    finally:
-        local_pg.stop(pg_home)
-        if not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
     return 1 if failed else 0
 
 

@@ -4,15 +4,19 @@ Declarative Pipelines project run by a fresh ``spark-pipelines run``."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -177,6 +181,26 @@ def diff_counts(a: DataFrame, b: DataFrame, columns: list[str]) -> tuple[int, in
             raise BenchError(f"columns differ: the {which} table has {df.columns}, expected {columns}")
     a, b = a.select(*columns), b.select(*columns)
     return a.count(), b.count(), a.exceptAll(b).count(), b.exceptAll(a).count()
+
+
+@contextlib.contextmanager
+def throwaway_postgres(prefix: str, *, keep: bool = False, options: dict[str, str] | None = None) -> Iterator[tuple[Path, Any]]:
+    """A temp directory and a PostgreSQL started in its ``pg`` folder (``wal_level=logical`` plus
+    ``options``): ``(base, server)``; stopped, and the directory removed unless ``keep``, after."""
+    from resources import local_pg
+
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(base, 0o755)  # as root, the server's user must be able to enter it
+    pg_home = base / "pg"
+    pg_home.mkdir()
+    os.chmod(pg_home, 0o755)
+    server = local_pg.start(pg_home, port=local_pg.free_port(), options={"wal_level": "logical", **(options or {})})
+    try:
+        yield base, server
+    finally:
+        local_pg.stop(pg_home)
+        if not keep:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def observed_replicator(settings: Any, name: str, spark: Any, owner: str) -> tuple[Any, Any, Any, list[Any]]:
