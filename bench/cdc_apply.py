@@ -37,8 +37,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.shared import BenchError, make_sdp_project, observed_replicator, sdp_update  # noqa: E402
-from resources.settings import Settings  # noqa: E402
-from resources.spark import cached_delta_jars  # noqa: E402
+from resources.core.settings import Settings  # noqa: E402
+from resources.spark.session import cached_delta_jars  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -173,8 +173,8 @@ def write_replica(spark: SparkSession, settings: Settings, rows: int, change_fee
     what a snapshot commit carries: ``txnAppId tidemark:<replica>``/``txnVersion 1`` and the source
     position 0 in ``userMetadata``. The processor's reconcile adopts it from the Delta log as it
     does after a lost offset store; the events files hold every change after position 0."""
-    from lineage.cdc import Column, TableSchema
-    from platform_assets.cdc_apply import Layout, ensure_replica
+    from lineage.cdc.changes import Column, TableSchema
+    from platform_assets.cdc.apply import Layout, ensure_replica
 
     path = settings.table_path(REPLICA)
     schema = TableSchema(TABLE, (Column("id", "bigint"), Column("name", "string"), Column("amount", "double"),
@@ -207,11 +207,14 @@ def run_cdc(spark: SparkSession, settings: Settings, reader: str) -> tuple[float
     """The replicator until caught up, timed; its parts timed by wrappers. ``reader``: ``columns``
     (the source's columnar read and reduction, where they apply) or ``python`` (the change-by-change
     path every source has: the columnar read hidden from the processor)."""
-    from lineage import cdc_columns
-    from lineage.loader import load_lineage
-    from platform_assets import cdc, cdc_apply, cdc_run, spark_io
-    from platform_assets.engine import Engine
-    from resources.debezium_source import DebeziumFileSource
+    from lineage.cdc import columns as cdc_columns
+    from lineage.spec.loader import load_lineage
+    from platform_assets.cdc import apply as cdc_apply
+    from platform_assets.cdc import replicator as cdc
+    from platform_assets.cdc import run as cdc_run
+    from platform_assets.core import spark_io
+    from platform_assets.engine.runner import Engine
+    from resources.cdc.debezium import DebeziumFileSource
 
     timer = Timer()
     timer.wrap(DebeziumFileSource, "tables", "source schemas")
@@ -370,8 +373,8 @@ def _writer(url: str, rows: int, rate: float, per_tx: int, seconds: float, out: 
 def run_lag(spark: SparkSession, base: Path, rows: int, rate: float, per_tx: int, seconds: float) -> Lag:
     import psycopg
 
-    from platform_assets.cdc import ReplicatorUnit
-    from resources import local_pg
+    from platform_assets.cdc.replicator import ReplicatorUnit
+    from resources.state import local_pg
 
     pg_home = base / "pg"
     pg_home.mkdir()
@@ -475,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     thr: Throughput | None = None
     lag: Lag | None = None
     try:
-        from resources.spark import build_spark_session
+        from resources.spark.session import build_spark_session
 
         settings = Settings.from_env({}, home=base / "home", lineage=make_lineage(base, base / "events",
                                                                                  args.maxstep or args.events,

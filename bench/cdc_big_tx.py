@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.shared import throwaway_postgres  # noqa: E402
-from resources.settings import Settings  # noqa: E402
+from resources.core.settings import Settings  # noqa: E402
 
 TARGET_MB = 1536
 CHECK = "count(*), sum(id), sum(v), sum(length(note))"
@@ -56,12 +56,12 @@ def _noting(f: Any, how: str, landed: list[str]) -> Any:
 
 def child(base: Path, name: str, path: str) -> None:
     """Run replicator ``name`` until caught up on ``path``; print its figures as one JSON line."""
-    from lineage.loader import load_lineage
-    from platform_assets import cdc_apply
-    from platform_assets.cdc_run import run_replicator
-    from platform_assets.engine import Engine
-    from resources.pg_cdc import PostgresSource
-    from resources.spark import build_spark_session
+    from lineage.spec.loader import load_lineage
+    from platform_assets.cdc import apply as cdc_apply
+    from platform_assets.cdc.run import run_replicator
+    from platform_assets.engine.runner import Engine
+    from resources.cdc.postgres import PostgresSource
+    from resources.spark.session import build_spark_session
 
     if path == "python":
         PostgresSource.read_columns = None  # type: ignore[assignment,method-assign]

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import psycopg
 
-from resources import local_pg
-from resources.pg_cdc import PostgresSource
+from resources.cdc.postgres import PostgresSource
+from resources.state import local_pg
 
 
 def main(argv: list[str] | None = None) -> int:

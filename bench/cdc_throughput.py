@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.shared import BenchError, observed_replicator, throwaway_postgres  # noqa: E402
-from resources.settings import Settings  # noqa: E402
+from resources.core.settings import Settings  # noqa: E402
 
 TABLES = ("accounts", "tellers", "history")
 KEYED = ("accounts", "tellers")  # updates and key changes; history takes inserts
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import psycopg
 
-    from platform_assets.cdc import ReplicatorUnit
-    from resources.spark import build_spark_session
+    from platform_assets.cdc.replicator import ReplicatorUnit
+    from resources.spark.session import build_spark_session
 
     with throwaway_postgres("tidemark-bench-cdc-tp-", keep=args.keep) as (base, server):
         failed = False

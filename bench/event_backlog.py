@@ -41,10 +41,10 @@ def drain(home: Path, files: Path, unit_bytes: int | None = None, limit: int | N
     """Copy ``files`` (the first ``limit``) into a fresh home's ready folder and drain it."""
     from deltalake import DeltaTable
 
-    from lineage.intake import load_intake
-    from platform_assets.intake_units import process_ready
-    from resources.incoming_log import ready_dir
-    from resources.settings import Settings
+    from lineage.intake.config import load_intake
+    from platform_assets.intake.units import process_ready
+    from resources.core.settings import Settings
+    from resources.intake.incoming_log import ready_dir
 
     settings = Settings.from_env({}, home=home, spark_master="local[2]")
     ready = ready_dir(settings.events_dir())

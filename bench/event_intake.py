@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
 import httpx  # noqa: E402 - only for /health and /metrics
 import orjson  # noqa: E402
 
-from resources.incoming_log import iter_ready_files, read_events  # noqa: E402
+from resources.intake.incoming_log import iter_ready_files, read_events  # noqa: E402
 
 SECRET = "bench-secret-4711"
 TARGET_EPS, TARGET_P99_MS = 20_000, 50.0
@@ -181,8 +181,8 @@ destinations:
 def write_incoming(folder: Path, n: int, per_file: int) -> tuple[int, int]:
     """``n`` enriched 1 KB events (as the collector writes them) in ready files of ``per_file``
     events; returns (files, bytes)."""
-    from lineage.events import utc_timestamp
-    from resources.incoming_log import file_name
+    from lineage.intake.bodies import utc_timestamp
+    from resources.intake.incoming_log import file_name
 
     folder.mkdir(parents=True, exist_ok=True)
     t0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
@@ -206,7 +206,7 @@ def _flat_select(schema: object, prefix: str = "", path: str = "") -> list[objec
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, StructType
 
-    from lineage.event_pipeline import column_name
+    from lineage.intake.pipeline import column_name
 
     out: list[object] = []
     for f in schema.fields:  # type: ignore[attr-defined]
@@ -225,11 +225,11 @@ def _flat_select(schema: object, prefix: str = "", path: str = "") -> list[objec
 def processing_vs_structured_streaming(home: Path, n: int, per_file: int) -> None:
     """``tidemark events process`` vs Spark Structured Streaming's JSON file source, on the same
     files, both writing a Delta table with the same flattened columns."""
-    from lineage.intake import load_intake
-    from platform_assets.intake_units import process_ready
-    from resources.incoming_log import ready_dir
-    from resources.settings import Settings
-    from resources.spark import build_spark_session
+    from lineage.intake.config import load_intake
+    from platform_assets.intake.units import process_ready
+    from resources.core.settings import Settings
+    from resources.intake.incoming_log import ready_dir
+    from resources.spark.session import build_spark_session
 
     settings = Settings.from_env({}, home=home / "proc", spark_master="local[2]")
     src = home / "ss-input"
@@ -266,7 +266,7 @@ def processing_vs_structured_streaming(home: Path, n: int, per_file: int) -> Non
     ours_eps, theirs_eps = written / ours, ss_rows / theirs
     ratio = ours_eps / theirs_eps if theirs_eps else float("inf")
     print(f"\n{'pipeline':<42} {'rows':>9} {'seconds':>8} {'events/s':>10}")
-    from platform_assets.event_workers import workers_setting
+    from platform_assets.intake.workers import workers_setting
 
     label = f"tidemark events process ({workers_setting()} workers)"
     print(f"{label:<42} {written:>9,} {ours:>8.1f} {ours_eps:>10,.0f}")

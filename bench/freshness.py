@@ -28,10 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lineage.durations import parse_duration  # noqa: E402
-from lineage.loader import load_lineage  # noqa: E402
-from resources.settings import Settings  # noqa: E402
-from resources.storage import arrow_filesystem  # noqa: E402
+from lineage.core.durations import parse_duration  # noqa: E402
+from lineage.spec.loader import load_lineage  # noqa: E402
+from resources.core.settings import Settings  # noqa: E402
+from resources.storage.warehouse import arrow_filesystem  # noqa: E402
 
 DEFAULT_PAIRS = ("stage.orders:fact.orders", "stage.order_items:fact.order_items")
 TARGET_SLACK_S = 10.0  # per hop: the issue's target is delay + 10 s
@@ -66,8 +66,8 @@ def landed_at(path: str, since_ms: int) -> dict[int, float]:
 def quarantined_ids(settings: Settings, source: str) -> set[int]:
     """Ids of ``source`` rows in ``etl.quarantine`` (late or without a position): they are
     accounted for, not waiting."""
-    from resources.delta_meta import open_table
-    from resources.meta_tables import QUARANTINE
+    from resources.storage.delta_meta import open_table
+    from resources.storage.meta_tables import QUARANTINE
 
     table = open_table(settings.table_path(QUARANTINE))
     if table is None:

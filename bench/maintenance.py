@@ -39,7 +39,7 @@ Measured, at the full size (``--blocks``), in one run:
   its late-row check reads none, where ``no maintenance`` reads one). Target: the 2,000-block plan
   <= 1.2 x the 100-block plan, for both maintained states (the ratio without maintenance is printed
   too).
-* **maintenance**: ``platform_assets.maintain.run`` on the fact, as ``tidemark maintain fact.events
+* **maintenance**: ``platform_assets.maintenance.tables.run`` on the fact, as ``tidemark maintain fact.events
   --retain-hours 0 --writers-idle`` (nothing else writes the temp tables): compaction
   (``deltalake`` optimize.compact), checkpoint, VACUUM keeping the versions the topics still need,
   log cleanup; what it did and the files before and after are printed.
@@ -71,15 +71,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.shared import BenchError  # noqa: E402
-from lineage.positions import Position  # noqa: E402
-from resources.settings import Settings  # noqa: E402
-from resources.spark import cached_delta_jars  # noqa: E402
+from lineage.core.positions import Position  # noqa: E402
+from resources.core.settings import Settings  # noqa: E402
+from resources.spark.session import cached_delta_jars  # noqa: E402
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-    from platform_assets.engine import Engine
+    from platform_assets.engine.runner import Engine
 
 FACT, ONCE = "fact.events", "fact.events_once"
 NEXT, VIEW = "mart.events_next", "mart.daily"
@@ -244,7 +244,7 @@ def time_planning(eng: Engine, shape: Shape, at: Position, version: int, repeat:
 
 
 def fact_version(eng: Engine) -> int:
-    from resources import maintenance
+    from resources.storage import maintenance
 
     version = maintenance.health(FACT, eng.path(FACT)).version
     assert version is not None
@@ -252,7 +252,7 @@ def fact_version(eng: Engine) -> int:
 
 
 def fact_state(eng: Engine) -> str:
-    from resources import maintenance
+    from resources.storage import maintenance
 
     h = maintenance.health(FACT, eng.path(FACT))
     log = len(os.listdir(Path(eng.path(FACT)) / "_delta_log"))
@@ -263,7 +263,7 @@ def fact_state(eng: Engine) -> str:
 
 def run_maintenance(eng: Engine) -> list[str]:
     """``tidemark maintain fact.events --retain-hours 0 --writers-idle``: what it printed."""
-    from platform_assets import maintain
+    from platform_assets.maintenance import tables as maintain
 
     lines: list[str] = []
 
@@ -386,8 +386,8 @@ def main() -> int:
     plans: dict[tuple[int, str], PlanTimes] = {}
     loads = [os.getloadavg()[0]]  # the machine's 1-minute load average at points of the run
     try:
-        from lineage.loader import load_lineage
-        from platform_assets.engine import Engine
+        from lineage.spec.loader import load_lineage
+        from platform_assets.engine.runner import Engine
 
         def home(n: int, with_view: bool) -> tuple[Engine, Settings]:
             d = base / f"b{n}"
@@ -426,7 +426,7 @@ def main() -> int:
               f"({1000 * took / lead:.0f} ms per block append)", flush=True)
         took = write_once(once, full)
         print(f"  {ONCE}: the same {full.blocks * full.rows:,} rows in one write in {took:.1f} s", flush=True)
-        from resources.spark import build_spark_session
+        from resources.spark.session import build_spark_session
 
         t = time.perf_counter()
         spark = build_spark_session(settings, app_name="tidemark-bench-maintenance")

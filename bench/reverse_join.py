@@ -59,13 +59,13 @@ from bench.shared import (  # noqa: E402
     sdp_table_path,
     sdp_update,
 )
-from resources.settings import Settings  # noqa: E402
-from resources.spark import cached_delta_jars  # noqa: E402
+from resources.core.settings import Settings  # noqa: E402
+from resources.spark.session import cached_delta_jars  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from platform_assets.engine import Engine
+    from platform_assets.engine.runner import Engine
 
 TOPIC = "mart.orders_wide"
 ORDERS, CUSTOMERS = "stage.orders", "dim.customers"
@@ -268,8 +268,8 @@ def main() -> int:
                                      spark_master=args.master)
         orders, customers = settings.table_path(ORDERS), settings.table_path(CUSTOMERS)
         full_path = str(base / "full" / SDP_TABLE)
-        from platform_assets import spark_io
-        from resources.spark import build_spark_session
+        from platform_assets.core import spark_io
+        from resources.spark.session import build_spark_session
 
         t = time.monotonic()
         spark = build_spark_session(settings, app_name="tidemark-bench-reverse-join")
@@ -284,8 +284,8 @@ def main() -> int:
         # Initial build of each side, untimed for the comparison but printed.
         init = [f"full rebuild {full_rebuild(spark, orders, full_path):.1f} s"]
         if "tidemark" in sides:
-            from lineage.loader import load_lineage
-            from platform_assets.engine import Engine
+            from lineage.spec.loader import load_lineage
+            from platform_assets.engine.runner import Engine
 
             engine = Engine(settings, load_lineage(settings.lineage), spark=spark, owner="bench-reverse-join")
             t = time.monotonic()

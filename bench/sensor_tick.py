@@ -34,13 +34,13 @@ from deltalake import write_deltalake
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lineage.loader import load_lineage  # noqa: E402
-from platform_assets import watch  # noqa: E402
-from platform_assets.definitions import build_definitions  # noqa: E402
-from platform_assets.local_daemon import apply_partition_requests  # noqa: E402
-from platform_assets.sensors import build_planner_sensor  # noqa: E402
-from resources.offset_sql import open_offset_store  # noqa: E402
-from resources.settings import Settings  # noqa: E402
+from lineage.spec.loader import load_lineage  # noqa: E402
+from platform_assets.dagster import watch  # noqa: E402
+from platform_assets.dagster.definitions import build_definitions  # noqa: E402
+from platform_assets.dagster.local_daemon import apply_partition_requests  # noqa: E402
+from platform_assets.dagster.sensors import build_planner_sensor  # noqa: E402
+from resources.core.settings import Settings  # noqa: E402
+from resources.state.offset_sql import open_offset_store  # noqa: E402
 
 
 def build(home: Path, topics: int, rows: int) -> Settings:

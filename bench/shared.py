@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from resources.spark import DELTA_CONF, LOCAL_CONF, cached_delta_jars  # noqa: E402
+from resources.spark.session import DELTA_CONF, LOCAL_CONF, cached_delta_jars  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -187,7 +187,7 @@ def diff_counts(a: DataFrame, b: DataFrame, columns: list[str]) -> tuple[int, in
 def throwaway_postgres(prefix: str, *, keep: bool = False, options: dict[str, str] | None = None) -> Iterator[tuple[Path, Any]]:
     """A temp directory and a PostgreSQL started in its ``pg`` folder (``wal_level=logical`` plus
     ``options``): ``(base, server)``; stopped, and the directory removed unless ``keep``, after."""
-    from resources import local_pg
+    from resources.state import local_pg
 
     base = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(base, 0o755)  # as root, the server's user must be able to enter it
@@ -207,9 +207,9 @@ def observed_replicator(settings: Any, name: str, spark: Any, owner: str) -> tup
     """An engine on ``settings`` (``spark``), its replicator ``name`` and that replicator's source
     whose reads are observed: every transaction a unit reads is appended to the returned list (from
     a columnar read, an object with its ``lsn`` and ``commit_time``)."""
-    from lineage.loader import load_lineage
-    from platform_assets.cdc_run import open_source
-    from platform_assets.engine import Engine
+    from lineage.spec.loader import load_lineage
+    from platform_assets.cdc.run import open_source
+    from platform_assets.engine.runner import Engine
 
     engine = Engine(settings, load_lineage(settings.lineage), spark=spark, owner=owner)
     rep = engine.lineage.replicators[name]
@@ -233,7 +233,7 @@ def observed_replicator(settings: Any, name: str, spark: Any, owner: str) -> tup
             import pyarrow.compute as pc
             import pyarrow.parquet as pq
 
-            from lineage import cdc_columns as cc
+            from lineage.cdc import columns as cc
 
             cols = read_columns(*a, **kw)
             if cols is not None:

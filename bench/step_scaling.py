@@ -63,10 +63,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from lineage.loader import load_lineage  # noqa: E402
-from lineage.positions import Position  # noqa: E402
-from resources import delta_meta  # noqa: E402
-from resources.settings import Settings  # noqa: E402
+from lineage.core.positions import Position  # noqa: E402
+from lineage.spec.loader import load_lineage  # noqa: E402
+from resources.core.settings import Settings  # noqa: E402
+from resources.storage import delta_meta  # noqa: E402
 
 TOPIC = "fact.events"
 BASE = "bench.events"
@@ -176,11 +176,11 @@ def instrument(engine: Any, profile: Profile) -> None:
     """Wrap the engine's collaborators with timers (this process only)."""
     from pyspark.sql.readwriter import DataFrameWriter
 
-    import platform_assets.blocks as blocks_mod
-    import platform_assets.reload as reload_mod
-    import platform_assets.spark_io as spark_io
-    import platform_assets.step as step_mod
-    import resources.meta_tables as meta_tables
+    import platform_assets.core.blocks as blocks_mod
+    import platform_assets.core.spark_io as spark_io
+    import platform_assets.facts.reload as reload_mod
+    import platform_assets.facts.step as step_mod
+    import resources.storage.meta_tables as meta_tables
 
     store = engine.store
     for name in ("get", "init", "acquire", "release", "plan", "commit", "set_state"):
@@ -232,8 +232,8 @@ class SizeResult:
 
 class Bench:
     def __init__(self, args: argparse.Namespace, home: Path) -> None:
-        from platform_assets.engine import Engine
-        from resources.spark import build_spark_session
+        from platform_assets.engine.runner import Engine
+        from resources.spark.session import build_spark_session
 
         self.args = args
         self.rpp = args.rows_per_pos

@@ -56,8 +56,8 @@ if str(ROOT) not in sys.path:
 from bench.reverse_join import compare as compare_tables  # noqa: E402
 from bench.reverse_join import full_rebuild, merge_metrics, tidemark_refresh, write_customers  # noqa: E402
 from bench.shared import BenchError, append_orders, make_sdp_project, sdp_table_path, sdp_update  # noqa: E402
-from resources.settings import Settings  # noqa: E402
-from resources.spark import cached_delta_jars  # noqa: E402
+from resources.core.settings import Settings  # noqa: E402
+from resources.spark.session import cached_delta_jars  # noqa: E402
 
 if TYPE_CHECKING:
     import numpy as np
@@ -254,9 +254,9 @@ FORCED: list[str] = []
 
 def run_size(spark: SparkSession, root: Path, rows: int, customers: int, changes: list[int], append: int, maxstep: int,
              sdp: Sdp | None, sdp_args: tuple[str, str, float] | None) -> tuple[list[Result], Sdp | None]:
-    from lineage.loader import load_lineage
-    from platform_assets import spark_io
-    from platform_assets.engine import Engine
+    from lineage.spec.loader import load_lineage
+    from platform_assets.core import spark_io
+    from platform_assets.engine.runner import Engine
 
     base = root / f"size-{rows}"
     settings = Settings.from_env({}, home=base / "home", lineage=make_lineage(base / "tidemark", maxstep),
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                         "no estimate decides), to measure that path where it is not chosen")
     args = p.parse_args(argv)
     if args.strategy == "incremental":
-        from lineage import refresh
+        from lineage.views import refresh
 
         FORCED.append("full_above: 1")
         refresh.COST_FLOOR = sys.maxsize
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     spark = None
     try:
-        from resources.spark import build_spark_session
+        from resources.spark.session import build_spark_session
 
         settings = Settings.from_env({}, home=root / "session", spark_master="local[2]")
         spark = build_spark_session(settings, app_name="tidemark-bench-view-scaling")

@@ -56,10 +56,10 @@ from bench.shared import (  # noqa: E402
     sdp_table_path,
     sdp_update,
 )
-from platform_assets.definitions import build_definitions  # noqa: E402
-from resources import spark_server  # noqa: E402
-from resources.settings import Settings  # noqa: E402
-from resources.spark import cached_delta_jars  # noqa: E402
+from platform_assets.dagster.definitions import build_definitions  # noqa: E402
+from resources.core.settings import Settings  # noqa: E402
+from resources.spark import server as spark_server  # noqa: E402
+from resources.spark.session import cached_delta_jars  # noqa: E402
 from tests.platform_assets.shop import materialize_command  # noqa: E402
 
 COLUMNS = ["pos", "id", "customer_id", "amount", "customer_name", "segment"]
@@ -144,7 +144,7 @@ def tidemark_update(defs: dg.Definitions, settings: Settings, dagster_home: Path
                     n: int) -> tuple[float, int, float]:
     """One update through Dagster: tick, run each requested block in a fresh process, until a
     tick requests nothing. Returns (wall seconds, runs, seconds in ticks)."""
-    from platform_assets.local_daemon import PLANNER, apply_partition_requests
+    from platform_assets.dagster.local_daemon import PLANNER, apply_partition_requests
 
     t0 = time.monotonic()
     ticks = 0.0

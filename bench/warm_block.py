@@ -29,8 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from resources import spark_server  # noqa: E402
-from resources.settings import Settings  # noqa: E402
+from resources.core.settings import Settings  # noqa: E402
+from resources.spark import server as spark_server  # noqa: E402
 from tests.platform_assets.shop import (  # noqa: E402
     make_events,
     materialize_command,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Local Dagster for Tidemark: set up (if needed), start a warm Spark Connect server (so a block
 # run does not start its own JVM), seed the demo sources once if they are empty, keep appending
-# rows in the background (platform_assets.feeder), and run `dagster dev` (webserver + daemon) on
+# rows in the background (platform_assets.demo.feeder), and run `dagster dev` (webserver + daemon) on
 # http://127.0.0.1:${PORT:-3000}. Ctrl-C or SIGTERM stops all of it within seconds.
 #
 #   ./scripts/dev.sh                    # state in ./.tidemark, Dagster's in ./.tidemark/dagster
@@ -92,14 +92,14 @@ if [ "$profile" = prod ]; then
       pg=$(.venv/bin/tidemark postgres up --port "${PG_PORT:-15432}")
     fi
     TIDEMARK_DAGSTER_PG_URL=$(sed -n 's/^export TIDEMARK_DAGSTER_PG_URL=//p' <<<"$pg")
-    export TIDEMARK_DAGSTER_PG_URL  # the offsets default to the same database (resources/settings.py)
+    export TIDEMARK_DAGSTER_PG_URL  # the offsets default to the same database (resources/core/settings.py)
   fi
   export TIDEMARK_PROFILE=prod
   echo "dev: prod profile: Dagster instance in PostgreSQL at ${TIDEMARK_DAGSTER_PG_URL#*@} (offsets: the same database unless TIDEMARK_OFFSETS_URL says otherwise)"
 fi
 
 # Seed the demo's history once (only if stage.orders is empty; never removes anything).
-.venv/bin/python -m platform_assets.feeder --seed "${SEED_ORDERS:-3000}" --iterations 0
+.venv/bin/python -m platform_assets.demo.feeder --seed "${SEED_ORDERS:-3000}" --iterations 0
 
 if [ "${SPARK:-connect}" = "connect" ]; then
   # A server already running under this state dir (tidemark spark up) is used and left running.
@@ -122,7 +122,7 @@ if [ "${COLLECT:-1}" != "0" ]; then
 fi
 
 if [ "${FEED:-1}" != "0" ]; then
-  .venv/bin/python -m platform_assets.feeder --interval "${FEED_INTERVAL:-5}" --orders "${FEED_ORDERS:-50}" \
+  .venv/bin/python -m platform_assets.demo.feeder --interval "${FEED_INTERVAL:-5}" --orders "${FEED_ORDERS:-50}" \
     ${collector_url:+--collector "$collector_url"} &
   feeder_pid=$!
   echo "dev: feeder running (pid $feeder_pid), one line per append"

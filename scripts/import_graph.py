@@ -6,7 +6,7 @@ Every import of one project module by another is an edge, tagged by where it sta
 ``def``: runs when called). Prints each import circle (a strongly connected component of more than
 one module, over all edges) with every import between its members, then the circles left when only
 ``top`` edges count. ``--check`` exits 1 when there is a circle. ``--dot`` prints a graphviz graph of the edges between packages instead
-(folders: ``platform_assets`` today, ``platform_assets.cdc`` once capability packages exist).
+(folders: ``platform_assets`` today, ``platform_assets.cdc.replicator`` once capability packages exist).
 
     .venv/bin/python scripts/import_graph.py
     .venv/bin/python scripts/import_graph.py --dot | dot -Tsvg > imports.svg

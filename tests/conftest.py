@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from resources.settings import Settings
+from resources.core.settings import Settings
 from tests.pg import PostgresUnavailable, find_bindir, running_postgres
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def spark(spark_home: Path) -> Iterator[SparkSession]:
 
     ``TIDEMARK_TEST_SPARK=connect``: a Spark Connect session instead, to a local server (with
     Delta, local[2]) started for the run under the session's temp home and stopped at its end."""
-    from resources.spark import build_spark_session
+    from resources.spark.session import build_spark_session
 
     os.environ.setdefault("TIDEMARK_DRIVER_MEMORY", "2g")
     mode = os.environ.get("TIDEMARK_TEST_SPARK", "local")
@@ -45,7 +45,7 @@ def spark(spark_home: Path) -> Iterator[SparkSession]:
         yield session
         session.stop()
         return
-    from resources import spark_server
+    from resources.spark import server as spark_server
 
     server = spark_server.start(spark_home, port=spark_server.free_port(), master="local[2]")
     try:
@@ -109,7 +109,7 @@ def dagster_pg_template(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -
     import psycopg
     import yaml
 
-    from resources.local_pg import dagster_url
+    from resources.state.local_pg import dagster_url
 
     base = pg_url.rsplit("/", 1)[0]
     with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
@@ -130,7 +130,7 @@ def dagster_storage(request: pytest.FixtureRequest) -> dict[str, object]:
     as the prod profile) on the session's server."""
     import psycopg
 
-    from resources.local_pg import dagster_url
+    from resources.state.local_pg import dagster_url
 
     mode = os.environ.get("TIDEMARK_TEST_DAGSTER", "sqlite")
     if mode not in ("sqlite", "postgres"):

@@ -1,4 +1,4 @@
-"""A throw-away PostgreSQL server for tests: ``resources.local_pg`` (Debian's binaries, trust
+"""A throw-away PostgreSQL server for tests: ``resources.state.local_pg`` (Debian's binaries, trust
 auth, a database ``tidemark``) on a temp dir and a free loopback port, with the settings the
 tests need (``wal_level=logical`` for replication slots, ``fsync=off`` for speed)."""
 
@@ -11,9 +11,9 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from resources import local_pg
-from resources.local_pg import INSTALL_HINT, find_bindir, free_port  # noqa: F401 - the tests' names
-from resources.local_pg import LocalPostgresError as PostgresUnavailable
+from resources.state import local_pg
+from resources.state.local_pg import INSTALL_HINT, find_bindir, free_port  # noqa: F401 - the tests' names
+from resources.state.local_pg import LocalPostgresError as PostgresUnavailable
 
 TEST_OPTIONS = {"wal_level": "logical", "fsync": "off"}
 

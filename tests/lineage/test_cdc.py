@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from lineage.cdc import (
+from lineage.cdc.changes import (
     UNKNOWN,
     BatchError,
     Column,

@@ -1,4 +1,4 @@
-"""The columnar SCD1 reduction gives what the Python one gives (lineage.cdc.reduce_keyed), on the
+"""The columnar SCD1 reduction gives what the Python one gives (lineage.cdc.changes.reduce_keyed), on the
 seed's examples and on random batches; what it cannot do exactly it hands back (NotColumnar)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from lineage.cdc import (
+from lineage.cdc.changes import (
     BatchError,
     Column,
     Numbered,
@@ -20,7 +20,7 @@ from lineage.cdc import (
     number,
     reduce_keyed,
 )
-from lineage.cdc_columns import HAS_BEFORE, OP, SEQ, TIME, NotColumnar, before, reduce_scd1
+from lineage.cdc.columns import HAS_BEFORE, OP, SEQ, TIME, NotColumnar, before, reduce_scd1
 
 T0 = dt.datetime(2026, 1, 1)
 ONE = TableSchema("s.t", (Column("id", "bigint"), Column("name", "string"), Column("n", "double")), key=("id",))

@@ -3,7 +3,7 @@ import datetime as dt
 import pytest
 from pydantic import ValidationError
 
-from lineage.checks import ChecksSpec, Severity, evaluate_block
+from lineage.core.checks import ChecksSpec, Severity, evaluate_block
 
 STATS = {"rows": 100, "base_rows": 120, "max_id": 7, "min_ts": None, "max_ts": None, "max_lag": 90.0,
          "nulls": {"country": 12}}
@@ -69,7 +69,7 @@ def test_bad_check_specs_are_rejected(bad):
 
 
 def test_the_exact_check_comes_with_verify_sample_and_fails_as_an_error() -> None:
-    from lineage.checks import evaluate_unit, merge_check_names
+    from lineage.core.checks import evaluate_unit, merge_check_names
 
     off = ChecksSpec()
     assert "exact" not in merge_check_names(off)

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from lineage.durations import format_duration, parse_duration
+from lineage.core.durations import format_duration, parse_duration
 
 S = dt.timedelta(seconds=1)
 
@@ -127,7 +127,7 @@ def test_format_duration_drops_fractions_of_a_second() -> None:
 
 
 def test_format_size_reads_as_people_read_bytes() -> None:
-    from lineage.durations import format_size
+    from lineage.core.durations import format_size
 
     assert [format_size(n) for n in (0, 1023, 1024, 396 * 2**20, 5 * 2**40)] == [
         "0 B", "1023 B", "1.0 KiB", "396.0 MiB", "5120.0 GiB"]

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from lineage.event_pipeline import (
+from lineage.intake.columns import CoercionError, SqlType, coerce, promote
+from lineage.intake.config import IntakeConfigError, load_intake
+from lineage.intake.destinations import DestinationSpec, UnmappedPolicy
+from lineage.intake.pipeline import (
     UNMAPPED,
     BatchHeader,
     ColumnType,
@@ -20,9 +23,6 @@ from lineage.event_pipeline import (
     route,
     type_batch,
 )
-from lineage.event_types import CoercionError, SqlType, coerce, promote
-from lineage.intake import IntakeConfigError, load_intake
-from lineage.intake_destinations import DestinationSpec, UnmappedPolicy
 
 S, B, D, I, T = SqlType.STRING, SqlType.BOOLEAN, SqlType.DOUBLE, SqlType.BIGINT, SqlType.TIMESTAMP  # noqa: E741
 CHROME = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0.0.0 Safari/537.36"

@@ -18,7 +18,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from lineage.event_pipeline import (
+from lineage.intake.bodies import BadRequest, dumps_exact, loads_exact, parse_body
+from lineage.intake.columns import CoercionError, SqlType, coerce, parse_timestamp, to_text
+from lineage.intake.destinations import DestinationSpec, UnmappedPolicy
+from lineage.intake.pipeline import (
     RESERVED,
     UNMAPPED,
     BatchHeader,
@@ -30,9 +33,6 @@ from lineage.event_pipeline import (
     pointer_segment,
     type_batch,
 )
-from lineage.event_types import CoercionError, SqlType, coerce, parse_timestamp, to_text
-from lineage.events import BadRequest, dumps_exact, loads_exact, parse_body
-from lineage.intake_destinations import DestinationSpec, UnmappedPolicy
 
 S, B, D, I, T = SqlType.STRING, SqlType.BOOLEAN, SqlType.DOUBLE, SqlType.BIGINT, SqlType.TIMESTAMP  # noqa: E741
 COLUMN, FAIL = UnmappedPolicy.COLUMN, UnmappedPolicy.FAIL
@@ -258,7 +258,7 @@ def pylist(pair: Any) -> list[dict[str, Any]]:
 
 
 def check_unit(events: list[dict[str, Any]], policy: UnmappedPolicy) -> None:
-    from platform_assets.event_workers import type_events
+    from platform_assets.intake.workers import type_events
 
     originals = [copy.deepcopy(e) for e in events]
     # the way an event travels: serialized by the collector, read back by the processor
@@ -319,9 +319,9 @@ def random_event(rng: random.Random, depth: int = 0) -> dict[str, Any]:
 def test_random_events_through_files_the_processor_and_delta(settings: Any, tmp_path: Path, monkeypatch: Any):
     from deltalake import DeltaTable
 
-    from lineage.intake import load_intake
-    from platform_assets.intake_units import process_ready
-    from resources.incoming_log import file_name, ready_dir
+    from lineage.intake.config import load_intake
+    from platform_assets.intake.units import process_ready
+    from resources.intake.incoming_log import file_name, ready_dir
     from tests.platform_assets.test_events import T0, config
 
     monkeypatch.setenv("TIDEMARK_EVENT_UNIT_BYTES", "1")  # a unit per file: the first one fixes the columns
@@ -352,7 +352,7 @@ def test_random_events_through_files_the_processor_and_delta(settings: Any, tmp_
 
 
 def test_worker_chunks_count_collided_values_and_merge_sums_them():
-    from platform_assets.event_workers import merge_chunks, type_events
+    from platform_assets.intake.workers import merge_chunks, type_events
 
     d = [dest(table_name_template="values")]
     chunks = [type_events([(n, {"a_b": 1, "a.b": 2, "A-B": n})], d, {}, lambda table: {}) for n in (1, 2)]

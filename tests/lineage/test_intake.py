@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lineage.events import BadRequest, RequestContext, enrich, parse_body, utc_timestamp
-from lineage.intake import DEFAULT_INTAKE, IntakeConfigError, TokenKind, load_intake, parse_size
+from lineage.intake.bodies import BadRequest, RequestContext, enrich, parse_body, utc_timestamp
+from lineage.intake.config import DEFAULT_INTAKE, IntakeConfigError, TokenKind, load_intake, parse_size
 
 GOOD = """\
 collector:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lineage.errors import LineageError, UnknownTopicError
-from lineage.loader import load_lineage
-from lineage.spec import DEFAULT_MAXSTEP, Lineage, Processor, TopicName, TopicSpec, split_sql
+from lineage.core.errors import LineageError, UnknownTopicError
+from lineage.spec.loader import load_lineage
+from lineage.spec.model import DEFAULT_MAXSTEP, Lineage, Processor, TopicName, TopicSpec, split_sql
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "demo" / "lineage"

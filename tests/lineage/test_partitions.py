@@ -1,7 +1,7 @@
 import pytest
 
-from lineage.errors import TidemarkError
-from lineage.partitions import block_key, parse_block_key, partitions_name
+from lineage.core.errors import TidemarkError
+from lineage.core.partitions import block_key, parse_block_key, partitions_name
 
 
 def test_keys_round_trip_and_sort_in_block_order():
@@ -26,7 +26,7 @@ def test_seq_starts_at_one_and_names_are_per_table():
 
 
 def test_retention_keeps_the_newest_blocks_of_each_topic():
-    from lineage.partitions import expired_block_keys
+    from lineage.core.partitions import expired_block_keys
 
     keys = [block_key("t.x", s, qualified=False) for s in (3, 1, 2, 5, 4)] + ["manual-key"]
     assert expired_block_keys(keys, 2) == ["00000001", "00000002", "00000003"]

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from lineage.errors import TidemarkError
-from lineage.planner import Decision, TableMark, TopicState, lag_seconds, plan_topic
-from lineage.positions import Block, Position
-from lineage.spec import TopicSpec
+from lineage.core.errors import TidemarkError
+from lineage.core.positions import Block, Position
+from lineage.planning.planner import Decision, TableMark, TopicState, lag_seconds, plan_topic
+from lineage.spec.model import TopicSpec
 
 NOW = dt.datetime(2026, 1, 31, 12, 0, 0)
 MIN = dt.timedelta(minutes=1)

@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from lineage.errors import TidemarkError
-from lineage.positions import ZERO_TS, Block, Position, format_ts, parse_ts, to_naive_utc
+from lineage.core.errors import TidemarkError
+from lineage.core.positions import ZERO_TS, Block, Position, format_ts, parse_ts, to_naive_utc
 
 T0 = dt.datetime(2026, 1, 31, 12, 0, 0)
 MIN_ID = -(2**63)

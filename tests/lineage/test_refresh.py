@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from lineage.refresh import InputChange, RefreshRefused, Sizes, cluster_column, estimate
-from lineage.refresh import choose as choose_
-from lineage.spec import TopicSpec
+from lineage.spec.model import TopicSpec
+from lineage.views.refresh import InputChange, RefreshRefused, Sizes, cluster_column, estimate
+from lineage.views.refresh import choose as choose_
 
 
 def spec(**extra: object) -> TopicSpec:

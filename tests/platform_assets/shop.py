@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
-from resources.settings import Settings
+from resources.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = dt.datetime(2026, 1, 1, 0, 0, 0)
@@ -76,8 +76,8 @@ def table_rows(spark, path: str) -> list[tuple]:  # noqa: ANN001 - a SparkSessio
 def full_recompute(spark, settings: Settings, exclude_ids: frozenset[int] | set[int] = frozenset()) -> list[tuple]:  # noqa: ANN001
     """``fact.events`` as one run of the transform over every valid row of ``stage.events`` (less
     ``exclude_ids``, e.g. late rows that are quarantined instead)."""
-    from lineage.loader import load_lineage
-    from platform_assets.engine import Engine
+    from lineage.spec.loader import load_lineage
+    from platform_assets.engine.runner import Engine
 
     Engine(settings, load_lineage(settings.lineage), spark=spark).register_tables()
     base = spark.read.format("delta").load(settings.table_path("stage.events")).where("pos IS NOT NULL AND id IS NOT NULL")
@@ -118,7 +118,7 @@ def materialize_command(settings: Settings, dagster_home: Path, table_key: str, 
     """``dagster asset materialize`` of one block partition in a fresh process (its own JVM),
     on ``settings`` and the instance at ``dagster_home``: the command and its environment
     (``env``: extra variables, e.g. ``TIDEMARK_CRASH_AT``)."""
-    cmd = [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "platform_assets.definitions",
+    cmd = [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "platform_assets.dagster.definitions",
            "--select", table_key, "--partition", partition]
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_HOME": str(settings.home),
                 "TIDEMARK_LINEAGE": str(settings.lineage), "TIDEMARK_SPARK_MASTER": master,

@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from platform_assets.alerts import (
+from platform_assets.dagster.alerts import (
     RESOURCE_KEY,
     SENSOR_NAME,
     AlertCursor,
@@ -21,7 +21,7 @@ from platform_assets.alerts import (
     build_alert_sensor,
     scan_incidents,
 )
-from resources.alerts import DEFAULT_WEBHOOK_ENV
+from resources.core.alerts import DEFAULT_WEBHOOK_ENV
 from tests.resources.test_alerts import Receiver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,7 +255,7 @@ def test_definitions_wiring_and_resource_descriptions(instance, receiver, log_pa
 
 
 def test_module_import_is_light():
-    out = subprocess.run([sys.executable, "-c", "import sys, platform_assets.alerts as a; "
+    out = subprocess.run([sys.executable, "-c", "import sys, platform_assets.dagster.alerts as a; "
                           "print(a.build_alert_sensor().name, 'pyspark' in sys.modules)"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from lineage.loader import load_lineage
-from platform_assets.cdc_run import run_replicator
-from platform_assets.engine import Engine
-from resources.meta_tables import read_etl_log
-from resources.settings import Settings
+from lineage.spec.loader import load_lineage
+from platform_assets.cdc.run import run_replicator
+from platform_assets.engine.runner import Engine
+from resources.core.settings import Settings
+from resources.storage.meta_tables import read_etl_log
 from tests.platform_assets.shop import tidemark
 
 pytestmark = pytest.mark.spark

@@ -10,10 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from lineage.cdc import Column, Op, RowChange, TableSchema, Transaction, number, reduce_keyed, reduce_multiset
-from lineage.replicas import Deletes, Scd
-from platform_assets import cdc_apply
-from platform_assets.cdc_apply import Commit, Layout
+from lineage.cdc.changes import (
+    Column,
+    Op,
+    RowChange,
+    TableSchema,
+    Transaction,
+    number,
+    reduce_keyed,
+    reduce_multiset,
+)
+from lineage.cdc.replicas import Deletes, Scd
+from platform_assets.cdc import apply as cdc_apply
+from platform_assets.cdc.apply import Commit, Layout
 
 pytestmark = pytest.mark.spark
 T0 = dt.datetime(2026, 1, 1)

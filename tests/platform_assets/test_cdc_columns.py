@@ -1,4 +1,4 @@
-"""The cdc processor's columnar path (the source's ``read_columns`` and :mod:`lineage.cdc_columns`)
+"""The cdc processor's columnar path (the source's ``read_columns`` and :mod:`lineage.cdc.columns`)
 lands what the change-by-change path lands: the same replica rows, sequence numbers, commit times,
 counts and units, on random Debezium events over keyed tables, in several units."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from lineage import cdc_columns
-from resources.debezium_source import DebeziumFileSource
-from resources.settings import Settings
+from lineage.cdc import columns as cdc_columns
+from resources.cdc.debezium import DebeziumFileSource
+from resources.core.settings import Settings
 from tests.platform_assets.shop import tidemark
 from tests.platform_assets.test_cdc import event, replica, run, write_events
 

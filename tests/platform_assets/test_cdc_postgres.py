@@ -17,11 +17,11 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from lineage.loader import load_lineage
-from platform_assets.cdc_assets import pending
-from platform_assets.cdc_run import run_replicator
-from platform_assets.engine import Engine
-from resources.settings import Settings
+from lineage.spec.loader import load_lineage
+from platform_assets.cdc.run import run_replicator
+from platform_assets.dagster.cdc import pending
+from platform_assets.engine.runner import Engine
+from resources.core.settings import Settings
 from tests.platform_assets.shop import tidemark
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
@@ -296,8 +296,8 @@ def test_keyed_replicas_take_the_columnar_path_and_end_equal_after_sigkills(sett
     """Keyed tables only: units read as Arrow columns (``read_columns``) and reduced on columns, with
     key changes, also spilled to Parquet and reduced in Spark (``TIDEMARK_CDC_SPILL_ROWS``); killed at
     each crash point of a unit, spilling or not, then run to the end: equal to the source."""
-    from lineage import cdc_columns
-    from platform_assets import cdc_apply
+    from lineage.cdc import columns as cdc_columns
+    from platform_assets.cdc import apply as cdc_apply
 
     sql(pg, "CREATE SCHEMA s8", "CREATE TABLE s8.k (id int PRIMARY KEY, v int)")
     s = setup(settings, tmp_path, pg, "s8", maxstep=30)
@@ -350,9 +350,9 @@ def test_replicas_are_dagster_assets_run_by_the_slot_sensor_with_metadata_and_ch
                                                                                        pg: str, dagster_storage) -> None:
     import dagster as dg
 
-    from platform_assets.cdc_assets import pending
-    from platform_assets.definitions import build_definitions
-    from platform_assets.local_daemon import run_until_idle
+    from platform_assets.dagster.cdc import pending
+    from platform_assets.dagster.definitions import build_definitions
+    from platform_assets.dagster.local_daemon import run_until_idle
 
     sql(pg, "CREATE SCHEMA s5", "CREATE TABLE s5.t (id int PRIMARY KEY, v int)", "INSERT INTO s5.t VALUES (1, 1)")
     s = setup(settings, tmp_path, pg, "s5")
@@ -383,7 +383,7 @@ def test_replicas_are_dagster_assets_run_by_the_slot_sensor_with_metadata_and_ch
 
 
 def test_an_unreachable_source_is_retried_with_backoff_then_fails_clearly(settings: Settings, tmp_path: Path) -> None:
-    from resources.local_pg import free_port
+    from resources.state.local_pg import free_port
 
     s = setup(settings, tmp_path, f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere", "s6")
     eng = Engine(s, load_lineage(s.lineage))

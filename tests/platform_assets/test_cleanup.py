@@ -15,11 +15,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from lineage.loader import load_lineage
-from platform_assets import spark_io
-from platform_assets.cli import main
-from platform_assets.engine import Engine
-from resources.settings import Settings
+from lineage.spec.loader import load_lineage
+from platform_assets.cli.main import main
+from platform_assets.core import spark_io
+from platform_assets.engine.runner import Engine
+from resources.core.settings import Settings
 
 pytestmark = pytest.mark.spark
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0)

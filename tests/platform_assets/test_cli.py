@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from platform_assets.cli import main
-from resources.offset_sql import open_offset_store
+from platform_assets.cli.main import main
+from resources.state.offset_sql import open_offset_store
 from tests.platform_assets.shop import make_events, write_lineage, write_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def test_unknown_topic_is_a_clear_error(home_args, capsys):
 
 
 def test_lag_without_a_jvm(home_args, tmp_path, capsys):
-    from resources.settings import Settings
+    from resources.core.settings import Settings
 
     settings = Settings.from_env({}, home=tmp_path / "home")
     write_rows(settings, "stage.events", make_events(25, distinct_pos=25))
@@ -76,14 +76,14 @@ def test_lag_without_a_jvm(home_args, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ready: next block 10 rows up to" in out  # maxstep 10 of 25 eligible rows
     # In a fresh process, lag must not even import Spark's session module.
-    code = ("import sys; from platform_assets.cli import main; rc = main(sys.argv[1:]); "
+    code = ("import sys; from platform_assets.cli.main import main; rc = main(sys.argv[1:]); "
             "print('SPARK' if 'pyspark.sql.session' in sys.modules else 'NO-SPARK', rc)")
     proc = subprocess.run([sys.executable, "-c", code, *home_args, "lag"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.stdout.split()[-2:] == ["NO-SPARK", "0"], proc.stderr
 
 
 def test_run_on_a_missing_base_table_fails_and_an_empty_one_waits(home_args, tmp_path, capsys):
-    from resources.settings import Settings
+    from resources.core.settings import Settings
     from tests.platform_assets.shop import EVENTS_SCHEMA, write_rows
 
     settings = Settings.from_env({}, home=tmp_path / "home")
@@ -111,7 +111,7 @@ def test_an_offsets_url_in_a_missing_folder_is_refused_not_created(tmp_path, cap
 
 
 def test_validate_warns_where_a_topic_would_wait_for_ever(tmp_path, capsys):
-    from resources.settings import Settings
+    from resources.core.settings import Settings
     from tests.platform_assets.shop import write_users
 
     lin = write_lineage(tmp_path, deps="[stage.events, dim.users]")
@@ -135,8 +135,8 @@ def test_log_shows_the_columns_that_have_nulls(home_args, tmp_path, capsys):
     table a person reads lists only the columns that have some."""
     import datetime as dt
 
-    from resources.meta_tables import LogEntry, write_etl_log
-    from resources.settings import Settings
+    from resources.core.settings import Settings
+    from resources.storage.meta_tables import LogEntry, write_etl_log
 
     settings = Settings.from_env({}, home=tmp_path / "home")
     write_etl_log(settings, LogEntry(topic="fact.events", ts=dt.datetime(2026, 1, 1), rows=5, max_id=9, min_ts=None,

@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from lineage.loader import load_lineage
-from platform_assets.demo import ShopFeeder
-from platform_assets.engine import Engine
-from platform_assets.maintain import jvm_free_reads
-from resources import spark_cluster, spark_server
-from resources.delta_meta import open_table
-from resources.settings import Settings
+from lineage.spec.loader import load_lineage
+from platform_assets.demo.shop import ShopFeeder
+from platform_assets.engine.runner import Engine
+from platform_assets.maintenance.tables import jvm_free_reads
+from resources.core.settings import Settings
+from resources.spark import cluster as spark_cluster
+from resources.spark import server as spark_server
+from resources.storage.delta_meta import open_table
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "demo" / "lineage"

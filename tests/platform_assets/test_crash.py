@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lineage.errors import TopicLockedError
-from platform_assets.engine import data_app_id
-from resources.meta_tables import read_etl_log
-from resources.offset_sql import local_owner_is_dead, make_owner, open_offset_store
-from resources.offsets import utcnow
-from resources.settings import Settings
+from lineage.core.errors import TopicLockedError
+from platform_assets.engine.runner import data_app_id
+from resources.core.settings import Settings
+from resources.state.offset_sql import local_owner_is_dead, make_owner, open_offset_store
+from resources.state.offsets import utcnow
+from resources.storage.meta_tables import read_etl_log
 from tests.platform_assets.shop import full_recompute, seeded, sorted_rows
 from tests.platform_assets.shop import tidemark as _tidemark
 

@@ -14,10 +14,10 @@ import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
-from lineage.partitions import partitions_name
-from platform_assets.engine import data_app_id
-from resources.meta_tables import read_etl_log
-from resources.offset_sql import open_offset_store
+from lineage.core.partitions import partitions_name
+from platform_assets.engine.runner import data_app_id
+from resources.state.offset_sql import open_offset_store
+from resources.storage.meta_tables import read_etl_log
 from tests.platform_assets.shop import (
     ROOT,
     dagster_yaml,

@@ -10,10 +10,10 @@ import psycopg
 import pytest
 import yaml
 
-from lineage.partitions import partitions_name
-from platform_assets.definitions import build_definitions
-from resources.local_pg import dagster_url
-from resources.settings import Settings
+from lineage.core.partitions import partitions_name
+from platform_assets.dagster.definitions import build_definitions
+from resources.core.settings import Settings
+from resources.state.local_pg import dagster_url
 from tests.platform_assets.shop import ROOT, make_events, write_lineage, write_rows, write_users
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]

@@ -11,9 +11,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from lineage.errors import LineageError
-from platform_assets.definitions import build_definitions
-from resources.settings import Settings
+from lineage.core.errors import LineageError
+from platform_assets.dagster.definitions import build_definitions
+from resources.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,7 +86,7 @@ def test_bad_lineage_fails_with_the_validators_message(tmp_path):
 def test_module_import_is_light():
     t0 = time.monotonic()
     # dagster-pyspark's resource module imports pyspark's Python side; no session and no JVM may start
-    out = subprocess.run([sys.executable, "-c", "import sys, platform_assets.definitions as d; "
+    out = subprocess.run([sys.executable, "-c", "import sys, platform_assets.dagster.definitions as d; "
                           "from pyspark import SparkContext; from pyspark.sql import SparkSession; "
                           "print(d.defs is not None, SparkContext._active_spark_context is None, "
                           "SparkSession.getActiveSession() is None, 'py4j.java_gateway' in sys.modules and "

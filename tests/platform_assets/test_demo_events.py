@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lineage.intake import load_intake
-from platform_assets import feeder
-from platform_assets.demo_events import CollectorProcess, ensure_tokens
-from platform_assets.intake_units import process_ready
-from resources.incoming_log import iter_ready_files
-from resources.settings import Settings
+from lineage.intake.config import load_intake
+from platform_assets.demo import feeder
+from platform_assets.demo.events import CollectorProcess, ensure_tokens
+from platform_assets.intake.units import process_ready
+from resources.core.settings import Settings
+from resources.intake.incoming_log import iter_ready_files
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lineage.errors import OffsetError, ProcessingError, TopicLockedError
-from lineage.loader import load_lineage
-from lineage.positions import Position
-from platform_assets import engine as engine_mod
-from platform_assets import faults
-from platform_assets.engine import Engine, data_app_id
-from resources.meta_tables import read_etl_log
-from resources.offset_sql import open_offset_store
-from resources.settings import Settings
+from lineage.core.errors import OffsetError, ProcessingError, TopicLockedError
+from lineage.core.positions import Position
+from lineage.spec.loader import load_lineage
+from platform_assets.core import faults
+from platform_assets.engine import runner as engine_mod
+from platform_assets.engine.runner import Engine, data_app_id
+from resources.core.settings import Settings
+from resources.state.offset_sql import open_offset_store
+from resources.storage.meta_tables import read_etl_log
 from tests.platform_assets.shop import (
     T0,
     full_recompute,

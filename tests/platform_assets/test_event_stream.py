@@ -17,14 +17,14 @@ import httpx
 import orjson
 import pytest
 
-from lineage.intake import load_intake
-from platform_assets.event_stream import StreamLoop
-from platform_assets.intake_units import process_ready, status
-from resources import event_queue as q
-from resources import event_store as store
-from resources.delta_meta import open_table
-from resources.incoming_log import file_name, incoming_dir, ready_dir
-from resources.settings import Settings
+from lineage.intake.config import load_intake
+from platform_assets.intake.stream import StreamLoop
+from platform_assets.intake.units import process_ready, status
+from resources.core.settings import Settings
+from resources.intake import event_queue as q
+from resources.intake import event_store as store
+from resources.intake.incoming_log import file_name, incoming_dir, ready_dir
+from resources.storage.delta_meta import open_table
 from tests.platform_assets.test_events import T0, run_cli, write_file
 from tests.resources.test_collector import API, WEB, Collector
 
@@ -154,7 +154,7 @@ def test_sigkill_at_every_point_of_a_micro_batch_no_event_lost_or_doubled(settin
 
 def test_a_batch_destination_is_refused_and_a_config_without_stream_destinations_says_so(settings: Settings, tmp_path: Path):
     intake = load_intake(config(tmp_path), secrets=False)
-    from lineage.errors import TidemarkError
+    from lineage.core.errors import TidemarkError
 
     with pytest.raises(TidemarkError, match="'main' is in batch mode"):
         StreamLoop(settings, intake, ["main"])

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lineage.errors import TidemarkError
-from platform_assets.events import Members, plan_units
-from resources.incoming_log import ReadyFile
+from lineage.core.errors import TidemarkError
+from platform_assets.intake.batch import Members, plan_units
+from resources.intake.incoming_log import ReadyFile
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 

@@ -11,13 +11,13 @@ from typing import Any
 import orjson
 import pytest
 
-from lineage.intake import load_intake
-from platform_assets.event_workers import shutdown_pool, split_file
-from platform_assets.intake_units import process_ready
-from resources import event_store as store
-from resources.delta_meta import open_table
-from resources.incoming_log import ready_dir
-from resources.settings import Settings
+from lineage.intake.config import load_intake
+from platform_assets.intake.units import process_ready
+from platform_assets.intake.workers import shutdown_pool, split_file
+from resources.core.settings import Settings
+from resources.intake import event_store as store
+from resources.intake.incoming_log import ready_dir
+from resources.storage.delta_meta import open_table
 from tests.platform_assets.test_events import T0, config, write_file
 
 
@@ -71,7 +71,7 @@ def test_split_file_cuts_after_newlines_and_counts_lines(tmp_path: Path):
 
 @pytest.mark.slow
 def test_workers_write_what_a_single_pass_writes(tmp_path: Path, monkeypatch):
-    from platform_assets import event_workers
+    from platform_assets.intake import workers as event_workers
 
     merges: list[tuple[int, bool]] = []  # (chunks, promoted again) of each merge in the main process
     real_merge = event_workers.merge_chunks
@@ -127,7 +127,7 @@ def test_a_unit_of_many_files_typed_by_workers_writes_what_a_single_pass_writes(
     """Small files grouped into one unit, typed in worker processes (runs of whole files) or in
     this process: the same rows, ids, failures and columns; torn tails and corrupt lines inside
     the unit keep every later file's line numbers."""
-    from platform_assets import event_workers
+    from platform_assets.intake import workers as event_workers
 
     runs: list[int] = []  # chunks of each unit sent to the workers
     real_split = event_workers.split_unit

@@ -14,12 +14,12 @@ import orjson
 import pytest
 from deltalake import DeltaTable
 
-from lineage.intake import load_intake
-from platform_assets.intake_units import process_ready, replay, status
-from resources import event_store as store
-from resources.incoming_log import file_name, ready_dir
-from resources.meta_tables import read_etl_log
-from resources.settings import Settings
+from lineage.intake.config import load_intake
+from platform_assets.intake.units import process_ready, replay, status
+from resources.core.settings import Settings
+from resources.intake import event_store as store
+from resources.intake.incoming_log import file_name, ready_dir
+from resources.storage.meta_tables import read_etl_log
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)

@@ -9,10 +9,10 @@ from pathlib import Path
 import dagster as dg
 from deltalake import DeltaTable
 
-from lineage.intake import load_intake
-from lineage.loader import load_lineage
-from platform_assets.definitions import build_definitions
-from platform_assets.intake_assets import (
+from lineage.intake.config import load_intake
+from lineage.spec.loader import load_lineage
+from platform_assets.dagster.definitions import build_definitions
+from platform_assets.dagster.intake import (
     CHECK_NAME,
     JOB_NAME,
     SENSOR_NAME,
@@ -21,8 +21,8 @@ from platform_assets.intake_assets import (
     produced_sources,
     template_prefix,
 )
-from resources import event_store as store
-from resources.settings import Settings
+from resources.core.settings import Settings
+from resources.intake import event_store as store
 from tests.platform_assets.test_events import T0, write_file
 
 INTAKE = """\

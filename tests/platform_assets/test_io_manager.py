@@ -14,13 +14,13 @@ import pytest
 from dagster_pyspark import LazyPySparkResource
 from deltalake import DeltaTable
 
-from lineage.errors import ProcessingError
-from lineage.partitions import partitions_name
-from platform_assets.definitions import build_definitions
-from platform_assets.engine import Engine
-from platform_assets.io_manager import IO_MANAGER_KEY, OffsetIOManager
-from resources.meta_tables import read_etl_log
-from resources.offset_sql import open_offset_store
+from lineage.core.errors import ProcessingError
+from lineage.core.partitions import partitions_name
+from platform_assets.dagster.definitions import build_definitions
+from platform_assets.dagster.io_manager import IO_MANAGER_KEY, OffsetIOManager
+from platform_assets.engine.runner import Engine
+from resources.state.offset_sql import open_offset_store
+from resources.storage.meta_tables import read_etl_log
 from tests.platform_assets.shop import (
     ROOT,
     dagster_yaml,
@@ -52,7 +52,7 @@ def _io(s) -> OffsetIOManager:
 
 def _plan(s, instance) -> str:
     """Plan the next block of fact.events and add its partition, as `tidemark plan` does."""
-    from lineage.loader import load_lineage
+    from lineage.spec.loader import load_lineage
 
     eng = Engine(s, load_lineage(s.lineage))
     try:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from platform_assets.definitions import build_definitions
-from platform_assets.local_daemon import run_until_idle
+from platform_assets.dagster.definitions import build_definitions
+from platform_assets.dagster.local_daemon import run_until_idle
 from tests.platform_assets.shop import make_events, write_lineage, write_rows, write_users
 
 pytestmark = pytest.mark.spark

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from platform_assets import maintain, spark_io
-from resources import maintenance
+from platform_assets.core import spark_io
+from platform_assets.maintenance import tables as maintain
+from resources.storage import maintenance
 from tests.platform_assets.test_cleanup import (
     COUNTRIES,
     DAILY,

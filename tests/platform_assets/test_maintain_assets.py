@@ -15,14 +15,13 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from lineage.checks import HEALTH_CHECK
-from lineage.errors import ConfigError
-from lineage.loader import load_lineage
-from lineage.positions import Position
-from platform_assets.definitions import build_definitions
-from platform_assets.engine import Engine
-from platform_assets.io_manager import table_health
-from platform_assets.maintain_assets import (
+from lineage.core.checks import HEALTH_CHECK
+from lineage.core.errors import ConfigError
+from lineage.core.positions import Position
+from lineage.spec.loader import load_lineage
+from platform_assets.dagster.definitions import build_definitions
+from platform_assets.dagster.io_manager import table_health
+from platform_assets.dagster.maintenance import (
     CHECKS_NAME,
     JOB_NAME,
     SCHEDULE_NAME,
@@ -30,9 +29,10 @@ from platform_assets.maintain_assets import (
     health_verdict,
     maintain_cron,
 )
-from resources import maintenance
-from resources.offset_sql import open_offset_store
-from resources.settings import Settings
+from platform_assets.engine.runner import Engine
+from resources.core.settings import Settings
+from resources.state.offset_sql import open_offset_store
+from resources.storage import maintenance
 from tests.platform_assets.shop import T0, make_events, write_lineage, write_rows
 
 FACT = dg.AssetKey(["fact", "events"])
@@ -236,7 +236,7 @@ def test_a_units_metadata_carries_the_tables_health_and_a_failed_read_only_warns
 
 def test_lag_warns_where_a_tables_own_retention_would_remove_what_a_topic_needs(settings: Settings, tmp_path: Path,
                                                                                 capsys):
-    from platform_assets.cli import main
+    from platform_assets.cli.main import main
 
     s = settings.with_(lineage=write_lineage(tmp_path))
     write_rows(s, "stage.events", make_events(5, distinct_pos=5))

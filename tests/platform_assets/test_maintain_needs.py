@@ -8,11 +8,11 @@ import datetime as dt
 import textwrap
 from types import SimpleNamespace
 
-from lineage.loader import load_lineage
-from lineage.positions import Position
-from platform_assets.maintain import consumer_needs
-from resources.maintenance import Need
-from resources.offsets import OffsetRecord
+from lineage.core.positions import Position
+from lineage.spec.loader import load_lineage
+from platform_assets.maintenance.tables import consumer_needs
+from resources.state.offsets import OffsetRecord
+from resources.storage.maintenance import Need
 
 LINEAGE = """\
 sources:

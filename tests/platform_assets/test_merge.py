@@ -12,16 +12,18 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lineage import refresh
-from lineage.checks import ChecksSpec, evaluate_unit
-from lineage.errors import OffsetError, ProcessingError
-from lineage.loader import load_lineage
-from lineage.positions import Position
-from lineage.refresh import RefreshRefused
-from platform_assets import merge, spark_io, views
-from platform_assets.engine import Engine
-from resources.meta_tables import read_etl_log
-from resources.settings import Settings
+from lineage.core.checks import ChecksSpec, evaluate_unit
+from lineage.core.errors import OffsetError, ProcessingError
+from lineage.core.positions import Position
+from lineage.spec.loader import load_lineage
+from lineage.views import refresh
+from lineage.views.refresh import RefreshRefused
+from platform_assets.core import spark_io
+from platform_assets.engine.runner import Engine
+from platform_assets.views import merge
+from platform_assets.views import operate as views
+from resources.core.settings import Settings
+from resources.storage.meta_tables import read_etl_log
 
 pytestmark = pytest.mark.spark
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0)
@@ -286,8 +288,8 @@ def test_a_crash_between_the_merge_and_the_offset_commit_never_applies_twice(spa
 def test_offset_age_is_judged_by_the_planner_sensor_and_alerted_once(spark, settings, tmp_path):
     import dagster as dg
 
-    from platform_assets.alerts import AlertCursor, scan_incidents
-    from platform_assets.sensors import offset_age_checks
+    from platform_assets.dagster.alerts import AlertCursor, scan_incidents
+    from platform_assets.dagster.sensors import offset_age_checks
 
     eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n"
                                                        "  checks: {max_offset_age: 1h}\n"))
@@ -319,8 +321,8 @@ def test_offset_age_is_judged_by_the_planner_sensor_and_alerted_once(spark, sett
 def test_a_merge_view_through_dagster_records_its_strategy_and_checks(spark, settings, tmp_path, dagster_storage):
     import dagster as dg
 
-    from platform_assets.definitions import build_definitions
-    from platform_assets.local_daemon import run_until_idle
+    from platform_assets.dagster.definitions import build_definitions
+    from platform_assets.dagster.local_daemon import run_until_idle
 
     eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n  full_above: 1\n"))
     customers(eng)
@@ -350,7 +352,7 @@ def test_a_merge_view_through_dagster_records_its_strategy_and_checks(spark, set
         # (it would find the first one's work done); once the queue is clear, one is.
         import uuid
 
-        from platform_assets.sensors import TOPIC_TAG
+        from platform_assets.dagster.sensors import TOPIC_TAG
 
         dim_sql(eng, "UPDATE DIM SET country = 'YY' WHERE id = 4")
         queued = instance.add_run(dg.DagsterRun(job_name="tidemark__mart__wide", run_id=str(uuid.uuid4()),
@@ -413,13 +415,13 @@ def test_a_vanished_or_appearing_reference_moves_rows_to_and_from_the_unknown_gr
     assert (unit.stats["rows_inserted"], unit.stats["rows_updated"]) == (1, 1)
     assert assert_view_equals_recompute(eng, "mart.by_country") == 5
 
-    from platform_assets.cli import _exactness_warnings
+    from platform_assets.cli.main import _exactness_warnings
 
     [warning] = _exactness_warnings(eng.settings, eng.lineage)
     assert "topic 'mart.by_country_view_col': join_keys of dim.customers: its join_keys name country" in warning
 
     # tidemark verify: equal now, whole and sampled; then a view changed behind Tidemark's back
-    from platform_assets.verify import verify
+    from platform_assets.views.verify import verify
 
     topic = eng.lineage.topic("mart.by_country")
     whole = verify(eng, topic)

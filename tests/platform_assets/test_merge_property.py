@@ -42,8 +42,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from lineage.positions import Position, to_naive_utc
-from resources.settings import Settings
+from lineage.core.positions import Position, to_naive_utc
+from resources.core.settings import Settings
 from tests.platform_assets.shop import tidemark
 
 pytestmark = [pytest.mark.spark]
@@ -346,8 +346,8 @@ class World:
         return "inputs now: " + "; ".join(f"{d} {dict(sorted(rows.items()))}" for d, rows in self.dims.items())
 
     def engine(self) -> Any:
-        from lineage.loader import load_lineage
-        from platform_assets.engine import Engine
+        from lineage.spec.loader import load_lineage
+        from platform_assets.engine.runner import Engine
 
         return Engine(self.settings, load_lineage(self.settings.lineage), spark=self.spark)
 
@@ -355,7 +355,7 @@ class World:
 def forget_tables(spark: Any) -> None:
     """Drop this test's names from the session catalog (external tables: the files stay), so a
     later test never meets a name whose warehouse was deleted."""
-    from resources.meta_tables import META_TABLES
+    from resources.storage.meta_tables import META_TABLES
 
     for table in ["stage.orders", *DIMS, *VIEWS, *META_TABLES]:
         spark.sql(f"DROP TABLE IF EXISTS {table}")

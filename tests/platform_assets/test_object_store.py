@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from resources import delta_meta, spark_server
-from resources.meta_tables import ETL_LOG, QUARANTINE
-from resources.settings import Settings
+from resources.core.settings import Settings
+from resources.spark import server as spark_server
+from resources.storage import delta_meta
+from resources.storage.meta_tables import ETL_LOG, QUARANTINE
 from tests.conftest import ROOT
 
 TABLES = ("dim.customers", "fact.orders", "fact.order_items", "mart.daily_revenue")
@@ -43,7 +44,7 @@ def _tidemark(settings: Settings, spark_url: str, *args: str) -> str:
 def _run_demo(settings: Settings, spark_url: str) -> None:
     """Seed the shop, run until caught up, append more rows (two late), run again (the shop's topics:
     fact.page_views reads the event intake's table, which ShopFeeder does not write)."""
-    from platform_assets.demo import ShopFeeder
+    from platform_assets.demo.shop import ShopFeeder
 
     t0 = dt.datetime(2026, 1, 1, 12)
     feeder = ShopFeeder(settings)
@@ -68,7 +69,7 @@ def s3_env(s3_server, monkeypatch):
 
 @pytest.mark.fast
 def test_spark_up_refuses_a_missing_bucket_before_a_jvm_starts(s3_env, tmp_path, capsys):
-    from platform_assets.cli import main
+    from platform_assets.cli.main import main
 
     port = spark_server.free_port()
     code = main(["--home", str(tmp_path), "--warehouse", "s3://no-such-bucket/wh", "spark", "up", "--port", str(port)])
@@ -111,7 +112,7 @@ def test_demo_lineage_on_object_store_equals_local_run(s3_env, tmp_path, capsys)
     orders = remote.table_path("stage.orders")
     snap = delta_meta.TableSnapshot.open(orders)
     assert snap.version == 1
-    from platform_assets.cli import main
+    from platform_assets.cli.main import main
 
     capsys.readouterr()
     assert main(["--home", str(remote.home), "--warehouse", remote.warehouse, "--lineage", str(lineage), "lag"]) == 0

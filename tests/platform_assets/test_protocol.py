@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from platform_assets.protocol import Phases
+from platform_assets.core.protocol import Phases
 
 
 def test_nested_phases_count_only_their_own_time():

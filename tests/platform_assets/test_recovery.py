@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lineage.errors import OffsetError
-from lineage.loader import load_lineage
-from lineage.positions import Position
-from platform_assets.engine import Engine, data_app_id
-from resources.meta_tables import read_etl_log
-from resources.settings import Settings
+from lineage.core.errors import OffsetError
+from lineage.core.positions import Position
+from lineage.spec.loader import load_lineage
+from platform_assets.engine.runner import Engine, data_app_id
+from resources.core.settings import Settings
+from resources.storage.meta_tables import read_etl_log
 from tests.platform_assets.shop import (
     TRANSFORM_SQL,
     full_recompute,
@@ -294,7 +294,7 @@ def test_destination_with_rows_but_no_block_of_the_topic_is_refused(spark, s):
 def test_late_rows_in_commits_removed_from_the_log_are_reported_not_skipped_silently(spark, s):
     """Late-row detection reads the base commits since the block's snapshot; where log cleanup
     removed them it cannot, and says so in the block's check figures and in ``tidemark lag``."""
-    from lineage.checks import evaluate_block
+    from lineage.core.checks import evaluate_block
 
     eng = _engine(spark, s)
     eng.run_until_caught_up()

@@ -10,12 +10,12 @@ import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
-from lineage.loader import load_lineage
-from lineage.partitions import partitions_name
-from lineage.positions import Position
-from platform_assets.definitions import build_definitions
-from platform_assets.sensors import PastRun, launch_decision
-from resources.offset_sql import OwnerId, make_owner, open_offset_store
+from lineage.core.partitions import partitions_name
+from lineage.core.positions import Position
+from lineage.spec.loader import load_lineage
+from platform_assets.dagster.definitions import build_definitions
+from platform_assets.dagster.sensors import PastRun, launch_decision
+from resources.state.offset_sql import OwnerId, make_owner, open_offset_store
 from tests.platform_assets.shop import T0, make_events, write_lineage, write_rows, write_users
 
 S = dg.DagsterRunStatus
@@ -215,7 +215,7 @@ def test_block_checks_record_etl_log_figures_and_fail_with_the_spec_severity(spa
 
 
 def test_sensor_deletes_block_partitions_beyond_retention(settings, tmp_path, dagster_storage):
-    from platform_assets.sensors import build_planner_sensor
+    from platform_assets.dagster.sensors import build_planner_sensor
 
     s = settings.with_(lineage=write_lineage(tmp_path, maxstep=30))
     write_users(s)
@@ -325,7 +325,7 @@ def test_a_table_the_planner_cannot_look_at_holds_back_only_its_own_topics(setti
 
 
 def test_a_failed_reload_is_retried_with_a_new_run_key(settings, tmp_path, dagster_storage):
-    from platform_assets.sensors import BLOCK_TAG
+    from platform_assets.dagster.sensors import BLOCK_TAG
 
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "users_copy.sql").write_text("SELECT * FROM block\n")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from lineage.loader import load_lineage
-from platform_assets.engine import Engine
-from platform_assets.spark_io import epoch_micros
-from resources.meta_tables import read_etl_log
-from resources.settings import Settings
+from lineage.spec.loader import load_lineage
+from platform_assets.core.spark_io import epoch_micros
+from platform_assets.engine.runner import Engine
+from resources.core.settings import Settings
+from resources.storage.meta_tables import read_etl_log
 from tests.platform_assets.shop import make_events, write_lineage, write_rows, write_users
 
 pytestmark = pytest.mark.spark
@@ -78,7 +78,7 @@ def _shop_engine(spark, settings: Settings, root: Path, **lineage_kw) -> Engine:
 
 
 def test_a_managed_table_with_a_lineage_tables_name_survives_a_run(spark, settings, tmp_path):
-    from lineage.errors import ProcessingError
+    from lineage.core.errors import ProcessingError
 
     eng = _shop_engine(spark, settings, tmp_path)
     write_users(eng.settings)
@@ -102,7 +102,7 @@ def test_a_managed_table_with_a_lineage_tables_name_survives_a_run(spark, settin
 
 
 def test_an_external_table_tidemark_did_not_register_is_not_repointed(spark, settings, tmp_path):
-    from lineage.errors import ProcessingError
+    from lineage.core.errors import ProcessingError
 
     eng = _shop_engine(spark, settings, tmp_path)
     write_users(eng.settings)
@@ -163,8 +163,8 @@ def _wide_engine(spark, settings: Settings, root: Path) -> Engine:
 
 @pytest.mark.fast
 def test_null_check_on_the_40th_column_can_fail(spark, settings, tmp_path, monkeypatch):
-    from lineage.checks import evaluate_block
-    from platform_assets import faults
+    from lineage.core.checks import evaluate_block
+    from platform_assets.core import faults
 
     eng = _wide_engine(spark, settings, tmp_path)
     write_rows(eng.settings, "stage.events", make_events(200, distinct_pos=200, seed=4))
@@ -199,7 +199,7 @@ def test_null_check_on_the_40th_column_can_fail(spark, settings, tmp_path, monke
 
 
 def test_a_block_registers_only_the_tables_its_sql_names(tmp_path):
-    from platform_assets.spark_io import tables_read
+    from platform_assets.core.spark_io import tables_read
 
     extra = """\
         - table: fact.other
@@ -224,7 +224,7 @@ def test_sql_literal_text_reads_back_as_the_same_value_in_any_session_time_zone(
     get None (the unit then relies on its semi join alone)."""
     import decimal
 
-    from platform_assets.spark_io import sql_literal
+    from platform_assets.core.spark_io import sql_literal
 
     values = [0, -7, 2**62, True, False, decimal.Decimal("-123.4500"), decimal.Decimal("1E+3"),
               dt.date(1969, 12, 31), dt.date(2026, 2, 28), "", "plain", "it's", "back\\slash", "a 'q' \\' mix"]

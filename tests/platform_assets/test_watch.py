@@ -1,11 +1,11 @@
-"""When the planner sensor plans and when it only looks (pure logic of platform_assets.watch)."""
+"""When the planner sensor plans and when it only looks (pure logic of platform_assets.dagster.watch)."""
 
 from __future__ import annotations
 
 import pytest
 
-from lineage.errors import ConfigError
-from platform_assets.watch import (
+from lineage.core.errors import ConfigError
+from platform_assets.dagster.watch import (
     Look,
     changed_tables,
     delays_started,
@@ -66,7 +66,7 @@ def test_interval_settings_are_whole_seconds(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_a_planning_passes_over_quiet_topics_until_what_moves_them_changes() -> None:
-    from platform_assets.watch import Reads, is_quiet, topics_to_plan
+    from platform_assets.dagster.watch import Reads, is_quiet, topics_to_plan
 
     assert is_quiet("no new rows") and is_quiet("no new rows (stage.x is empty)")
     assert is_quiet("stage.x does not exist at /w/stage/x; check the table name or the source's path")
@@ -86,7 +86,7 @@ def test_a_planning_passes_over_quiet_topics_until_what_moves_them_changes() -> 
 
 
 def test_runs_that_others_wait_for_go_first_in_the_queue() -> None:
-    from platform_assets.watch import downstream_counts
+    from platform_assets.dagster.watch import downstream_counts
 
     demo = {"dim.customers": ("dim.customers", ["stage.customers"]),
             "fact.orders": ("fact.orders", ["stage.orders", "dim.customers"]),
@@ -100,7 +100,7 @@ def test_runs_that_others_wait_for_go_first_in_the_queue() -> None:
 
 
 def test_offset_log_entries_committed_out_of_id_order_are_not_missed() -> None:
-    from platform_assets.watch import LOG_WINDOW, Reads, log_window, new_entries, topics_to_plan
+    from platform_assets.dagster.watch import LOG_WINDOW, Reads, log_window, new_entries, topics_to_plan
 
     assert log_window(None) == 0 and log_window(Look(log_head=500)) == 500 - LOG_WINDOW
     topics, recent = new_entries(None, {1: "a", 2: "b"}, 2)
@@ -118,10 +118,10 @@ def test_offset_log_entries_committed_out_of_id_order_are_not_missed() -> None:
 def test_rows_dated_after_now_are_not_a_quiet_wait() -> None:
     import datetime as dt
 
-    from lineage.planner import TableMark, TopicState, plan_topic
-    from lineage.positions import Position
-    from lineage.spec import TopicSpec
-    from platform_assets.watch import is_quiet
+    from lineage.core.positions import Position
+    from lineage.planning.planner import TableMark, TopicState, plan_topic
+    from lineage.spec.model import TopicSpec
+    from platform_assets.dagster.watch import is_quiet
 
     now = dt.datetime(2026, 1, 1, 12)
     spec = TopicSpec.model_validate({"table": "fact.x", "depends_on": ["stage.x"], "transforms": ["x.sql"]})

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from resources.alerts import DEFAULT_WEBHOOK_ENV, Alert, AlertNotifier, default_log_path
+from resources.core.alerts import DEFAULT_WEBHOOK_ENV, Alert, AlertNotifier, default_log_path
 
 TOKEN = "T000/B000/s3cr3t-token"
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from resources.incoming_log import ReadStats, file_name, iter_ready_files, read_events
+from resources.intake.incoming_log import ReadStats, file_name, iter_ready_files, read_events
 
 ROOT = Path(__file__).resolve().parents[2]
 WEB, API = "web-secret-Zq81", "api-secret-Pw07"
@@ -287,7 +287,7 @@ def test_sigkill_mid_load_loses_no_acknowledged_event(tmp_path):
 
 
 def test_print_config_names_where_it_listens_the_token_ids_and_the_log(tmp_path, monkeypatch, capsys):
-    from platform_assets.cli import main
+    from platform_assets.cli.main import main
 
     monkeypatch.setenv("T_WEB", WEB)
     monkeypatch.setenv("T_API", API)

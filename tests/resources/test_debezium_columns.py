@@ -13,10 +13,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lineage.cdc import Op, RowChange, TableSchema, Transaction
-from lineage.cdc_columns import arrow_type
-from resources import debezium_source
-from resources.debezium_source import ColumnRead, DebeziumFileSource, DebeziumFormatError, position
+from lineage.cdc.changes import Op, RowChange, TableSchema, Transaction
+from lineage.cdc.columns import arrow_type
+from resources.cdc import debezium as debezium_source
+from resources.cdc.debezium import ColumnRead, DebeziumFileSource, DebeziumFormatError, position
 
 MICRO = "io.debezium.time.MicroTimestamp"
 DATE = "io.debezium.time.Date"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from resources.debezium_source import DebeziumFileSource
+from resources.cdc.debezium import DebeziumFileSource
 
 
 def line(table: str, tx: int, after: dict) -> str:

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from lineage.positions import Position
-from resources import delta_meta
-from resources.delta_meta import (
+from lineage.core.positions import Position
+from resources.storage import delta_meta
+from resources.storage.delta_meta import (
     RECENT_COMMITS,
     BlockEnd,
     CommitUnavailableError,
@@ -92,7 +92,7 @@ def _txn_append(path: Path, app_id: str, version: int, n: int = 1) -> None:
 
 
 def test_a_block_commit_is_found_however_far_back_without_reading_every_commit(tmp_path: Path) -> None:
-    from resources.delta_meta import find_txn_commit
+    from resources.storage.delta_meta import find_txn_commit
 
     path = tmp_path / "dest"
     _txn_append(path, "tidemark:t", 1, n=3)
@@ -113,7 +113,7 @@ def test_a_block_commit_is_found_however_far_back_without_reading_every_commit(t
 
 
 def test_a_commit_removed_by_log_retention_is_reported_not_guessed(tmp_path: Path) -> None:
-    from resources.delta_meta import find_txn_commit
+    from resources.storage.delta_meta import find_txn_commit
 
     path = tmp_path / "dest"
     _txn_append(path, "tidemark:t", 1)
@@ -154,7 +154,7 @@ def _drop_log_below_checkpoint(path: Path) -> int:
 
 
 def test_late_rows_are_found_exactly_after_optimize_and_vacuum(tmp_path: Path) -> None:
-    from resources.delta_meta import missing_files
+    from resources.storage.delta_meta import missing_files
 
     path = tmp_path / "base"
     for first in (1, 6):
@@ -180,7 +180,7 @@ def test_late_rows_are_found_exactly_after_optimize_and_vacuum(tmp_path: Path) -
 
 
 def test_late_rows_whose_ids_do_not_tell_stop_with_the_file_and_the_cause(tmp_path: Path) -> None:
-    from resources.delta_meta import RemovedDataError
+    from resources.storage.delta_meta import RemovedDataError
 
     path = tmp_path / "base"
     _append(path, [(i, i) for i in range(1, 11)])
@@ -199,7 +199,7 @@ def test_late_rows_whose_ids_do_not_tell_stop_with_the_file_and_the_cause(tmp_pa
 
 
 def test_late_rows_after_vacuum_and_log_cleanup_say_what_is_gone(tmp_path: Path) -> None:
-    from resources.delta_meta import RemovedDataError
+    from resources.storage.delta_meta import RemovedDataError
 
     path = tmp_path / "base"
     _append(path, [(i, i) for i in range(1, 11)])
@@ -220,7 +220,7 @@ def test_late_rows_after_vacuum_and_log_cleanup_say_what_is_gone(tmp_path: Path)
 
 
 def test_a_vacuumed_snapshot_is_read_from_a_newer_version_only_where_that_is_exact(tmp_path: Path) -> None:
-    from resources.delta_meta import RemovedDataError, count_block, snapshot_read
+    from resources.storage.delta_meta import RemovedDataError, count_block, snapshot_read
 
     path = tmp_path / "base"
     _append(path, [(i, i) for i in range(1, 11)])
@@ -239,7 +239,7 @@ def test_a_vacuumed_snapshot_is_read_from_a_newer_version_only_where_that_is_exa
 
 
 def test_an_input_change_whose_change_data_was_vacuumed_is_a_visible_problem(tmp_path: Path) -> None:
-    from resources.delta_meta import input_change
+    from resources.storage.delta_meta import input_change
 
     path = tmp_path / "dim"
     data = pa.table({"id": pa.array([1, 2], pa.int64()), "country": ["A", "B"]})
@@ -260,8 +260,8 @@ def test_an_input_change_whose_change_data_was_vacuumed_is_a_visible_problem(tmp
 
 
 def test_a_destination_compacted_and_vacuumed_still_answers_recovery(tmp_path: Path) -> None:
-    from platform_assets.protocol import block_figures
-    from resources.delta_meta import find_txn_commit, missing_files
+    from platform_assets.core.protocol import block_figures
+    from resources.storage.delta_meta import find_txn_commit, missing_files
 
     path = tmp_path / "dest"
     _txn_append(path, "tidemark:t", 1, n=3)
@@ -276,7 +276,7 @@ def test_a_destination_compacted_and_vacuumed_still_answers_recovery(tmp_path: P
 
 
 def test_the_newest_version_is_found_by_looking_for_the_next_commit_files(tmp_path: Path) -> None:
-    from resources.delta_meta import newest_version
+    from resources.storage.delta_meta import newest_version
 
     path = tmp_path / "t"
     assert newest_version(str(path)) is None  # no table
@@ -299,7 +299,7 @@ def test_the_newest_version_is_found_by_looking_for_the_next_commit_files(tmp_pa
 
 
 def test_unit_sizes_reads_bytes_rows_and_whether_the_view_is_clustered_from_the_logs(tmp_path):
-    from lineage.spec import TopicSpec
+    from lineage.spec.model import TopicSpec
 
     spec = TopicSpec.model_validate({"table": "mart.v", "depends_on": ["stage.o", "dim.c"], "processor": "merge",
                                      "transforms": ["v.sql"], "key": ["id"], "join_keys": {"dim.c": {"customer_id": "id"}}})

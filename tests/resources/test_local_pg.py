@@ -1,4 +1,4 @@
-"""The local PostgreSQL of the prod profile (``resources.local_pg``, ``tidemark postgres``): a
+"""The local PostgreSQL of the prod profile (``resources.state.local_pg``, ``tidemark postgres``): a
 real server under a state dir, its data kept across a restart, clear errors."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from platform_assets.cli import main
-from resources import local_pg
+from platform_assets.cli.main import main
+from resources.state import local_pg
 
 pytestmark = pytest.mark.postgres
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from resources import maintenance as m
+from resources.storage import maintenance as m
 
 
 def blocks(path: str, n: int, *, cdf: bool = True, start: int = 0) -> None:
@@ -161,7 +161,7 @@ def test_an_unreadable_table_is_named_never_taken_for_no_table(tmp_path):
 
 
 def test_data_version_looks_past_compactions_and_cleanups(tmp_path):
-    from resources.delta_meta import data_version
+    from resources.storage.delta_meta import data_version
 
     path = str(tmp_path / "t")
     blocks(path, 20)  # v0-v19

@@ -19,10 +19,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from lineage.errors import ConfigError, OffsetError, TopicLockedError, UnknownTopicError
-from lineage.positions import Position
-from resources.lease import LeaseKeeper
-from resources.offset_sql import (
+from lineage.core.errors import ConfigError, OffsetError, TopicLockedError, UnknownTopicError
+from lineage.core.positions import Position
+from resources.state.lease import LeaseKeeper
+from resources.state.offset_sql import (
     LEASE_ENV,
     OWNER_HOST_ENV,
     OwnerId,
@@ -32,7 +32,7 @@ from resources.offset_sql import (
     make_owner,
     open_offset_store,
 )
-from resources.offsets import (
+from resources.state.offsets import (
     STATE_COMMITTED,
     STATE_NEW,
     STATE_PLANNED,
@@ -404,7 +404,7 @@ def test_concurrent_acquires_exactly_one_wins(open_store: Callable[[], OffsetSto
 
 def test_processes_create_and_use_one_store(store_url: str) -> None:
     """Several processes open a store that does not exist yet (racing to create its tables)."""
-    script = ("import sys; from resources.offset_sql import open_offset_store; from lineage.positions import "
+    script = ("import sys; from resources.state.offset_sql import open_offset_store; from lineage.core.positions import "
               "Position; s = open_offset_store(sys.argv[1]); s.init('t.p' + sys.argv[2], Position.zero(), "
               "'step', who=sys.argv[2]); s.close()")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -449,7 +449,7 @@ def test_open_sqlite_in_a_missing_folder_is_a_config_error_naming_it(tmp_path: P
 
 def test_sqlite_waits_for_the_disk_on_every_write_but_init_and_the_lock(tmp_path: Path) -> None:
     """plan/commit/reset must survive a power cut; init/acquire/release need not (see
-    resources.offset_sql), and a refused one must not leave the connection relaxed."""
+    resources.state.offset_sql), and a refused one must not leave the connection relaxed."""
     store = SqlOffsetStore.sqlite(tmp_path / "offsets.db")
     relaxed: list[str] = []
     store._conn.set_trace_callback(lambda sql: relaxed.append(sql) if sql == "PRAGMA synchronous=NORMAL" else None)

@@ -17,8 +17,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from lineage.cdc import DdlChange, DdlKind, Op, RowChange, Transaction, number, reduce_keyed, reduce_multiset
-from resources.pg_cdc import CdcSourceError, PostgresSource
+from lineage.cdc.changes import (
+    DdlChange,
+    DdlKind,
+    Op,
+    RowChange,
+    Transaction,
+    number,
+    reduce_keyed,
+    reduce_multiset,
+)
+from resources.cdc.postgres import CdcSourceError, PostgresSource
 from tests.pg import running_postgres
 
 pytestmark = pytest.mark.postgres

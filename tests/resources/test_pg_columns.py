@@ -14,9 +14,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from lineage.cdc_columns import ColumnRead
-from resources import pg_decode
-from resources.pg_cdc import PostgresSource
+from lineage.cdc.columns import ColumnRead
+from resources.cdc import pgoutput as pg_decode
+from resources.cdc.postgres import PostgresSource
 from tests.resources.test_debezium_columns import frame_from
 from tests.resources.test_pg_cdc import source, sql
 

@@ -11,8 +11,8 @@ from decimal import Decimal
 
 import pytest
 
-from lineage.cdc import Op, RowChange
-from resources.pg_decode import (
+from lineage.cdc.changes import Op, RowChange
+from resources.cdc.pgoutput import (
     DecodeError,
     Decoder,
     Selection,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lineage.errors import ConfigError
-from resources.settings import Settings
+from lineage.core.errors import ConfigError
+from resources.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PG = "postgresql+psycopg2://tm:s3cret@db.example:5432/tidemark"

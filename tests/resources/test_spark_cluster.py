@@ -1,4 +1,4 @@
-"""The local Spark standalone cluster manager (``resources.spark_cluster``), its pure parts and
+"""The local Spark standalone cluster manager (``resources.spark.cluster``), its pure parts and
 its refusals before any JVM starts. The cluster itself is started by
 ``tests/platform_assets/test_cluster.py``, which runs the demo lineage on it."""
 
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from platform_assets.cli import main
-from resources import spark_cluster, spark_server
-from resources.spark_cluster import ClusterState, Daemon, SparkClusterError, parse_master_json
-from resources.spark_server import SparkServerError
+from platform_assets.cli.main import main
+from resources.spark import cluster as spark_cluster
+from resources.spark import server as spark_server
+from resources.spark.cluster import ClusterState, Daemon, SparkClusterError, parse_master_json
+from resources.spark.server import SparkServerError
 
 #: A master's /json as Spark 4.2 writes it (trimmed): one worker alive, one dead, the Connect app.
 MASTER_JSON = {

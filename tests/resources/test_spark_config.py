@@ -1,4 +1,4 @@
-"""The one configuration of Tidemark's SparkSession (``resources.spark.spark_config``), shared by
+"""The one configuration of Tidemark's SparkSession (``resources.spark.session.spark_config``), shared by
 ``build_spark_session`` and the ``dagster-pyspark`` resource the Dagster definitions bind. No JVM:
 these only build dictionaries. That a session built from it runs units is the Spark tests' part
 (every Spark test's session comes from ``build_spark_session``; the IO manager test takes the
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from dagster_pyspark import LazyPySparkResource
 
-from resources.settings import Settings
-from resources.spark import DELTA_CONF, PYSPARK_KEY, delta_package, pyspark_resource, spark_config
+from resources.core.settings import Settings
+from resources.spark.session import DELTA_CONF, PYSPARK_KEY, delta_package, pyspark_resource, spark_config
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The local Spark Connect server manager (``resources.spark_server``) and ``tidemark spark``:
+"""The local Spark Connect server manager (``resources.spark.server``) and ``tidemark spark``:
 clear errors before any JVM starts, a server that dies while starting reported with its log,
 and a real server's life cycle through the CLI (it outlives the ``up`` command)."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from resources import spark_server
-from resources.spark_server import SparkServerError
+from resources.spark import server as spark_server
+from resources.spark.server import SparkServerError
 
 ROOT = Path(__file__).resolve().parents[2]
 

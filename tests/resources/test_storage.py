@@ -1,4 +1,4 @@
-"""resources.storage: one set of object-store settings for Spark, deltalake and pyarrow; the
+"""resources.storage.warehouse: one set of object-store settings for Spark, deltalake and pyarrow; the
 checks that name what to fix; JVM-free reads and writes against a real S3 server (versitygw)."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ import datetime as dt
 import pyarrow as pa
 import pytest
 
-from lineage.errors import ConfigError
-from lineage.positions import Position
-from resources import delta_meta, storage
-from resources.settings import Settings
-from resources.storage import S3Settings, StorageError
+from lineage.core.errors import ConfigError
+from lineage.core.positions import Position
+from resources.core.settings import Settings
+from resources.storage import delta_meta
+from resources.storage import warehouse as storage
+from resources.storage.warehouse import S3Settings, StorageError
 
 
 def test_settings_from_tidemark_variables_win_over_aws_ones():
@@ -100,8 +101,8 @@ def test_check_warehouse_names_url_and_setting(s3_env, monkeypatch):
 
 
 def test_engine_refuses_an_unreachable_store_before_anything_runs(s3_env, tmp_path, monkeypatch):
-    from lineage.loader import load_lineage
-    from platform_assets.engine import Engine
+    from lineage.spec.loader import load_lineage
+    from platform_assets.engine.runner import Engine
     from tests.conftest import ROOT
 
     settings = Settings.from_env({}, home=tmp_path, warehouse="s3://missing-bucket/wh", lineage=ROOT / "demo" / "lineage")

@@ -130,8 +130,8 @@ def _require_browser(browser_binaries: tuple[Path, Path]) -> None:
 def ui_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Environment for dagster dev and the CLI: temporary TIDEMARK_HOME and DAGSTER_HOME (with
     the repo's dagster.yaml, queue held), the demo lineage, and demo sources seeded with ShopFeeder."""
-    from platform_assets.feeder import seed_if_empty
-    from resources.settings import Settings
+    from platform_assets.demo.feeder import seed_if_empty
+    from resources.core.settings import Settings
 
     base = tmp_path_factory.mktemp("ui")
     tidemark_home, dagster_home = base / "tidemark", base / "dagster"
@@ -157,7 +157,7 @@ def ui_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     made = seed_if_empty(settings, orders=300, customers=40)
     assert made and made["orders"] == 300, made
     # One append through the feeder's command line too, as scripts/dev.sh runs it.
-    fed = subprocess.run([sys.executable, "-m", "platform_assets.feeder", "--iterations", "1", "--interval", "2",
+    fed = subprocess.run([sys.executable, "-m", "platform_assets.demo.feeder", "--iterations", "1", "--interval", "2",
                           "--orders", "10"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert fed.returncode == 0 and "feeder: appended 10 orders" in fed.stdout, fed.stdout + fed.stderr
     return env

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from resources.settings import Settings
+from resources.core.settings import Settings
 from tests.ui.conftest import ROOT, VENV_BIN, DagsterDev
 
 pytestmark = [pytest.mark.ui, pytest.mark.slow]
@@ -85,7 +85,7 @@ def test_materialized_dim_customers_shows_on_asset_page(dagster_dev: DagsterDev,
 
     # A one-off run in the same instance and warehouse (Spark starts inside the step).
     done = subprocess.run(
-        [str(VENV_BIN / "dagster"), "asset", "materialize", "-m", "platform_assets.definitions",
+        [str(VENV_BIN / "dagster"), "asset", "materialize", "-m", "platform_assets.dagster.definitions",
          "--select", "dim/customers"],
         cwd=ROOT, env=dagster_dev.env, capture_output=True, text=True, timeout=240,
     )
@@ -127,15 +127,15 @@ def test_a_materialized_block_and_its_checks_show_on_the_asset_page(dagster_dev:
     # shows each check's latest execution: a run the sensor queues after ours would show our
     # checks as "In Progress" forever. Stop it as a user pausing automation would, and let a
     # tick already under way finish before the run whose checks the page must show.
-    _cli(dagster_dev, str(VENV_BIN / "dagster"), "sensor", "stop", "tidemark_planner", "-m", "platform_assets.definitions")
+    _cli(dagster_dev, str(VENV_BIN / "dagster"), "sensor", "stop", "tidemark_planner", "-m", "platform_assets.dagster.definitions")
     time.sleep(20)
     # fact.orders waits for dim.customers to be fresh: rebuild it first (a no-op if it is).
-    _cli(dagster_dev, str(VENV_BIN / "dagster"), "asset", "materialize", "-m", "platform_assets.definitions",
+    _cli(dagster_dev, str(VENV_BIN / "dagster"), "asset", "materialize", "-m", "platform_assets.dagster.definitions",
          "--select", "dim/customers")
     # The documented path: plan the next block (adds its partition), then materialize it.
     key = _cli(dagster_dev, str(VENV_BIN / "tidemark"), "plan", "fact.orders", timeout=120).split()[-1]
     assert re.fullmatch(r"\d{8}", key), key
-    _cli(dagster_dev, str(VENV_BIN / "dagster"), "asset", "materialize", "-m", "platform_assets.definitions",
+    _cli(dagster_dev, str(VENV_BIN / "dagster"), "asset", "materialize", "-m", "platform_assets.dagster.definitions",
          "--select", "fact/orders", "--partition", key)
 
     _open(driver, dagster_dev, "/assets/fact/orders?view=events")

@@ -1,0 +1,3 @@
+"""Materialized views, pure: the refresh strategy and its cost estimate (``refresh``).
+
+May import: ``lineage.core``, ``lineage.spec``."""

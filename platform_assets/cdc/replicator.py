@@ -1,0 +1,615 @@
+"""The cdc processor: a replicator keeps Delta replicas of source tables, exactly once (issue 10).
+
+One unit, under the replicator's lock (the shared offset-store lease; every replica's record is
+locked by the same owner):
+
+1. **reconcile** every replica's record with its Delta log (a store that is behind, restored or lost
+   is caught up from the LSN the newest commit records);
+2. **snapshot** tables never copied: a consistent snapshot at LSN ``S`` (the source's), written with
+   the table's txn and ``S`` in ``userMetadata``; from then on only transactions committed after
+   ``S`` apply to it;
+3. **stream**: whole transactions after the lowest applied LSN, read up to ``maxstep`` wanted row
+   changes. The unit's bounds — its number, the source position it reads up to, the numbers of
+   its changes — are fixed in the replicator's record before anything is written, so a retry reads
+   exactly the same transactions. Per table the batch's net effect lands in **one Delta MERGE**
+   (:mod:`platform_assets.cdc.apply`) carrying ``txnAppId=tidemark:<replica>``/``txnVersion`` and
+   the applied LSN; schema changes captured in the stream are applied in order (:mod:`cdc_ddl`);
+4. statistics to ``etl.log``, the offset commits, and only then the source is **acknowledged** up
+   to the lowest LSN every replica (paused ones too) has applied: a lost offset store or a slot
+   acknowledged late never loses or doubles a change.
+
+**Parked replicas** (a source that can, PostgreSQL): a paused replica gets a slot of its own, a copy
+of the main slot made while the main slot is still at or before the replica's position. From then
+on the main slot is read and acknowledged without it, so no unit of the others decodes the WAL the
+pause holds (the server decodes a slot's WAL from its restart position on every read). Resumed, the
+replica catches up from its parked slot, one ``maxstep`` read per unit up to where the main slot is
+acknowledged, then the parked slot is dropped and the replica follows the main slot again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import inspect
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lineage.cdc import columns as cdc_columns
+from lineage.cdc.changes import (
+    BatchError,
+    DdlChange,
+    Numbered,
+    TableSchema,
+    Transaction,
+    format_lsn,
+    lsn_position,
+    number,
+    reduce_keyed,
+    reduce_multiset,
+)
+from lineage.cdc.replicas import Scd
+from lineage.core.errors import OffsetError, TidemarkError
+from lineage.core.positions import ZERO_TS, Position
+from lineage.spec.model import Replicator
+from platform_assets.cdc import apply as cdc_apply
+from platform_assets.cdc import ddl as cdc_ddl
+from platform_assets.cdc.apply import Commit, Layout
+from platform_assets.cdc.units import (
+    DROPPED,
+    PAUSED,
+    REPLICATING,
+    CdcResult,
+    ChangeSource,
+    Table,
+    state_word,
+)
+from platform_assets.core import faults
+from resources.state.lease import LeaseKeeper
+from resources.state.offsets import OffsetRecord
+from resources.storage import delta_meta
+from resources.storage.meta_tables import LogEntry, write_etl_log
+
+if TYPE_CHECKING:
+
+    from platform_assets.core.context import UnitContext
+
+PROCESSOR = "cdc"
+log = logging.getLogger(__name__)
+
+
+SPILL_DIR = "_tidemark_spill"  # under a local warehouse: <warehouse>/_tidemark_spill/<replicator>/unit-<ns>/
+
+
+def spill_rows_setting() -> int:
+    """Changes a unit's columnar read holds in memory before it spills them to Parquet
+    (``$TIDEMARK_CDC_SPILL_ROWS``, default 1,000,000)."""
+    raw = os.environ.get("TIDEMARK_CDC_SPILL_ROWS", "1000000")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise TidemarkError(f"TIDEMARK_CDC_SPILL_ROWS={raw!r}: expected a whole number of changes >= 1")
+    return value
+
+
+def retryable(exc: BaseException) -> bool:
+    """A failure that may pass by itself (the source is down or busy), as opposed to one that needs a fix."""
+    text = str(exc)
+    return isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "OperationalError" or any(
+        s in text for s in ("cannot connect", "cannot open a replication connection", "is in use by process",
+                            "replication stream of slot", "Connection refused", "server closed the connection"))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One replica's changes in a unit: their sequence numbers, how many, the oldest commit time, the
+    source position they reach, and ``land``, which applies them in one commit and returns the counts."""
+
+    first: int
+    last: int
+    count: int
+    oldest: dt.datetime
+    lsn: int
+    land: Callable[[Commit], dict[str, int]]
+
+
+class ReplicatorUnit:
+    """Runs units of one replicator in a unit context (:class:`~platform_assets.core.context.UnitContext`,
+    which the Engine satisfies)."""
+
+    def __init__(self, engine: UnitContext, rep: Replicator, source: ChangeSource) -> None:
+        self.engine, self.rep, self.spec, self.source = engine, rep, rep.spec, source
+        self.owner = engine.owner
+        self.tables: dict[str, Table] = {}
+        self.paused: dict[str, str] = {}  # replicas paused while the unit looked at the source's schemas
+        warehouse = engine.settings.warehouse
+        # where a read too big to hold spills: beside the tables, where Spark reads (also a remote Spark on a
+        # shared mount); not a table (no _delta_log). Not on an object store: then a read is held in memory.
+        self._spill_dir = None if "://" in warehouse else Path(warehouse) / SPILL_DIR / rep.spec.name
+
+    # ------------------------------------------------------------------ state
+    def _record(self, key: str, note: str) -> OffsetRecord:
+        store = self.engine.store
+        if store.get(key) is None:
+            try:
+                store.init(key, Position.zero(), PROCESSOR, who=self.owner, note=note)
+            except OffsetError:
+                pass  # another process created it first
+        return store.acquire(key, self.owner)
+
+    def layout(self, schema: TableSchema) -> Layout:
+        key, deletes, scd, feed = self.spec.table_options(schema.table)
+        key_cols = tuple(key) or schema.key
+        missing = [k for k in key_cols if schema.column(k) is None]
+        if missing:
+            raise TidemarkError(f"replicator '{self.spec.name}' ({self.rep.where}): key {missing} of {schema.table} is "
+                                f"not a column (columns: {', '.join(schema.names)})")
+        if not key_cols and scd is Scd.TYPE2:
+            raise TidemarkError(f"replicator '{self.spec.name}': {schema.table} has no key, so it is replicated as a "
+                                f"multiset; scd 2 needs a key (set options: {{{schema.table}: {{key: [...]}}}})")
+        return Layout(schema, key_cols, scd, deletes, feed)
+
+    def table(self, schema: TableSchema) -> Table:
+        replica = self.spec.replica(schema.table)
+        other = next((t for t in self.tables.values() if t.replica == replica and t.source != schema.table), None)
+        if other is not None:
+            raise TidemarkError(f"replicator '{self.spec.name}': source tables {other.source} and {schema.table} both map "
+                                f"to replica {replica}; exclude one of them")
+        path = self.engine.settings.table_path(replica)
+        rec = self._reconcile(replica, path, self._record(replica, f"replica of {schema.table}"))
+        table = self.tables[schema.table] = Table(schema.table, replica, path, self.layout(schema), rec,
+                                                  from_start=not self.source.snapshots)
+        snap = delta_meta.TableSnapshot.open(path) if table.applied is not None else None
+        have = cdc_apply.columns_of(snap.table) if snap is not None else {}
+        if snap is not None and have:  # the replica exists
+            self._change_feed(table, snap)
+            problem = cdc_ddl.alter(self, table, schema, have)  # columns the source has now and the replica lacks
+            if problem and state_word(rec) != PAUSED:
+                why = f"paused: {problem}; fix the replica's column type or re-copy it: tidemark cdc resume {replica} --resync"
+                self.engine.store.set_state(replica, self.owner, why)
+                table.rec = self.engine.store.get(replica) or rec
+                self.paused[replica] = why
+        return table
+
+    def _change_feed(self, t: Table, snap: delta_meta.TableSnapshot) -> None:
+        """The replica's change feed (``snap``: its table now) set as its options say (``change_feed``),
+        when it was set otherwise."""
+        if snap.table is None or delta_meta.change_feed_enabled(snap) == t.layout.change_feed:
+            return
+        value = str(t.layout.change_feed).lower()
+        self.engine.spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.CHANGE_FEED}' = '{value}')")
+        log.info("replicator %s: replica %s: %s = %s (change_feed)", self.spec.name, t.replica, cdc_apply.CHANGE_FEED, value)
+
+    def _reconcile(self, replica: str, path: str, rec: OffsetRecord) -> OffsetRecord:
+        """The record caught up with what the replica's Delta log records (the log is the truth)."""
+        store, app = self.engine.store, f"tidemark:{replica}"
+        seq = delta_meta.recorded_txn(path, app)
+        if seq <= rec.seq and not (rec.pending and seq == rec.seq):
+            return rec
+        try:
+            commit = delta_meta.find_txn_commit(path, app, seq, hint=rec.delta_version)
+        except delta_meta.CommitUnavailableError:  # removed by log retention: refused below, saying what to run
+            commit = None
+        meta = commit.user_metadata if commit else {}
+        if commit is None or "lsn" not in meta:
+            raise OffsetError(f"replica {replica} ({path}): its Delta log records unit {seq} but not the source position "
+                              f"it applied (commit removed by log retention?); re-copy it: tidemark cdc resume {replica} "
+                              f"--resync")
+        if rec.pending and seq == rec.seq:  # landed, the offset commit was lost: finish it
+            return store.commit(replica, self.owner, seq=seq, last=rec.last, next=rec.next or rec.last, rows=commit.rows,
+                                state=REPLICATING, note="landed before a crash", delta_version=commit.version)
+        return store.recover(replica, who=self.owner, expected_seq=rec.seq, seq=seq, last=lsn_position(int(meta["lsn"])),
+                             rows=commit.rows, run=commit.timestamp, state=REPLICATING, source_version=None,
+                             delta_version=commit.version, inputs={"changes": int((meta.get("changes") or [0, 0])[1])},
+                             note=f"caught up from the Delta log: unit {seq} applied "
+                                                                f"{format_lsn(int(meta['lsn']))}")
+
+    def commit_meta(self, unit: int, lsn: int, **extra: Any) -> str:
+        return json.dumps({"replicator": self.spec.name, "processor": PROCESSOR, "unit": unit, "lsn": lsn,
+                           "lsn_text": format_lsn(lsn), "run_id": self.engine.run_id, "owner": self.owner, **extra})
+
+    # ------------------------------------------------------------------ one unit
+    def run_once(self) -> CdcResult:
+        started = time.monotonic()
+        key = self.spec.state_key
+        rec = self._record(key, f"replicator {self.spec.name}")
+        lease = LeaseKeeper(self.engine.store, key, self.owner).start()
+        try:
+            self.source.ensure_setup()
+            for schema in self.source.tables().values():
+                self.table(schema)
+            result = CdcResult(self.spec.name, rec.seq, "caught up", paused=dict(self.paused))
+            self._park()
+            self._snapshots(result, lease)
+            if result.snapshots:
+                result.reason = f"copied {len(result.snapshots)} table(s) from a consistent snapshot"
+            self._stream(rec, result, lease)
+            self._catch_up(result, lease)
+            result.duration_s = round(time.monotonic() - started, 3)
+            self.engine.store.set_state(key, self.owner, REPLICATING)
+            return result
+        except Exception as exc:
+            self.engine.store.set_state(key, self.owner, f"failing: {str(exc).splitlines()[0][:400]}")
+            raise
+        finally:
+            lease.stop()
+            for t in self.tables.values():
+                self.engine.store.release(t.replica, self.owner)
+            self.engine.store.release(key, self.owner)
+
+    def _snapshots(self, result: CdcResult, lease: LeaseKeeper) -> None:
+        todo = [t for t in self.tables.values() if t.applied is None and t.active]
+        if not todo or not self.source.snapshots:
+            return
+        store, spark = self.engine.store, self.engine.spark
+        with self.source.snapshot() as snap:
+            for t in todo:
+                if t.rec.pending:  # a snapshot interrupted before it landed: copy again at this snapshot
+                    t.rec = store.reset(t.replica, t.rec.last, who=self.owner, reason="snapshot interrupted: copied again")
+                seq = t.rec.seq + 1
+                t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(snap.lsn), seq=seq,
+                                   source_version=None)
+                lease.check()
+                rows = cdc_apply.write_snapshot(spark, t.path, t.layout, snap.rows(t.source),
+                                                Commit(f"tidemark:{t.replica}", seq, self.commit_meta(seq, snap.lsn, kind="snapshot")))
+                faults.crashpoint("cdc-written")
+                self._log(t, seq, "snapshot", {"rows": rows}, rows, lag=None)
+                t.rec = store.commit(t.replica, self.owner, seq=seq, last=t.rec.last, next=lsn_position(snap.lsn), rows=rows,
+                                     state=REPLICATING, note=f"snapshot at {format_lsn(snap.lsn)}: {rows} rows")
+                result.snapshots[t.replica] = rows
+
+    def _wanted(self, table: str, lsn: int) -> bool:
+        t = self.tables.get(table)
+        if t is None:
+            return self.spec.selects(table)  # a table new to the replicator: all its changes
+        return t.active and not t.parked and t.applied is not None and lsn > t.applied
+
+    # ------------------------------------------------------------------ parked replicas
+    def _park(self) -> None:
+        """Paused replicas onto slots of their own; parked slots no longer needed dropped; a replica
+        whose place on the server is gone (its parked slot dropped while the main slot moved on)
+        paused, asking for a new copy, instead of following the main slot past changes it lacks."""
+        if not hasattr(self.source, "park"):
+            return
+        src: Any = self.source
+        store = self.engine.store
+        slots = src.parked()
+        confirmed = src.position().confirmed_flush
+        for t in self.tables.values():
+            has = src.parked_slot(t.replica) in slots
+            if state_word(t.rec) == DROPPED or (has and t.applied is None):  # gone, or to be copied again
+                if has:
+                    src.unpark(t.replica)
+                continue
+            if t.applied is None:
+                continue
+            if not has and t.applied < confirmed:
+                why = (f"paused: its changes after {format_lsn(t.applied)} are no longer kept by the server (the main slot "
+                       f"is at {format_lsn(confirmed)} and its parked slot is gone); copy it again: tidemark cdc resume "
+                       f"{t.replica} --resync")
+                if t.rec.state != why:
+                    store.set_state(t.replica, self.owner, why)
+                    t.rec = store.get(t.replica) or t.rec
+                    self.paused[t.replica] = why
+                    log.error("replicator %s: replica %s %s", self.spec.name, t.replica, why)
+                t.parked = True  # holds nothing back and reads nothing until copied again
+                continue
+            if not t.active and not has:
+                why = src.park(t.replica, t.applied)
+                has = why is None
+                if has:
+                    log.info("replicator %s: paused replica %s parked on slot %s at %s", self.spec.name, t.replica,
+                             src.parked_slot(t.replica), format_lsn(t.applied))
+                else:
+                    log.warning("replicator %s: paused replica %s is not parked (%s); it holds the main slot back, and "
+                                "every read decodes the WAL since its position", self.spec.name, t.replica, why)
+            t.parked = has
+        self._drop_orphans(src, set(slots) - {src.parked_slot(t.replica) for t in self.tables.values()})
+
+    def _drop_orphans(self, src: Any, orphans: set[str]) -> None:
+        """Parked slots of replicas whose source table left the source (dropped, renamed, deselected)
+        while they were paused: the slot goes (it would hold WAL forever) and the replica is marked
+        dropped, kept as it is."""
+        if not orphans:
+            return
+        store = self.engine.store
+        for rec in store.list():
+            slot = src.parked_slot(rec.topic)
+            if rec.processor != PROCESSOR or slot not in orphans:
+                continue
+            why = (f"dropped: its source table left the source while it was paused (its parked slot "
+                   f"{slot} removed); the replica is kept as it was")
+            try:
+                store.acquire(rec.topic, self.owner)
+                store.set_state(rec.topic, self.owner, why)
+            finally:
+                store.release(rec.topic, self.owner)
+            src.unpark(rec.topic)
+            log.warning("replicator %s: replica %s %s", self.spec.name, rec.topic, why)
+
+    def _catch_up(self, result: CdcResult, lease: LeaseKeeper) -> None:
+        """A resumed parked replica: one read of its parked slot up to where the main slot is
+        acknowledged, applied like any unit; there, its parked slot goes and it rejoins. Numbered
+        above every number the replicator gave out, so a later unit's replay numbers alike."""
+        src: Any = self.source
+        store = self.engine.store
+        for t in [t for t in self.tables.values() if t.parked and t.active and t.applied is not None]:
+            lease.check()
+            target = src.position().confirmed_flush
+            start, slot = t.applied, src.parked_slot(t.replica)
+            if start < target:
+                try:
+                    txs = src.read(start, upto=target, max_changes=self.spec.maxstep, slot=slot,
+                                   wanted=lambda table, lsn, t=t, start=start: table == t.source and lsn > start)
+                except Exception as exc:
+                    if retryable(exc):
+                        raise
+                    self._pause(t, f"reading its parked slot {slot} failed: {str(exc).splitlines()[0][:300]}", result)
+                    continue
+                upto = max(int(getattr(txs, "end", 0) or 0), txs[-1].lsn if txs else 0)
+                if txs:
+                    own = store.get(self.spec.state_key)
+                    first = max([own.inputs.get("changes", 0) if own else 0]
+                                + [t2.rec.inputs.get("changes", 0) for t2 in self.tables.values()]) + 1
+                    seq_of = {id(n.change): n for n in number(txs, first)}
+                    self._apply_table(t.source, self._split(txs).get(t.source, []), result.unit, seq_of, result)
+                    result.reason = f"replica {t.replica} catching up from its parked slot up to {format_lsn(upto)}"
+                if not t.active or t.applied is None:
+                    continue  # paused again, or to be copied again
+                self._advance(upto, [t])
+                src.ack(t.applied, slot=slot)
+            if t.applied >= target:
+                src.unpark(t.replica)
+                t.parked = False
+                log.info("replicator %s: replica %s caught up from its parked slot; follows the main slot again",
+                         self.spec.name, t.replica)
+
+    def _stream(self, rec: OffsetRecord, result: CdcResult, lease: LeaseKeeper) -> None:
+        if self._spill_dir is not None:  # under the replicator's lock: what is there was left by a killed unit
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
+        try:
+            self._stream_unit(rec, result, lease)
+        finally:
+            if self._spill_dir is not None:
+                shutil.rmtree(self._spill_dir, ignore_errors=True)
+
+    def _stream_unit(self, rec: OffsetRecord, result: CdcResult, lease: LeaseKeeper) -> None:
+        store = self.engine.store
+        key = self.spec.state_key
+        active = [t.applied for t in self.tables.values() if t.applied is not None and t.active and not t.parked]
+        after = min(active) if active else 0  # paused replicas hold the acknowledgement back, not the reading
+        txs: list[Transaction] | None = None
+        if rec.pending:  # a unit planned before a crash: exactly its transactions again, numbered alike
+            result.redone = True
+            unit, upto = rec.seq, int(rec.source_version or 0)
+            first = (rec.inputs_next or {}).get("first", rec.inputs.get("changes", 0) + 1)
+            cols = self._read_columns(after, upto=upto, max_changes=10**12)
+            if cols is None:
+                txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
+            transactions = cols.transactions if cols is not None else len(txs or [])
+        else:
+            cols = self._read_columns(after, max_changes=self.spec.maxstep)
+            if cols is None:
+                txs = self.source.read(after, max_changes=self.spec.maxstep, wanted=self._wanted)
+                # the source holds nothing more of the selection up to ``end`` (PostgreSQL: also past skipped WAL)
+                upto = max(int(getattr(txs, "end", 0) or 0), txs[-1].lsn if txs else 0)
+                transactions, rows = len(txs), sum(t.rows for t in txs)
+            else:
+                upto, transactions, rows = cols.lsn, cols.transactions, cols.rows
+            if not transactions:
+                self._advance(upto)
+                result.acked = self._ack(upto)
+                return
+            unit = rec.seq + 1
+            first = max([rec.inputs.get("changes", 0)] + [t.rec.inputs.get("changes", 0) for t in self.tables.values()]) + 1
+            rec = store.plan(key, self.owner, last=rec.last, next=Position(ZERO_TS, unit), seq=unit, source_version=upto,
+                             inputs_next={"changes": first + rows - 1, "first": first})
+            faults.crashpoint("cdc-planned")
+        result.unit, result.transactions = unit, transactions
+        runs = self._column_runs(cols, first) if cols is not None else None
+        if runs is None and txs is None:  # the columns hold what only the Python path reduces: the same transactions
+            txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
+        lease.check()
+        if runs is not None:
+            for source_table, run in runs.items():
+                self._apply_table(source_table, [run], unit, {}, result)
+        else:
+            seq_of = {id(n.change): n for n in number(txs or [], first)}
+            for source_table, segments in self._split(txs or []).items():
+                self._apply_table(source_table, segments, unit, seq_of, result)
+        store.commit(key, self.owner, seq=unit, last=rec.last, next=rec.next or rec.last, rows=result.changes,
+                     note=f"unit {unit}: {transactions} transactions up to {format_lsn(upto)}")
+        self._advance(upto)
+        faults.crashpoint("cdc-committed")
+        result.acked = self._ack(upto)
+        result.reason = f"unit {unit}: {transactions} transactions, {result.changes} changes up to {format_lsn(upto)}"
+
+    # ------------------------------------------------------------------ changes as columns
+    def _read_columns(self, after: int, *, upto: int | None = None, max_changes: int) -> Any:
+        """The source's columnar read (``read_columns``) when it has one and every replica reading
+        changes is a keyed SCD1 replica (the layout :mod:`lineage.cdc.columns` reduces); None: the
+        Python path (:meth:`ChangeSource.read`) reads this unit."""
+        read = getattr(self.source, "read_columns", None)
+        if read is None:
+            return None
+        wanted_after: dict[str, int | None] = {}
+        for t in self.tables.values():  # :meth:`_wanted` as positions
+            on = t.active and not t.parked and t.applied is not None
+            if on and (t.layout.multiset or t.layout.scd is not Scd.TYPE1):
+                return None
+            wanted_after[t.source] = t.applied if on else None
+        kwargs: dict[str, Any] = {}
+        if self._spill_dir is not None and "spill_dir" in inspect.signature(read).parameters:
+            kwargs = {"spill_dir": self._spill_dir / f"unit-{time.time_ns()}", "spill_rows": spill_rows_setting()}
+        return read(after, upto=upto, max_changes=max_changes, wanted_after=wanted_after, **kwargs)
+
+    def _column_runs(self, cols: cdc_columns.ColumnRead, first: int) -> dict[str, Run] | None:
+        """Per source table, its changes of a columnar read reduced on columns (in Spark for a table
+        spilled to Parquet), numbered from ``first`` in source order as :func:`lineage.cdc.changes.number`
+        numbers them; None when a table's changes need the Python path
+        (:class:`lineage.cdc.columns.NotColumnar`, or an error it reports its own way)."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        runs: dict[str, Run] = {}
+        try:
+            for name, part in cols.by_table().items():
+                t = self.tables[name]
+                rows = part.append_column(cdc_columns.SEQ, pc.add(part[cdc_columns.ROW], first))
+                self._check_columns(t, rows.column_names)
+                effect = cdc_columns.reduce_scd1(rows, t.layout.key, t.layout.schema.names, table=name)
+                runs[name] = Run(rows[cdc_columns.SEQ][0].as_py(), rows[cdc_columns.SEQ][-1].as_py(), rows.num_rows,
+                                 pc.min(rows[cdc_columns.TIME]).as_py(), rows[cdc_columns.LSN][-1].as_py(),
+                                 functools.partial(self._land_columns, t, effect))
+            for name, spilled in (cols.spilled or {}).items():
+                t = self.tables[name]
+                self._check_columns(t, pq.read_schema(spilled.path).names)
+                df = cdc_apply.spilled_effect(self.engine.spark, spilled, t.layout, first, table=name)
+                runs[name] = Run(first + spilled.first_row, first + spilled.last_row, spilled.count,
+                                 spilled.oldest or ZERO_TS, spilled.lsn, functools.partial(self._land_spilled, t, df, spilled))
+        except (cdc_columns.NotColumnar, BatchError) as exc:
+            log.info("replicator %s: reduced change by change (%s)", self.spec.name, exc)
+            return None
+        return runs
+
+    @staticmethod
+    def _check_columns(t: Table, have: list[str]) -> None:
+        missing = [c for c in (*t.layout.schema.names, *map(cdc_columns.before, t.layout.key)) if c not in have]
+        if missing:
+            raise cdc_columns.NotColumnar(f"{t.source}: the read holds no column {', '.join(missing)}")
+
+    def _land_spilled(self, t: Table, effect: Any, spilled: cdc_columns.Spilled, commit: Commit) -> dict[str, int]:
+        cdc_apply.apply_scd1_spilled(self.engine.spark, t.path, t.layout, effect, commit)
+        return spilled.counts
+
+    def _land_columns(self, t: Table, effect: cdc_columns.ColumnEffect, commit: Commit) -> dict[str, int]:
+        cdc_apply.apply_scd1_columns(self.engine.spark, t.path, t.layout, effect, commit)
+        return effect.counts
+
+    def _apply_table(self, source_table: str, segments: list[Any], unit: int, seq_of: dict[int, Any],
+                     result: CdcResult) -> None:
+        """One source table's runs of changes and its DDL changes, in order; a failure that needs a fix pauses it."""
+        t = self.tables.get(source_table)
+        try:
+            for seg in segments:
+                if isinstance(seg, tuple):
+                    t = cdc_ddl.apply(self, t, seg[0], seg[1].lsn, result)
+                    if t is None or not t.active or t.applied is None:
+                        break  # paused, dropped, or new: copied by the next unit's snapshot
+                    continue
+                if t is None:
+                    t = self.table(self.source.tables()[source_table])
+                cdc_apply.ensure_replica(self.engine.spark, t.path, t.layout)
+                run = seg if isinstance(seg, Run) else self._python_run(t, [seq_of[id(c)] for c, _tx in seg], seg[-1][1])
+                self._apply(t, unit, run, result)
+        except Exception as exc:
+            if t is None or retryable(exc) or isinstance(exc, OffsetError):
+                raise
+            self._pause(t, f"applying its changes failed: {str(exc).splitlines()[0][:300]}", result)
+
+    def _pause(self, t: Table, problem: str, result: CdcResult) -> None:
+        """A failure that needs a fix: this replica stops (nothing after it applied or acknowledged), the
+        others go on; its state says why and what to run."""
+        why = f"paused: {problem}; after fixing it: tidemark cdc resume {t.replica} (or --resync to copy it again)"
+        self.engine.store.set_state(t.replica, self.owner, why)
+        t.rec = self.engine.store.get(t.replica) or t.rec
+        result.paused[t.replica] = why
+        counts = result.tables.setdefault(t.replica, {})
+        counts["failed"] = counts.get("failed", 0) + 1
+        log.error("replicator %s: replica %s %s", self.spec.name, t.replica, why)
+
+    def _advance(self, upto: int, tables: list[Table] | None = None) -> None:
+        """Replicas with nothing more up to ``upto`` are there: their records move without a write
+        (default: every replica following the main slot)."""
+        store = self.engine.store
+        for t in tables if tables is not None else [t for t in self.tables.values() if not t.parked]:
+            if t.active and t.applied is not None and t.applied < upto and not t.rec.pending:
+                t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(upto), seq=t.rec.seq + 1,
+                                   source_version=None)
+                t.rec = store.commit(t.replica, self.owner, seq=t.rec.seq, last=t.rec.last, next=lsn_position(upto), rows=0,
+                                     state=REPLICATING, note="no changes")
+
+    def _split(self, txs: list[Transaction]) -> dict[str, list[Any]]:
+        """Per source table, in order: runs of ``(RowChange, Transaction)`` separated by its DDL changes."""
+        out: dict[str, list[Any]] = {}
+        for tx in txs:
+            for ch in tx.changes:
+                segs = out.setdefault(ch.table, [])
+                if isinstance(ch, DdlChange):
+                    segs.append((ch, tx))
+                    continue
+                if not segs or isinstance(segs[-1], tuple):
+                    segs.append([])
+                segs[-1].append((ch, tx))
+        return out
+
+    def _python_run(self, t: Table, changes: list[Numbered], last_tx: Transaction) -> Run:
+        """A replica's run of changes as Python objects (:mod:`lineage.cdc.changes`'s reductions)."""
+
+        def land(commit: Commit) -> dict[str, int]:
+            spark = self.engine.spark
+            if t.layout.multiset:
+                effect = reduce_multiset(changes, t.layout.schema)
+                cdc_apply.apply_multiset(spark, t.path, t.layout, effect, commit)
+                return effect.counts
+            keyed = reduce_keyed(changes, t.layout.schema, t.layout.key, history=t.layout.scd is Scd.TYPE2)
+            (cdc_apply.apply_scd2 if t.layout.scd is Scd.TYPE2 else cdc_apply.apply_scd1)(spark, t.path, t.layout, keyed, commit)
+            return keyed.counts
+
+        return Run(changes[0].seq, changes[-1].seq, len(changes), min(n.commit_time for n in changes), last_tx.lsn, land)
+
+    def _apply(self, t: Table, unit: int, run: Run, result: CdcResult) -> None:
+        store = self.engine.store
+        lsn = run.lsn
+        if t.rec.pending and t.rec.next != lsn_position(lsn):  # planned with other bounds and never landed
+            t.rec = store.reset(t.replica, t.rec.last, who=self.owner, reason="unit re-planned after a crash")
+        if t.rec.pending:  # planned before a crash and not landed: exactly it again
+            seq = t.rec.seq
+        else:
+            seq = t.rec.seq + 1
+            t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(lsn), seq=seq, source_version=None,
+                               inputs_next={"changes": run.last})
+        commit = Commit(f"tidemark:{t.replica}", seq, self.commit_meta(unit, lsn, changes=[run.first, run.last]))
+        try:
+            counts = run.land(commit)
+        except BatchError as exc:
+            raise TidemarkError(f"replica {t.replica}: {exc}") from None
+        faults.crashpoint("cdc-written")
+        lag = (dt.datetime.now(dt.UTC).replace(tzinfo=None) - run.oldest).total_seconds()
+        self._log(t, seq, "apply", counts, run.count, lag=lag)
+        t.rec = store.commit(t.replica, self.owner, seq=seq, last=t.rec.last, next=lsn_position(lsn), rows=run.count,
+                             state=REPLICATING, note=f"unit {unit}: {run.count} changes up to {format_lsn(lsn)}")
+        result.changes += run.count
+        totals = result.tables.setdefault(t.replica, {})
+        for k, v in counts.items():
+            totals[k] = totals.get(k, 0) + v
+        result.lag_s = max(result.lag_s or 0.0, lag)
+
+    def _log(self, t: Table, seq: int, strategy: str, counts: dict[str, int], rows: int, *, lag: float | None) -> None:
+        commit = delta_meta.find_txn_commit(t.path, f"tidemark:{t.replica}", seq)
+        now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        write_etl_log(self.engine.settings, LogEntry(
+            topic=t.replica, ts=now, rows=rows, max_id=None, min_ts=None, max_ts=None, nulls={}, run_id=self.engine.run_id,
+            processor=PROCESSOR, seq=seq, last=str(t.applied or 0), next=str((commit.user_metadata if commit else {}).get("lsn")),
+            base_rows=rows, bad_rows=0, delta_version=commit.version if commit else None, duration_s=0.0, max_lag=lag,
+            strategy=strategy, detail=f"replicator {self.spec.name}, source table {t.source}", changes=dict(counts)))
+
+    def _ack(self, upto: int) -> int | None:
+        """Acknowledge the source up to the lowest position every kept replica (paused ones too,
+        unless parked on a slot of their own) applied; nothing while a replica waits for its first
+        copy. Every replica parked: up to ``upto``, where the read ended."""
+        kept = [t for t in self.tables.values() if t.applied is not None and state_word(t.rec) != DROPPED]
+        held = [t.applied for t in kept if not t.parked and t.applied is not None]
+        if not kept or any(t.applied is None and t.active for t in self.tables.values()):
+            return None
+        lsn = min(held) if held else upto
+        self.source.ack(lsn)
+        return lsn

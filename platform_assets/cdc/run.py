@@ -1,0 +1,68 @@
+"""Running a replicator: its source (PostgreSQL logical replication or Debezium JSON files) and its
+units one after the other, retrying failures that may pass by themselves (issue 10)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from lineage.core.errors import TidemarkError
+from lineage.spec.model import Replicator
+from platform_assets.cdc.replicator import ReplicatorUnit, retryable
+from platform_assets.cdc.units import CdcResult, ChangeSource
+
+if TYPE_CHECKING:
+    from platform_assets.core.context import UnitContext
+
+log = logging.getLogger(__name__)
+
+
+def open_source(rep: Replicator) -> ChangeSource:
+    """The replicator's source: PostgreSQL logical replication, or Debezium JSON files."""
+    import os
+    from pathlib import Path
+
+    spec = rep.spec
+    if spec.source == "debezium":
+        from resources.cdc.debezium import DebeziumFileSource
+
+        path = Path(spec.path or ".")
+        return DebeziumFileSource(path if path.is_absolute() else rep.file.parent / path, name=spec.name,
+                                  selects=spec.selects)
+    dsn = spec.dsn or os.environ.get(spec.dsn_env or "", "")
+    if not dsn:
+        raise TidemarkError(f"replicator '{spec.name}' ({rep.where}): environment variable {spec.dsn_env} is not set; "
+                            f"export it with the source's connection string, e.g. postgresql://user@host:5432/db")
+    from resources.cdc.postgres import PostgresSource
+
+    return PostgresSource(dsn, name=spec.name, tables=spec.tables, exclude=spec.exclude)  # type: ignore[return-value]
+
+
+def run_replicator(engine: UnitContext, rep: Replicator, *, until_caught_up: bool = False, retries: int = 4,
+                   backoff_s: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> Iterator[CdcResult]:
+    """Units of one replicator: one, or until a unit finds nothing to do (a unit redone after a crash
+    does not count as finding nothing). A retryable failure (the
+    source unreachable) is retried ``retries`` times with exponential backoff (2, 4, 8, 16 s); the
+    replicator's state says ``failing: ...`` meanwhile, and the last failure is raised."""
+    source = open_source(rep)
+    try:
+        attempt = 0
+        while True:
+            try:
+                result = ReplicatorUnit(engine, rep, source).run_once()
+            except Exception as exc:
+                if attempt >= retries or not retryable(exc):
+                    raise
+                attempt += 1
+                log.warning("replicator %s: %s; retry %d of %d in %.0f s", rep.name, str(exc).splitlines()[0], attempt,
+                            retries, backoff_s * 2 ** (attempt - 1))
+                sleep(backoff_s * 2 ** (attempt - 1))
+                continue
+            attempt = 0
+            yield result
+            if not until_caught_up or not (result.processed or result.redone) or result.paused:
+                return  # (a unit redone after a crash may find its writes landed: more may wait behind it)
+    finally:
+        source.close()

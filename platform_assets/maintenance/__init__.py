@@ -1,0 +1,3 @@
+"""Table maintenance (``tables``): OPTIMIZE, VACUUM and checkpoints of the tables Tidemark writes.
+
+May import: ``lineage``, ``resources``, ``platform_assets.core``."""

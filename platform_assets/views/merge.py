@@ -1,0 +1,538 @@
+"""The merge processor: a materialized view kept equal to its transform over the full inputs, at
+a cost that follows what changed (issue 9; seeds 001 and 003).
+
+A unit (planned under the topic's lock, landed through :mod:`platform_assets.core.protocol`):
+
+1. bounds fixed before anything is written: the base block ``(last, next]`` by ``(pos, id)``
+   (possibly empty) and the Delta version of every input (the per-input offsets, base included:
+   its version bounds the late-row search);
+2. the strategy (:func:`lineage.views.refresh.choose`): **incremental** — the affected view keys are
+   those the transform gives for the block's new (and late) base rows, plus, for each changed input
+   with ``join_keys``, the keys of view rows whose join columns match a changed row of that input
+   (read from its change data feed: before and after images), both in the current view and in
+   the re-derived one; those keys are re-derived from the transform over the full base
+   (``block`` = every base row up to ``next``) and MERGEd: changed rows updated, new ones
+   inserted, keys no longer produced deleted (``delete_missing``) — or **full**: the view
+   recomputed and overwritten. Either way one Delta commit carrying ``txnAppId``/``txnVersion``
+   and the unit's bounds in ``userMetadata``;
+3. ``etl.log`` (strategy, reason, rows inserted/updated/deleted, keys re-derived) before the
+   offset commit, which moves ``last`` and every input's offset together.
+
+Re-deriving a key from the full inputs makes a unit idempotent: a retry, a restated range
+(``offsets reset``) or an input change applied twice gives the same view.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import uuid
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lineage.core.errors import ProcessingError
+from lineage.core.positions import Block, Position
+from lineage.planning.planner import Decision
+from lineage.spec.model import LateRows, Topic, TopicSpec
+from lineage.views.refresh import InputChange, Strategy, choose, cluster_column
+from platform_assets.core import blocks, faults, protocol, spark_io
+from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
+from platform_assets.views import inputs as view_inputs
+from resources.state.offsets import OffsetRecord
+from resources.storage import delta_meta
+from resources.storage.meta_tables import quarantine_rows, write_etl_log
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from platform_assets.core.context import UnitContext
+
+log = logging.getLogger(__name__)
+
+PRESENT = "_tm_present"  # marks a re-derived row in the MERGE source (null: the key is no longer produced)
+#: Up to this many affected keys (or changed input rows) are collected and joined as a local relation.
+LOCAL_KEYS = 200_000
+#: Up to this many base rows joining changed reference rows are collected (one scan of the base serves
+#: the rows' old groups and their new ones).
+LOCAL_ROWS = 50_000
+#: Up to this many distinct values of a key column narrow the re-derivation by a literal list.
+NARROW_VALUES = 5_000
+
+
+@dataclass(frozen=True)
+class MergeLook:
+    """A merge topic's look at its inputs (JVM-free): the base decision, the block's end, late
+    rows, and what changed in every other input."""
+
+    rec: OffsetRecord
+    decision: Decision
+    base: delta_meta.TableSnapshot
+    end: Position  # the block's end (== rec.last: no base rows)
+    base_rows: int
+    late: delta_meta.LateRows
+    changes: tuple[InputChange, ...]
+
+    @property
+    def ready(self) -> bool:
+        return self.end > self.rec.last or self.late.rows.num_rows > 0 or any(c.changed for c in self.changes)
+
+    @property
+    def reason(self) -> str:
+        if self.ready:
+            parts = [f"{self.base_rows} new base rows" if self.end > self.rec.last else "",
+                     f"{self.late.rows.num_rows} late rows" if self.late.rows.num_rows else "",
+                     *(f"{c.table} changed ({c.versions})" for c in self.changes if c.changed)]
+            return "ready: " + ", ".join(p for p in parts if p)
+        return self.decision.reason if not self.decision.ready else self.decision.limit
+
+
+@dataclass
+class MergeWork:
+    """What an opened merge unit carries to :meth:`MergeProcessor.finish`."""
+
+    strategy: Strategy
+    changes: tuple[InputChange, ...]
+    late_rows: int
+    columns: list[str] = field(default_factory=list)
+    views: list[str] = field(default_factory=list)  # temporary views to drop when done
+    built: bool = True  # the view holds a commit of this topic
+    #: Incremental: the affected keys by where they come from (label, keys), see MergeProcessor.derive.
+    affected: list[tuple[str, DataFrame]] = field(default_factory=list)
+    #: Incremental: a predicate on the view's rows (SQL, alias ``t``) that every row of an affected key
+    #: satisfies; the MERGE adds it to its condition so Delta reads only the files it may hold ("": none).
+    prune: str = ""
+
+
+class MergeProcessor:
+    """Plans, opens and lands the units of merge topics for one engine (its :class:`UnitContext`)."""
+
+    def __init__(self, engine: UnitContext) -> None:
+        self.engine = engine
+
+    # ----------------------------------------------------------------- planning (no JVM)
+    def look(self, topic: Topic, rec: OffsetRecord) -> MergeLook:
+        eng, spec = self.engine, topic.spec
+        base = delta_meta.TableSnapshot.open(eng.path(spec.base))
+        decision, _ = eng.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
+        end, rows = rec.last, 0
+        empty = delta_meta.LateRows(delta_meta.pa.table({}))
+        if rec.run is not None and spec.repeat and eng.clock() < rec.run + spec.repeat:  # repeat holds every input
+            return MergeLook(rec, decision, base, end, rows, empty, ())
+        if decision.ready and not decision.retry:
+            found = eng.block_end(topic, rec, decision, base)
+            if found.end is not None:
+                end, rows = found.end, found.rows
+        late = empty
+        done = rec.inputs.get(spec.base)
+        if spec.late_rows is LateRows.REDERIVE and done is not None and base.version is not None and not rec.last.is_zero():
+            late = blocks.late_rows(topic, base, done, rec.last)
+        changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t)) for t in spec.depends_on[1:])
+        return MergeLook(rec, decision, base, end, rows, late, changes)
+
+    def plan_locked(self, topic: Topic, rec: OffsetRecord) -> Planned:
+        """With the lock held: the pending unit, or fix the next one (bounds and every input's version)."""
+        eng, spec = self.engine, topic.spec
+        if rec.pending:
+            return Planned(Block(topic.name, rec.seq, rec.last, rec.next, may_be_empty=True), f"retry unit {rec.seq}", retry=True,  # type: ignore[arg-type]
+                           source_version=rec.source_version)
+        look = self.look(topic, rec)
+        if spec.late_rows is LateRows.REDERIVE:
+            bad = delta_meta.bad_position_rows(look.base)
+            bad_rows = quarantine_rows(eng.settings, topic.name, spec.base, bad, eng.clock()) if bad.num_rows else 0
+            warnings: tuple[str, ...] = ((delta_meta.late_detection_warning(spec.base, look.late.unreadable),)
+                                         if look.late.unreadable else ())
+        else:
+            bad_rows, warnings = blocks.quarantine(eng, topic, rec, look.base)
+        if not look.ready or look.base.version is None:
+            return Planned(None, look.reason, bad_rows=bad_rows, warnings=warnings)
+        inputs = {spec.base: look.base.version, **{c.table: c.new for c in look.changes if c.new is not None}}
+        seq = protocol.next_seq(rec, eng.path(spec.destination), topic.name)
+        rec = eng.store.plan(topic.name, eng.owner, last=rec.last, next=look.end, seq=seq,
+                             source_version=look.base.version, inputs_next=inputs)
+        return Planned(Block(topic.name, seq, rec.last, look.end, may_be_empty=True), f"unit {seq}", base_rows=look.base_rows,
+                       bad_rows=bad_rows, source_version=look.base.version, warnings=warnings)
+
+    # ----------------------------------------------------------------- the unit
+    def open(self, topic: Topic, rec: OffsetRecord, seq: int | None) -> OpenBlock | StepResult:
+        eng = self.engine
+        if seq is not None and not (rec.pending and rec.seq == seq):
+            return StepResult(topic.name, False, f"unit {seq} is not pending (topic is at unit {rec.seq})")
+        with eng.phases.timed("plan"):
+            planned = self.plan_locked(topic, rec)
+            if planned.block is None:
+                return StepResult(topic.name, False, planned.reason, bad_rows=planned.bad_rows)
+            rec = eng.store.get(topic.name) or rec
+            dest = eng.path(topic.spec.destination)
+            landed = delta_meta.find_txn_commit(dest, data_app_id(topic.name), planned.block.seq) if planned.retry else None
+        started = time.monotonic()
+        if landed is None and planned.retry:
+            blocks.require_snapshot(eng, topic, planned)  # its base snapshot may have lost files to VACUUM
+        if landed is not None:
+            work = MergeWork(Strategy(False, "landed before a crash"), (), 0)
+            return OpenBlock(topic, planned, started, planned.block.seq, landed=landed, merge=work)
+        faults.crashpoint("planned")
+        with eng.phases.timed("transform"):
+            out, work = self._build(topic, rec, planned)
+        faults.crashpoint("transformed")
+        return OpenBlock(topic, planned, started, planned.block.seq, out=out, merge=work)
+
+    def _build(self, topic: Topic, rec: OffsetRecord, planned: Planned) -> tuple[DataFrame, MergeWork]:
+        """The unit's strategy and its output: the whole view (full) or the MERGE source (incremental)."""
+        from pyspark.sql import functions as F
+
+        spec = topic.spec
+        full, work = self.derive(topic, rec, planned)
+        if not work.strategy.incremental:
+            if work.built:  # a recompute as plain as a rebuild can be (clustering it would cost a shuffle of every row)
+                return full, work
+            rows = delta_meta.TableSnapshot.open(self.engine.path(spec.base), planned.source_version).row_count
+            return _clustered(full, spec, rows), work
+        key = list(spec.key)
+        try:
+            keys, key_rows = spark_io.small_local(self.engine.spark, functools.reduce(
+                lambda a, b: a.unionByName(b), [k for _, k in work.affected]).distinct(), LOCAL_KEYS)
+        except Exception as exc:
+            if not (work.strategy.reverse and _removed(exc)):
+                raise
+            self._removed_fallback(topic, work, exc)
+            return full, work
+        rederived = spark_io.semi_join(narrow(full, key, key_rows), keys, key).withColumn(PRESENT, F.lit(True))
+        work.prune = self._prune(topic, work, key, key_rows)
+        return spark_io.rows_of_keys(keys, rederived, key), work
+
+    def _prune(self, topic: Topic, work: MergeWork, key: list[str], key_rows: list[Any] | None) -> str:
+        """The values the view's clustering column (:func:`cluster_column`) takes in the view's rows
+        of the affected keys, as a predicate on the MERGE's target: exact by construction (read
+        from those very rows, which only this unit writes while it holds the topic), and cheap to
+        find (two columns of the view, the keys as literals). With it Delta skips, by the files'
+        statistics, every file the affected rows are not in, where the MERGE would read them all.
+        "" when the keys were not collected, are many, or the values have no exact literal."""
+        col = cluster_column(topic.spec, work.columns)
+        if not key_rows or len(key_rows) > NARROW_VALUES or col is None or col in key:
+            return ""
+        view = self.engine.spark.read.format("delta").load(self.engine.path(topic.spec.destination))
+        held = narrow(view, key, key_rows).select(col).distinct()
+        _, rows = spark_io.small_local(self.engine.spark, held, NARROW_VALUES)
+        if rows is None:
+            return ""
+        # FALSE when the view holds none of the keys (all inserts)
+        return one_of(f"t.{spark_io.quote(col)}", [r[0] for r in rows]) or ""
+
+    def derive(self, topic: Topic, rec: OffsetRecord, planned: Planned) -> tuple[DataFrame, MergeWork]:
+        """The view over the unit's inputs (every input at the version the unit planned) and the
+        unit's strategy; for an incremental unit also the affected keys (``MergeWork.affected``, by
+        source), by the delta rule (:mod:`lineage.views.refresh`):
+
+        * new and late base rows: the transform's keys over them;
+        * a changed input ``R`` (``join_keys``: base column -> ``R``'s column): the base rows whose
+          join column matches a changed row of ``R`` (its change feed's before and after images),
+          their keys evaluated with ``R`` at its previous version (the groups they leave) and at
+          its new one (the groups they join); rows whose reference vanished or appeared included;
+        * rows the transform makes from the changed inputs alone (an outer join keeping a
+          reference without base rows): the keys whose rows differ between the transform over
+          no base rows at the previous and at the new versions.
+
+        Nothing is computed yet; the caller drops ``work.views`` when done."""
+        eng, spec = self.engine, topic.spec
+        block = planned.block
+        if block is None or rec.inputs_next is None:
+            raise ProcessingError(f"topic '{topic.name}': unit {rec.seq} has no planned bounds")
+        dest = eng.path(spec.destination)
+        done = rec.inputs.get(spec.base)
+        base = delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version)
+        late = delta_meta.LateRows(delta_meta.pa.table({}))
+        if spec.late_rows is LateRows.REDERIVE and done is not None and not block.last.is_zero():
+            late = blocks.late_rows(topic, base, done, block.last)
+        changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t), upto=rec.inputs_next.get(t))
+                        for t in spec.depends_on[1:])
+        view = delta_meta.TableSnapshot.open(dest)
+        built = bool(rec.inputs) and view.version is not None
+        base_rows = planned.base_rows if planned.base_rows >= 0 else delta_meta.count_block(
+            eng.path(spec.base), block.last, block.next, planned.source_version)
+        sizes = delta_meta.unit_sizes(base, view, changes, spec) if built else None
+        strategy = choose(spec, built=built, base_rows=base_rows, base_columns=base.columns, late_rows=late.rows.num_rows,
+                          changes=changes, python_transform=topic.python, sizes=sizes)
+        eng.register_tables(topic)
+        spark = eng.spark
+        tag = uuid.uuid4().hex[:10]
+        work = MergeWork(strategy, changes, late.rows.num_rows, built=built)
+        pinned = self._pin(work, topic, {t: v for t, v in rec.inputs_next.items() if t != spec.base}, f"tm_in_{tag}")
+        everything = self._base(spark, topic, planned, upto=True)
+        full = spark_io.transform(spark, topic, self._view(spark, work, f"tm_all_{tag}", everything), view=work.views[-1],
+                                  tables=pinned)
+        work.columns = list(full.columns)
+        if not strategy.incremental:
+            return full, work
+        target = spark.read.format("delta").load(dest)
+        added = [c for c in full.columns if c not in target.columns]
+        gone = [c for c in target.columns if c not in full.columns]
+        if added or gone:  # the transform's columns changed: every row must be recomputed
+            why = f"the transform's columns changed (added: {', '.join(added) or '-'}; removed: {', '.join(gone) or '-'})"
+            work.strategy = Strategy(False, f"full recompute because {why}", fallback=True)
+            self._refuse_strict(topic, work.strategy)
+            return full, work
+        key = list(spec.key)
+        missing = [k for k in key if k not in full.columns]
+        if missing:
+            raise ProcessingError(f"topic '{topic.name}' ({topic.where}): key column(s) {', '.join(missing)} are not in the "
+                                  f"transform's output ({', '.join(full.columns)})")
+
+        def keys_of(name: str, rows: DataFrame, tables: dict[str, str]) -> DataFrame:
+            return spark_io.transform(spark, topic, self._view(spark, work, f"{name}_{tag}", rows), view=work.views[-1],
+                                      tables=tables).select(*key)
+
+        if block.next > block.last:
+            work.affected.append((f"{base_rows} new base rows", keys_of("tm_new", self._base(spark, topic, planned, upto=False),
+                                                                        pinned)))
+        if late.rows.num_rows:
+            ids = spark.createDataFrame([(int(i),) for i in late.rows.column("id").to_pylist()], "id bigint")
+            late_df = self._base(spark, topic, planned, upto=True, last_only=True).join(ids, "id", "left_semi")
+            work.affected.append((f"{late.rows.num_rows} late base rows", keys_of("tm_late", late_df, pinned)))
+        if strategy.reverse:
+            try:
+                self._reverse(topic, work, held=self._base(spark, topic, planned, upto=True, last_only=True),
+                              last=block.last, everything=everything, pinned=pinned, tag=tag, keys_of=keys_of)
+            except Exception as exc:
+                if not _removed(exc):
+                    raise
+                self._removed_fallback(topic, work, exc)
+        return full, work
+
+    def _removed_fallback(self, topic: Topic, work: MergeWork, exc: BaseException) -> None:
+        """The previous version of a changed input, or its change feed, was removed (VACUUM, log
+        retention): the rows' old groups are unknown, so only a recompute is exact."""
+        work.strategy = Strategy(False, f"full recompute because a previous version of {', '.join(work.strategy.reverse)} "
+                                        f"cannot be read ({spark_io.first_line(exc)[:300]})", fallback=True)
+        work.affected.clear()
+        self._refuse_strict(topic, work.strategy)
+
+    def _reverse(self, topic: Topic, work: MergeWork, *, held: DataFrame, last: Position, everything: DataFrame,
+                 pinned: dict[str, str], tag: str, keys_of: Callable[[str, DataFrame, dict[str, str]], DataFrame]) -> None:
+        """The affected keys of the changed inputs (see :meth:`derive`) into ``work.affected``."""
+        spark, spec, strategy = self.engine.spark, topic.spec, work.strategy
+        by_table = {c.table: c for c in work.changes}
+        # Base rows joining a changed reference row: those up to ``last`` (what the view holds)
+        # left their old groups; those up to ``next`` join their new ones.
+        changed_rows: list[tuple[DataFrame, list[str], list[Any] | None]] = []
+        for table in strategy.reverse:
+            pairs, c = spec.join_keys[table], by_table[table]
+            feed = (spark.read.format("delta").option("readChangeFeed", "true")
+                    .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(self.engine.path(table)))
+            changed, values = spark_io.small_local(spark, feed.select(*[feed[i].alias(b) for b, i in pairs.items()])
+                                                   .distinct(), LOCAL_KEYS)
+            changed_rows.append((changed, list(pairs), values))
+        moved_new = functools.reduce(lambda a, b: a.unionByName(b),
+                                     [_matching(everything, changed, cols, values) for changed, cols, values in changed_rows])
+        # One scan of the base where there were two: when few, the rows up to ``next`` are
+        # collected once and those up to ``last`` are taken from them.
+        try:
+            collected, rows = spark_io.small_local(spark, moved_new, LOCAL_ROWS)
+        except Exception as exc:
+            if _removed(exc):
+                raise
+            # a column type that does not survive the trip to Python and back (an interval, a
+            # variant): the rows stay in Spark, read twice
+            log.info("topic '%s': base rows not collected (%s)", topic.name, spark_io.first_line(exc)[:200])
+            rows = None
+        if rows is not None:
+            moved_new, moved_old = collected, blocks.upto(collected, last)
+        else:
+            moved_old = functools.reduce(lambda a, b: a.unionByName(b),
+                                         [_matching(held, changed, cols, values) for changed, cols, values in changed_rows])
+        before = {**pinned, **self._pin(work, topic, {t: by_table[t].old or 0 for t in strategy.reverse}, f"tm_old_{tag}")}
+        names = ", ".join(f"{t} version {by_table[t].old}" for t in strategy.reverse)
+        work.affected.append((f"base rows joining a changed row, before ({names})", keys_of("tm_left", moved_old, before)))
+        work.affected.append((f"base rows joining a changed row, after ({', '.join(f'{t} version {by_table[t].new}' for t in strategy.reverse)})",
+                              keys_of("tm_joined", moved_new, pinned)))
+        nothing = self._view(spark, work, f"tm_none_{tag}", everything.where("false"))
+        old_alone = spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=before)
+        new_alone = spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=pinned)
+        work.affected.append(("rows of the changed inputs alone (no base row)",
+                              new_alone.exceptAll(old_alone).unionByName(old_alone.exceptAll(new_alone)).select(*spec.key)))
+
+    def _pin(self, work: MergeWork, topic: Topic, versions: dict[str, int], prefix: str) -> dict[str, str]:
+        """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
+        lineage table -> view name (for :func:`spark_io.transform`'s ``tables``)."""
+        return view_inputs.pin_inputs(self.engine, topic, versions, prefix, work.views)
+
+    def _view(self, spark: SparkSession, work: MergeWork, name: str, df: DataFrame) -> DataFrame:
+        df.createOrReplaceTempView(name)
+        work.views.append(name)
+        return df
+
+    def _base(self, spark: SparkSession, topic: Topic, planned: Planned, *, upto: bool, last_only: bool = False) -> DataFrame:
+        """Base rows at the planned version: every row up to ``next`` (``upto``; only those up to
+        ``last`` with ``last_only``), else the block's rows ``(last, next]``."""
+        block = planned.block
+        if block is None:
+            raise ProcessingError(f"topic '{topic.name}': a unit without bounds")
+        if not upto:
+            return blocks.block_df(self.engine, topic.spec.base, block, planned.source_version)
+        return blocks.rows_upto(spark, self.engine.path(topic.spec.base), block.last if last_only else block.next,
+                         planned.source_version)
+
+    def _verify(self, topic: Topic) -> dict[str, Any]:
+        """``checks.verify_sample`` random keys of the view against a recompute (the ``exact`` check)."""
+        from platform_assets.views.verify import verify
+
+        try:
+            v = verify(self.engine, topic, sample=topic.spec.checks.verify_sample, show=1)
+        except Exception as exc:  # noqa: BLE001 - the unit has landed; the check reports the failure
+            return {"error": spark_io.first_line(exc)[:500]}
+        example = ", ".join(f"{k}={val!r}" for k, val in zip(v.key, v.examples[0][0], strict=True)) if v.examples else None
+        return {"keys": v.keys_compared, "differing": v.differing, "duplicates": v.duplicates, "example": example}
+
+    def _refuse_strict(self, topic: Topic, strategy: Strategy) -> None:
+        from lineage.spec.model import Refresh
+        from lineage.views.refresh import RefreshRefused
+
+        if topic.spec.refresh is Refresh.STRICT and not strategy.incremental:
+            raise RefreshRefused(f"topic '{topic.name}': refresh: incremental_strict refuses a {strategy.reason}")
+
+    def finish(self, opened: OpenBlock) -> StepResult:
+        eng = self.engine
+        topic, planned, block, work = opened.topic, opened.planned, opened.block, opened.merge
+        if block is None or not isinstance(work, MergeWork):
+            raise ProcessingError(f"topic '{topic.name}': unit {opened.seq} was opened without bounds")
+        spec = topic.spec
+        dest = eng.path(spec.destination)
+        app_id = data_app_id(topic.name)
+        rec = eng.store.get(topic.name)
+        inputs = dict(rec.inputs_next or {}) if rec is not None else {}
+        landed = opened.landed
+        recovered = landed is not None
+        if landed is None:
+            if opened.out is None:
+                raise ProcessingError(f"topic '{topic.name}': unit {block.seq} has no output to write")
+            meta = protocol.commit_metadata(topic, block.seq, last=block.last, next_=block.next,
+                                            source_version=planned.source_version, run_id=eng.run_id, owner=eng.owner,
+                                            inputs=inputs, strategy=work.strategy.name)
+            try:
+                with eng.phases.timed("write"):
+                    if work.strategy.incremental:
+                        spark_io.merge_into(eng.spark, opened.out, dest, key=list(spec.key), columns=work.columns,
+                                            present=PRESENT, delete_missing=spec.delete_missing, app_id=app_id,
+                                            seq=block.seq, meta=meta, target_filter=work.prune)
+                    else:
+                        out = opened.out
+                        spark_io.retry_conflicts(lambda: (
+                            out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                            # no deletion vectors: the deltalake reader (sensors, lag, other tools) cannot read them
+                            .option("delta.enableChangeDataFeed", "true").option("delta.enableDeletionVectors", "false")
+                            .option("txnAppId", app_id).option("txnVersion", block.seq).option("userMetadata", meta)
+                            .save(dest)))
+                    eng.register(spec.destination)
+                    landed = delta_meta.find_txn_commit(dest, app_id, block.seq)
+            finally:
+                for view in work.views:
+                    eng.spark.catalog.dropTempView(view)
+            if landed is None:  # a MERGE with nothing to change still commits; a missing commit is a bug
+                raise ProcessingError(f"topic '{topic.name}': unit {block.seq} was written but its commit is not in {dest}/_delta_log")
+        faults.crashpoint("written")
+        m = landed.metrics
+        figures: dict[str, Any] = {
+            "strategy": landed.user_metadata.get("strategy", work.strategy.name), "strategy_reason": work.strategy.reason,
+            "rows_inserted": m.get("numTargetRowsInserted", m.get("numOutputRows", landed.rows)),
+            "rows_updated": m.get("numTargetRowsUpdated", 0), "rows_deleted": m.get("numTargetRowsDeleted", 0),
+            "keys_rederived": m.get("numSourceRows"), "late_rows": work.late_rows,
+            "reference_rows_changed": {c.table: c.changed_rows for c in work.changes if c.changed},
+            "fallback": work.strategy.fallback,
+            **({"estimate_incremental_bytes": work.strategy.estimate.incremental,
+                "estimate_full_bytes": work.strategy.estimate.full} if work.strategy.estimate is not None else {}),
+            "offset_age_s": blocks.offset_ages(eng, topic, block.next, inputs),
+        }
+        written = int(figures["rows_inserted"] or 0) + int(figures["rows_updated"] or 0)
+        with eng.phases.timed("log"):
+            entry = protocol.log_entry(topic, block.seq, block.last.to_text(), block.next.to_text(), landed,
+                                       base_rows=max(planned.base_rows, 0), bad_rows=planned.bad_rows,
+                                       duration=time.monotonic() - opened.started,
+                                       figures=spark_io.BlockFigures(written, {}), run_id=eng.run_id, now=eng.clock(),
+                                       strategy=str(figures["strategy"]), detail=work.strategy.reason,
+                                       changes={k: int(v) for k, v in figures.items()
+                                                if k.startswith(("rows_", "keys_", "late_", "estimate_")) and v is not None})
+            write_etl_log(eng.settings, entry)
+        faults.crashpoint("logged")
+        if spec.after:
+            with eng.phases.timed("after"):
+                spark_io.run_statements(eng.spark, topic, "after")
+        with eng.phases.timed("commit"):
+            eng.store.commit(topic.name, eng.owner, seq=block.seq, last=block.last, next=block.next, rows=written,
+                             note=f"{figures['strategy']}: {work.strategy.reason} delta_version={landed.version}"
+                                  + (" (recovered after crash)" if recovered else ""), delta_version=landed.version)
+        faults.crashpoint("committed")
+        if spec.checks.verify_sample:
+            with eng.phases.timed("verify"):
+                figures["verify"] = self._verify(topic)
+        return StepResult(topic.name, True, f"unit {block.seq} ({figures['strategy']})", block=block, rows=written,
+                          base_rows=max(planned.base_rows, 0), bad_rows=planned.bad_rows, delta_version=landed.version,
+                          duration_s=time.monotonic() - opened.started, recovered=recovered,
+                          stats={**protocol.stats_dict(entry), **figures, "warnings": list(planned.warnings)})
+
+
+def narrow(rows: DataFrame, cols: list[str], keys: list[Any] | None) -> DataFrame:
+    """``rows`` filtered to the values each of ``cols`` takes in ``keys`` (the collected key rows;
+    None: not collected, ``rows`` as they are). Implied by the semi join on the keys that follows,
+    so it changes no result; as literals, Spark pushes it down through the transform wherever that
+    is exact (projections, the preserved side of an outer join, grouping columns), so the rows of
+    other keys are dropped at the scan instead of joined and aggregated first."""
+    from pyspark.sql import functions as F
+
+    if keys is None or not keys:
+        return rows
+    for i, c in enumerate(cols):
+        values = {k[i] for k in keys}
+        cond = one_of(spark_io.quote(c), values) if len(values) <= NARROW_VALUES else None
+        if cond is not None:  # else many values, or a type without exact literal text: the semi join alone
+            rows = rows.where(F.expr(cond))
+    return rows
+
+
+def one_of(column: str, values: Collection[Any]) -> str | None:
+    """SQL text: ``column`` (as written) equals one of ``values``, a null by ``IS NULL``; ``FALSE``
+    for no values. None when a value has no exact literal text (:func:`spark_io.sql_literal`)."""
+    texts = [spark_io.sql_literal(v) for v in values if v is not None]
+    if None in texts:
+        return None
+    conds = ([f"{column} IN ({', '.join(t for t in texts if t is not None)})"] if texts else []) \
+        + ([f"{column} IS NULL"] if None in values else [])
+    return " OR ".join(conds) or "FALSE"
+
+
+def _removed(exc: BaseException) -> bool:
+    """Whether ``exc`` says a Delta version, change-feed file or data file no longer exists."""
+    text = str(exc)
+    return any(s in text for s in ("FileNotFound", "DELTA_FILE_NOT_FOUND", "VERSION_NOT_FOUND", "does not exist",
+                                   "CHANGE_DATA_NOT_RECORDED", "DELTA_CHANGE_DATA_FILE_NOT_FOUND", "cannot time travel"))
+
+
+#: Rows per file of a full build clustered by its join column (at most CLUSTER_FILES files).
+CLUSTER_ROWS, CLUSTER_FILES = 50_000, 128
+#: Up to this many changed values of a single join column filter the view by a literal list, which
+#: Delta's data skipping uses (a semi join reads every file).
+IN_LIST = 1_000
+
+
+def _matching(view: DataFrame, changed: DataFrame, cols: list[str], rows: list[Any] | None) -> DataFrame:
+    """Rows of ``view`` whose ``cols`` match a row of ``changed`` (null-safe); ``rows``: ``changed``'s
+    rows when they were collected."""
+    if len(cols) == 1 and rows is not None and len(rows) <= IN_LIST:
+        from pyspark.sql import functions as F
+
+        values = [r[0] for r in rows]
+        col = F.col(spark_io.quote(cols[0]))
+        known = [v for v in values if v is not None]
+        cond = col.isin(known) if known else F.lit(False)
+        return view.where(cond | col.isNull() if len(known) < len(values) else cond)
+    return spark_io.semi_join(view, changed, cols)
+
+
+def _clustered(full: DataFrame, spec: TopicSpec, base_rows: int | None) -> DataFrame:
+    """The initial build range-partitioned by the view column of its first ``join_keys`` into files
+    of ~``CLUSTER_ROWS`` rows: the rows a few input rows map to then share a few files, so a reverse
+    join's MERGE (copy-on-write) rewrites those files, not every file. Small views stay as they are.
+    Later full recomputes are plain (a shuffle of every row would cost more than the recompute)."""
+    col = cluster_column(spec, full.columns)
+    files = min(CLUSTER_FILES, (base_rows or 0) // CLUSTER_ROWS)
+    return full.repartitionByRange(files, col) if col is not None and files > 1 else full

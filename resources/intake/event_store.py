@@ -1,0 +1,286 @@
+"""The event processor's files and Delta tables (seed 002, "Directory structure"):
+
+| path under ``$TIDEMARK_HOME/events/`` | what |
+|---|---|
+| ``incoming/ready/<file>.log.status`` | DestinationStatus of a file being processed (JSON, written atomically) |
+| ``archive/yyyy-mm-dd/<file>.log.gz`` | processed files (the day of the file's first event) |
+| ``failed/failed.dst=<id>.log`` | EventError JSON lines: ``{event, error, destination, table, file, line, failed_at}`` |
+| ``failed/replay.dst=<id>.json`` | the plan of a replay under way |
+| ``processor.json`` | the last file ordinal given out (row ids) |
+| ``.processor.lock`` | held (flock) by the running processor |
+
+Delta: stage tables (appended with ``deltalake``, schema merged, a Delta transaction per unit)
+and ``etl.failed_events``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import gzip
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from lineage.core.errors import TidemarkError
+from lineage.intake.columns import SqlType
+from lineage.intake.pipeline import ColumnType
+from resources.intake.pidlock import PidFileLock
+from resources.storage.delta_meta import open_table
+from resources.storage.warehouse import storage_options
+
+FAILED_EVENTS = "etl.failed_events"
+_TS = pa.timestamp("us", tz="UTC")
+FAILED_SCHEMA = pa.schema([
+    ("failure_id", pa.string()),  # <file>:<line>:<destination>, or the replayed failure's id
+    ("destination", pa.string()), ("table", pa.string()), ("error", pa.string()),
+    ("event", pa.string()),  # the original event (after ContextEnrichment), JSON
+    ("file", pa.string()), ("line", pa.int64()), ("failed_at", _TS), ("received_at", _TS),
+])
+_DELTA_TYPES: dict[str, ColumnType] = {
+    "long": ColumnType(SqlType.BIGINT), "integer": ColumnType(SqlType.BIGINT, 32),
+    "short": ColumnType(SqlType.BIGINT, 16), "byte": ColumnType(SqlType.BIGINT, 8),
+    "double": ColumnType(SqlType.DOUBLE), "float": ColumnType(SqlType.DOUBLE, 32),
+    "boolean": ColumnType(SqlType.BOOLEAN), "string": ColumnType(SqlType.STRING),
+    "timestamp": ColumnType(SqlType.TIMESTAMP),
+}
+
+
+class ProcessorLockedError(TidemarkError):
+    """Another ``tidemark events process|replay`` runs on the same events folder."""
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    """Write ``value`` to ``path`` so that a crash leaves the old or the new content, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+
+
+class ProcessorLock(PidFileLock):
+    """One processor per events folder (process and replay both take it)."""
+
+    def __init__(self, events_dir: Path) -> None:
+        path = events_dir / ".processor.lock"
+        super().__init__(path, lambda holder: ProcessorLockedError(
+            f"another event processor (pid {holder}) works on {path.parent}; wait for it or stop it"))
+
+
+def next_ordinal(events_dir: Path, at_least: int = 0) -> int:
+    """Give out the next file ordinal (the high 32 bits of row ids), durably, before it is used."""
+    path = events_dir / "processor.json"
+    events_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(events_dir / ".ordinal.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the batch processor and stream loops share the counter
+        state = read_json(path) or {}
+        n = max(int(state.get("last_ordinal", 0)), at_least) + 1
+        write_json_atomic(path, {**state, "last_ordinal": n})
+    finally:
+        os.close(fd)
+    return n
+
+
+def status_path(file: Path) -> Path:
+    return file.with_name(file.name + ".status")
+
+
+def failed_dir(events_dir: Path) -> Path:
+    return events_dir / "failed"
+
+
+def failed_log(events_dir: Path, dest: str) -> Path:
+    return failed_dir(events_dir) / f"failed.dst={dest}.log"
+
+
+def append_failed(path: Path, offset: int, lines: list[bytes]) -> int:
+    """Make ``path`` hold exactly its first ``offset`` bytes plus ``lines``, durably (a retry after
+    a crash mid-append truncates what the crashed attempt wrote); returns the new size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab+") as f:
+        f.truncate(offset)
+        f.seek(offset)
+        for line in lines:
+            f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+        return f.tell()
+
+
+def archive_file(events_dir: Path, file: Path, day: dt.date) -> Path:
+    """Gzip ``file`` into ``archive/<day>/`` (durably), then remove it and its status file."""
+    folder = events_dir / "archive" / day.isoformat()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / (file.name + ".gz")
+    if file.exists():
+        tmp = target.with_name(target.name + ".tmp")
+        with open(file, "rb") as src, gzip.open(tmp, "wb", compresslevel=1) as dst:
+            shutil.copyfileobj(src, dst, 1024 * 1024)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        fsync_dir(folder)
+        file.unlink()
+    status_path(file).unlink(missing_ok=True)
+    fsync_dir(file.parent)
+    return target
+
+
+@dataclass(frozen=True)
+class TableState:
+    """What the processor needs from a stage table before writing to it."""
+
+    columns: dict[str, ColumnType]
+    txn_version: int  # of this writer's app id; 0 if none
+    max_pos: dt.datetime | None
+
+
+def _columns(table: Any) -> dict[str, ColumnType]:
+    cols = {}
+    for f in table.schema().fields:
+        name = getattr(f.type, "type", None)
+        cols[f.name] = _DELTA_TYPES.get(str(name), ColumnType(None))
+    return cols
+
+
+def table_columns(path: str) -> dict[str, ColumnType]:
+    """The columns of a stage table as the intake sees them (none if it does not exist yet)."""
+    table = open_table(path)
+    return {} if table is None else _columns(table)
+
+
+def table_state(path: str, app_id: str) -> TableState:
+    table = open_table(path)
+    if table is None:
+        return TableState({}, 0, None)
+    cols = _columns(table)
+    max_pos = None
+    if "pos" in cols:
+        actions = pa.table(table.get_add_actions(flatten=True))
+        if "max.pos" in actions.column_names and actions.num_rows:
+            values = [v for v in actions.column("max.pos").to_pylist() if v is not None]
+            max_pos = max(values) if values else None
+            if max_pos is not None and max_pos.tzinfo is None:
+                max_pos = max_pos.replace(tzinfo=dt.UTC)
+    return TableState(cols, table.transaction_version(app_id) or 0, max_pos)
+
+
+def committed_files(path: str, app_id: str, names: list[str], depth: int = 200) -> set[str]:
+    """Which of the incoming files (or units) ``names`` one of the newest ``depth`` commits of
+    ``app_id`` carries (by its userMetadata: ``unit``, and ``files`` of a unit of several): the
+    Delta log's word when a status file was lost."""
+    table = open_table(path)
+    if table is None:
+        return set()
+    wanted, found = set(names), set()
+    for commit in table.history(depth):
+        meta = commit.get("userMetadata")
+        if not meta:
+            continue
+        try:
+            m = orjson.loads(meta)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(m, dict) and m.get("app_id") == app_id:
+            found |= wanted & {m.get("unit"), *(m.get("files") or [])}
+    return found
+
+
+def arrow_type(ct: ColumnType) -> pa.DataType:
+    t = ct.type
+    if t is SqlType.BIGINT:
+        return {8: pa.int8(), 16: pa.int16(), 32: pa.int32()}.get(ct.int_bits, pa.int64())
+    if t is SqlType.DOUBLE:
+        return pa.float32() if ct.int_bits == 32 else pa.float64()
+    if t is SqlType.BOOLEAN:
+        return pa.bool_()
+    if t is SqlType.TIMESTAMP:
+        return _TS
+    return pa.string()
+
+
+def write_stage(path: str, columns: pa.Table, pos: pa.Array, ids: pa.Array, app_id: str, version: int,
+                metadata: dict[str, Any]) -> None:
+    """Append one unit's rows (``pos``, ``id`` first, then ``columns``) in one Delta commit that
+    carries the transaction ``(app_id, version)`` and ``metadata`` (with ``app_id``) as
+    userMetadata; new columns are added (schema merge)."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    data = columns.add_column(0, pa.field("id", pa.int64()), ids).add_column(0, pa.field("pos", _TS), pos)
+    meta = orjson.dumps({**metadata, "app_id": app_id, "version": version}, option=orjson.OPT_SORT_KEYS).decode()
+    write_deltalake(path, data, mode="append", schema_mode="merge", storage_options=storage_options(path),
+                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=version)],
+                                                       custom_metadata={"userMetadata": meta}))
+
+
+def failed_app_id(dest: str) -> str:
+    return f"tidemark-intake-failed:{dest}"
+
+
+def failed_version(path: str, dest: str) -> int:
+    table = open_table(path)
+    return (table.transaction_version(failed_app_id(dest)) or 0) if table is not None else 0
+
+
+def write_failed_events(path: str, rows: list[dict[str, Any]], dest: str, version: int, unit: str,
+                        replace_ids: list[str] | None = None, files: list[str] | None = None) -> None:
+    """Append failed events (``replace_ids``: replace those rows in the same commit, for a
+    replay) in one commit carrying the transaction ``(tidemark-intake-failed:<dest>, version)``."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    data = pa.Table.from_pylist(rows, schema=FAILED_SCHEMA)
+    app_id = failed_app_id(dest)
+    props = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=version)],
+                             custom_metadata={"userMetadata": orjson.dumps(
+                                 {"app_id": app_id, "unit": unit, **({"files": files} if files and len(files) > 1 else {})}).decode()})
+    opts = storage_options(path)
+    if replace_ids is not None and open_table(path) is not None:
+        ids = ", ".join("'" + i.replace("'", "''") + "'" for i in replace_ids) or "''"
+        write_deltalake(path, data, mode="overwrite", predicate=f"failure_id IN ({ids})", storage_options=opts,
+                        commit_properties=props)
+    else:
+        write_deltalake(path, data, mode="append", storage_options=opts, commit_properties=props)
+
+
+def read_failed_events(path: str, dest: str | None = None) -> list[dict[str, Any]]:
+    table = open_table(path)
+    if table is None:
+        return []
+    rows = table.to_pyarrow_table().to_pylist()
+    return [r for r in rows if dest is None or r["destination"] == dest]
+
+
+def open_geo(path: str) -> Any:
+    """``ip -> record`` of a MaxMind-format database (GeoLite2/GeoIP2 City or Country, or any .mmdb)."""
+    import maxminddb
+
+    try:
+        reader = maxminddb.open_database(path)
+    except (OSError, ValueError) as exc:
+        raise TidemarkError(f"lookups.geo_db {path!r}: cannot open the MaxMind database ({exc}); "
+                            "give the path of a .mmdb file or remove geo_db") from exc
+    return reader.get

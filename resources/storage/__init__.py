@@ -1,0 +1,4 @@
+"""The warehouse: paths and object-store settings (``warehouse``), JVM-free reads of Delta logs
+(``delta_meta``), Tidemark's own tables (``meta_tables``) and table maintenance (``maintenance``).
+
+May import: ``lineage``, ``resources.core``."""

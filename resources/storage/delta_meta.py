@@ -1,0 +1,981 @@
+"""Cheap facts about Delta tables without a JVM, through the ``deltalake`` package and the
+Delta log itself: versions, high-water positions, the end of the next block, and the
+statistics of the commit that wrote a block.
+
+Planner sensors and ``tidemark lag`` use this, so they stay fast and never start Spark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from lineage.core.errors import ProcessingError
+from lineage.core.positions import Position, to_naive_utc
+from lineage.planning.planner import TableMark
+from lineage.spec.model import TopicSpec
+from lineage.views.refresh import InputChange, Sizes, cluster_column
+from resources.storage.warehouse import arrow_filesystem, storage_options
+
+#: Delta truncates timestamp statistics to milliseconds; widen pruning ranges by this much.
+STATS_SLACK = dt.timedelta(milliseconds=2)
+
+
+def open_table(path: str, version: int | None = None) -> Any | None:
+    """The ``deltalake.DeltaTable`` at ``path`` (at ``version``, else the newest), or None if
+    there is no Delta table there."""
+    from deltalake import DeltaTable
+
+    try:
+        options = storage_options(path)
+        if not DeltaTable.is_deltatable(path, storage_options=options):
+            return None
+        return DeltaTable(path, version=version, storage_options=options)
+    except Exception:  # noqa: BLE001 - a missing or half-created table reads as "no table yet"
+        return None
+
+
+class TableSnapshot:
+    """One version of a Delta table, opened once. Planning a block asks the base table for its
+    mark, its null and late rows and the block's end: one snapshot answers all of them, so the
+    table and its file list are read once and every answer describes the same version."""
+
+    def __init__(self, path: str, table: Any | None) -> None:
+        self.path = path
+        self.table = table  # deltalake.DeltaTable; None when there is no table at ``path``
+
+    @classmethod
+    def open(cls, path: str, version: int | None = None) -> TableSnapshot:
+        """``path`` at ``version`` (default the newest)."""
+        return cls(path, open_table(path, version))
+
+    @functools.cached_property
+    def version(self) -> int | None:
+        return None if self.table is None else int(self.table.version())
+
+    @functools.cached_property
+    def columns(self) -> frozenset[str]:
+        return frozenset() if self.table is None else frozenset(f.name for f in self.table.schema().fields)
+
+    @functools.cached_property
+    def row_count(self) -> int | None:
+        """Rows in this version, from the files' statistics (None: no table or no statistics)."""
+        return self._total("num_records")
+
+    @functools.cached_property
+    def size_bytes(self) -> int | None:
+        """Bytes of this version's data files (None: no table, or the log does not say)."""
+        return self._total("size_bytes")
+
+    def _total(self, column: str) -> int | None:
+        files = self.files
+        if self.table is None or column not in files.column_names:
+            return None
+        return int(pc.sum(files[column]).as_py() or 0)
+
+    @functools.cached_property
+    def files(self) -> pa.Table:
+        """The data files with their flattened statistics (one row per add action)."""
+        return pa.table({}) if self.table is None else pa.table(self.table.get_add_actions(flatten=True))
+
+
+def _snapshot(source: str | TableSnapshot) -> TableSnapshot:
+    """``source`` if it is a snapshot already, else the newest version of the table at that path."""
+    return source if isinstance(source, TableSnapshot) else TableSnapshot.open(source)
+
+
+def _check_position_columns(snap: TableSnapshot) -> None:
+    missing = [c for c in ("pos", "id") if c not in snap.columns]
+    if missing:
+        raise ProcessingError(
+            f"{snap.path}: base table has no {' and no '.join(missing)} column; a step topic's base table needs "
+            "'pos TIMESTAMP' and 'id BIGINT' (the row's position)"
+        )
+
+
+def _ts(value: Any) -> dt.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return to_naive_utc(value)
+    return None
+
+
+def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_than: Position | None = None) -> TableMark:
+    """Delta version and newest ``(pos, id)`` of a table (``positions=False``: version only,
+    or newest ``pos`` with id 0 when the table has a ``pos`` column).
+
+    ``newer_than``: for a caller that only compares the newest position with this one. When
+    the statistics prove a row with an id more than :data:`STATS_SLACK` after it, no rows are
+    read and the position is the statistics' newest ``pos`` with id 0, which compares the same."""
+    snap = _snapshot(source)
+    table, version = snap.table, snap.version
+    if table is None:
+        return TableMark(None, None, exists=False, location=snap.path)
+    if "pos" not in snap.columns:
+        return TableMark(None, version)
+    files = snap.files
+    if files.num_rows == 0 or "max.pos" not in files.column_names:
+        return TableMark(None, version)
+    max_pos = pc.max(files["max.pos"]).as_py()
+    if max_pos is None:
+        return TableMark(None, version)
+    if not positions or "id" not in snap.columns:
+        return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
+    # Statistics keep timestamps at millisecond precision: the newest row is at or after floor.
+    floor = _minus(_ts(max_pos) or dt.datetime.min, STATS_SLACK)
+    if newer_than is not None and floor > newer_than.pos and _ids_known_from(files, floor):
+        return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
+    # Read the few rows at or after floor to find the exact newest (pos, id).
+    ds = table.to_pyarrow_dataset(file_pruning_predicate=[("pos", ">=", _utc(floor))])
+    positioned = pc.field("pos").is_valid() & pc.field("id").is_valid()
+    rows = ds.to_table(columns=["pos", "id"], filter=positioned & (pc.field("pos") >= pa.scalar(floor, ds.schema.field("pos").type)))
+    if rows.num_rows == 0:  # the newest rows have no id (bad rows): the newest valid row is older
+        rows = table.to_pyarrow_dataset().to_table(columns=["pos", "id"], filter=positioned)
+    if rows.num_rows == 0:
+        return TableMark(None, version)
+    rows = rows.sort_by([("pos", "descending"), ("id", "descending")])
+    return TableMark(Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py())), version)
+
+
+def freshness(source: str | TableSnapshot) -> dt.datetime | None:
+    """The position a dependency table is fresh up to: its newest ``pos``, or for a table
+    without a ``pos`` column (a reference table) the time of its newest Delta commit, since
+    every row it has was there then. None when there is no table or no row yet."""
+    snap = _snapshot(source)
+    if snap.table is None:
+        return None
+    if "pos" in snap.columns:
+        mark = table_mark(snap, positions=False)
+        return mark.max_position.pos if mark.max_position else None
+    (newest,) = snap.table.history(1) or [{}]
+    stamp = newest.get("timestamp")  # commitInfo timestamp, ms since the epoch (UTC)
+    if not isinstance(stamp, int | float):
+        return None
+    return dt.datetime.fromtimestamp(stamp / 1000, dt.UTC).replace(tzinfo=None)
+
+
+def _ids_known_from(files: pa.Table, floor: dt.datetime) -> bool:
+    """Whether the statistics show no null ``id`` in the files that hold rows at or after
+    ``floor`` (a row with a null id has no position, so it cannot be the newest)."""
+    if "null_count.id" not in files.column_names:
+        return False
+    newest = files.filter(pc.greater_equal(files["max.pos"], pa.scalar(floor, files["max.pos"].type)))
+    return newest.num_rows > 0 and pc.max(pc.fill_null(newest["null_count.id"], 1)).as_py() == 0
+
+
+def _rows_after(snap: TableSnapshot, last: Position, cutoff: dt.datetime) -> pa.Table | None:
+    """``pos``/``id`` of the rows of ``snap`` after ``last`` with ``pos <= cutoff``, in position
+    order. Reads only the files whose statistics overlap ``[last.pos, cutoff]``."""
+    table = snap.table
+    if table is None:
+        return None
+    _check_position_columns(snap)
+    ds = table.to_pyarrow_dataset(
+        file_pruning_predicate=[("pos", ">=", _utc(_minus(last.pos, STATS_SLACK))), ("pos", "<=", _utc(_plus(cutoff, STATS_SLACK)))]
+    )
+    pos_type = ds.schema.field("pos").type
+    lp, cp = pa.scalar(last.pos, pos_type), pa.scalar(cutoff, pos_type)
+    after_last = (pc.field("pos") > lp) | ((pc.field("pos") == lp) & (pc.field("id") > pa.scalar(last.id, pa.int64())))
+    # A row without an id has no position: it is quarantined, never part of a block.
+    rows = ds.to_table(columns=["pos", "id"], filter=after_last & (pc.field("pos") <= cp) & pc.field("id").is_valid())
+    return rows.sort_by([("pos", "ascending"), ("id", "ascending")])
+
+
+@dataclass(frozen=True)
+class BlockEnd:
+    """Where the next block ends, how many base rows it holds, and the base table's Delta
+    version the block was planned on (the block always reads that snapshot)."""
+
+    end: Position | None
+    rows: int
+    version: int | None
+
+
+def find_block_end(source: str | TableSnapshot, last: Position, cutoff: dt.datetime, maxstep: int) -> BlockEnd:
+    """The end of the next block: the ``maxstep``-th row after ``last`` with ``pos <= cutoff``
+    in ``(pos, id)`` order (or the last eligible row if fewer), and the number of rows in
+    ``(last, end]``; ``end`` is None when no row is eligible.
+
+    The cost follows the new data, not the table's history (see :func:`_rows_after`).
+    """
+    snap = _snapshot(source)
+    rows, version = _rows_after(snap, last, cutoff), snap.version
+    if rows is None:
+        return BlockEnd(None, 0, None)
+    if rows.num_rows == 0:
+        return BlockEnd(None, 0, version)
+    take = min(maxstep, rows.num_rows)
+    end = Position(_ts(rows["pos"][take - 1].as_py()) or last.pos, int(rows["id"][take - 1].as_py()))
+    if take < rows.num_rows:
+        # Rows equal to the boundary position belong to the block too (ties are never split).
+        tail = rows.slice(take)
+        same = pc.and_(pc.equal(tail["pos"], rows["pos"][take - 1]), pc.equal(tail["id"], rows["id"][take - 1]))
+        take += int(pc.sum(same).as_py() or 0)
+    return BlockEnd(end, take, version)
+
+
+def count_block(path: str, last: Position, next_: Position, version: int | None = None) -> int:
+    """Rows of the base table at ``path`` (at ``version``) inside ``(last, next]``. When files of
+    that version were compacted and deleted by VACUUM, the same rows are counted in a newer
+    version where that is exact (see :func:`snapshot_read`), else :class:`RemovedDataError`."""
+    try:
+        rows = _rows_after(TableSnapshot.open(path, version), last, next_.pos)
+    except OSError:  # a data file of that version is gone
+        if version is None:
+            raise
+        route = snapshot_read(path, version, last, next_)
+        rows = _rows_after(TableSnapshot.open(path, route.read_version), last, next_.pos)
+        if rows is not None and route.max_id is not None:
+            rows = rows.filter(pc.less_equal(rows["id"], pa.scalar(route.max_id, pa.int64())))
+    if rows is None or rows.num_rows == 0:
+        return 0
+    at_end = pc.and_(pc.equal(rows["pos"], pa.scalar(next_.pos, rows.schema.field("pos").type)),
+                     pc.greater(rows["id"], pa.scalar(next_.id, pa.int64())))
+    return rows.num_rows - int(pc.sum(at_end).as_py() or 0)
+
+
+def bad_position_rows(source: str | TableSnapshot) -> pa.Table:
+    """Rows whose ``pos`` or ``id`` is null. Reads only files whose statistics count nulls."""
+    snap = _snapshot(source)
+    table = snap.table
+    if table is None:
+        return pa.table({})
+    files = snap.files
+    if files.num_rows == 0 or "null_count.pos" not in files.column_names:
+        return pa.table({})
+    nulls = pc.add(pc.fill_null(files["null_count.pos"], 0), pc.fill_null(files["null_count.id"], 0))
+    if (pc.max(nulls).as_py() or 0) == 0:
+        return pa.table({})
+    ds = table.to_pyarrow_dataset(file_pruning_predicate="pos IS NULL OR id IS NULL")
+    return ds.to_table(filter=pc.field("pos").is_null() | pc.field("id").is_null())
+
+
+@dataclass(frozen=True)
+class LateRows:
+    """Rows that arrived after their place was processed, and the commits that could not be
+    read to look for them (removed by log retention): when ``unreadable`` is not empty the
+    answer is incomplete, and callers must say so."""
+
+    rows: pa.Table
+    unreadable: tuple[int, ...] = ()
+
+
+class RemovedDataError(ProcessingError):
+    """Data files or commits Tidemark needs were removed (compacted by OPTIMIZE then deleted by
+    VACUUM, or dropped by log retention) and no other route gives the same answer exactly. The
+    message names the table, the version or file and the cause; callers add the topic and the
+    command that lets it go on."""
+
+
+def late_detection_warning(table: str, unreadable: tuple[int, ...]) -> str:
+    """What to tell the user when late rows could not be looked for in ``unreadable`` commits of
+    ``table`` ('' when there are none)."""
+    if not unreadable:
+        return ""
+    first, last = unreadable[0], unreadable[-1]
+    which = f"version {first}" if first == last else f"versions {first}..{last}"
+    return (f"late-row detection incomplete: {table} {which} no longer in its Delta log (log retention); rows "
+            f"added there at or before the topic's last position cannot be found (they are neither written nor quarantined)")
+
+
+def missing_commits(path: str, after_version: int, upto: int) -> tuple[int, ...]:
+    """Versions in ``(after_version, upto]`` whose commit file the table's log no longer holds."""
+    if upto <= after_version:
+        return ()
+    fs, log = _log_fs(path)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(log))
+    except (FileNotFoundError, OSError):
+        return tuple(range(after_version + 1, upto + 1))
+    present = {int(name[:-5]) for name in (i.base_name for i in infos) if name.endswith(".json") and name[:-5].isdigit()}
+    return tuple(v for v in range(after_version + 1, upto + 1) if v not in present)
+
+
+# -- what the log says happened since a version, and data files that are gone -------------------
+
+
+@dataclass(frozen=True)
+class _Added:
+    """A data file a commit added with ``dataChange`` (new or changed rows; a compaction adds none)."""
+
+    version: int
+    path: str  # relative to the table root, unquoted
+    stats: dict[str, Any]
+
+    def low(self, column: str) -> Any:
+        return (self.stats.get("minValues") or {}).get(column)
+
+
+@dataclass
+class _History:
+    """The commits ``(after, upto]`` of a table, as far as its log still holds them."""
+
+    after: int
+    upto: int
+    added: list[_Added] = field(default_factory=list)  # files added with dataChange, oldest first
+    compacted: set[str] = field(default_factory=set)  # files added without dataChange (rewritten rows)
+    removed_by: dict[str, tuple[int, str, bool]] = field(default_factory=dict)  # path -> (version, operation, dataChange)
+    feed: dict[int, list[str]] = field(default_factory=dict)  # version -> the files its change data feed reads
+    cdc_files: set[str] = field(default_factory=set)  # change data files (VACUUM deletes them by age alone)
+    commits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # version -> its actions
+    data_changed: dict[int, bool] = field(default_factory=dict)  # version -> whether it changed any row
+    unreadable: list[int] = field(default_factory=list)  # versions gone from the log (log retention)
+
+    @classmethod
+    def read(cls, path: str, after: int, upto: int) -> _History:
+        fs, log = _log_fs(path)
+        out = cls(after, upto)
+        for version in range(after + 1, upto + 1):
+            try:
+                actions = _read_commit(fs, log, version)
+            except (FileNotFoundError, OSError):
+                out.unreadable.append(version)
+                continue
+            out.commits[version] = actions
+            op = next((str(a["commitInfo"].get("operation") or "") for a in actions if a.get("commitInfo")), "")
+            cdc = [unquote(a["cdc"]["path"]) for a in actions if a.get("cdc")]
+            out.cdc_files.update(cdc)
+            data_files: list[str] = []
+            for a in actions:
+                for kind in ("add", "remove"):
+                    act = a.get(kind)
+                    if not act:
+                        continue
+                    rel, data = unquote(act["path"]), bool(act.get("dataChange", True))
+                    if data:
+                        data_files.append(rel)
+                    if kind == "remove":
+                        out.removed_by[rel] = (version, op, data)
+                    elif data:
+                        out.added.append(_Added(version, rel, json.loads(act.get("stats") or "{}")))
+                    else:
+                        out.compacted.add(rel)
+            # Without change data files the change feed reads the added and removed files themselves.
+            out.feed[version] = cdc or data_files
+            out.data_changed[version] = bool(cdc or data_files)
+        return out
+
+    def why_gone(self, rel: str) -> str:
+        """How a data file that no longer exists left the table."""
+        by = self.removed_by.get(rel)
+        if by is None:
+            return "removed by VACUUM"
+        version, op, data = by
+        how = f"removed by {op or 'a commit'} at version {version}" if data else \
+            f"compacted by {op or 'a commit'} at version {version}"
+        return f"{how}, then deleted by VACUUM"
+
+
+def missing_files(path: str, rels: list[str]) -> list[str]:
+    """Those of the table's files ``rels`` (relative to its root) that no longer exist (deleted by
+    VACUUM)."""
+    if not rels:
+        return []
+    fs = arrow_filesystem(path)[0]
+    infos = fs.get_file_info([_join(path, r) for r in rels])
+    return [r for r, i in zip(rels, infos, strict=True) if i.type == pafs.FileType.NotFound]
+
+
+def _ids_at(path: str, version: int) -> tuple[int | None, set[str]]:
+    """The greatest ``id`` the table held at ``version`` (None: no row had one) and the paths of
+    its data files, from the log alone (the files themselves may be gone). Raises
+    :class:`RemovedDataError` when the log cannot say."""
+    old = open_table(path, version)
+    if old is None:
+        raise RemovedDataError(f"{path}: version {version} is no longer in its Delta log (removed by log retention)")
+    files = pa.table(old.get_add_actions(flatten=True))
+    paths = set(files["path"].to_pylist()) if files.num_rows else set()
+    if files.num_rows == 0:
+        return None, paths
+    if "max.id" not in files.column_names or "num_records" not in files.column_names:
+        raise RemovedDataError(f"{path}: the Delta log keeps no id statistics for version {version}")
+    nulls = files["null_count.id"].to_pylist() if "null_count.id" in files.column_names else [None] * files.num_rows
+    best: int | None = None
+    for high, rows, null in zip(files["max.id"].to_pylist(), files["num_records"].to_pylist(), nulls, strict=True):
+        if high is None:
+            if rows and null != rows:  # rows with an id, and no statistic saying how high
+                raise RemovedDataError(f"{path}: the Delta log keeps no id statistics for a file of version {version}")
+            continue
+        best = int(high) if best is None else max(best, int(high))
+    return best, paths
+
+
+def _position_filter(schema: pa.Schema, last: Position | None = None, *, after: Position | None = None,
+                     max_id: int | None = None, above_id: int | None = None) -> pc.Expression:
+    """Rows with an id, at or before ``last``, after ``after``, ``id <= max_id``, ``id > above_id``."""
+    pos_type = schema.field("pos").type
+    cond = pc.field("id").is_valid()
+    if last is not None:
+        lp = pa.scalar(last.pos, pos_type)
+        cond = cond & ((pc.field("pos") < lp) | ((pc.field("pos") == lp) & (pc.field("id") <= pa.scalar(last.id, pa.int64()))))
+    if after is not None:
+        ap = pa.scalar(after.pos, pos_type)
+        cond = cond & ((pc.field("pos") > ap) | ((pc.field("pos") == ap) & (pc.field("id") > pa.scalar(after.id, pa.int64()))))
+    if max_id is not None:
+        cond = cond & (pc.field("id") <= pa.scalar(max_id, pa.int64()))
+    if above_id is not None:
+        cond = cond & (pc.field("id") > pa.scalar(above_id, pa.int64()))
+    return cond
+
+
+def _read_files(path: str, rels: list[str], last: Position, *, above_id: int | None = None) -> pa.Table:
+    """Rows of the table's data files ``rels`` at or before ``last`` (and with an id above ``above_id``)."""
+    import pyarrow.dataset as pads
+
+    fs = arrow_filesystem(path)[0]
+    ds = pads.dataset([_join(path, r) for r in rels], format="parquet", filesystem=fs if "://" in path else None)
+    return ds.to_table(filter=_position_filter(ds.schema, last, above_id=above_id))
+
+
+def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -> LateRows:
+    """Rows added to the table after ``after_version`` (up to the snapshot's version) whose
+    position is at or before ``last``: rows that arrived out of order, after their place was
+    already processed.
+
+    Reads only the commits after ``after_version`` and, of the files they added with
+    ``dataChange`` (a compaction's files hold no new rows), only those whose statistics allow a
+    position at or before ``last``. Commits the log no longer holds are listed in ``unreadable``.
+
+    When some of those files are gone (compacted by OPTIMIZE, then deleted by VACUUM), their rows
+    live on in the files that rewrote them, mixed with rows that were there before, and are told
+    apart by ``id`` (see :func:`_late_rows_by_id`); where ids cannot tell,
+    :class:`RemovedDataError` says which file and why."""
+    snap = _snapshot(source)
+    if snap.version is None or snap.version <= after_version:
+        return LateRows(pa.table({}))
+    path = snap.path
+    history = _History.read(path, after_version, snap.version)
+    limit = _plus(last.pos, STATS_SLACK)
+    added = [a for a in history.added if (low := parse_stat_ts(a.low("pos"))) is None or low <= limit]
+    unreadable = tuple(history.unreadable)
+    if not added:
+        return LateRows(pa.table({}), unreadable)
+    paths = [a.path for a in added]
+    live = set(snap.files["path"].to_pylist()) if snap.files.num_rows else set()
+    for _ in range(3):  # a VACUUM between looking and reading: look again
+        gone = missing_files(path, [p for p in paths if p not in live])  # a file of the snapshot is there
+        try:
+            if not gone:
+                return LateRows(_read_files(path, paths, last), unreadable)
+            return LateRows(_late_rows_by_id(snap, history, added, gone, last), unreadable)
+        except OSError:
+            if missing_files(path, paths) == gone:
+                raise  # not a file that went away meanwhile
+    raise RemovedDataError(f"{path}: data files kept disappearing while late rows were looked for (a VACUUM running?)")
+
+
+def _late_rows_by_id(snap: TableSnapshot, history: _History, added: list[_Added], gone: list[str],
+                     last: Position) -> pa.Table:
+    """Late rows when files added since ``history.after`` are gone.
+
+    A file added with ``dataChange`` that is still in the table is read as it is. The rows of one
+    that left the table are, unless a data change removed them, in the files added since (a
+    compaction keeps rows as they are), together with rows that were in the table at
+    ``history.after``. Those had ids up to the greatest id of that version (the log's statistics
+    say, without the files). If every such file's ids are above it (ids grow as rows arrive),
+    the late rows among the rewritten ones are exactly the rows at or before ``last`` with a
+    greater id in the files added since; otherwise :class:`RemovedDataError`."""
+    path, after = snap.path, history.after
+    live = set(snap.files["path"].to_pylist()) if snap.files.num_rows else set()
+    kept = [a.path for a in added if a.path in live]
+    rewritten = [a for a in added if a.path not in live]
+    def cannot(a: _Added, why: str) -> RemovedDataError:
+        state = (f"is gone ({history.why_gone(a.path)})" if a.path in gone else
+                 f"was rewritten ({history.why_gone(a.path).split(', then')[0]}) and other files of that time are gone")
+        return RemovedDataError(f"{path}: late rows added since version {after} cannot be found exactly: data file "
+                                f"{a.path} (added by version {a.version}) {state}, and {why}")
+
+    try:
+        ceiling, before = _ids_at(path, after)
+    except RemovedDataError as exc:
+        raise cannot(next(a for a in added if a.path in gone),
+                     f"the rows there before cannot be told apart from its rows: {exc}") from None
+    for a in rewritten:
+        low = a.low("id")
+        if ceiling is not None and (not isinstance(low, int) or low <= ceiling):
+            ids = "it has no id statistics" if not isinstance(low, int) else f"its ids (from {low})"
+            raise cannot(a, f"{ids} are not above the greatest id at version {after} ({ceiling}), so they cannot tell "
+                            f"its rows from the rows there before")
+    files = snap.files
+    limit = _plus(last.pos, STATS_SLACK)
+    lows = files["min.pos"].to_pylist() if "min.pos" in files.column_names else [None] * files.num_rows
+    highs = files["max.id"].to_pylist() if "max.id" in files.column_names else [None] * files.num_rows
+    scan = []
+    for rel, low, high in zip(files["path"].to_pylist() if files.num_rows else [], lows, highs, strict=True):
+        if rel in before or rel in kept:  # there at ``after`` (no later id) / read whole below
+            continue
+        if (low is not None and (_ts(low) or limit) > limit) or (high is not None and ceiling is not None and high <= ceiling):
+            continue
+        scan.append(rel)
+    parts = [_read_files(path, kept, last)] if kept else []
+    if scan:
+        parts.append(_read_files(path, scan, last, above_id=ceiling))
+    if not parts:
+        return pa.table({})
+    return pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+
+
+@dataclass(frozen=True)
+class SnapshotRead:
+    """How to read the rows a table held at ``version``: at that version, or, when files of it
+    were compacted and then deleted by VACUUM, at the newer ``read_version`` keeping only ids up
+    to ``max_id`` (the same rows: see :func:`snapshot_read`)."""
+
+    version: int
+    read_version: int
+    max_id: int | None = None
+
+    @property
+    def rerouted(self) -> bool:
+        return self.read_version != self.version
+
+
+def snapshot_read(path: str, version: int, after: Position | None = None, upto: Position | None = None) -> SnapshotRead:
+    """How to read the rows of the table at ``path`` as of ``version`` in ``(after, upto]``
+    (default: all), JVM-free.
+
+    As they are when the files holding that range at ``version`` exist. When some are gone
+    (OPTIMIZE, then VACUUM) the same rows are read from the newest version: exact when no commit
+    since changed or deleted a row that was there (only compactions and appends) and every
+    appended file's ids are above the greatest id at ``version``; then the rows of ``version``
+    are those with an id up to it. Else :class:`RemovedDataError` names the file and why."""
+    snap = TableSnapshot.open(path, version)
+    if snap.version is None:
+        raise RemovedDataError(f"{path}: version {version} is no longer in its Delta log (removed by log retention)")
+    files = snap.files
+    rels = files["path"].to_pylist() if files.num_rows else []
+    if rels and "min.pos" in files.column_names and (after is not None or upto is not None):
+        lo = _minus(after.pos, STATS_SLACK) if after is not None else dt.datetime.min
+        hi = _plus(upto.pos, STATS_SLACK) if upto is not None else dt.datetime.max
+        lows, highs = files["min.pos"].to_pylist(), files["max.pos"].to_pylist()
+        rels = [r for r, a, b in zip(rels, lows, highs, strict=True)
+                if (a is None or (_ts(a) or lo) <= hi) and (b is None or (_ts(b) or hi) >= lo)]
+    gone = missing_files(path, rels)
+    if not gone:
+        return SnapshotRead(version, version)
+    newest = open_table(path)
+    current = int(newest.version()) if newest is not None else version
+    history = _History.read(path, version, current)
+    cause = f"{path}: version {version} can no longer be read: its data file {gone[0]} is gone ({history.why_gone(gone[0])})"
+    if history.unreadable:
+        raise RemovedDataError(f"{cause}, and versions {history.unreadable[0]}..{history.unreadable[-1]} are no longer in "
+                               f"its Delta log (log retention) to show what changed since")
+    ceiling, before = _ids_at(path, version)
+    for rel, (v, op, data) in history.removed_by.items():
+        if data and (rel in before or rel in history.compacted):
+            raise RemovedDataError(f"{cause}, and rows it held were changed or deleted since ({op or 'a commit'} at version "
+                                   f"{v}), so the newest version does not hold the same rows")
+    for a in history.added:
+        low = a.low("id")
+        if ceiling is not None and (not isinstance(low, int) or low <= ceiling):
+            ids = "no id statistics" if not isinstance(low, int) else f"ids from {low}"
+            raise RemovedDataError(f"{cause}, and rows added since (version {a.version}, {ids}) cannot be told apart from "
+                                   f"its rows (ids up to {ceiling})")
+    return SnapshotRead(version, current, ceiling if ceiling is not None else -(2**63))
+
+
+def _join(path: str, name: str) -> str:
+    if name.startswith("/") or "://" in name:
+        return name
+    root = arrow_filesystem(path)[1]
+    return root.rstrip("/") + "/" + name
+
+
+def parse_stat_ts(value: Any) -> dt.datetime | None:
+    """A timestamp from Delta statistics (``2026-01-01T00:00:00.000Z``) as naive UTC; None if
+    it is not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return to_naive_utc(dt.datetime.fromisoformat(value.replace("Z", "+00:00")))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class CommitStats:
+    """What a Delta commit says about the rows it added (from per-file statistics)."""
+
+    version: int
+    rows: int
+    min_values: dict[str, Any] = field(default_factory=dict)
+    max_values: dict[str, Any] = field(default_factory=dict)
+    null_counts: dict[str, int] = field(default_factory=dict)
+    files: int = 0
+    user_metadata: dict[str, Any] = field(default_factory=dict)
+    paths: tuple[str, ...] = ()  # the data files the commit added, relative to the table root
+    timestamp: dt.datetime | None = None  # when the commit was made (commitInfo, naive UTC)
+    operation: str = ""  # commitInfo.operation: WRITE, MERGE, ...
+    metrics: dict[str, int] = field(default_factory=dict)  # commitInfo.operationMetrics
+
+
+def _log_fs(path: str) -> tuple[pafs.FileSystem, str]:
+    fs, root = arrow_filesystem(path)
+    return fs, root.rstrip("/") + "/_delta_log"
+
+
+def newest_version(path: str, known: int | None = None, *, recheck: bool = False) -> int | None:
+    """The newest commit version of the Delta table at ``path`` (None: no table there), read
+    JVM-free and cheaply: from ``known`` (a version seen before) it looks for the commit files
+    after it, one file lookup per new commit and one when there is none, instead of reading the
+    log. ``recheck`` also confirms that ``known`` itself is still there (a table dropped and
+    written anew starts over at version 0); without ``known`` the log directory is listed once."""
+    fs, log = _log_fs(path)
+
+    def exists(version: int) -> bool:
+        return fs.get_file_info(f"{log}/{version:020d}.json").type != pafs.FileType.NotFound
+
+    if known is not None and known >= 0 and (not recheck or exists(known)):
+        version = known
+        while exists(version + 1):
+            version += 1
+        return version
+    try:
+        names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(log, allow_not_found=True))]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    versions = [int(n[:-5]) for n in names if n.endswith(".json") and len(n) == 25 and n[:20].isdigit()]
+    return max(versions) if versions else None
+
+
+def _read_commit(fs: pafs.FileSystem, log: str, version: int) -> list[dict[str, Any]]:
+    with fs.open_input_stream(f"{log}/{version:020d}.json") as f:
+        return [json.loads(line) for line in f.read().decode("utf-8").splitlines() if line.strip()]
+
+
+class CommitUnavailableError(ProcessingError):
+    """The Delta log records a transaction, but the commit that recorded it (and the
+    ``userMetadata`` it carried) is no longer in the log: removed by log retention."""
+
+
+#: How many of the newest commits are read directly before searching the log by snapshot.
+RECENT_COMMITS = 20
+
+
+def _commit_has_txn(actions: list[dict[str, Any]], app_id: str, txn_version: int) -> bool:
+    return any(a.get("txn", {}).get("appId") == app_id and a["txn"].get("version") == txn_version for a in actions)
+
+
+def txn_at(path: str, version: int, app_id: str) -> int | None:
+    """The txn version recorded for ``app_id`` as of table ``version`` (0 if none); None if the
+    log can no longer reconstruct that version (cleaned up)."""
+    from deltalake import DeltaTable
+
+    try:
+        table = DeltaTable(path, version=version, storage_options=storage_options(path))
+    except Exception:  # noqa: BLE001 - the version's log files are gone
+        return None
+    return int(table.transaction_version(app_id) or 0)
+
+
+def find_txn_commit(path: str, app_id: str, txn_version: int, *, hint: int | None = None) -> CommitStats | None:
+    """The commit of ``path`` that recorded ``(app_id, txn_version)``, with its statistics; None if
+    the table never recorded that transaction.
+
+    No lookup window: the newest few commits are read first (a block that just landed), then the
+    table version where the transaction first appears is found by binary search over snapshots
+    (Delta keeps ``txn`` in checkpoints, so this works after log cleanup too) and that one commit
+    is read. ``hint``: a version where the commit probably is (e.g. recorded in the offset store).
+
+    Raises :class:`CommitUnavailableError` when the transaction is recorded but its commit was
+    removed by log retention."""
+    table = open_table(path)
+    if table is None:
+        return None
+    recorded = table.transaction_version(app_id)
+    if recorded is None or recorded < txn_version:
+        return None
+    newest = int(table.version())
+    fs, log = _log_fs(path)
+
+    def read(version: int) -> list[dict[str, Any]] | None:
+        try:
+            return _read_commit(fs, log, version)
+        except (FileNotFoundError, OSError):
+            return None
+
+    if hint is not None and 0 <= hint <= newest:
+        actions = read(hint)
+        if actions is not None and _commit_has_txn(actions, app_id, txn_version):
+            return _stats(hint, actions)
+    for version in range(newest, max(-1, newest - RECENT_COMMITS), -1):
+        actions = read(version)
+        if actions is None:
+            break
+        if _commit_has_txn(actions, app_id, txn_version):
+            return _stats(version, actions)
+    # Binary search for the first version whose snapshot records txn >= txn_version. Versions the
+    # log cannot rebuild any more count as "before": the search then ends at the oldest version
+    # it can rebuild.
+    lo, hi = 0, newest
+    while lo < hi:
+        mid = (lo + hi) // 2
+        at = txn_at(path, mid, app_id)
+        if at is not None and at >= txn_version:
+            hi = mid
+        else:
+            lo = mid + 1
+    actions = read(lo)
+    if actions is not None and _commit_has_txn(actions, app_id, txn_version):
+        return _stats(lo, actions)
+    if actions is None or (lo > 0 and txn_at(path, lo - 1, app_id) is None):
+        raise CommitUnavailableError(
+            f"{path}: the Delta log records transaction {app_id!r} version {txn_version} (or later), but the commit "
+            f"that wrote it is no longer in the log (removed by log retention)"
+        )
+    return None  # the table went from below txn_version to above it: that transaction never landed
+
+
+def last_commit_stats(path: str) -> CommitStats:
+    """Statistics of the newest commit of ``path``."""
+    table = open_table(path)
+    if table is None:
+        raise ProcessingError(f"{path}: no Delta table")
+    fs, log = _log_fs(path)
+    return _stats(table.version(), _read_commit(fs, log, table.version()))
+
+
+def _stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
+    rows, nfiles = 0, 0
+    user: dict[str, Any] = {}
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    paths: list[str] = []
+    at: dt.datetime | None = None
+    operation = ""
+    metrics: dict[str, int] = {}
+    for a in actions:
+        info = a.get("commitInfo")
+        if info:
+            operation = str(info.get("operation") or "")
+            metrics = _int_metrics(info.get("operationMetrics"))
+        if info and isinstance(info.get("timestamp"), int):
+            at = dt.datetime.fromtimestamp(info["timestamp"] / 1000, dt.UTC).replace(tzinfo=None)
+        if info and info.get("userMetadata"):
+            try:
+                user = json.loads(info["userMetadata"])
+            except (TypeError, ValueError):
+                user = {"text": info["userMetadata"]}
+        add = a.get("add")
+        if not add:
+            continue
+        nfiles += 1
+        paths.append(unquote(add["path"]))
+        stats = json.loads(add.get("stats") or "{}")
+        rows += int(stats.get("numRecords", 0))
+        for k, v in (stats.get("minValues") or {}).items():
+            if not isinstance(v, dict) and v is not None:
+                mins[k] = v if k not in mins else min(mins[k], v)
+        for k, v in (stats.get("maxValues") or {}).items():
+            if not isinstance(v, dict) and v is not None:
+                maxs[k] = v if k not in maxs else max(maxs[k], v)
+        for k, v in (stats.get("nullCount") or {}).items():
+            if isinstance(v, int):
+                nulls[k] = nulls.get(k, 0) + v
+    return CommitStats(version=version, rows=rows, min_values=mins, max_values=maxs, null_counts=nulls, files=nfiles,
+                       user_metadata=user if isinstance(user, dict) else {}, paths=tuple(paths), timestamp=at,
+                       operation=operation, metrics=metrics)
+
+
+def _int_metrics(raw: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k, v in (raw or {}).items() if isinstance(raw, dict) else ():
+        try:
+            out[str(k)] = int(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+#: operationMetrics that count rows a commit inserted, updated or deleted (Spark Delta and delta-rs names).
+CHANGE_METRICS = ("numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted", "numUpdatedRows",
+                  "numDeletedRows", "num_added_rows", "num_updated_rows", "num_deleted_rows", "num_target_rows_inserted",
+                  "num_target_rows_updated", "num_target_rows_deleted")
+
+
+def changed_rows(commit: CommitStats) -> int | None:
+    """Rows ``commit`` inserted, updated or deleted, from its operation metrics (None: they do not say)."""
+    m = commit.metrics
+    if commit.operation in ("WRITE", "CREATE TABLE AS SELECT", "REPLACE TABLE AS SELECT", "CREATE OR REPLACE TABLE AS SELECT"):
+        if "numOutputRows" in m:  # an overwrite rewrites every row: count as many as it wrote
+            return m["numOutputRows"]
+    known = [m[k] for k in CHANGE_METRICS if k in m]
+    if known:
+        return sum(known)
+    if "numOutputRows" in m:
+        return m["numOutputRows"]
+    return None
+
+
+#: How many commits :func:`data_version` reads back at most.
+DATA_VERSION_LOOKBACK = 50
+
+
+def data_version(path: str, version: int, floor: int) -> int:
+    """The newest version of the table at ``path`` (at most ``version``, at least ``floor``) that
+    changed data: commits whose adds and removes all say ``dataChange: false`` (OPTIMIZE,
+    ``tidemark maintain``) or that hold none (VACUUM START/END) change no row. Reads back at most
+    :data:`DATA_VERSION_LOOKBACK` commits; where it cannot tell, ``version``."""
+    fs, log = _log_fs(path)
+    v = version
+    while v > floor and version - v < DATA_VERSION_LOOKBACK:
+        try:
+            actions = _read_commit(fs, log, v)
+        except (FileNotFoundError, OSError):
+            return version
+        if any(a[k].get("dataChange", True) for a in actions for k in ("add", "remove", "cdc") if k in a) or any(
+                k in a for a in actions for k in ("metaData", "protocol")):
+            return v
+        v -= 1
+    return v if v == floor else version
+
+
+def change_feed_enabled(snap: TableSnapshot) -> bool:
+    conf = snap.table.metadata().configuration if snap.table is not None else {}
+    return str(conf.get("delta.enableChangeDataFeed", "false")).lower() == "true"
+
+
+def input_change(table: str, path: str, old: int | None, upto: int | None = None) -> InputChange:
+    """What changed in input ``table`` since version ``old`` up to version ``upto`` (default: now),
+    JVM-free (the log's commit files, never the data): the version, the rows its commits changed,
+    its row count, and why its change data feed cannot be read over ``(old, upto]`` ("" when it can):
+    a commit removed from the log (log retention), or a file the feed reads (a change data file, or
+    the file a commit added or removed) deleted by VACUUM. Compactions (``dataChange: false``) and
+    other commits that change no row count as 0 changed rows: the change feed skips them."""
+    snap = TableSnapshot.open(path, upto)
+    if snap.version is None:
+        return InputChange(table, old, None, problem=f"no Delta table at {path}")
+    change = InputChange(table, old, snap.version, table_rows=snap.row_count, table_bytes=snap.size_bytes)
+    if not change.changed or old is None:
+        return change
+    if not change_feed_enabled(snap):
+        return dataclasses.replace(change, problem="delta.enableChangeDataFeed is not set on the table "
+                                                   f"(ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true))")
+    history = _History.read(path, old, snap.version)
+    gone = history.unreadable
+    if gone:
+        return dataclasses.replace(change, problem=f"versions {gone[0]}..{gone[-1]} were removed from its Delta log (log retention)")
+    rows: int | None = 0
+    for v in range(old + 1, snap.version + 1):
+        n = changed_rows(_stats(v, history.commits[v])) if history.data_changed[v] else 0
+        rows = None if n is None or rows is None else rows + n
+    needed = [(v, rel) for v in range(old + 1, snap.version + 1) for rel in history.feed[v]]
+    if upto is None:  # up to now, a file the feed reads can only be gone if it left the table meanwhile
+        needed = [(v, rel) for v, rel in needed if rel in history.removed_by or rel in history.cdc_files]
+    missing = set(missing_files(path, [rel for _, rel in needed]))
+    if missing:
+        v, rel = next((v, rel) for v, rel in needed if rel in missing)
+        return dataclasses.replace(change, changed_rows=rows, problem=(
+            f"the change data of version {v} is gone: {rel} ({history.why_gone(rel)})"))
+    return dataclasses.replace(change, changed_rows=rows)
+
+
+def unit_sizes(base: TableSnapshot, snap: TableSnapshot, changes: Sequence[InputChange], spec: TopicSpec) -> Sizes | None:
+    """The sizes a merge unit's cost estimate needs (:func:`lineage.views.refresh.estimate`), from the
+    Delta logs alone: ``base`` at the planned version, the view ``snap`` now, every other input as
+    its change says (:func:`input_change`); ``spec``: the view's topic. None when the view is not
+    there or a log lacks file sizes."""
+    sizes = {c.table: c.table_bytes for c in changes}
+    if (snap.size_bytes is None or snap.row_count is None or base.size_bytes is None or base.row_count is None
+            or None in sizes.values()):
+        return None
+    return Sizes(base_bytes=base.size_bytes, base_rows=base.row_count, view_bytes=snap.size_bytes,
+                 view_files=snap.files.num_rows, view_rows=snap.row_count,
+                 inputs_bytes={t: int(n or 0) for t, n in sizes.items()}, view_columns=len(snap.columns),
+                 clustered=_clustered_by(snap, cluster_column(spec, list(snap.columns))))
+
+
+def _clustered_by(snap: TableSnapshot, column: str | None) -> bool:
+    """Whether the files of ``snap`` hold narrow ranges of ``column`` (by their statistics): on
+    average a file spans at most a quarter of the column's range, so a literal filter on it skips
+    most files. A view recomputed in full is written unclustered; a single file never skips."""
+    if column is None or snap.files.num_rows < 2:
+        return False
+    files = snap.files
+    low, high = f"min.{column}", f"max.{column}"
+    if low not in files.column_names or high not in files.column_names:
+        return False
+    lo, hi = files[low], files[high]
+    if not (pa.types.is_integer(lo.type) or pa.types.is_floating(lo.type) or pa.types.is_decimal(lo.type)):
+        return False
+    ranges = [(float(a), float(b)) for a, b in zip(lo.to_pylist(), hi.to_pylist(), strict=True)
+              if a is not None and b is not None]
+    if not ranges:
+        return False
+    span = max(b for _, b in ranges) - min(a for a, _ in ranges)
+    widths = [b - a for a, b in ranges]
+    return span > 0 and sum(widths) / len(widths) <= span / 4
+
+
+def commit_null_counts(path: str, commit: CommitStats) -> tuple[int, dict[str, int]]:
+    """Rows and the null count of every top-level column of the files ``commit`` added to the
+    table at ``path``: exact for all columns, unlike the commit's statistics (Delta collects those
+    for the first 32 columns only). From the Parquet footers; a column whose footers lack a null
+    count is read."""
+    import pyarrow.parquet as pq
+
+    fs = arrow_filesystem(path)[0]
+    rows, nulls = 0, dict[str, int]()
+    for rel in commit.paths:
+        with fs.open_input_file(_join(path, rel)) as f:
+            pf = pq.ParquetFile(f)
+            md = pf.metadata
+            rows += md.num_rows
+            leaves = {md.schema.column(j).path: j for j in range(md.num_columns)}
+            for name in pf.schema_arrow.names:
+                j = leaves.get(name)  # None: a nested column (its footers count leaves, not the column)
+                stats = [md.row_group(g).column(j).statistics for g in range(md.num_row_groups)] if j is not None else None
+                if stats is not None and all(s is not None and s.has_null_count for s in stats):
+                    n = sum(s.null_count for s in stats)  # type: ignore[union-attr]
+                else:
+                    n = pf.read(columns=[name]).column(0).null_count
+                nulls[name] = nulls.get(name, 0) + int(n)
+    return rows, nulls
+
+
+def recorded_txn(path: str, app_id: str) -> int:
+    """The highest ``txnVersion`` the table at ``path`` recorded for ``app_id`` (0 if none)."""
+    table = open_table(path)
+    if table is None:
+        return 0
+    return int(table.transaction_version(app_id) or 0)
+
+
+def _utc(ts: dt.datetime) -> dt.datetime:
+    return ts.replace(tzinfo=dt.UTC)
+
+
+def _minus(ts: dt.datetime, delta: dt.timedelta) -> dt.datetime:
+    try:
+        return ts - delta
+    except OverflowError:
+        return dt.datetime.min
+
+
+def _plus(ts: dt.datetime, delta: dt.timedelta) -> dt.datetime:
+    try:
+        return ts + delta
+    except OverflowError:
+        return dt.datetime.max
+
+
+def commit_time(path: str, version: int) -> dt.datetime | None:
+    """When version ``version`` of the table at ``path`` was committed (naive UTC; None when the log
+    no longer holds that commit)."""
+    fs, log = _log_fs(path)
+    try:
+        return _stats(version, _read_commit(fs, log, version)).timestamp
+    except (FileNotFoundError, OSError):
+        return None

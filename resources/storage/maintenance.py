@@ -1,0 +1,421 @@
+"""Maintenance of one Delta table without a JVM (``deltalake``): its health, compaction of small
+files, checkpoints, and cleanup (VACUUM, log retention) that never removes what a consumer needs.
+
+A consumer's claim is a :class:`Need`: "I read this table at version V or later" (a topic's
+per-input offset, the base version its late-row check starts from, the commit that records its
+last block). The oldest need is the table's *horizon*: cleanup keeps every data file of every
+version from the horizon on (``deltalake``'s ``vacuum(keep_versions=...)``) and every log entry
+from the newest checkpoint at or below it on. What nobody needs is removed only when it is also
+older than the retention (the table's ``delta.deletedFileRetentionDuration`` /
+``delta.logRetentionDuration``, or ``retain_hours``).
+
+The caller (``platform_assets/maintenance/tables.py``) knows the consumers; this module knows Delta.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow.fs as pafs
+
+from lineage.core.errors import TidemarkError
+from resources.storage import delta_meta
+from resources.storage.warehouse import arrow_filesystem, storage_options
+
+#: A data file below this size counts as small (blocks of a few hundred rows write kilobytes).
+SMALL_FILE_BYTES = 16 * 1024 * 1024
+#: Compaction's target file size.
+TARGET_FILE_BYTES = 128 * 1024 * 1024
+#: A table needs compaction from this many small files on (fewer cost less than the rewrite).
+COMPACT_FROM_SMALL_FILES = 16
+#: A table needs a checkpoint when this many commits follow the last one (Spark writes one every 10;
+#: ``deltalake`` writers every 100; readers replay every JSON commit after it).
+CHECKPOINT_AFTER_COMMITS = 20
+#: Delta's defaults when the table sets no retention of its own.
+DEFAULT_FILE_RETENTION = dt.timedelta(days=7)
+DEFAULT_LOG_RETENTION = dt.timedelta(days=30)
+#: Below this retention, files not yet in the log may belong to a commit in flight: only allowed when
+#: the caller knows no writer of the table is running (``writers_idle``).
+SAFE_RETAIN_HOURS = 1.0
+#: A consumer's need is flagged when the table's own retention would remove it within this time.
+RETENTION_WARNING = dt.timedelta(days=1)
+
+#: ``deltalake``'s words for a commit that lost to a concurrent one.
+_CONFLICT = re.compile(r"conflict|concurrent|already exists|version \d+ .*exists", re.IGNORECASE)
+_LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
+
+
+class MaintenanceError(TidemarkError):
+    """A table could not be maintained (no table there, a commit conflict that kept recurring)."""
+
+
+@dataclass(frozen=True)
+class Need:
+    """A consumer's claim on a table: it reads ``version`` or later."""
+
+    version: int
+    who: str  # the topic (or replicator) that needs it
+    why: str  # which of its offsets, e.g. "input offset", "late-row check from base version"
+    files: bool = True  # False: only the commit (the log entry) is needed, not the version's data files
+
+    def describe(self) -> str:
+        return f"v{self.version} for {self.who}: {self.why}"
+
+
+@dataclass(frozen=True)
+class Health:
+    """One table's state as maintenance sees it."""
+
+    table: str
+    path: str
+    version: int | None  # None: no table at ``path``
+    files: int = 0
+    small_files: int = 0
+    bytes: int = 0
+    checkpoint: int | None = None  # the newest checkpoint's version
+    oldest_log: int | None = None  # the oldest version whose commit is still in the log
+    needs: tuple[Need, ...] = ()
+    warnings: tuple[str, ...] = ()  # the table's own retention would remove what a consumer needs
+
+    @property
+    def exists(self) -> bool:
+        return self.version is not None
+
+    @property
+    def since_checkpoint(self) -> int | None:
+        if self.version is None:
+            return None
+        return self.version + 1 if self.checkpoint is None else self.version - self.checkpoint
+
+    @property
+    def horizon(self) -> Need | None:
+        """The oldest version a consumer needs (its commit, at least)."""
+        return min(self.needs, key=lambda n: n.version) if self.needs else None
+
+    @property
+    def file_horizon(self) -> Need | None:
+        """The oldest version whose data files a consumer reads."""
+        data = [n for n in self.needs if n.files]
+        return min(data, key=lambda n: n.version) if data else None
+
+    def reasons(self) -> list[str]:
+        """Why the table needs maintenance (empty: it does not)."""
+        out = []
+        if self.small_files >= COMPACT_FROM_SMALL_FILES:
+            out.append(f"{self.small_files} small files (compaction from {COMPACT_FROM_SMALL_FILES})")
+        if (self.since_checkpoint or 0) >= CHECKPOINT_AFTER_COMMITS:
+            out.append(f"{self.since_checkpoint} commits since the last checkpoint (one from {CHECKPOINT_AFTER_COMMITS})")
+        return out
+
+
+@dataclass
+class Report:
+    """What :func:`maintain` did to one table (or, with ``dry_run``, would do)."""
+
+    table: str
+    dry_run: bool = False
+    compacted: dict[str, Any] = field(default_factory=dict)  # files removed/added, bytes, by deltalake's optimize
+    clustered_by: tuple[str, ...] = ()
+    checkpoint: int | None = None  # the version a checkpoint was written at
+    horizon_checkpoint: int | None = None  # a checkpoint written at the consumers' horizon, so older log can go
+    vacuumed: list[str] = field(default_factory=list)  # data files deleted
+    logs_removed: list[str] = field(default_factory=list)  # log files deleted
+    kept: list[str] = field(default_factory=list)  # what was kept and for whom
+    skipped: list[str] = field(default_factory=list)  # steps not taken, and why
+    seconds: float = 0.0
+
+
+def _props(table: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (table.metadata().configuration or {}).items()}
+
+
+_INTERVAL = re.compile(r"^\s*(?:interval\s+)?(\d+)\s+(second|minute|hour|day|week)s?\s*$", re.IGNORECASE)
+
+
+def parse_interval(text: str | None, default: dt.timedelta) -> dt.timedelta:
+    """A Delta retention property (``interval 7 days``, ``168 hours``) as a timedelta."""
+    if not text:
+        return default
+    m = _INTERVAL.match(text)
+    if not m:
+        return default
+    n, unit = int(m.group(1)), m.group(2).lower()
+    return dt.timedelta(**{f"{unit}s": n})
+
+
+def retention(table: Any) -> tuple[dt.timedelta, dt.timedelta]:
+    """The table's own file and log retention (Delta's defaults where it sets none)."""
+    props = _props(table)
+    return (parse_interval(props.get("delta.deletedFileRetentionDuration"), DEFAULT_FILE_RETENTION),
+            parse_interval(props.get("delta.logRetentionDuration"), DEFAULT_LOG_RETENTION))
+
+
+def _log_listing(path: str) -> list[tuple[int, str, str, float]]:
+    """``(version, kind, full path, modified epoch seconds)`` of every versioned file in the log."""
+    fs, log = delta_meta._log_fs(path)
+    out = []
+    for info in fs.get_file_info(pafs.FileSelector(log, allow_not_found=True)):
+        m = _LOG_FILE.match(info.base_name)
+        if m and info.type == pafs.FileType.File:
+            mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
+            out.append((int(m.group(1)), m.group(2), info.path, mtime))
+    return sorted(out)
+
+
+def health(table: str, path: str, needs: list[Need] | tuple[Need, ...] = (), *,
+           now: dt.datetime | None = None) -> Health:
+    """Files, small files, bytes, checkpoint and what consumers need of the table at ``path``,
+    read from the Delta log alone."""
+    snap = delta_meta.TableSnapshot.open(path)
+    if snap.table is None:
+        if any(kind == "json" or kind.startswith("checkpoint") for _, kind, _, _ in _log_listing(path)):
+            raise MaintenanceError(f"{table}: {path} has a Delta log, but it cannot be read: {_open_error(path)}")
+        return Health(table, path, None, needs=tuple(needs))
+    files = snap.files
+    sizes = files["size_bytes"].to_pylist() if "size_bytes" in files.column_names else []
+    listing = _log_listing(path)
+    checkpoints = [v for v, kind, _, _ in listing if kind.startswith("checkpoint")]
+    commits = [v for v, kind, _, _ in listing if kind == "json"]
+    warnings = _retention_warnings(table, path, snap.table, needs, now or dt.datetime.now(dt.UTC).replace(tzinfo=None))
+    return Health(table, path, snap.version, files=len(sizes), small_files=sum(1 for s in sizes if s < SMALL_FILE_BYTES),
+                  bytes=int(sum(sizes)), checkpoint=max(checkpoints) if checkpoints else None,
+                  oldest_log=min(commits) if commits else None, needs=tuple(needs), warnings=tuple(warnings))
+
+
+def _open_error(path: str) -> str:
+    from deltalake import DeltaTable
+
+    try:
+        DeltaTable(path, storage_options=storage_options(path))
+    except Exception as exc:  # noqa: BLE001 - the reader's own words are the message
+        return f"{type(exc).__name__}: {exc}"
+    return "the deltalake reader refused it"
+
+
+def _retention_warnings(table: str, path: str, delta_table: Any, needs: list[Need] | tuple[Need, ...],
+                        now: dt.datetime) -> list[str]:
+    """Where the table's own retention lets a VACUUM or log cleanup (by anyone) remove what a
+    consumer still needs, within :data:`RETENTION_WARNING`."""
+    if not needs:
+        return []
+    files_kept, log_kept = retention(delta_table)
+    oldest = min(needs, key=lambda n: n.version)
+    data = [n for n in needs if n.files]
+    out = []
+    if data:
+        reader = min(data, key=lambda n: n.version)
+        # The files of version V are removed by later commits; the first of them is V + 1.
+        removed_at = delta_meta.commit_time(path, reader.version + 1)
+        if removed_at is not None and now - removed_at > files_kept - RETENTION_WARNING:
+            out.append(f"{table}: {reader.describe()} — files removed after it were removed at "
+                       f"{removed_at:%Y-%m-%d %H:%M} UTC, and the table's file retention ({_days(files_kept)}) lets a "
+                       f"VACUUM delete them from {removed_at + files_kept:%Y-%m-%d %H:%M} UTC; run `tidemark maintain` "
+                       f"(it keeps them) instead of a plain VACUUM, or let {reader.who} catch up")
+    committed = delta_meta.commit_time(path, oldest.version)
+    if committed is not None and now - committed > log_kept - RETENTION_WARNING:
+        out.append(f"{table}: {oldest.describe()} was committed at {committed:%Y-%m-%d %H:%M} UTC, and the table's "
+                   f"log retention ({_days(log_kept)}) lets a checkpoint remove that commit from "
+                   f"{committed + log_kept:%Y-%m-%d %H:%M} UTC; let {oldest.who} catch up before then")
+    return out
+
+
+def _days(span: dt.timedelta) -> str:
+    hours = span.total_seconds() / 3600
+    n, unit = (hours / 24, "day") if hours >= 24 else (hours, "hour")
+    return f"{n:g} {unit}{'' if n == 1 else 's'}"
+
+
+def _retry(what: str, call: Any, attempts: int = 5) -> Any:
+    """``call()``, again after a commit conflict with a concurrent writer (a MERGE that removed files
+    the compaction read): the rewrite is planned again from the newer version."""
+    from deltalake.exceptions import CommitFailedError
+
+    for attempt in range(attempts):
+        try:
+            return call()
+        except CommitFailedError as exc:
+            if not _CONFLICT.search(str(exc)):  # e.g. a table feature deltalake cannot write: no retry helps
+                raise MaintenanceError(f"{what}: {exc}") from exc
+            if attempt == attempts - 1:
+                raise MaintenanceError(f"{what}: the commit conflicted with concurrent writers {attempts} times "
+                                       f"({exc}); run `tidemark maintain` again") from exc
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool = False, dry_run: bool = False,
+             compact: bool = True, cleanup: bool = True, cluster_by: tuple[str, ...] = (),
+             force_compact: bool = False, point: Callable[[str], None] | None = None) -> Report:
+    """Compact ``h``'s table when it has small files (Z-order by ``cluster_by`` when given), write a
+    checkpoint after a compaction or when many commits follow the last one, then remove what is
+    older than the retention and the consumers' horizon. ``retain_hours`` below
+    :data:`SAFE_RETAIN_HOURS` skips the cleanup unless ``writers_idle`` (the files of a commit in
+    flight are not in the log yet). ``point(name)`` is called between the steps (``maintain:compacted``,
+    ``maintain:checkpointed``, ``maintain:vacuumed``, ``maintain:log-cleaning`` after the first log
+    file is deleted): the crash tests kill the process there."""
+    from deltalake import DeltaTable
+
+    point = point or (lambda name: None)
+
+    if retain_hours is not None and retain_hours < 0:
+        raise MaintenanceError(f"{h.table}: retain_hours must be 0 or more, not {retain_hours}")
+    started = time.monotonic()
+    report = Report(h.table, dry_run=dry_run)
+    if not h.exists:
+        report.skipped.append("no table there")
+        return report
+    options = storage_options(h.path)
+
+    def table() -> Any:
+        return DeltaTable(h.path, storage_options=options)
+
+    if compact and (h.small_files >= COMPACT_FROM_SMALL_FILES or (force_compact and h.small_files > 1)):
+        if dry_run:
+            report.compacted = {"numFilesRemoved": h.small_files, "planned": True}
+        elif cluster_by:
+            report.compacted = _retry(f"{h.table}: Z-order", lambda: table().optimize.z_order(
+                list(cluster_by), target_size=TARGET_FILE_BYTES, max_concurrent_tasks=2))
+            report.clustered_by = cluster_by
+        else:
+            report.compacted = _retry(f"{h.table}: compaction", lambda: table().optimize.compact(
+                target_size=TARGET_FILE_BYTES, max_concurrent_tasks=2))
+    elif compact:
+        report.skipped.append(f"compaction: not needed ({h.small_files} small files; compacts from {COMPACT_FROM_SMALL_FILES})")
+    if report.compacted and not dry_run:
+        point("maintain:compacted")
+    current = table()
+    version = int(current.version())
+    files_kept, log_kept = retention(current)
+    if retain_hours is not None:
+        files_kept = log_kept = dt.timedelta(hours=retain_hours)
+        if retain_hours < SAFE_RETAIN_HOURS and not writers_idle and cleanup:
+            report.skipped.append(f"cleanup: a retention below {SAFE_RETAIN_HOURS:g} hour could delete the files of a "
+                                  "commit in flight, and no writer of this table is known to be idle (a topic writing "
+                                  "it holds its lock, or Tidemark's topics do not write it: say --writers-idle when "
+                                  "nothing writes it now)")
+            cleanup = False
+    horizon = version if h.horizon is None else min(h.horizon.version, version)
+    file_horizon = version if h.file_horizon is None else min(h.file_horizon.version, version)
+    if cleanup:
+        _checkpoint_at_horizon(h, horizon, log_kept, report, dry_run=dry_run)
+    since = version + 1 if h.checkpoint is None else version - h.checkpoint
+    if since > 0 and (report.compacted or since >= CHECKPOINT_AFTER_COMMITS):
+        if not dry_run:
+            current.create_checkpoint()
+            point("maintain:checkpointed")
+        report.checkpoint = version
+    if cleanup:
+        _cleanup(h, current, version, (file_horizon, horizon), files_kept, log_kept, report, dry_run=dry_run,
+                 point=point)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _checkpoint_at_horizon(h: Health, horizon: int, log_kept: dt.timedelta, report: Report, *, dry_run: bool) -> None:
+    """A checkpoint at the consumers' horizon when many old commits lie below it and no checkpoint is
+    near: a reader of the horizon then starts there, and the log entries before it can go (the
+    newest checkpoint is written after, so ``_last_checkpoint`` names that one)."""
+    from deltalake import DeltaTable
+
+    listing = _log_listing(h.path)
+    if any(kind.startswith("checkpoint") and horizon - CHECKPOINT_AFTER_COMMITS < v <= horizon for v, kind, _, _ in listing):
+        return
+    cutoff = time.time() - log_kept.total_seconds()
+    old = sum(1 for v, kind, _, mtime in listing if kind == "json" and v < horizon and mtime <= cutoff)
+    if old < CHECKPOINT_AFTER_COMMITS or not any(v == horizon and kind == "json" for v, kind, _, _ in listing):
+        return
+    if not dry_run:
+        DeltaTable(h.path, version=horizon, storage_options=storage_options(h.path)).create_checkpoint()
+    report.horizon_checkpoint = horizon
+
+
+def _relative(listed: str, path: str, root: str) -> str:
+    """A path ``vacuum`` listed (relative to the table, or a URI / absolute path) relative to the table."""
+    for prefix in (path.rstrip("/") + "/", root + "/", "file://" + root + "/"):
+        if listed.startswith(prefix):
+            return unquote(listed[len(prefix):])
+    return unquote(listed)
+
+
+def _change_data_cleanup(h: Health, keep_from: int, version: int, cutoff: float, *, dry_run: bool) -> list[str]:
+    """Change-feed files (``_change_data/``, which ``deltalake``'s VACUUM leaves) that no commit after
+    the horizon references and that are older than ``cutoff`` (epoch seconds): a consumer reads the
+    change feed of the commits after the version it applied, never before."""
+    fs, root = arrow_filesystem(h.path)
+    folder = f"{root.rstrip('/')}/_change_data"
+    infos = [i for i in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True, recursive=True))
+             if i.type == pafs.FileType.File]
+    if not infos:
+        return []
+    fs_log, log = delta_meta._log_fs(h.path)
+    needed: set[str] = set()
+    for v in range(keep_from + 1, version + 1):
+        try:
+            actions = delta_meta._read_commit(fs_log, log, v)
+        except (FileNotFoundError, OSError):
+            return []  # a commit the horizon needs is not readable: remove nothing
+        needed |= {unquote(a["cdc"]["path"]) for a in actions if "cdc" in a}
+    doomed = []
+    for info in infos:
+        rel = info.path[len(root.rstrip("/")) + 1:]
+        mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
+        if rel not in needed and mtime <= cutoff:
+            doomed.append(rel)
+            if not dry_run:
+                fs.delete_file(info.path)
+    return doomed
+
+
+def _cleanup(h: Health, current: Any, version: int, horizons: tuple[int, int], files_kept: dt.timedelta,
+             log_kept: dt.timedelta, report: Report, *, dry_run: bool, point: Callable[[str], None]) -> None:
+    file_from, keep_from = horizons
+    if h.horizon is not None:
+        report.kept.append(f"versions from v{keep_from} on: " + "; ".join(n.describe() for n in h.needs))
+    # deltalake's VACUUM lists what no version from ``file_from`` on references and is older than the
+    # retention; the files are deleted here, without its VACUUM START/END commits: a cleanup then adds no
+    # table version (no view runs an empty unit, no reload rebuilds because of it), and files already
+    # gone are not listed again.
+    listed = current.vacuum(retention_hours=math.ceil(files_kept.total_seconds() / 3600), dry_run=True,
+                            enforce_retention_duration=False, keep_versions=list(range(file_from, version + 1)))
+    fs, root = arrow_filesystem(h.path)
+    root = root.rstrip("/")
+    rels = [_relative(f, h.path, root) for f in listed]
+    infos = fs.get_file_info([f"{root}/{rel}" for rel in rels]) if rels else []
+    doomed = [rel for rel, info in zip(rels, infos, strict=True) if info.type == pafs.FileType.File]
+    if not dry_run:
+        for rel in doomed:
+            fs.delete_file(f"{root}/{rel}")
+    report.vacuumed = doomed
+    report.vacuumed += _change_data_cleanup(h, file_from, version, time.time() - files_kept.total_seconds(),
+                                            dry_run=dry_run)
+    if not dry_run:
+        point("maintain:vacuumed")
+    # Log entries: a reader of version V replays the newest checkpoint at or below V and the commits
+    # after it, so everything below that checkpoint can go once it is older than the log retention.
+    listing = _log_listing(h.path)
+    floor_cp = [v for v, kind, _, _ in listing if kind.startswith("checkpoint") and v <= keep_from]
+    if dry_run:
+        floor_cp += [v for v in (report.checkpoint, report.horizon_checkpoint) if v is not None and v <= keep_from]
+    cutoff = time.time() - log_kept.total_seconds()
+    if not floor_cp:
+        if any(v < keep_from and mtime <= cutoff for v, _, _, mtime in listing):
+            report.skipped.append(f"log cleanup: no checkpoint at or below v{keep_from} yet")
+        return
+    floor = max(floor_cp)
+    doomed = [p for v, _, p, mtime in listing if v < floor and mtime <= cutoff]
+    if not dry_run and doomed:
+        fs, _ = delta_meta._log_fs(h.path)
+        for i, p in enumerate(doomed):  # oldest first: a reader from the checkpoint on never needs them
+            fs.delete_file(p)
+            if i == 0:
+                point("maintain:log-cleaning")
+    report.logs_removed = doomed
+    if not doomed and any(v < floor for v, _, _, _ in listing):
+        report.skipped.append(f"log cleanup: nothing below checkpoint v{floor} is older than {_days(log_kept)}")
