@@ -70,7 +70,7 @@ from platform_assets.cdc.units import (
     Table,
     state_word,
 )
-from platform_assets.core import faults
+from platform_assets.core import faults, locks
 from resources.state.lease import LeaseKeeper
 from resources.state.offsets import OffsetRecord
 from resources.storage import delta_meta
@@ -137,13 +137,7 @@ class ReplicatorUnit:
 
     # ------------------------------------------------------------------ state
     def _record(self, key: str, note: str) -> OffsetRecord:
-        store = self.engine.store
-        if store.get(key) is None:
-            try:
-                store.init(key, Position.zero(), PROCESSOR, who=self.owner, note=note)
-            except OffsetError:
-                pass  # another process created it first
-        return store.acquire(key, self.owner)
+        return locks.acquire(self.engine.store, key, self.owner, processor=PROCESSOR, note=note)
 
     def layout(self, schema: TableSchema) -> Layout:
         key, deletes, scd, feed = self.spec.table_options(schema.table)

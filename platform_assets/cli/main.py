@@ -203,6 +203,11 @@ def cmd_offsets(args: argparse.Namespace) -> int:
         return 0
     if not args.topic:
         raise TidemarkError(f"tidemark offsets {args.action}: name the topic")
+    if args.action == "unlock" and args.topic not in eng.lineage.topics and store.get(args.topic) is not None:
+        # a processor's lock that is not a topic's: a replicator (cdc:<name>), the intake (intake:...)
+        prev = store.unlock(args.topic, who=eng.owner)
+        print(f"{args.topic}: lock cleared (was held by {prev or 'nobody'})")
+        return 0
     topic = eng.lineage.topic(args.topic)
     if args.action == "init":
         rec = eng.ensure_offsets(topic, Position.parse(args.start) if args.start else None)

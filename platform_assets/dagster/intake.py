@@ -30,7 +30,6 @@ from lineage.intake.config import Intake, intake_path, load_intake
 from lineage.intake.destinations import DestinationMode, DestinationSpec
 from lineage.spec.model import Lineage
 from resources.core.settings import Settings
-from resources.intake.pidlock import held
 
 JOB_NAME = "tidemark_intake"
 SENSOR_NAME = "tidemark_intake_files"
@@ -87,9 +86,12 @@ def _load(file: Path | None) -> Intake | None:
     return load_intake(path, secrets=False)
 
 
-def processor_busy(events_dir: Path) -> bool:
-    """Whether an event processor holds the folder's lock now (a non-blocking flock probe)."""
-    return held(events_dir / ".processor.lock")
+def processor_busy(settings: Settings) -> bool:
+    """Whether a batch event processor holds the intake's lock in the offset store now (on any
+    host; a look, no lock taken)."""
+    from platform_assets.core import locks
+
+    return locks.holder(settings, locks.INTAKE_BATCH) is not None
 
 
 def summarize(results: list[Any], specs: list[DestinationSpec]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
@@ -167,7 +169,10 @@ def build_intake_definitions(settings: Settings, lineage: Lineage, intake_file: 
         from platform_assets.intake.units import process_ready
 
         current = load_intake(config, secrets=False)  # the config as it is now (a fix needs no reload)
-        results = process_ready(settings, current, until_empty=False)
+        from resources.state.offset_sql import make_owner
+
+        # the lock's owner names this run: the planner sensor frees it if the run fails or is canceled
+        results = process_ready(settings, current, until_empty=False, owner=make_owner(context.run.run_id))
         current_specs = [d for d in current.spec.destinations if d.mode is DestinationMode.BATCH and d.id in produced]
         dests, per_table = summarize(results, current_specs)
         context.log.info(f"{len(results)} file(s) processed: " + ", ".join(r.unit for r in results))
@@ -201,8 +206,9 @@ def build_intake_definitions(settings: Settings, lineage: Lineage, intake_file: 
         files = iter_ready_files(events_dir)  # a directory listing: no JVM, no table read
         if not files:
             return dg.SensorResult(skip_reason=f"no rotated files in {events_dir / 'incoming' / 'ready'}")
-        if processor_busy(events_dir):
-            return dg.SensorResult(skip_reason="an event processor is running (its lock is held)")
+        if processor_busy(settings):
+            return dg.SensorResult(skip_reason="an event processor is running (it holds the intake's lock in the "
+                                               "offset store)")
         names = sorted(f.path.name for f in files)
         digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
         return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"intake:{digest}",

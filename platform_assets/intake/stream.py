@@ -31,6 +31,7 @@ from lineage.core.errors import TidemarkError
 from lineage.intake.bodies import dumps_exact, loads_exact
 from lineage.intake.config import Intake
 from lineage.intake.destinations import DestinationMode
+from platform_assets.core import locks
 from platform_assets.core.faults import crashpoint
 from platform_assets.intake.batch import EventProcessor, UnitResult
 from resources.core.settings import Settings
@@ -159,9 +160,11 @@ class StreamLoop:
 
         signal.signal(signal.SIGTERM, stop)
         try:
-            with contextlib.ExitStack() as locks:
-                for s in self.specs:
-                    locks.enter_context(q.QueueLock(q.queue_dir(self.events_dir, s.id)))
+            with contextlib.ExitStack() as held:
+                for s in self.specs:  # one stream loop per destination, on whatever host it runs
+                    q.queue_dir(self.events_dir, s.id).mkdir(parents=True, exist_ok=True)
+                    held.enter_context(locks.holding_in(self.settings, locks.intake_stream_key(s.id), processor="intake",
+                                                        note=f"the stream loop of destination {s.id}"))
                 while not self.stopping:
                     t0 = time.monotonic()
                     full = did = False

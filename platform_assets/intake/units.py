@@ -26,6 +26,7 @@ from lineage.core.errors import TidemarkError
 from lineage.intake.bodies import dumps_exact, loads_exact
 from lineage.intake.config import Intake
 from lineage.intake.destinations import DestinationMode
+from platform_assets.core import locks
 from platform_assets.intake.batch import (
     EventProcessor,
     UnitResult,
@@ -59,10 +60,13 @@ def _worker_pool() -> Iterator[None]:
         shutdown_pool()
 
 
-def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = False) -> list[UnitResult]:
+def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = False,
+                  owner: str | None = None) -> list[UnitResult]:
     """Process the ready incoming files in order, in units of many small files
     (``$TIDEMARK_EVENT_UNIT_BYTES``) or one large one (``until_empty``: also those that become
-    ready meanwhile, until none is left)."""
+    ready meanwhile, until none is left). Holds the intake's lock in the offset store
+    (:data:`platform_assets.core.locks.INTAKE_BATCH`) throughout; ``owner``: its holder's id
+    (default :func:`resources.state.offset_sql.make_owner`; a Dagster run passes one naming it)."""
     from platform_assets.intake.workers import parallel_bytes_setting
 
     proc = EventProcessor(settings, list(intake.spec.destinations))
@@ -75,7 +79,7 @@ def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = Fal
         sp = store.status_path(path)
         return (store.read_json(sp) or {}) if sp.exists() else None
 
-    with store.ProcessorLock(proc.events_dir), _worker_pool(), contextlib.closing(_Archived(proc)):
+    with batch_lock(settings, owner), _worker_pool(), contextlib.closing(_Archived(proc)):
         while True:
             # a file processed earlier that a stream destination has not read to its end yet stays
             # in ready/ (the stream loop archives it): it is only looked at once per call
@@ -89,6 +93,13 @@ def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = Fal
                     out.append(result)
             if not files or not until_empty:
                 return out
+
+
+def batch_lock(settings: Settings, owner: str | None = None) -> contextlib.AbstractContextManager[Any]:
+    """The intake's batch lock (process and replay both take it): one batch processor per offset
+    store, on whatever host it runs."""
+    return locks.holding_in(settings, locks.INTAKE_BATCH, processor="intake", owner=owner,
+                            note=f"the intake's batch processor ({settings.events_dir()})")
 
 
 def _next(units: list[list[ReadyFile]], i: int) -> Callable[[], list[tuple[Path, int]] | None]:
@@ -127,7 +138,7 @@ def replay(settings: Settings, intake: Intake, dest: str | None = None,
     dests = [intake.spec.destination(dest)] if dest else list(intake.spec.destinations)
     events_dir = settings.events_dir()
     out: dict[str, UnitResult] = {}
-    with store.ProcessorLock(events_dir):
+    with batch_lock(settings):
         pending = [rf.path.name for rf in iter_ready_files(events_dir)
                    if store.status_path(rf.path).exists() and not batch_done(rf.path)]
         if pending:

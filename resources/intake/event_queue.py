@@ -9,7 +9,6 @@ No second copy, no second fsync path. Layout under ``$TIDEMARK_HOME/events/queue
 | ``state.json`` | the last committed micro-batch ``seq`` and, per incoming file, the bytes and lines consumed; ``done``: files read to their end |
 | ``pending.json`` | the micro-batch under way: its byte ranges of incoming files, fixed before anything is written |
 | ``pending.status`` | that micro-batch's DestinationStatus (the batch processor's unit protocol) |
-| ``.lock`` | held (flock) by the running stream loop of this destination |
 
 Reading: files of ``incoming/`` (being written) and ``incoming/ready/`` (closed) in write order,
 each from its consumed offset up to its last complete line. A file is *done* once it is in
@@ -19,7 +18,8 @@ milliseconds later, or (power loss) never, and then its client sends it again.
 
 Archiving an incoming file waits for every destination that reads it: the batch processor marks
 its part done in the file's status file; the last one to finish (batch or stream) archives it,
-under ``events/.archive.lock``.
+under ``events/.archive.lock``. One stream loop per destination holds its lock, a record of the
+offset store (:mod:`platform_assets.core.locks`), on whatever host it runs.
 """
 
 from __future__ import annotations
@@ -35,11 +35,6 @@ from typing import Any
 from lineage.core.errors import TidemarkError
 from resources.intake import event_store as store
 from resources.intake.incoming_log import incoming_dir, parse_name, ready_dir
-from resources.intake.pidlock import PidFileLock
-
-
-class QueueLockedError(TidemarkError):
-    """Another stream loop works on the same destination's queue."""
 
 
 def queue_dir(events_dir: Path, dest: str) -> Path:
@@ -152,14 +147,6 @@ def read_range(events_dir: Path, r: Range) -> bytes:
     with open(path, "rb") as f:
         f.seek(r.start)
         return f.read(r.end - r.start)
-
-
-class QueueLock(PidFileLock):
-    """One stream loop per destination."""
-
-    def __init__(self, folder: Path) -> None:
-        super().__init__(folder / ".lock", lambda holder: QueueLockedError(
-            f"another stream loop (pid {holder}) works on {folder}; stop it first"))
 
 
 @contextmanager

@@ -7,10 +7,10 @@
 | ``failed/failed.dst=<id>.log`` | EventError JSON lines: ``{event, error, destination, table, file, line, failed_at}`` |
 | ``failed/replay.dst=<id>.json`` | the plan of a replay under way |
 | ``processor.json`` | the last file ordinal given out (row ids) |
-| ``.processor.lock`` | held (flock) by the running processor |
 
 Delta: stage tables (appended with ``deltalake``, schema merged, a Delta transaction per unit)
-and ``etl.failed_events``.
+and ``etl.failed_events``. One batch processor at a time holds the intake's lock, a record of the
+offset store (:mod:`platform_assets.core.locks`), on whatever host it runs.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import pyarrow as pa
 from lineage.core.errors import TidemarkError
 from lineage.intake.columns import SqlType
 from lineage.intake.pipeline import ColumnType
-from resources.intake.pidlock import PidFileLock
 from resources.storage.delta_meta import open_table
 from resources.storage.warehouse import storage_options
 
@@ -49,10 +48,6 @@ _DELTA_TYPES: dict[str, ColumnType] = {
     "boolean": ColumnType(SqlType.BOOLEAN), "string": ColumnType(SqlType.STRING),
     "timestamp": ColumnType(SqlType.TIMESTAMP),
 }
-
-
-class ProcessorLockedError(TidemarkError):
-    """Another ``tidemark events process|replay`` runs on the same events folder."""
 
 
 def fsync_dir(folder: Path) -> None:
@@ -79,15 +74,6 @@ def read_json(path: Path) -> Any | None:
         return orjson.loads(path.read_bytes())
     except FileNotFoundError:
         return None
-
-
-class ProcessorLock(PidFileLock):
-    """One processor per events folder (process and replay both take it)."""
-
-    def __init__(self, events_dir: Path) -> None:
-        path = events_dir / ".processor.lock"
-        super().__init__(path, lambda holder: ProcessorLockedError(
-            f"another event processor (pid {holder}) works on {path.parent}; wait for it or stop it"))
 
 
 def next_ordinal(events_dir: Path, at_least: int = 0) -> int:

@@ -1,6 +1,10 @@
-"""An exclusive lock on a file that names its holder's pid: one collector per incoming log, one
-event processor per events folder, one stream loop per destination queue. ``flock`` releases it
-when the holder closes it or dies (SIGKILL included), so a crash never leaves it held."""
+"""An exclusive lock on a file that names its holder's pid: one collector per incoming log (a file
+on the collector's own disk, which only processes of that host append to). ``flock`` releases it
+when the holder closes it or dies (SIGKILL included), so a crash never leaves it held.
+
+The processors do not use it: the intake's batch processor and stream loops, like every other
+processor, lock a record of the offset store (:mod:`platform_assets.core.locks`), which holds
+across hosts."""
 
 from __future__ import annotations
 
@@ -42,17 +46,3 @@ class PidFileLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def held(path: Path) -> bool:
-    """Whether some process holds the lock at ``path`` now (a non-blocking probe)."""
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing releases a lock we took
-    return False

@@ -11,6 +11,7 @@ from deltalake import DeltaTable
 
 from lineage.intake.config import load_intake
 from lineage.spec.loader import load_lineage
+from platform_assets.core import locks
 from platform_assets.dagster.definitions import build_definitions
 from platform_assets.dagster.intake import (
     CHECK_NAME,
@@ -90,9 +91,10 @@ def test_intake_assets_job_check_and_sensor_on_a_real_instance(tmp_path: Path, m
         write_file(s, "web", T0 + dt.timedelta(seconds=1), [{"event_type": "pv", "URL": "/d", "url": "/e"}])
         (req,) = tick().run_requests
         assert req.run_key.startswith("intake:") and tick().run_requests[0].run_key == req.run_key
-        with store.ProcessorLock(s.events_dir()):  # a CLI processor runs: the sensor waits for it
-            assert processor_busy(s.events_dir()) and "processor is running" in (tick().skip_message or "")
-        assert not processor_busy(s.events_dir())
+        # a CLI processor runs (it holds the intake's lock in the offset store): the sensor waits for it
+        with locks.holding_in(s, locks.INTAKE_BATCH, processor="intake", note="a CLI processor"):
+            assert processor_busy(s) and "processor is running" in (tick().skip_message or "")
+        assert not processor_busy(s)
 
         result = job.execute_in_process(instance=instance, tags=dict(req.tags))
         assert result.success

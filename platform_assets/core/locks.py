@@ -1,0 +1,96 @@
+"""The one lock every processor takes: a record of the offset store, held with its lease.
+
+Topics (step, reload, merge) lock their own record through the Engine. The processors without a
+topic lock a record named for what they work on, through :func:`holding`:
+
+- a CDC replicator: ``cdc:<name>`` (:attr:`lineage.cdc.replicas.ReplicatorSpec.state_key`);
+- the intake's batch processor (``tidemark events process|replay``, the Dagster intake job):
+  :data:`INTAKE_BATCH`;
+- a stream loop, per destination: :func:`intake_stream_key`.
+
+The lock is the store's (:meth:`resources.state.offsets.OffsetStore.acquire`): one holder at a
+time across every host that shares the store, a lease kept alive by a heartbeat thread
+(:class:`resources.state.lease.LeaseKeeper`) while the holder works, taken over when the lease
+expires or when the holder is a dead process of this host, and freed by the planner sensor when
+the holder is a Dagster run that failed. A second holder gets
+:class:`lineage.core.errors.TopicLockedError`, naming the holder and when its lease ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from lineage.core.errors import OffsetError
+from lineage.core.positions import Position
+from resources.core.settings import Settings
+from resources.state.lease import LeaseKeeper
+from resources.state.offset_sql import local_owner_is_dead, make_owner, open_offset_store
+from resources.state.offsets import OffsetRecord, OffsetStore
+
+#: the record the intake's batch processor locks (one per offset store: the stage tables it writes
+#: number their Delta transactions per destination and table, so two writers must not interleave)
+INTAKE_BATCH = "intake:batch"
+
+
+def intake_stream_key(dest: str) -> str:
+    """The record a stream loop locks for destination ``dest``."""
+    return f"intake:stream:{dest}"
+
+
+def ensure_record(store: OffsetStore, key: str, *, processor: str, who: str, note: str) -> None:
+    """Create ``key``'s record (position zero) unless it exists; a concurrent creator may win."""
+    if store.get(key) is None:
+        try:
+            store.init(key, Position.zero(), processor, who=who, note=note)
+        except OffsetError:
+            pass  # another process created it first
+
+
+@contextmanager
+def holding(store: OffsetStore, key: str, owner: str, *, processor: str, note: str) -> Iterator[LeaseKeeper]:
+    """Hold ``key``'s lock for the ``with`` block, its lease kept alive; yields the keeper (its
+    :meth:`~resources.state.lease.LeaseKeeper.check` raises once the lock was taken over). The
+    lock is released at the end unless it was taken over meanwhile."""
+    acquire(store, key, owner, processor=processor, note=note)
+    keeper = LeaseKeeper(store, key, owner).start()
+    try:
+        yield keeper
+    finally:
+        if keeper.stop():  # a lock taken over is not ours to release
+            store.release(key, owner)
+
+
+def acquire(store: OffsetStore, key: str, owner: str, *, processor: str, note: str) -> OffsetRecord:
+    """``key``'s record, created if needed, locked by ``owner`` (raises ``TopicLockedError``)."""
+    ensure_record(store, key, processor=processor, who=owner, note=note)
+    return store.acquire(key, owner)
+
+
+@contextmanager
+def holding_in(settings: Settings, key: str, *, processor: str, note: str, owner: str | None = None) -> Iterator[LeaseKeeper]:
+    """:func:`holding` in the settings' offset store (opened for the block, closed after), for the
+    processors that run without an Engine (the intake); ``owner``: default :func:`make_owner`."""
+    store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
+    try:
+        with holding(store, key, owner or make_owner(), processor=processor, note=note) as keeper:
+            yield keeper
+    finally:
+        store.close()
+
+
+def holder(settings: Settings, key: str) -> str | None:
+    """Who holds ``key``'s lock now, else None (nobody, its lease expired, or its holder is a dead
+    process of this host: the next taker takes it over). A look: no lock is taken."""
+    import datetime as dt
+
+    store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
+    try:
+        rec = store.get(key)
+    finally:
+        store.close()
+    if rec is None or not rec.owner:
+        return None
+    if rec.lease_until is not None and rec.lease_until <= dt.datetime.now(dt.UTC).replace(tzinfo=None):
+        return None
+    return None if local_owner_is_dead(rec.owner) else rec.owner
