@@ -226,7 +226,7 @@ def observed_replicator(settings: Any, name: str, spark: Any, owner: str) -> tup
     source.read = observed  # type: ignore[method-assign]
     read_columns = getattr(source, "read_columns", None)
     if read_columns is not None:
-        @functools.wraps(read_columns)  # (keeps its signature: the processor asks it whether it spills)
+        @functools.wraps(read_columns)
         def observed_columns(*a: Any, **kw: Any) -> Any:  # the same, from a columnar read: (lsn, commit time) per transaction
             import numpy as np
             import pyarrow as pa

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import inspect
 import json
 import logging
 import os
@@ -39,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lineage.cdc import columns as cdc_columns
 from lineage.cdc.changes import (
@@ -67,6 +66,7 @@ from platform_assets.cdc.units import (
     REPLICATING,
     CdcResult,
     ChangeSource,
+    ColumnarSource,
     Table,
     state_word,
 )
@@ -431,19 +431,18 @@ class ReplicatorUnit:
         """The source's columnar read (``read_columns``) when it has one and every replica reading
         changes is a keyed SCD1 replica (the layout :mod:`lineage.cdc.columns` reduces); None: the
         Python path (:meth:`ChangeSource.read`) reads this unit."""
-        read = getattr(self.source, "read_columns", None)
-        if read is None:
+        if getattr(self.source, "read_columns", None) is None:  # (a bench sets it to None: the Python path)
             return None
+        read = cast(ColumnarSource, self.source).read_columns
         wanted_after: dict[str, int | None] = {}
         for t in self.tables.values():  # :meth:`_wanted` as positions
             on = t.active and not t.parked and t.applied is not None
             if on and (t.layout.multiset or t.layout.scd is not Scd.TYPE1):
                 return None
             wanted_after[t.source] = t.applied if on else None
-        kwargs: dict[str, Any] = {}
-        if self._spill_dir is not None and "spill_dir" in inspect.signature(read).parameters:
-            kwargs = {"spill_dir": self._spill_dir / f"unit-{time.time_ns()}", "spill_rows": spill_rows_setting()}
-        return read(after, upto=upto, max_changes=max_changes, wanted_after=wanted_after, **kwargs)
+        spill_dir = None if self._spill_dir is None else self._spill_dir / f"unit-{time.time_ns()}"
+        return read(after, upto=upto, max_changes=max_changes, wanted_after=wanted_after, spill_dir=spill_dir,
+                    spill_rows=spill_rows_setting())
 
     def _column_runs(self, cols: cdc_columns.ColumnRead, first: int) -> dict[str, Run] | None:
         """Per source table, its changes of a columnar read reduced on columns (in Spark for a table

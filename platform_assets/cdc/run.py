@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from lineage.core.errors import TidemarkError
 from lineage.spec.model import Replicator
 from platform_assets.cdc.replicator import ReplicatorUnit, retryable
-from platform_assets.cdc.units import CdcResult, ChangeSource
+from platform_assets.cdc.units import CdcResult, ColumnarSource
 
 if TYPE_CHECKING:
     from platform_assets.core.context import UnitContext
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def open_source(rep: Replicator) -> ChangeSource:
+def open_source(rep: Replicator) -> ColumnarSource:
     """The replicator's source: PostgreSQL logical replication, or Debezium JSON files."""
     import os
     from pathlib import Path
@@ -37,7 +37,7 @@ def open_source(rep: Replicator) -> ChangeSource:
                             f"export it with the source's connection string, e.g. postgresql://user@host:5432/db")
     from resources.cdc.postgres import PostgresSource
 
-    return PostgresSource(dsn, name=spec.name, tables=spec.tables, exclude=spec.exclude)  # type: ignore[return-value]
+    return PostgresSource(dsn, name=spec.name, tables=spec.tables, exclude=spec.exclude)
 
 
 def run_replicator(engine: UnitContext, rep: Replicator, *, until_caught_up: bool = False, retries: int = 4,

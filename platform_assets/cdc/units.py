@@ -5,7 +5,7 @@ the source protocols, and :class:`ReplicaHost`, what ``cdc_ddl`` needs of the un
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -15,9 +15,12 @@ from platform_assets.cdc.apply import Layout
 from resources.state.offsets import OffsetRecord
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
+    from lineage.cdc.columns import ColumnRead
     from lineage.cdc.replicas import ReplicatorSpec
     from resources.state.offsets import OffsetStore
 
@@ -42,6 +45,18 @@ class ChangeSource(Protocol):
              wanted: Callable[[str, int], bool] | None = None) -> list[Transaction]: ...
     def ack(self, lsn: int) -> None: ...
     def close(self) -> None: ...
+
+
+class ColumnarSource(ChangeSource, Protocol):
+    """A source that can also read a span as Arrow columns (both sources can): ``read_columns``
+    returns a :class:`lineage.cdc.columns.ColumnRead`, or None when the span holds what only
+    ``read()`` carries. ``spill_dir``/``spill_rows``: where and past how many changes a read spills
+    to Parquet as it streams; a source that holds its read whole (Debezium's files, already bounded
+    by ``max_changes``) takes and ignores them."""
+
+    def read_columns(self, after: int, *, upto: int | None = None, max_changes: int = 100_000,
+                     wanted_after: Mapping[str, int | None], spill_dir: Path | None = None,
+                     spill_rows: int = 1_000_000) -> ColumnRead | None: ...
 
 
 def applied_lsn(rec: OffsetRecord) -> int | None:

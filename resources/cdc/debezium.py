@@ -296,7 +296,8 @@ class DebeziumFileSource:
 
     # ------------------------------------------------------------------ columnar read
     def read_columns(self, after: int, *, upto: int | None = None, max_changes: int = 100_000,
-                     wanted_after: Mapping[str, int | None]) -> ColumnRead | None:
+                     wanted_after: Mapping[str, int | None], spill_dir: Path | None = None,
+                     spill_rows: int = 1_000_000) -> ColumnRead | None:
         """``read(after, upto=upto, max_changes=max_changes, wanted=...)`` as one Arrow table, parsed
         by Arrow's JSON reader (C++) instead of an object per event; ``wanted_after[t]``: changes of
         ``t`` at positions above it are wanted (None: none are). None whenever the answer could differ
@@ -315,7 +316,10 @@ class DebeziumFileSource:
         and this returns None. Supported
         lines: ``{"key":..,"value":{"payload":{..}}}`` (with or without ``schema``),
         ``{"key":..,"value":{..}}``, ``{"payload":{..}}`` and the payload alone; timestamps and dates
-        as numbers (an ISO string fails the strict parse: None); no decimal or binary columns."""
+        as numbers (an ISO string fails the strict parse: None); no decimal or binary columns.
+        ``spill_dir`` and ``spill_rows`` are taken and ignored: the read is held whole, as Arrow, and
+        ``max_changes`` bounds it (the replicator passes them to every source)."""
+        del spill_dir, spill_rows
         try:
             schemas = self.tables()
         except DebeziumFormatError:
