@@ -274,7 +274,9 @@ def test_sigkill_between_the_delta_commit_and_the_slot_ack(settings: Settings, t
     assert tidemark(s, "cdc", "run", "s4", env=env).returncode == 0
     rnd = random.Random(4)
     kills = 0
-    for i, point in enumerate(["cdc-committed", "cdc-written", "cdc-planned", "cdc-written", "cdc-committed"]):
+    # each point once (each kill costs a process with its own JVM, ~40 s in CI); the columnar test below
+    # kills keyed replicas at the same points again
+    for i, point in enumerate(["cdc-committed", "cdc-written", "cdc-planned"]):
         _random_dml(pg, "s4", 100 + i, 20)
         crashed = tidemark(s, "cdc", "run", "s4", env={**env, "TIDEMARK_CRASH_AT": point})
         # a run that redoes the unit a previous kill left planned passes no "cdc-planned" point: it may finish
@@ -282,7 +284,7 @@ def test_sigkill_between_the_delta_commit_and_the_slot_ack(settings: Settings, t
         kills += crashed.returncode == -signal.SIGKILL
         if rnd.random() < 0.5:
             _random_dml(pg, "s4", 200 + i, 5)
-    assert kills >= 4
+    assert kills >= 2  # the run after cdc-written may redo that unit and pass no cdc-planned point
     done = tidemark(s, "cdc", "run", "s4", "--until-caught-up", env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     _equal(spark, s, pg, "s4")
