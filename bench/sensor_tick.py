@@ -40,7 +40,7 @@ from platform_assets.dagster.definitions import build_definitions  # noqa: E402
 from platform_assets.dagster.local_daemon import apply_partition_requests  # noqa: E402
 from platform_assets.dagster.sensors import build_planner_sensor  # noqa: E402
 from resources.core.settings import Settings  # noqa: E402
-from resources.state.offset_sql import open_offset_store  # noqa: E402
+from resources.state.offset_sql import open_settings_store  # noqa: E402
 
 
 def build(home: Path, topics: int, rows: int) -> Settings:
@@ -90,7 +90,7 @@ def main() -> None:
         apply_partition_requests(instance, data.dynamic_partitions_requests)
         steady = [tick(sensor, instance, defs)[0] for _ in range(args.repeat)]
         # Commit every pending block in the store (as finished runs would), then tick idle.
-        store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
+        store = open_settings_store(settings)
         for rec in store.list():
             if rec.pending:
                 store.acquire(rec.topic, "bench")

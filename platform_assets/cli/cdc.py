@@ -75,10 +75,10 @@ def status_rows(store: Any, rep: Replicator) -> list[tuple[Any, ...]]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from resources.state.offset_sql import open_offset_store
+    from resources.state.offset_sql import open_settings_store
 
     settings, lineage = _lineage(args)
-    store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
+    store = open_settings_store(settings)
     try:
         for rep in _replicators(lineage, args.names):
             rec = store.get(rep.spec.state_key)
@@ -142,11 +142,11 @@ def cmd_assess(args: argparse.Namespace) -> int:
 
 
 def _table_lock(args: argparse.Namespace) -> tuple[Any, Any, Replicator]:
-    from resources.state.offset_sql import make_owner, open_offset_store
+    from resources.state.offset_sql import make_owner, open_settings_store
 
     settings, lineage = _lineage(args)
     rep = _replicator_of(lineage, args.replica)
-    store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
+    store = open_settings_store(settings)
     if store.get(args.replica) is None:
         store.close()
         raise TidemarkError(f"replica {args.replica} has no state yet (run `tidemark cdc run {rep.name}` first)")
@@ -191,11 +191,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_delete(args: argparse.Namespace) -> int:
     from platform_assets.cdc import ddl as cdc_ddl
     from platform_assets.cdc.run import open_source
-    from resources.state.offset_sql import open_offset_store
+    from resources.state.offset_sql import open_settings_store
 
     settings, lineage = _lineage(args)
     rep = _replicators(lineage, [args.name])[0]
-    store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
+    store = open_settings_store(settings)
     try:
         replicas = [r[0] for r in status_rows(store, rep)]
         src = open_source(rep)

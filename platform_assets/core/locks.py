@@ -25,7 +25,7 @@ from lineage.core.errors import OffsetError
 from lineage.core.positions import Position
 from resources.core.settings import Settings
 from resources.state.lease import LeaseKeeper
-from resources.state.offset_sql import local_owner_is_dead, make_owner, open_offset_store
+from resources.state.offset_sql import make_owner, open_settings_store
 from resources.state.offsets import OffsetRecord, OffsetStore
 
 #: the record the intake's batch processor locks (one per offset store: the stage tables it writes
@@ -71,7 +71,7 @@ def acquire(store: OffsetStore, key: str, owner: str, *, processor: str, note: s
 def holding_in(settings: Settings, key: str, *, processor: str, note: str, owner: str | None = None) -> Iterator[LeaseKeeper]:
     """:func:`holding` in the settings' offset store (opened for the block, closed after), for the
     processors that run without an Engine (the intake); ``owner``: default :func:`make_owner`."""
-    store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
+    store = open_settings_store(settings)
     try:
         with holding(store, key, owner or make_owner(), processor=processor, note=note) as keeper:
             yield keeper
@@ -82,15 +82,8 @@ def holding_in(settings: Settings, key: str, *, processor: str, note: str, owner
 def holder(settings: Settings, key: str) -> str | None:
     """Who holds ``key``'s lock now, else None (nobody, its lease expired, or its holder is a dead
     process of this host: the next taker takes it over). A look: no lock is taken."""
-    import datetime as dt
-
-    store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
+    store = open_settings_store(settings)
     try:
-        rec = store.get(key)
+        return store.holder(key)
     finally:
         store.close()
-    if rec is None or not rec.owner:
-        return None
-    if rec.lease_until is not None and rec.lease_until <= dt.datetime.now(dt.UTC).replace(tzinfo=None):
-        return None
-    return None if local_owner_is_dead(rec.owner) else rec.owner

@@ -38,9 +38,9 @@ def known_replicas(settings: Settings, rep: Replicator) -> list[str]:
     """The replicator's replicas: named in the lineage, or recorded in the offset store."""
     names = set(rep.spec.explicit_replicas())
     try:
-        from resources.state.offset_sql import open_offset_store
+        from resources.state.offset_sql import open_settings_store
 
-        store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
+        store = open_settings_store(settings)
         try:
             names |= {r.topic for r in store.list() if r.processor == "cdc" and r.topic.partition(".")[0] == rep.spec.schema_}
         finally:
@@ -145,9 +145,9 @@ def pending(settings: Settings, rep: Replicator) -> tuple[bool, str]:
 
 def _following(settings: Settings, rep: Replicator) -> list[Any]:
     """The offset records of ``rep``'s replicas that are neither paused nor dropped."""
-    from resources.state.offset_sql import open_offset_store
+    from resources.state.offset_sql import open_settings_store
 
-    store = open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
+    store = open_settings_store(settings)
     try:
         return [r for r in store.list() if r.processor == "cdc" and r.topic.partition(".")[0] == rep.spec.schema_
                 and r.state.split(":")[0] not in ("paused", "dropped")]

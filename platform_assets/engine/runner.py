@@ -28,7 +28,7 @@ from platform_assets.facts.step import StepProcessor, pending
 from platform_assets.views.merge import MergeProcessor
 from resources.core.settings import Settings
 from resources.state.lease import LeaseKeeper
-from resources.state.offset_sql import make_owner, open_offset_store
+from resources.state.offset_sql import make_owner, open_settings_store
 from resources.state.offsets import STATE_FAILED, OffsetRecord, OffsetStore
 from resources.storage import delta_meta
 from resources.storage.meta_tables import (
@@ -86,7 +86,7 @@ class Engine:
         self.settings = settings
         self.lineage = lineage
         check_warehouse(settings.warehouse)  # an object store that cannot be reached fails here, naming the fix
-        self.store = store or open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
+        self.store = store or open_settings_store(settings)
         self._spark = spark
         self._owns_spark = spark is None
         self._spark_factory = spark_factory

@@ -41,7 +41,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -58,7 +58,11 @@ from resources.state.offsets import (
     OffsetLogEntry,
     OffsetRecord,
     OffsetStore,
+    lease_end,
 )
+
+if TYPE_CHECKING:
+    from resources.core.settings import Settings
 
 #: ``state`` after :meth:`SqlOffsetStore.reset` (free text, like ``failed: ...``).
 STATE_RESET = "reset"
@@ -167,18 +171,6 @@ def _backwards(topic: str, old: Mapping[str, int], new: Mapping[str, int], actio
 def _held(rec: OffsetRecord) -> str:
     since = f" since {format_ts(rec.owner_since)}" if rec.owner_since else ""
     return f"'{rec.owner}'{since}"
-
-
-def _lease_end(rec: OffsetRecord, lease: dt.timedelta) -> dt.datetime:
-    """When the lock of ``rec`` expires. A lock taken by a Tidemark without leases (no
-    ``lease_until``) gets one lease from when it was taken."""
-    if rec.lease_until is not None:
-        return rec.lease_until
-    return rec.owner_since + lease if rec.owner_since else dt.datetime.min
-
-
-def _ago(delta: dt.timedelta) -> str:
-    return format_duration(dt.timedelta(seconds=max(1, round(delta.total_seconds()))))
 
 
 def _check_holder(rec: OffsetRecord, owner: str, action: str) -> None:
@@ -329,13 +321,9 @@ class SqlOffsetStore(OffsetStore):
                 return self._save(rec, lease_until=lease)
             if rec.owner == "":
                 return self._save(rec, owner=owner, owner_since=now, lease_until=lease)
-            expires = _lease_end(rec, self.lease)
-            if expires <= now:
-                why = f"its lease expired at {format_ts(expires)} ({_ago(now - expires)} ago)"
-            elif self.is_stale_owner(rec.owner):
-                why = "its process is dead"
-            else:
-                raise TopicLockedError(topic, rec.owner, _ts(rec.owner_since), format_ts(expires))
+            why = self.takeover_reason(rec, now)
+            if why is None:
+                raise TopicLockedError(topic, rec.owner, _ts(rec.owner_since), format_ts(lease_end(rec, self.lease)))
             return self._save(rec, ("steal", owner, f"took the lock from {_held(rec)}: {why}"),
                               owner=owner, owner_since=now, lease_until=lease)
 
@@ -431,7 +419,7 @@ class SqlOffsetStore(OffsetStore):
         """An operation that any process may do (reset, recover) is refused while a lock holder
         other than ``who`` is at work."""
         if rec.owner not in ("", who):
-            raise TopicLockedError(rec.topic, rec.owner, _ts(rec.owner_since), format_ts(_lease_end(rec, self.lease)))
+            raise TopicLockedError(rec.topic, rec.owner, _ts(rec.owner_since), format_ts(lease_end(rec, self.lease)))
 
     def recover(self, topic: str, *, who: str, expected_seq: int, seq: int, last: Position, rows: int,
                 run: dt.datetime | None, state: str, source_version: int | None, delta_version: int,
@@ -553,6 +541,12 @@ def open_offset_store(url: str, *, create_dir: bool = False, lease: dt.timedelta
     store.is_stale_owner = local_owner_is_dead
     store.lease = lease
     return store
+
+
+def open_settings_store(settings: Settings) -> OffsetStore:
+    """The offset store the settings name (``offsets_url``); its folder is created only for the
+    default store under the state dir (:meth:`Settings.offsets_defaulted`)."""
+    return open_offset_store(settings.offsets_url, create_dir=settings.offsets_defaulted())
 
 
 def lock_lease_from_env(env: Mapping[str, str] | None = None) -> dt.timedelta:

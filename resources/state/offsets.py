@@ -23,7 +23,8 @@ import datetime as dt
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from lineage.core.positions import Position
+from lineage.core.durations import format_duration
+from lineage.core.positions import Position, format_ts
 
 #: Lock lease when ``TIDEMARK_LOCK_LEASE`` is not set.
 DEFAULT_LEASE = dt.timedelta(minutes=5)
@@ -110,6 +111,26 @@ class OffsetStore(abc.ABC):
         topic has no record; ``TopicLockedError`` naming the holder if another owner holds it
         (unless the holder's lease expired or ``is_stale_owner(holder)``: then the lock is taken
         over and a ``steal`` logged). Sets ``lease_until = clock() + lease``, also on re-entry."""
+
+    def takeover_reason(self, rec: OffsetRecord, now: dt.datetime) -> str | None:
+        """Why another owner may take over the lock held in ``rec`` at ``now`` (its lease expired,
+        or :attr:`is_stale_owner` finds its holder dead); None while its holder keeps it. The one
+        judgment :meth:`acquire` and :meth:`holder` make."""
+        expires = lease_end(rec, self.lease)
+        if expires <= now:
+            ago = format_duration(dt.timedelta(seconds=max(1, round((now - expires).total_seconds()))))
+            return f"its lease expired at {format_ts(expires)} ({ago} ago)"
+        if self.is_stale_owner(rec.owner):
+            return "its process is dead"
+        return None
+
+    def holder(self, topic: str) -> str | None:
+        """Who holds ``topic``'s lock now; None when nobody does, or when the next :meth:`acquire`
+        would take it over (:meth:`takeover_reason`). A look: nothing is locked."""
+        rec = self.get(topic)
+        if rec is None or not rec.owner or self.takeover_reason(rec, self.clock()) is not None:
+            return None
+        return rec.owner
 
     @abc.abstractmethod
     def heartbeat(self, topic: str, owner: str) -> OffsetRecord:
@@ -200,3 +221,11 @@ class OffsetStore(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+
+def lease_end(rec: OffsetRecord, lease: dt.timedelta) -> dt.datetime:
+    """When the lock of ``rec`` expires. A lock taken by a Tidemark without leases (no
+    ``lease_until``) gets one lease from when it was taken."""
+    if rec.lease_until is not None:
+        return rec.lease_until
+    return rec.owner_since + lease if rec.owner_since else dt.datetime.min
