@@ -20,14 +20,25 @@ FORBIDDEN = {
 }
 
 
-def imported_packages(path: Path) -> list[tuple[int, str]]:
-    """``(line, top-level package)`` of every absolute import in the module at ``path``."""
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """``(line, dotted module)`` of every absolute import at ``path``; ``from a.b import c`` gives
+    ``a.b.c`` (which names a module or a member of ``a.b``: the room, ``a.b``, is what counts)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Import):
-            out += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+            out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append((node.lineno, node.module.split(".")[0]))
+            out += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return out
+
+
+def imported_packages(path: Path) -> list[tuple[int, str]]:
+    """``(line, top-level package)`` of every absolute import in the module at ``path`` (one per
+    statement and package)."""
+    out: list[tuple[int, str]] = []
+    for line, dotted in imported_modules(path):
+        if (line, dotted.split(".")[0]) not in out[-1:]:
+            out.append((line, dotted.split(".")[0]))
     return out
 
 
@@ -80,18 +91,6 @@ ALLOWED = {
 
 #: rooms that may import the Dagster library (besides these, a module that does is in the wrong room)
 DAGSTER_ROOMS = {"platform_assets.dagster", "platform_assets.demo", "platform_assets.cli", "resources.spark"}
-
-
-def imported_modules(path: Path) -> list[tuple[int, str]]:
-    """``(line, dotted module)`` of every absolute import at ``path``; ``from a.b import c`` gives
-    ``a.b.c`` (which names a module or a member of ``a.b``: the room, ``a.b``, is what counts)."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
-    return out
 
 
 def room_violations(root: Path = ROOT) -> list[str]:
