@@ -38,15 +38,6 @@ def intake_stream_key(dest: str) -> str:
     return f"intake:stream:{dest}"
 
 
-def ensure_record(store: OffsetStore, key: str, *, processor: str, who: str, note: str) -> None:
-    """Create ``key``'s record (position zero) unless it exists; a concurrent creator may win."""
-    if store.get(key) is None:
-        try:
-            store.init(key, Position.zero(), processor, who=who, note=note)
-        except OffsetError:
-            pass  # another process created it first
-
-
 @contextmanager
 def holding(store: OffsetStore, key: str, owner: str, *, processor: str, note: str) -> Iterator[LeaseKeeper]:
     """Hold ``key``'s lock for the ``with`` block, its lease kept alive; yields the keeper (its
@@ -62,8 +53,13 @@ def holding(store: OffsetStore, key: str, owner: str, *, processor: str, note: s
 
 
 def acquire(store: OffsetStore, key: str, owner: str, *, processor: str, note: str) -> OffsetRecord:
-    """``key``'s record, created if needed, locked by ``owner`` (raises ``TopicLockedError``)."""
-    ensure_record(store, key, processor=processor, who=owner, note=note)
+    """``key``'s record, created (position zero) if needed, locked by ``owner`` (raises
+    ``TopicLockedError``)."""
+    if store.get(key) is None:
+        try:
+            store.init(key, Position.zero(), processor, who=owner, note=note)
+        except OffsetError:
+            pass  # another process created it first
     return store.acquire(key, owner)
 
 
