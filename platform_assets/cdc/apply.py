@@ -96,7 +96,12 @@ def arrow_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]
 
 
 def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
-    """An Arrow table as a Spark local relation (also over Spark Connect)."""
+    """An Arrow table as a Spark local relation (also over Spark Connect, whose ``createDataFrame``
+    refuses an empty table without a schema: "Can not infer schema from an empty dataset")."""
+    if table.num_rows == 0:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        return spark.createDataFrame([], schema=from_arrow_schema(table.schema))
     return spark.createDataFrame(table)
 
 

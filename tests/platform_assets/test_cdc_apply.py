@@ -148,3 +148,17 @@ def test_scd2_history_follows_every_transaction_and_closes_changed_keys(spark, t
     assert [(r[0], r[1], r[2].replace(tzinfo=None) if r[2] else None, r[3].replace(tzinfo=None) if r[3] else None, r[4])
             for r in got] == [(1, "a", t[1], t[2], False), (1, "b", t[2], t[3], False), (2, "b", t[3], t[4], False),
                               (2, "z", t[5], None, True)]
+
+
+def test_an_empty_arrow_batch_becomes_an_empty_frame_of_its_schema(spark):
+    """A snapshot of an empty table, or a flush with nothing left: over Spark Connect
+    ``createDataFrame`` cannot infer a schema from no rows; ``local_frame`` passes the batch's."""
+    import pyarrow as pa
+
+    empty = cdc_apply.arrow_table([("id", "int"), ("name", "string"), ("at", "timestamp")], [])
+    df = cdc_apply.local_frame(spark, empty)
+    assert df.count() == 0
+    assert [(f.name, f.dataType.simpleString()) for f in df.schema.fields] == [
+        ("id", "int"), ("name", "string"), ("at", "timestamp")]
+    one = cdc_apply.local_frame(spark, pa.table({"id": pa.array([7], pa.int32())}))
+    assert one.collect()[0]["id"] == 7
