@@ -57,6 +57,41 @@ def spark(spark_home: Path) -> Iterator[SparkSession]:
         spark_server.stop(spark_home)
 
 
+@pytest.fixture(scope="session")
+def cli_spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of one Spark Connect server (Delta, local[2]) that the ``tidemark`` subprocesses of
+    the kill tests share, started on first use and stopped at the session's end: a killed and
+    restarted process then connects in about a second instead of starting and warming a JVM of
+    its own (about 12 s each). ``TIDEMARK_TEST_CLI_SPARK=local``: no server; every process starts
+    its own local[2] JVM (what the kill tests did before, and still a supported mode)."""
+    mode = os.environ.get("TIDEMARK_TEST_CLI_SPARK", "connect")
+    if mode not in ("local", "connect"):
+        pytest.fail(f"TIDEMARK_TEST_CLI_SPARK={mode!r}: use 'connect' (default) or 'local'", pytrace=False)
+    if mode == "local":
+        yield "local[2]"
+        return
+    from resources.spark import server as spark_server
+
+    home = tmp_path_factory.mktemp("cli-spark-home")
+    server = spark_server.start(home, port=spark_server.free_port(), master="local[2]", driver_memory="2g")
+    try:
+        yield server.url
+    finally:
+        spark_server.stop(home)
+
+
+@pytest.fixture
+def cli_spark(cli_spark_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """For the test's duration, ``tests.platform_assets.shop.tidemark`` subprocesses run on the
+    session's shared Spark Connect server (fixture ``cli_spark_server``); its catalog is emptied
+    after the test (Tidemark refuses a name that another home registered there, as it should)."""
+    monkeypatch.setenv("TIDEMARK_TEST_CLI_MASTER", cli_spark_server)
+    yield cli_spark_server
+    from tests.platform_assets.shop import reset_cli_catalog
+
+    reset_cli_catalog()
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     """Settings on a fresh temporary home, warehouse and SQLite offset store."""
@@ -149,7 +184,8 @@ def dagster_storage(request: pytest.FixtureRequest) -> dict[str, object]:
 #: none of them, and not marked slow or ui, belongs to the fast tier; a test that does use one
 #: belongs to it only when marked ``@pytest.mark.fast`` (one real-engine test per module, picked
 #: to cover it in seconds).
-HEAVY_FIXTURES = frozenset({"spark", "spark_home", "pg", "pg_url", "s3_server", "dagster_pg_template"})
+HEAVY_FIXTURES = frozenset({"spark", "spark_home", "pg", "pg_url", "s3_server", "dagster_pg_template", "cli_spark_server",
+                            "cli_spark"})
 
 
 def in_fast_tier(item: pytest.Item) -> bool:

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Test modules the fast tier leaves out on purpose, each with its reason.
 OUTSIDE = {
     "tests/ui/test_browser.py": "drives Chromium against `dagster dev` (the fast tier installs no browser)",
-    "tests/platform_assets/test_crash.py": "SIGKILLs processes with their own JVM at every crash point (minutes)",
+    "tests/platform_assets/test_crash.py": "SIGKILLs tidemark processes at every crash point (minutes)",
     "tests/platform_assets/test_dagster_crash.py": "SIGKILLs a `dagster asset materialize` process, then retries it",
     "tests/platform_assets/test_cluster.py": "starts a standalone Spark master and worker",
     "tests/platform_assets/test_merge_property.py": "the property test: hundreds of random units against a recompute",

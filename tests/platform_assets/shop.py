@@ -113,11 +113,19 @@ def make_events(n: int, *, start_id: int = 1, start: dt.datetime = T0, distinct_
              "kind": rng.choice(["a", "b", "skip"])} for i, p in enumerate(pos)]
 
 
+def cli_master(local: str = "local[2]") -> str:
+    """The Spark master of the test's subprocesses: the session's shared Spark Connect server when
+    the test uses fixture ``cli_spark`` (``TIDEMARK_TEST_CLI_MASTER``), else ``local`` (a JVM of
+    each process's own)."""
+    return os.environ.get("TIDEMARK_TEST_CLI_MASTER") or local
+
+
 def materialize_command(settings: Settings, dagster_home: Path, table_key: str, partition: str, *,
-                        master: str = "local[2]", **env: str) -> tuple[list[str], dict[str, str]]:
-    """``dagster asset materialize`` of one block partition in a fresh process (its own JVM),
-    on ``settings`` and the instance at ``dagster_home``: the command and its environment
-    (``env``: extra variables, e.g. ``TIDEMARK_CRASH_AT``)."""
+                        master: str | None = None, **env: str) -> tuple[list[str], dict[str, str]]:
+    """``dagster asset materialize`` of one block partition in a fresh process, on ``settings``
+    and the instance at ``dagster_home``: the command and its environment (``env``: extra
+    variables, e.g. ``TIDEMARK_CRASH_AT``). ``master``: default :func:`cli_master`."""
+    master = master or cli_master()
     cmd = [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "platform_assets.dagster.definitions",
            "--select", table_key, "--partition", partition]
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_HOME": str(settings.home),
@@ -133,11 +141,38 @@ def dagster_yaml(storage: dict[str, object], text: str = "telemetry:\n  enabled:
 
 def tidemark(settings: Settings, *args: str, env: dict[str, str] | None = None,
              wait: bool = True) -> Any:  # CompletedProcess, or Popen when not ``wait``
-    """``tidemark ARGS`` on ``settings`` in a fresh process (its own JVM, local[2], 1 GB driver):
-    finished (``wait``) or still running. ``env``: extra variables, e.g. ``TIDEMARK_CRASH_AT``."""
+    """``tidemark ARGS`` on ``settings`` in a fresh process: finished (``wait``) or still running.
+    ``env``: extra variables, e.g. ``TIDEMARK_CRASH_AT``. Its Spark: :func:`cli_master` (a local
+    JVM has a 1 GB driver)."""
     cmd = [sys.executable, "-m", "platform_assets.cli", "--home", str(settings.home), "--lineage", str(settings.lineage),
-           "--spark-master", "local[2]", *args]
+           "--spark-master", cli_master(), *args]
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_DRIVER_MEMORY": "1g", **(env or {})}
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300)
+
+
+#: Drops every table registered in a Connect server's catalog (external tables: their files stay).
+#: Run in a process of its own: a test process holds a local session, and pyspark cannot hold both.
+_RESET_CATALOG = """
+import sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+for db in spark.catalog.listDatabases():
+    if db.name != "default":
+        spark.sql(f"DROP DATABASE `{db.name}` CASCADE")
+for t in spark.catalog.listTables("default"):
+    if not t.isTemporary:
+        spark.sql(f"DROP TABLE IF EXISTS `default`.`{t.name}`")
+"""
+
+
+def reset_cli_catalog() -> None:
+    """Empty the catalog of the Connect server that ``tidemark`` subprocesses share (fixture
+    ``cli_spark``), so the next home may use the same table names at other paths: Tidemark refuses
+    a name another home registered there, as it should. Nothing to do when they run local JVMs."""
+    master = cli_master()
+    if not master.startswith("sc://"):
+        return
+    done = subprocess.run([sys.executable, "-c", _RESET_CATALOG, master], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"emptying the Connect server's catalog ({master}) failed:\n{done.stderr[-2000:]}"

@@ -137,7 +137,7 @@ def test_a_unit_never_splits_a_transaction(spark, settings: Settings, tmp_path: 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["cdc-written", "cdc-committed"])
-def test_sigkill_after_the_delta_commit_neither_loses_nor_doubles(settings: Settings, tmp_path: Path, spark, point: str) -> None:
+def test_sigkill_after_the_delta_commit_neither_loses_nor_doubles(settings: Settings, tmp_path: Path, spark, point: str, cli_spark) -> None:
     s = setup(settings, tmp_path)
     write_events(tmp_path, "0001.json", customers_events() + names_events())
     crashed = tidemark(s, "cdc", "run", "shop", env={"TIDEMARK_CRASH_AT": point})
@@ -150,7 +150,7 @@ def test_sigkill_after_the_delta_commit_neither_loses_nor_doubles(settings: Sett
     assert status.returncode == 0 and "REPLICATING" in status.stdout, status.stdout + status.stderr
 
 
-def test_a_change_a_replica_cannot_take_pauses_only_that_replica(spark, settings: Settings, tmp_path: Path) -> None:
+def test_a_change_a_replica_cannot_take_pauses_only_that_replica(spark, settings: Settings, tmp_path: Path, cli_spark) -> None:
     s = setup(settings, tmp_path)
     write_events(tmp_path, "0001.json", [
         event("names", "c", 1, after={"name": "a"}),

@@ -105,7 +105,7 @@ def test_the_columnar_path_lands_what_the_change_by_change_path_lands(spark, set
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["cdc-planned", "cdc-written"])  # a replay read as columns; a landed unit found
 def test_sigkill_on_the_columnar_path_neither_loses_nor_doubles(settings: Settings, tmp_path: Path, spark,
-                                                                 point: str) -> None:
+                                                                 point: str, cli_spark) -> None:
     """Keyed tables only (the columnar path): killed at a crash point of the unit, then run to the end;
     the replicas equal what one uninterrupted change-by-change run lands."""
     lines = random_events(random.Random(7), 150)

@@ -98,7 +98,7 @@ def test_seed_examples_toast_added_column_and_scd2(spark, settings: Settings, tm
 
 
 def test_new_table_appears_and_an_incompatible_type_change_pauses_then_resumes(spark, settings: Settings, tmp_path: Path,
-                                                                                pg: str) -> None:
+                                                                                pg: str, cli_spark) -> None:
     sql(pg, "CREATE SCHEMA s2", "CREATE TABLE s2.a (id int PRIMARY KEY, v int)", "INSERT INTO s2.a VALUES (1, 10)")
     s = setup(settings, tmp_path, pg, "s2")
     run(spark, s, "s2")
@@ -133,7 +133,7 @@ def _slots(pg: str, like: str) -> dict[str, tuple[int, int]]:
 
 
 def test_a_paused_replica_is_parked_on_its_own_slot_and_catches_up_when_resumed(spark, settings: Settings, tmp_path: Path,
-                                                                               pg: str) -> None:
+                                                                               pg: str, cli_spark) -> None:
     sql(pg, "CREATE SCHEMA s7", "CREATE TABLE s7.a (id int PRIMARY KEY, v int)", "CREATE TABLE s7.b (id int PRIMARY KEY, w int)",
         "INSERT INTO s7.a VALUES (1, 1)", "INSERT INTO s7.b VALUES (1, 1)")
     s = setup(settings, tmp_path, pg, "s7", maxstep=300)
@@ -266,15 +266,16 @@ def test_random_dml_concurrent_with_the_snapshot_ends_equal(spark, settings: Set
 
 
 @pytest.mark.slow
-def test_sigkill_between_the_delta_commit_and_the_slot_ack(settings: Settings, tmp_path: Path, pg: str, spark) -> None:
+def test_sigkill_between_the_delta_commit_and_the_slot_ack(settings: Settings, tmp_path: Path, pg: str, spark, cli_spark) -> None:
     sql(pg, "CREATE SCHEMA s4", "CREATE TABLE s4.k (id int PRIMARY KEY, v int)", "CREATE TABLE s4.m (x int)",
         "ALTER TABLE s4.m REPLICA IDENTITY FULL")
     s = setup(settings, tmp_path, pg, "s4", maxstep=40)
     env = {"TM_TEST_DSN": pg}
-    assert tidemark(s, "cdc", "run", "s4", env=env).returncode == 0
+    first = tidemark(s, "cdc", "run", "s4", env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
     rnd = random.Random(4)
     kills = 0
-    # each point once (each kill costs a process with its own JVM, ~40 s in CI); the columnar test below
+    # each point once (each kill costs a process, ~20 s in CI); the columnar test below
     # kills keyed replicas at the same points again
     for i, point in enumerate(["cdc-committed", "cdc-written", "cdc-planned"]):
         _random_dml(pg, "s4", 100 + i, 20)
@@ -294,7 +295,7 @@ def test_sigkill_between_the_delta_commit_and_the_slot_ack(settings: Settings, t
 
 @pytest.mark.slow
 def test_keyed_replicas_take_the_columnar_path_and_end_equal_after_sigkills(settings: Settings, tmp_path: Path, pg: str,
-                                                                           spark, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                           spark, monkeypatch: pytest.MonkeyPatch, cli_spark) -> None:
     """Keyed tables only: units read as Arrow columns (``read_columns``) and reduced on columns, with
     key changes, also spilled to Parquet and reduced in Spark (``TIDEMARK_CDC_SPILL_ROWS``); killed at
     each crash point of a unit, spilling or not, then run to the end: equal to the source."""

@@ -34,7 +34,7 @@ def crash_settings(settings: Settings, tmp_path: Path) -> Settings:
     return seeded(settings, tmp_path, maxstep=120, events=600, distinct_pos=25, seed=11)
 
 
-def test_sigkill_at_every_point_then_resume_lands_each_row_once(spark, crash_settings):
+def test_sigkill_at_every_point_then_resume_lands_each_row_once(spark, crash_settings, cli_spark):
     s = crash_settings
     dest = s.table_path("fact.events")
     store = open_offset_store(s.offsets_url)
@@ -103,7 +103,7 @@ def test_a_killed_run_that_cannot_be_proven_dead_is_taken_over_when_its_lease_ex
     assert (rec.owner, rec.lease_until, rec.pending) == ("", None, False)
 
 
-def test_two_processes_one_topic_the_second_fails_naming_the_holder(spark, crash_settings):
+def test_two_processes_one_topic_the_second_fails_naming_the_holder(spark, crash_settings, cli_spark):
     s = crash_settings
     store = open_offset_store(s.offsets_url)
     first = _tidemark(s, "run", "fact.events", env={"TIDEMARK_PAUSE_AT": "transformed:30"}, wait=False)

@@ -36,7 +36,7 @@ def _materialize(settings, dagster_home: Path, key: str, **env: str) -> subproce
     return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=400)
 
 
-def test_killed_block_run_retried_through_dagster_lands_once(spark, settings, tmp_path, dagster_storage):
+def test_killed_block_run_retried_through_dagster_lands_once(spark, settings, tmp_path, dagster_storage, cli_spark):
     s = settings.with_(lineage=write_lineage(tmp_path, maxstep=40))
     write_users(s)
     write_rows(s, "stage.events", make_events(100, distinct_pos=100, seed=21))

@@ -197,8 +197,8 @@ def test_a_lost_status_file_the_delta_log_decides(settings: Settings, tmp_path: 
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_stage_table_is_the_source_of_a_step_topic(settings: Settings, tmp_path: Path):
-    """``tidemark run`` (Spark, its own JVM) reads the stage table block by block as it grows,
+def test_stage_table_is_the_source_of_a_step_topic(settings: Settings, tmp_path: Path, cli_spark):
+    """``tidemark run`` (a process of its own) reads the stage table block by block as it grows,
     with a column added between the runs; every event reaches the fact table once, none late."""
     from tests.platform_assets.shop import tidemark
 

@@ -23,6 +23,7 @@ from resources.state.offset_sql import open_offset_store
 from resources.storage.meta_tables import read_etl_log
 from tests.platform_assets.shop import (
     ROOT,
+    cli_master,
     dagster_yaml,
     make_events,
     materialize_command,
@@ -171,7 +172,7 @@ def test_reload_asset_is_rebuilt_by_the_io_manager_and_loads_whole(spark, settin
 
 # --------------------------------------------------------------------- two concurrent runs
 def _materialize(s, dagster_home: Path, key: str, **env: str) -> subprocess.Popen:
-    cmd, full_env = materialize_command(s, dagster_home, "fact/events", key, master="local[1]", **env)
+    cmd, full_env = materialize_command(s, dagster_home, "fact/events", key, master=cli_master("local[1]"), **env)
     return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -210,7 +211,7 @@ def _concurrent_runs(settings, tmp_path, dagster_yaml: str) -> tuple[str, subpro
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_two_concurrent_runs_of_a_topic_wait_for_its_pool(settings, tmp_path, dagster_storage):
+def test_two_concurrent_runs_of_a_topic_wait_for_its_pool(settings, tmp_path, dagster_storage, cli_spark):
     """With the shipped pool limit (one per table), the second run waits for the first's slot
     and then finds the block committed: no lock error, no second write."""
     shipped = (ROOT / "dagster.yaml").read_text()
@@ -223,7 +224,7 @@ def test_two_concurrent_runs_of_a_topic_wait_for_its_pool(settings, tmp_path, da
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_without_a_pool_the_offset_lock_stops_the_second_run(settings, tmp_path, dagster_storage):
+def test_without_a_pool_the_offset_lock_stops_the_second_run(settings, tmp_path, dagster_storage, cli_spark):
     _, first, second = _concurrent_runs(settings, tmp_path, dagster_yaml(dagster_storage))
     assert first.returncode == 0, first.stdout[-3000:]
     assert second.returncode != 0

@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 
 from lineage.core.positions import Position, to_naive_utc
 from resources.core.settings import Settings
-from tests.platform_assets.shop import tidemark
+from tests.platform_assets.shop import reset_cli_catalog, tidemark
 
 pytestmark = [pytest.mark.spark]
 
@@ -497,7 +497,7 @@ KILLED = Case(
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_merge_views_converge_after_a_sigkill_at_a_random_point(spark: Any) -> None:
+def test_merge_views_converge_after_a_sigkill_at_a_random_point(spark: Any, cli_spark) -> None:
     """A sample of cases: after the in-process operations, more input changes, then the catch-up
     runs as ``tidemark run --until-caught-up`` killed with SIGKILL at a random point of its first
     unit, and a second ``tidemark run`` resumes it; every view is caught up and equals its transform
@@ -520,10 +520,13 @@ def test_merge_views_converge_after_a_sigkill_at_a_random_point(spark: Any) -> N
         for op in case.after:
             world.apply(op)
         world.append([(0, 1, 0)])  # something for the killed run to do, whatever the operations did
-        crashed = tidemark(world.settings, "run", "--until-caught-up", env={"TIDEMARK_CRASH_AT": crash_at})
+        try:
+            crashed = tidemark(world.settings, "run", "--until-caught-up", env={"TIDEMARK_CRASH_AT": crash_at})
+            resumed = tidemark(world.settings, "run", "--until-caught-up")
+        finally:
+            reset_cli_catalog()  # the next case's tables have the same names at other paths
         assert crashed.returncode == -9, f"expected SIGKILL at {crash_at}: rc={crashed.returncode}\n{crashed.stderr[-3000:]}"
         points[crash_at] += 1
-        resumed = tidemark(world.settings, "run", "--until-caught-up")
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         eng = world.engine()
         try:

@@ -80,7 +80,7 @@ def test_spark_up_refuses_a_missing_bucket_before_a_jvm_starts(s3_env, tmp_path,
 
 
 @pytest.mark.slow
-def test_demo_lineage_on_object_store_equals_local_run(s3_env, tmp_path, capsys):
+def test_demo_lineage_on_object_store_equals_local_run(s3_env, tmp_path, capsys, cli_spark):
     lineage = ROOT / "demo" / "lineage"
     remote = Settings.from_env({}, home=tmp_path / "s3", warehouse="s3://tidemark/demo-wh", lineage=lineage)
     local = Settings.from_env({}, home=tmp_path / "local", lineage=lineage)
@@ -93,7 +93,7 @@ def test_demo_lineage_on_object_store_equals_local_run(s3_env, tmp_path, capsys)
         t1 = time.monotonic()
         _run_demo(remote, server.url)
         t2 = time.monotonic()
-        _run_demo(local, "local[2]")  # its own JVM: the server's catalog names the S3 run's tables
+        _run_demo(local, cli_spark)  # another server (the tests' shared one): this one's catalog names the S3 run's tables
         with capsys.disabled():  # the figures the README quotes
             print(f"\nserver start {t1 - t0:.0f}s, S3 run {t2 - t1:.0f}s, local run {time.monotonic() - t2:.0f}s")
     finally:
