@@ -169,7 +169,8 @@ class KeyEffect:
     ``origin``: the key of the replica row (as it was before the batch) this row descends from,
     when some of its values are :data:`UNKNOWN` (unchanged TOAST values never sent in the batch):
     they are taken from that row. ``versions`` (SCD2): the states the key went through, one per
-    transaction, oldest first, as ``(values or None for absent, seq, commit_time)``."""
+    transaction, oldest first, as ``(values or None for absent, seq, commit_time)``. ``key`` and
+    ``origin`` are key identities (:func:`key_identity`); ``values`` hold the key columns as decoded."""
 
     key: tuple[Any, ...]
     present: bool
@@ -196,6 +197,29 @@ class BatchEffect:
 
 class BatchError(ValueError):
     """A change the replica cannot take (e.g. an UPDATE without a before-image on a key change)."""
+
+
+#: The one NaN a key identity holds (a tuple holding this very object equals and hashes as any other).
+_NAN = float("nan")
+
+
+def key_value(v: Any) -> Any:
+    """A key column's value as key identity: any NaN is one key (PostgreSQL's float8 ``NaN = NaN``; Spark
+    joins and groups so too) and ``-0.0`` is ``0.0`` (PostgreSQL's ``-0 = 0``; Spark normalizes it in join and
+    grouping keys). Python alone would make two decoded NaNs two keys (``nan != nan``; a NaN hashes by
+    identity). :func:`lineage.cdc.columns.same` is the rule on Arrow columns. Only identity: values written
+    to a replica stay as decoded."""
+    if isinstance(v, float):
+        if v != v:
+            return _NAN
+        if v == 0.0:
+            return 0.0
+    return v
+
+
+def key_identity(values: Iterable[Any]) -> tuple[Any, ...]:
+    """A key (or a multiset's row) as the tuple that compares and hashes as the key (:func:`key_value`)."""
+    return tuple(key_value(v) for v in values)
 
 
 def _key_of(row: Mapping[str, Any], key: Sequence[str], *, table: str, what: str) -> tuple[Any, ...]:
@@ -252,7 +276,8 @@ def reduce_keyed(changes: Iterable[Numbered], schema: TableSchema, key: Sequence
         if ch.op is Op.INSERT:
             out.counts["inserts"] += 1
             after = dict(ch.after or {})
-            put(_key_of(after, key, table=ch.table, what="inserted row"), n, {c: after.get(c) for c in names}, None)
+            put(key_identity(_key_of(after, key, table=ch.table, what="inserted row")), n, {c: after.get(c) for c in names},
+                None)
         elif ch.op is Op.UPDATE:
             out.counts["updates"] += 1
             after = dict(ch.after or {})
@@ -261,27 +286,29 @@ def reduce_keyed(changes: Iterable[Numbered], schema: TableSchema, key: Sequence
             old_key = _key_of(ch.before, key, table=ch.table, what="before-image") if ch.before else new_key
             if any(v is UNKNOWN for v in new_key):  # a key column unchanged and not sent: it is the old key's
                 new_key = tuple(o if v is UNKNOWN else v for v, o in zip(new_key, old_key, strict=True))
-            prev, origin = previous(old_key)
+            old_id, new_id = key_identity(old_key), key_identity(new_key)  # NaN = NaN: not a key change
+            prev, origin = previous(old_id)
             values = {c: (prev.get(c, UNKNOWN) if c in ch.unchanged or c not in after else after[c]) for c in names}
             for c, v in zip(key, new_key, strict=True):
                 values[c] = v
             if not any(v is UNKNOWN for v in values.values()):
                 origin = None
-            if old_key != new_key:
-                put(old_key, n, None, None)
-            put(new_key, n, values, origin)
+            if old_id != new_id:
+                put(old_id, n, None, None)
+            put(new_id, n, values, origin)
         elif ch.op is Op.DELETE:
             out.counts["deletes"] += 1
             if not ch.before:
                 raise BatchError(f"{ch.table}: a DELETE without a before-image (the source sent no old key)")
-            put(_key_of(ch.before, key, table=ch.table, what="before-image"), n, None, None)
+            put(key_identity(_key_of(ch.before, key, table=ch.table, what="before-image")), n, None, None)
     return out
 
 
 @dataclass
 class MultisetEffect:
     """The net effect of a batch on a replica without a key: the change in the number of copies of
-    every distinct row it touched (rows as tuples of the columns' values, in schema order)."""
+    every distinct row it touched (rows as tuples of the columns' values, in schema order, as first
+    decoded; rows of one :func:`key_identity` are one row: all NaNs alike)."""
 
     deltas: dict[tuple[Any, ...], int]
     truncated_at: int | None = None
@@ -294,6 +321,7 @@ def reduce_multiset(changes: Iterable[Numbered], schema: TableSchema) -> Multise
     An UPDATE or DELETE needs the whole old row (PostgreSQL: ``REPLICA IDENTITY FULL``)."""
     names = schema.names
     out = MultisetEffect({})
+    seen: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # key identity -> the row as first decoded (the deltas' key)
     for n in changes:
         ch = n.change
         out.last_seq = n.seq
@@ -301,20 +329,21 @@ def reduce_multiset(changes: Iterable[Numbered], schema: TableSchema) -> Multise
             out.counts["truncates"] += 1
             out.truncated_at = n.seq
             out.deltas.clear()
+            seen.clear()
             continue
         if ch.op in (Op.UPDATE, Op.DELETE):
             if not ch.before or any(c not in ch.before for c in names):
                 raise BatchError(
                     f"{ch.table}: an {ch.op.value.upper()} on a table without a key needs the whole old row (the source "
                     f"sent {sorted(ch.before or {})}); in PostgreSQL: ALTER TABLE {ch.table} REPLICA IDENTITY FULL")
-            old = tuple(ch.before[c] for c in names)
+            old = seen.setdefault(key_identity(ch.before[c] for c in names), tuple(ch.before[c] for c in names))
             out.deltas[old] = out.deltas.get(old, 0) - 1
         if ch.op in (Op.INSERT, Op.UPDATE):
             after = dict(ch.after or {})
             if ch.op is Op.UPDATE:
                 for c in ch.unchanged:  # unchanged TOAST value: the old row's
                     after.setdefault(c, (ch.before or {}).get(c))
-            new = tuple(after.get(c) for c in names)
+            new = seen.setdefault(key_identity(after.get(c) for c in names), tuple(after.get(c) for c in names))
             out.deltas[new] = out.deltas.get(new, 0) + 1
         out.counts[{Op.INSERT: "inserts", Op.UPDATE: "updates", Op.DELETE: "deletes"}[ch.op]] += 1
     return out

@@ -125,10 +125,23 @@ class ColumnEffect:
     counts: dict[str, int]
 
 
-def _same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """Null-safe equality (``<=>``)."""
+def same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Whether key values are one key: null-safe equality (``<=>``) where any NaN equals any NaN, as
+    :func:`lineage.cdc.changes.key_value` has it (Arrow's ``equal`` says NaN != NaN; ``-0.0`` equals
+    ``0.0`` already)."""
     both_null = pc.and_(pc.is_null(a), pc.is_null(b))
-    return pc.or_(pc.fill_null(pc.equal(a, b), False), both_null)
+    out = pc.or_(pc.fill_null(pc.equal(a, b), False), both_null)
+    if pa.types.is_floating(a.type) and pa.types.is_floating(b.type):
+        out = pc.or_(out, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+    return out
+
+
+def identity_column(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """A key column as key identity where a value is only the key (a cleared key): ``-0.0`` as ``0.0``
+    (:func:`lineage.cdc.changes.key_value`; NaN is NaN, and :func:`same` makes all NaNs one)."""
+    if not pa.types.is_floating(values.type):
+        return values
+    return pc.if_else(pc.equal(values, 0), pa.scalar(0.0, values.type), values)
 
 
 def reduce_scd1(batch: pa.Table, key: Sequence[str], names: Sequence[str], *, table: str) -> ColumnEffect:
@@ -152,9 +165,9 @@ def reduce_scd1(batch: pa.Table, key: Sequence[str], names: Sequence[str], *, ta
     # an UPDATE that changed the key, or a DELETE: clears the before-image's key
     key_changed = pc.and_(is_upd, has_before)
     if key:
-        same_key = _same(batch[key[0]], batch[before(key[0])])
+        same_key = same(batch[key[0]], batch[before(key[0])])
         for k in key[1:]:
-            same_key = pc.and_(same_key, _same(batch[k], batch[before(k)]))
+            same_key = pc.and_(same_key, same(batch[k], batch[before(k)]))
         key_changed = pc.and_(key_changed, pc.invert(same_key))
     clears = pc.or_(is_del, key_changed)
     for k in key:
@@ -163,7 +176,7 @@ def reduce_scd1(batch: pa.Table, key: Sequence[str], names: Sequence[str], *, ta
     set_rows = batch if pc.all(sets).as_py() else batch.filter(sets)  # (a filter copies every column)
     set_rows = set_rows.select([*names, SEQ, TIME]).append_column(PRESENT, _fill(True, set_rows.num_rows))
     gone = batch.filter(clears)
-    cleared = pa.table({c: (gone[before(c)] if c in key else pa.nulls(gone.num_rows, batch.schema.field(c).type))
+    cleared = pa.table({c: (identity_column(gone[before(c)]) if c in key else pa.nulls(gone.num_rows, batch.schema.field(c).type))
                         for c in names} | {SEQ: gone[SEQ], TIME: gone[TIME], PRESENT: _fill(False, gone.num_rows)})
     touches = pa.concat_tables([set_rows, cleared.cast(set_rows.schema)])
     return ColumnEffect(last_per_key(touches, key), counts)
@@ -181,7 +194,7 @@ def last_per_key(touches: pa.Table, key: Sequence[str]) -> pa.Table:
     differs = None
     for k in key:
         col = touches[k].take(order).combine_chunks()
-        d = pc.invert(_same(col.slice(0, n - 1), col.slice(1)))
+        d = pc.invert(same(col.slice(0, n - 1), col.slice(1)))
         differs = d if differs is None else pc.or_(differs, d)
     return touches.take(order.filter(pa.concat_arrays([differs, pa.array([True])])))
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from lineage.cdc import columns as cdc_columns
-from lineage.cdc.changes import UNKNOWN, BatchEffect, MultisetEffect, TableSchema
+from lineage.cdc.changes import UNKNOWN, BatchEffect, MultisetEffect, TableSchema, key_identity
 from lineage.cdc.columns import arrow_type
 from lineage.cdc.replicas import Deletes, Scd
 from platform_assets.core import spark_io
@@ -404,10 +404,12 @@ def apply_multiset(spark: SparkSession, path: str, layout: Layout, effect: Multi
             cond = part if cond is None else cond & part
         counts = target.join(F.broadcast(probe), cond, "left_semi").groupBy(*[quote(c) for c in names]).agg(
             F.max(COPY).alias("n"))
-        current = {tuple(r[c] for c in names): int(r["n"]) for r in counts.collect()}
+        # by key identity: a NaN collected from Spark is not the batch's NaN object (Spark's <=> and
+        # grouping make them one, as key_identity does)
+        current = {key_identity(r[c] for c in names): int(r["n"]) for r in counts.collect()}
     rows: list[tuple[Any, ...]] = []
     for row in touched:
-        n = current.get(row, 0)
+        n = current.get(key_identity(row), 0)
         m = max(0, n + effect.deltas[row])
         for copy in range(m + 1, n + 1):
             rows.append((*row, copy, effect.last_seq, False))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import pytest
 
@@ -126,3 +127,65 @@ def test_multiset_update_needs_the_whole_old_row() -> None:
     schema = TableSchema("s.t", (Column("a", "int"), Column("b", "int")))
     with pytest.raises(BatchError, match="REPLICA IDENTITY FULL"):
         reduce_multiset(number([tx(1, RowChange("s.t", Op.UPDATE, after={"a": 1, "b": 2}, before={"a": 1}))], 1), schema)
+
+
+# ---------------------------------------------------------------- float keys: NaN and -0.0 (PostgreSQL float8, Spark)
+
+FLOATS = TableSchema("s.f", (Column("k", "double"), Column("v", "string")), key=("k",))
+
+
+def nan() -> float:
+    """A NaN as a source decodes it: a new object each time (two of them are neither == nor one dict key)."""
+    return float("nan")
+
+
+def f_ins(k: float, v: str) -> RowChange:
+    return RowChange("s.f", Op.INSERT, after={"k": k, "v": v})
+
+
+def f_upd(old: float, k: float, v: str, unchanged: frozenset[str] = frozenset()) -> RowChange:
+    return RowChange("s.f", Op.UPDATE, after={"k": k, "v": v} if not unchanged else {"k": k}, before={"k": old},
+                     unchanged=unchanged)
+
+
+def f_del(k: float) -> RowChange:
+    return RowChange("s.f", Op.DELETE, before={"k": k})
+
+
+def test_a_nan_key_is_one_key_as_postgresql_and_spark_have_it() -> None:
+    """INSERT NaN, UPDATE NaN (same key, its before-image NaN) [, DELETE NaN]: one key's net effect."""
+    batch = [tx(1, f_ins(nan(), "a")), tx(2, f_upd(nan(), nan(), "b"))]
+    effect = reduce_keyed(number(batch, 1), FLOATS, ["k"])
+    assert len(effect.effects) == 1
+    (eff,) = effect.effects.values()
+    assert eff.present and eff.seq == 2 and eff.op is Op.UPDATE and eff.values is not None
+    assert math.isnan(eff.values["k"]) and eff.values["v"] == "b"  # the value written stays NaN
+    effect = reduce_keyed(number([*batch, tx(3, f_del(nan()))], 1), FLOATS, ["k"])
+    assert [(e.present, e.seq) for e in effect.effects.values()] == [(False, 3)]
+    # an UPDATE of a NaN key is no key change: an unsent (TOAST) value comes from the batch's row
+    toast = reduce_keyed(number([tx(1, f_ins(nan(), "a")), tx(2, f_upd(nan(), nan(), "", unchanged=frozenset({"v"})))], 1),
+                         FLOATS, ["k"])
+    assert [(e.values or {}).get("v") for e in toast.effects.values()] == ["a"]
+    # SCD2: one key's states, not a NaN key closed and another opened
+    history = reduce_keyed(number([*batch, tx(3, f_del(nan()))], 1), FLOATS, ["k"], history=True)
+    assert [[(v[0] or {}).get("v") for v in e.versions] for e in history.effects.values()] == [["a", "b", None]]
+
+
+def test_minus_zero_is_the_key_zero_and_stays_minus_zero_as_a_value() -> None:
+    effect = reduce_keyed(number([tx(1, f_ins(-0.0, "a")), tx(2, f_upd(0.0, -0.0, "b"))], 1), FLOATS, ["k"])
+    assert list(effect.effects) == [(0.0,)]
+    values = effect.effects[(0.0,)].values
+    assert values is not None and values["v"] == "b" and math.copysign(1.0, values["k"]) == -1.0  # as decoded
+    effect = reduce_keyed(number([tx(1, f_ins(-0.0, "a")), tx(2, f_del(0.0))], 1), FLOATS, ["k"])
+    assert [(k, e.present) for k, e in effect.effects.items()] == [((0.0,), False)]
+
+
+def test_multiset_rows_holding_nan_are_one_row() -> None:
+    schema = TableSchema("s.f", (Column("x", "double"), Column("v", "string")))
+    row = lambda: {"x": nan(), "v": "a"}  # noqa: E731
+    batch = [tx(1, RowChange("s.f", Op.INSERT, after=row()), RowChange("s.f", Op.INSERT, after=row())),
+             tx(2, RowChange("s.f", Op.UPDATE, before=row(), after={"x": 1.0, "v": "a"})),
+             tx(3, RowChange("s.f", Op.DELETE, before=row()))]
+    effect = reduce_multiset(number(batch, 1), schema)
+    assert {k: d for k, d in effect.deltas.items() if d} == {(1.0, "a"): 1}
+    assert len(effect.deltas) == 2  # the NaN row, with delta 0, and (1.0, 'a')

@@ -4,6 +4,7 @@ seed's examples and on random batches; what it cannot do exactly it hands back (
 from __future__ import annotations
 
 import datetime as dt
+import math
 import random
 
 import pyarrow as pa
@@ -17,6 +18,7 @@ from lineage.cdc.changes import (
     RowChange,
     TableSchema,
     Transaction,
+    key_identity,
     number,
     reduce_keyed,
 )
@@ -25,7 +27,21 @@ from lineage.cdc.columns import HAS_BEFORE, OP, SEQ, TIME, NotColumnar, before, 
 T0 = dt.datetime(2026, 1, 1)
 ONE = TableSchema("s.t", (Column("id", "bigint"), Column("name", "string"), Column("n", "double")), key=("id",))
 TWO = TableSchema("s.t", (Column("a", "bigint"), Column("b", "string"), Column("v", "bigint")), key=("a", "b"))
+FLOAT = TableSchema("s.t", (Column("x", "double"), Column("name", "string"), Column("n", "double")), key=("x",))
+FLOAT_TWO = TableSchema("s.t", (Column("x", "double"), Column("b", "string"), Column("v", "bigint")), key=("x", "b"))
 TYPES = {"bigint": pa.int64(), "string": pa.string(), "double": pa.float64()}
+
+
+def comparable(v: object) -> object:
+    """A value as the comparisons here see it: a NaN as 'NaN' (nan != nan), -0.0 as '-0.0' (a value
+    written must stay -0.0, yet -0.0 == 0.0)."""
+    if isinstance(v, float) and (math.isnan(v) or (v == 0.0 and math.copysign(1.0, v) < 0)):
+        return "NaN" if math.isnan(v) else "-0.0"
+    return v
+
+
+def row_of(values: object) -> tuple:
+    return tuple(comparable(v) for v in values)  # type: ignore[attr-defined]
 
 
 def batch_of(numbered: list[Numbered], schema: TableSchema) -> pa.Table:
@@ -56,7 +72,7 @@ def python_effect(numbered: list[Numbered], schema: TableSchema) -> dict[tuple, 
     out = {}
     for k, e in eff.effects.items():
         values = e.values or dict(zip(schema.key, k, strict=True))
-        out[k] = (tuple(values.get(c) for c in schema.names), e.seq, e.commit_time, e.present)
+        out[row_of(k)] = (row_of(values.get(c) for c in schema.names), e.seq, e.commit_time, e.present)
     return out
 
 
@@ -64,7 +80,8 @@ def column_effect(numbered: list[Numbered], schema: TableSchema) -> tuple[dict[t
     eff = reduce_scd1(batch_of(numbered, schema), schema.key, schema.names, table=schema.table)
     out = {}
     for r in eff.rows.to_pylist():
-        out[tuple(r[k] for k in schema.key)] = (tuple(r[c] for c in schema.names), r[SEQ], r[TIME], r["_tm_present"])
+        out[row_of(key_identity(r[k] for k in schema.key))] = (row_of(r[c] for c in schema.names), r[SEQ], r[TIME],
+                                                               r["_tm_present"])
     assert len(out) == eff.rows.num_rows  # one row per key
     return out, eff.counts
 
@@ -91,12 +108,21 @@ def random_batch(rng: random.Random, schema: TableSchema, n: int) -> list[Number
     """Inserts, updates (same key with and without a before-image, key changes) and deletes over a
     small key space, so keys are touched many times; values include nulls."""
     keys = [c for c in schema.key]
-    live: set[tuple] = {tuple(rng.randrange(6) if schema.column(k).type == "bigint" else rng.choice("xyz")  # type: ignore[union-attr]
-                              for k in keys) for _ in range(5)}
+
+    def a_value(k: str) -> object:
+        typ = schema.column(k).type  # type: ignore[union-attr]
+        if typ == "double":  # NaN and -0.0 among them: NaN = NaN and -0.0 = 0.0 in PostgreSQL and Spark
+            return rng.choice([float("nan"), -0.0, 0.0, 1.5, 2.5])
+        return rng.randrange(6) if typ == "bigint" else rng.choice("xyz")
 
     def a_key() -> tuple:
-        return tuple(rng.randrange(6) if schema.column(k).type == "bigint" else rng.choice("xyz")  # type: ignore[union-attr]
-                     for k in keys)
+        return tuple(a_value(k) for k in keys)
+
+    def decoded(k: tuple) -> tuple:
+        """A key as a source decodes it again (a NaN a new object, -0.0 and 0.0 as sent)."""
+        return tuple(float(repr(v)) if isinstance(v, float) else v for v in k)
+
+    live: set[tuple] = {a_key() for _ in range(5)}
 
     def row(k: tuple) -> dict[str, object]:
         r: dict[str, object] = dict(zip(keys, k, strict=True))
@@ -114,15 +140,15 @@ def random_batch(rng: random.Random, schema: TableSchema, n: int) -> list[Number
             changes.append(RowChange(schema.table, Op.INSERT, after=row(k)))
             live.add(k)
         elif op < 0.75:
-            old = rng.choice(sorted(live))
+            old = rng.choice(sorted(live, key=repr))
             new = a_key() if rng.random() < 0.3 else old
-            b = dict(zip(keys, old, strict=True)) if new != old or rng.random() < 0.5 else None
-            changes.append(RowChange(schema.table, Op.UPDATE, after=row(new), before=b))
+            b = dict(zip(keys, decoded(old), strict=True)) if new != old or rng.random() < 0.5 else None
+            changes.append(RowChange(schema.table, Op.UPDATE, after=row(decoded(new)), before=b))
             live.discard(old)
             live.add(new)
         else:
-            old = rng.choice(sorted(live))
-            changes.append(RowChange(schema.table, Op.DELETE, before=dict(zip(keys, old, strict=True))))
+            old = rng.choice(sorted(live, key=repr))
+            changes.append(RowChange(schema.table, Op.DELETE, before=dict(zip(keys, decoded(old), strict=True))))
             live.discard(old)
         if rng.random() < 0.4 or i == n - 1:
             txs.append(tx(len(txs) + 1, *changes))
@@ -130,7 +156,8 @@ def random_batch(rng: random.Random, schema: TableSchema, n: int) -> list[Number
     return number(txs, rng.randrange(1, 1000))
 
 
-@pytest.mark.parametrize("schema", [ONE, TWO], ids=["one-column key", "two-column key"])
+@pytest.mark.parametrize("schema", [ONE, TWO, FLOAT, FLOAT_TWO],
+                         ids=["one-column key", "two-column key", "float key", "float and string key"])
 def test_random_batches_reduce_as_the_python_path_does(schema: TableSchema) -> None:
     rng = random.Random(19)
     for _ in range(150):
@@ -138,6 +165,30 @@ def test_random_batches_reduce_as_the_python_path_does(schema: TableSchema) -> N
         got, counts = column_effect(batch, schema)
         assert got == python_effect(batch, schema)
         assert counts == reduce_keyed(batch, schema, schema.key).counts
+
+
+def test_a_nan_key_is_one_key_on_columns_as_in_python() -> None:
+    """INSERT NaN, UPDATE NaN (its before-image NaN: no key change) [, DELETE NaN]: one key's net effect,
+    the Python path's; -0.0 and 0.0 are one key too, and a value stays as decoded."""
+    ins = lambda k, v: RowChange("s.t", Op.INSERT, after={"x": k, "name": v, "n": k})  # noqa: E731
+    upd = lambda old, k, v: RowChange("s.t", Op.UPDATE, after={"x": k, "name": v, "n": k}, before={"x": old})  # noqa: E731
+    nan = lambda: float("nan")  # noqa: E731  (a new object each time, as decoded)
+    batch = [tx(1, ins(nan(), "a")), tx(2, upd(nan(), nan(), "b"))]
+    for changes in (batch, [*batch, tx(3, RowChange("s.t", Op.DELETE, before={"x": nan()}))]):
+        numbered = number(changes, 1)
+        got, counts = column_effect(numbered, FLOAT)
+        assert got == python_effect(numbered, FLOAT)
+        assert list(got) == [("NaN",)] and got[("NaN",)][1:] == (len(changes), T0 + dt.timedelta(seconds=len(changes)),
+                                                                  len(changes) == 2)
+    assert got[("NaN",)][0] == ("NaN", None, None)  # deleted
+    numbered = number(batch, 1)
+    assert column_effect(numbered, FLOAT)[0][("NaN",)][0] == ("NaN", "b", "NaN")  # NaN values stay NaN
+    numbered = number([tx(1, ins(-0.0, "a")), tx(2, upd(0.0, -0.0, "b")), tx(3, ins(1.5, "c")),
+                       tx(4, upd(1.5, 0.0, "d")), tx(5, upd(0.0, -0.0, "e"))], 1)  # 1.5 -> 0.0: a key change
+    got, _ = column_effect(numbered, FLOAT)
+    assert got == python_effect(numbered, FLOAT)
+    assert got == {(0.0,): (("-0.0", "e", "-0.0"), 5, T0 + dt.timedelta(seconds=5), True),
+                   (1.5,): ((1.5, None, None), 4, T0 + dt.timedelta(seconds=4), False)}
 
 
 def test_an_empty_batch_touches_nothing() -> None:
