@@ -252,8 +252,12 @@ class ReplicatorUnit:
                 t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(snap.lsn), seq=seq,
                                    source_version=None)
                 lease.check()
-                rows = cdc_apply.write_snapshot(spark, t.path, t.layout, snap.rows(t.source),
-                                                Commit(f"tidemark:{t.replica}", seq, self.commit_meta(seq, snap.lsn, kind="snapshot")))
+                try:
+                    rows = cdc_apply.write_snapshot(spark, t.path, t.layout, snap.rows(t.source),
+                                                    Commit(f"tidemark:{t.replica}", seq, self.commit_meta(seq, snap.lsn, kind="snapshot")))
+                except BatchError as exc:  # a value its replica cannot hold: this replica waits, the others go on
+                    self._pause(t, f"copying it failed: {exc}", result)
+                    continue
                 faults.crashpoint("cdc-written")
                 self._log(t, seq, "snapshot", {"rows": rows}, rows, lag=None)
                 t.rec = store.commit(t.replica, self.owner, seq=seq, last=t.rec.last, next=lsn_position(snap.lsn), rows=rows,

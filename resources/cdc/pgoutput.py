@@ -572,6 +572,7 @@ class _Part:
     file) and the lists filling the next."""
 
     def __init__(self, rel: Relation) -> None:
+        self.table = rel.table
         self.columns, self.key_flags = list(rel.columns), list(rel.key_flags)
         for c in self.columns:
             if c.name.startswith("_tm_"):
@@ -635,14 +636,23 @@ class _Part:
         i = chunk.schema.get_field_index(cc.TIME)
         self.writer.write_table(chunk.set_column(i, cc.TIME, chunk[cc.TIME].cast(_UTC)))
 
+    def _array(self, i: int, values: list[Any]) -> pa.Array:
+        """Column ``i``'s values as Arrow; one its replica type cannot hold (a ``numeric`` NaN or
+        Infinity in a decimal) sends the read to the change-by-change path, which pauses only that
+        replica, naming the column."""
+        try:
+            return pa.array(values, self.types[i])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            raise cc.NotColumnar(f"{self.table}.{self.columns[i].name}: {exc}") from None
+
     def flush(self) -> None:
         if not self.row:
             return
         tx, lsn, time, op, has = self.meta
         arrays = [pa.array(self.row, pa.int64()), pa.array(lsn, pa.int64()), pa.array(time, pa.timestamp("us")),
                   pa.array(tx, pa.int64()), pa.array(op, pa.string()),
-                  *(pa.array(values, t) for t, values in zip(self.types, self.after, strict=True)),
-                  *(pa.array(values, self.types[i]) for i, values in self.before.items()),
+                  *(self._array(i, values) for i, values in enumerate(self.after)),
+                  *(self._array(i, values) for i, values in self.before.items()),
                   pa.array(has, pa.bool_())]
         chunk = pa.Table.from_arrays(arrays, schema=self.schema)
         if self.writer is not None:

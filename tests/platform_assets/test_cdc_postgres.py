@@ -245,6 +245,29 @@ def _equal(spark: Any, s: Settings, pg: str, schema: str) -> None:
     assert got == Counter(r[0] for r in query(pg, f"SELECT x FROM {schema}.m"))
 
 
+
+def test_a_numeric_nan_pauses_only_its_replica_naming_the_column(spark, settings: Settings, tmp_path: Path, pg: str) -> None:
+    """PostgreSQL ``numeric`` holds NaN and Infinity; a Delta decimal cannot. A change carrying one
+    pauses its replica with the column and value named (before: every unit of the replicator ended
+    in a bare ``ArrowInvalid``, forever); a new table holding one at its copy pauses alike; the
+    other replicas go on."""
+    sql(pg, "CREATE SCHEMA s9", "CREATE TABLE s9.a (id int PRIMARY KEY, v numeric(10,2), w numeric)",
+        "CREATE TABLE s9.b (id int PRIMARY KEY, v int)", "INSERT INTO s9.a VALUES (1, 1.5, 2.5)", "INSERT INTO s9.b VALUES (1, 1)")
+    s = setup(settings, tmp_path, pg, "s9")
+    run(spark, s, "s9")
+    sql(pg, "INSERT INTO s9.a VALUES (2, 'NaN', 2)", "INSERT INTO s9.b VALUES (2, 2)")
+    [res, *_] = run(spark, s, "s9")
+    why = res.paused["r_s9.s9__a"]
+    assert "column v (decimal(10,2))" in why and "NaN" in why and "tidemark cdc resume r_s9.s9__a" in why, why
+    assert res.tables["r_s9.s9__b"]["inserts"] == 1
+    sql(pg, "INSERT INTO s9.b VALUES (3, 3)", "CREATE TABLE s9.c (id int PRIMARY KEY, v numeric)",
+        "INSERT INTO s9.c VALUES (1, 'Infinity')")
+    results = run(spark, s, "s9")
+    paused = {k: v for r in results for k, v in r.paused.items()}
+    assert "s9.c.v (" in paused.get("r_s9.s9__c", "") and "copying it failed" in paused["r_s9.s9__c"], paused
+    assert replica(spark, s, "r_s9.s9__b", "id,v") == [(1, 1), (2, 2), (3, 3)]
+    assert replica(spark, s, "r_s9.s9__a", "id") == [(1,)]  # nothing after the refused change applied
+
 @pytest.mark.slow
 def test_random_dml_concurrent_with_the_snapshot_ends_equal(spark, settings: Settings, tmp_path: Path, pg: str) -> None:
     seed = int(os.environ.get("TIDEMARK_CDC_SEED", random.randrange(10_000)))
