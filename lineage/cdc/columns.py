@@ -53,6 +53,30 @@ def arrow_type(spark_type: str) -> pa.DataType:
     return simple[t]
 
 
+#: What Arrow raises for a value a column's type cannot hold.
+REFUSED = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
+
+
+def column_array(values: Sequence[object], typ: pa.DataType, column: str) -> pa.Array:
+    """``values`` as an Arrow array of ``typ``, the type of replica column ``column`` (its name and
+    Spark type, as the message shows it). A value the type cannot hold (a PostgreSQL ``numeric`` NaN
+    or Infinity: a decimal has neither) is a :class:`BatchError` naming the column and the value."""
+    try:
+        return pa.array(values, type=typ)
+    except REFUSED as exc:
+        bad = next((v for v in values if _refused(v, typ)), None)
+        raise BatchError(f"{column} cannot hold the source's value {bad!r} ({exc}); change the column's type at "
+                         f"the source, or its value") from None
+
+
+def _refused(value: object, typ: pa.DataType) -> bool:
+    try:
+        pa.array([value], type=typ)
+    except REFUSED:
+        return True
+    return False
+
+
 def before(key_column: str) -> str:
     """The batch column holding the before-image's value of a key column."""
     return f"_tm_before_{key_column}"

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from lineage.cdc import columns as cdc_columns
-from lineage.cdc.changes import UNKNOWN, BatchEffect, BatchError, MultisetEffect, TableSchema, key_identity
-from lineage.cdc.columns import arrow_type
+from lineage.cdc.changes import UNKNOWN, BatchEffect, MultisetEffect, TableSchema, key_identity
+from lineage.cdc.columns import arrow_type, column_array
 from lineage.cdc.replicas import Deletes, Scd
 from platform_assets.core import spark_io
 from platform_assets.core.spark_io import quote
@@ -92,24 +92,8 @@ def arrow_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]
     for row in rows:
         for i, v in enumerate(row):
             cols[i].append(v)
-    arrays = {}
-    for (name, t), vals in zip(columns, cols, strict=True):
-        try:
-            arrays[name] = pa.array(vals, type=arrow_type(t))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-            bad = next((v for v in vals if _refused(v, t)), None)
-            raise BatchError(f"column {name} ({t}) cannot hold the source's value {bad!r} ({exc}); change the "
-                             f"column's type at the source, or its value") from None
-    return pa.table(arrays)
-
-
-def _refused(value: Any, spark_type: str) -> bool:
-    """Whether Arrow refuses ``value`` alone as ``spark_type``."""
-    try:
-        pa.array([value], type=arrow_type(spark_type))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        return True
-    return False
+    return pa.table({name: column_array(vals, arrow_type(t), f"column {name} ({t})")
+                     for (name, t), vals in zip(columns, cols, strict=True)})
 
 
 def local_frame(spark: SparkSession, table: pa.Table) -> DataFrame:

@@ -24,7 +24,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lineage.cdc import columns as cc
-from lineage.cdc.changes import Change, Column, DdlChange, DdlKind, Op, RowChange, TableSchema, Transaction
+from lineage.cdc.changes import (
+    BatchError,
+    Change,
+    Column,
+    DdlChange,
+    DdlKind,
+    Op,
+    RowChange,
+    TableSchema,
+    Transaction,
+)
 
 # ------------------------------------------------------------------ types
 
@@ -640,10 +650,11 @@ class _Part:
         """Column ``i``'s values as Arrow; one its replica type cannot hold (a ``numeric`` NaN or
         Infinity in a decimal) sends the read to the change-by-change path, which pauses only that
         replica, naming the column."""
+        col = self.columns[i]
         try:
-            return pa.array(values, self.types[i])
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-            raise cc.NotColumnar(f"{self.table}.{self.columns[i].name}: {exc}") from None
+            return cc.column_array(values, self.types[i], f"{self.table}.{col.name} ({col.type})")
+        except BatchError as exc:
+            raise cc.NotColumnar(str(exc)) from None
 
     def flush(self) -> None:
         if not self.row:

@@ -37,7 +37,7 @@ from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from lineage.cdc import columns as cc
-from lineage.cdc.changes import BatchError, TableSchema, format_lsn, parse_lsn
+from lineage.cdc.changes import TableSchema, format_lsn, parse_lsn
 from lineage.cdc.columns import ColumnRead, NotColumnar
 from resources.cdc import pg_setup
 from resources.cdc.pg_setup import CdcSourceError, Problem
@@ -115,11 +115,7 @@ class Snapshot:
                 for i, (col, nat) in enumerate(zip(schema.columns, native, strict=True)):
                     values = [r[i] for r in chunk] if nat else [None if r[i] is None else parse_text(col, r[i])
                                                                  for r in chunk]
-                    try:
-                        arrays.append(pa.array(values, type=fields.field(i).type))
-                    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-                        raise BatchError(f"{table}.{col.name} ({col.type}) cannot hold a value of the source ({exc}); "
-                                         f"change the column's type at the source, or its value") from None
+                    arrays.append(cc.column_array(values, fields.field(i).type, f"{table}.{col.name} ({col.type})"))
                 yield pa.RecordBatch.from_arrays(arrays, schema=fields)
 
 

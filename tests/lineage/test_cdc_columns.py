@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import random
+from decimal import Decimal
 
 import pyarrow as pa
 import pytest
@@ -22,7 +23,7 @@ from lineage.cdc.changes import (
     number,
     reduce_keyed,
 )
-from lineage.cdc.columns import HAS_BEFORE, OP, SEQ, TIME, NotColumnar, before, reduce_scd1
+from lineage.cdc.columns import HAS_BEFORE, OP, SEQ, TIME, NotColumnar, before, column_array, reduce_scd1
 
 T0 = dt.datetime(2026, 1, 1)
 ONE = TableSchema("s.t", (Column("id", "bigint"), Column("name", "string"), Column("n", "double")), key=("id",))
@@ -212,3 +213,10 @@ def test_a_delete_without_a_before_image_is_the_python_paths_error() -> None:
 def test_what_only_the_python_path_does_exactly_is_handed_back(change: RowChange) -> None:
     with pytest.raises(NotColumnar):
         column_effect(number([tx(1, change)], 1), ONE)
+
+
+def test_a_value_its_column_cannot_hold_is_refused_naming_the_column_and_the_value():
+    ok = column_array([Decimal("1.50"), None], pa.decimal128(10, 2), "column v (decimal(10,2))")
+    assert ok.to_pylist() == [Decimal("1.50"), None]
+    with pytest.raises(BatchError, match=r"column v \(decimal\(10,2\)\) cannot hold the source's value Decimal\('NaN'\)"):
+        column_array([Decimal("1.50"), Decimal("NaN")], pa.decimal128(10, 2), "column v (decimal(10,2))")
