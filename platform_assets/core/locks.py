@@ -8,6 +8,9 @@ topic lock a record named for what they work on, through :func:`holding`:
   :data:`INTAKE_BATCH`;
 - a stream loop, per destination: :func:`intake_stream_key`.
 
+The intake plans and commits each unit in the record it holds
+(:mod:`platform_assets.intake.record`), a CDC replicator each of its units.
+
 The lock is the store's (:meth:`resources.state.offsets.OffsetStore.acquire`): one holder at a
 time across every host that shares the store, a lease kept alive by a heartbeat thread
 (:class:`resources.state.lease.LeaseKeeper`) while the holder works, taken over when the lease
@@ -31,6 +34,12 @@ from resources.state.offsets import OffsetRecord, OffsetStore
 #: the record the intake's batch processor locks (one per offset store: the stage tables it writes
 #: number their Delta transactions per destination and table, so two writers must not interleave)
 INTAKE_BATCH = "intake:batch"
+
+
+#: the counter of the intake's unit ordinals (the high 32 bits of stage-table row ids), shared by
+#: the batch processor and every stream loop on every host that uses the store
+#: (:class:`platform_assets.intake.record.UnitRecord`)
+INTAKE_ORDINALS = "intake:ordinal"
 
 
 def intake_stream_key(dest: str) -> str:

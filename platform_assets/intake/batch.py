@@ -5,8 +5,9 @@ Files are processed in units (:func:`plan_units`): consecutive small files up to
 ``$TIDEMARK_EVENT_UNIT_BYTES`` together, a large file alone. A unit is one unit of the commit
 protocol (DESIGN.md):
 
-1. *plan*: its files, its ordinal (row ids are ``ordinal << 32 | line``, lines counted across
-   its files) and, for every (destination, table) pair and every destination's failed events, a
+1. *plan*: in the offset-store record the processor holds, the unit and its ordinal (row ids are
+   ``ordinal << 32 | line``, lines counted across its files; :mod:`platform_assets.intake.record`
+   says when a plan is resumed and when it is stale); then its files and, for every (destination, table) pair and every destination's failed events, a
    Delta transaction version (``tidemark-intake:<dest>:<table>`` /
    ``tidemark-intake-failed:<dest>``, the table's last version + 1), are stored in the first
    file's ``.status`` before anything is written;
@@ -15,8 +16,8 @@ protocol (DESIGN.md):
 3. *reconcile*: on a retry a planned pair whose transaction the table holds is done, whatever
    the status file says; after a lost status file the files are planned again (perhaps grouped
    differently) and each table drops the files its recent commits' userMetadata already hold;
-4. *log*: per pair statistics to ``etl.log`` (processor ``events``); the unit is marked done in
-   its status, then its files are archived, the first one last.
+4. *log*: per pair statistics to ``etl.log`` (processor ``events``); the unit is committed in the
+   record and marked done in its status, then its files are archived, the first one last.
 
 ``pos`` is the receive time (``_timestamp``) raised to the running maximum of the table, so
 ``(pos, id)`` only grows in commit order: a step topic over a stage table never sees a late row.
@@ -45,6 +46,7 @@ from lineage.intake.pipeline import (
     received_at,
 )
 from platform_assets.core.faults import crashpoint
+from platform_assets.intake.record import UnitRecord
 from platform_assets.intake.workers import (
     ParallelTyper,
     TypedPair,
@@ -135,6 +137,9 @@ class EventProcessor:
         self._archiver: ThreadPoolExecutor | None = None
         self._archiving: list[Future[None]] = []
         self.geo: dict[str, GeoLookup] = {}
+        #: the offset-store record the processor holds, where each unit is planned and committed
+        #: (None: units are numbered by the events folder alone, for tools that hold no lock)
+        self.record: UnitRecord | None = None
         for d in self.destinations:
             if d.spec.lookups.geo_db:
                 self.geo[d.id] = store.open_geo(d.spec.lookups.geo_db)
@@ -157,13 +162,22 @@ class EventProcessor:
         (default: the unit alone)."""
         started = time.monotonic()
         members = members if members is not None else Members.single(unit)
-        status = store.read_json(status_file)
-        if status is None or "ordinal" not in status:
-            status = {"unit": unit, "ordinal": store.next_ordinal(self.events_dir), "destinations": {}}
+        status: dict[str, Any] = store.read_json(status_file) or {}
+        known = int(status["ordinal"]) if "ordinal" in status else None
+
+        def fresh(n: int) -> None:  # a new plan: no table planned yet (a lost or stale one is found in the tables)
+            nonlocal status
+            status = {"unit": unit, "ordinal": n, "destinations": {}}
             if len(members.names) > 1:
                 status["files"] = members.names
             store.write_json_atomic(status_file, status)
-        ordinal = int(status["ordinal"])
+
+        if self.record is not None:
+            ordinal = self.record.begin(unit, known, fresh)
+        elif known is None:
+            fresh(ordinal := store.next_ordinal(self.events_dir))
+        else:
+            ordinal = known
         tables: dict[str, dict[str, Any]] = {}  # each table's columns, read once per unit
 
         def columns_of(table: str) -> Any:
@@ -270,6 +284,8 @@ class EventProcessor:
                 result.tables[f"{dest}:{table}"] = entry
                 self._log(dest, table, entry, unit, prepared, time.monotonic() - started)
         crashpoint("events_logged")
+        if self.record is not None:
+            self.record.commit(unit, ordinal, result.written)
         return result
 
     def _failure_rows(self, members: Members, dest: str, failures: list[tuple[int, str | None, str]],

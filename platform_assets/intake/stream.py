@@ -34,6 +34,7 @@ from lineage.intake.destinations import DestinationMode
 from platform_assets.core import locks
 from platform_assets.core.faults import crashpoint
 from platform_assets.intake.batch import EventProcessor, UnitResult
+from platform_assets.intake.record import UnitRecord
 from resources.core.settings import Settings
 from resources.intake import event_queue as q
 from resources.intake import event_store as store
@@ -163,8 +164,10 @@ class StreamLoop:
             with contextlib.ExitStack() as held:
                 for s in self.specs:  # one stream loop per destination, on whatever host it runs
                     q.queue_dir(self.events_dir, s.id).mkdir(parents=True, exist_ok=True)
-                    held.enter_context(locks.holding_in(self.settings, locks.intake_stream_key(s.id), processor="intake",
-                                                        note=f"the stream loop of destination {s.id}"))
+                    keeper = held.enter_context(locks.holding_in(
+                        self.settings, locks.intake_stream_key(s.id), processor="intake",
+                        note=f"the stream loop of destination {s.id}"))
+                    self.procs[s.id].record = UnitRecord(keeper, self.events_dir)
                 while not self.stopping:
                     t0 = time.monotonic()
                     full = did = False

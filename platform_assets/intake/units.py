@@ -35,6 +35,7 @@ from platform_assets.intake.batch import (
     unit_bytes_setting,
     unit_members,
 )
+from platform_assets.intake.record import UnitRecord
 from resources.core.settings import Settings
 from resources.intake import event_store as store
 from resources.intake.event_queue import batch_done
@@ -79,7 +80,8 @@ def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = Fal
         sp = store.status_path(path)
         return (store.read_json(sp) or {}) if sp.exists() else None
 
-    with batch_lock(settings, owner), _worker_pool(), contextlib.closing(_Archived(proc)):
+    with batch_lock(settings, owner) as keeper, _worker_pool(), contextlib.closing(_Archived(proc)):
+        proc.record = UnitRecord(keeper, proc.events_dir)
         while True:
             # a file processed earlier that a stream destination has not read to its end yet stays
             # in ready/ (the stream loop archives it): it is only looked at once per call
@@ -138,7 +140,7 @@ def replay(settings: Settings, intake: Intake, dest: str | None = None,
     dests = [intake.spec.destination(dest)] if dest else list(intake.spec.destinations)
     events_dir = settings.events_dir()
     out: dict[str, UnitResult] = {}
-    with batch_lock(settings):
+    with batch_lock(settings) as keeper:
         pending = [rf.path.name for rf in iter_ready_files(events_dir)
                    if store.status_path(rf.path).exists() and not batch_done(rf.path)]
         if pending:
@@ -160,6 +162,7 @@ def replay(settings: Settings, intake: Intake, dest: str | None = None,
                 store.write_json_atomic(plan_path, plan)
             failures: list[dict[str, Any]] = plan["failures"]
             proc = EventProcessor(settings, [spec], modes=tuple(DestinationMode))
+            proc.record = UnitRecord(keeper, events_dir)
 
             def events(failures: list[dict[str, Any]] = failures) -> Any:
                 return ((i, loads_exact(f["event"])) for i, f in enumerate(failures, start=1))

@@ -20,6 +20,7 @@ import fcntl
 import gzip
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,15 +77,19 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
-def next_ordinal(events_dir: Path, at_least: int = 0) -> int:
-    """Give out the next file ordinal (the high 32 bits of row ids), durably, before it is used."""
+def next_ordinal(events_dir: Path, at_least: int = 0, take: Callable[[int], int] | None = None) -> int:
+    """Give out the next unit ordinal (the high 32 bits of row ids), durably, before it is used.
+    ``take``: draws it from a counter every host shares (the offset store's), given the floor
+    this folder knows (``processor.json``, kept as that floor: a store restored from a backup does
+    not give a number this folder used again); without it, from the folder's counter alone."""
     path = events_dir / "processor.json"
     events_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(events_dir / ".ordinal.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # the batch processor and stream loops share the counter
         state = read_json(path) or {}
-        n = max(int(state.get("last_ordinal", 0)), at_least) + 1
+        floor = max(int(state.get("last_ordinal", 0)), at_least)
+        n = take(floor) if take is not None else floor + 1
         write_json_atomic(path, {**state, "last_ordinal": n})
     finally:
         os.close(fd)

@@ -310,6 +310,18 @@ class SqlOffsetStore(OffsetStore):
             self._log(now, topic, "init", who, None, last, note or f"processor {processor}")
         return rec
 
+    def take_number(self, key: str, *, who: str, at_least: int = 0, processor: str = "counter") -> int:
+        if self.get(key) is None:
+            try:
+                self.init(key, Position.zero(), processor, who=who, note="a counter")
+            except OffsetError:
+                pass  # another process created it first
+        with self._tx(write=True):
+            rec = self._current(key)
+            n = max(rec.seq, at_least) + 1
+            self._save(rec, seq=n)
+            return n
+
     def acquire(self, topic: str, owner: str) -> OffsetRecord:
         if not owner:
             raise OffsetError(f"topic '{topic}': acquire needs a non-empty owner (see make_owner())")

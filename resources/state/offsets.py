@@ -106,6 +106,13 @@ class OffsetStore(abc.ABC):
         if it exists already."""
 
     @abc.abstractmethod
+    def take_number(self, key: str, *, who: str, at_least: int = 0, processor: str = "counter") -> int:
+        """The next number of the counter ``key`` (its record's ``seq``, created at 0 if missing):
+        ``max(seq, at_least) + 1``, stored before it is returned, in one transaction, so no two
+        callers on any host get the same number. No lock is needed and none is taken; not logged
+        (the unit planned with the number is)."""
+
+    @abc.abstractmethod
     def acquire(self, topic: str, owner: str) -> OffsetRecord:
         """Take the topic's lock. Re-entrant for the same owner. ``UnknownTopicError`` if the
         topic has no record; ``TopicLockedError`` naming the holder if another owner holds it

@@ -7,6 +7,7 @@ machines) sharing one warehouse and one offset store. No JVM: the intake writes 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -36,10 +37,10 @@ def _hosts(tmp_path: Path) -> tuple[Settings, Settings]:
                  for name in ("host_a", "host_b"))
 
 
-def _cli(s: Settings, cfg: Path, *args: str) -> subprocess.Popen[str]:
+def _cli(s: Settings, cfg: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "platform_assets.cli", "--home", str(s.home), "--warehouse", s.warehouse,
            "--offsets-url", s.offsets_url, "events", "process", "--config", str(cfg), *args]
-    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -134,5 +135,69 @@ def test_a_stream_loop_holds_its_destinations_record(tmp_path: Path):
         write_file(a, "web", T0, [{"event_type": "pv", "url": "/s"}])
         assert sum(mb.result.written for mb in StreamLoop(a, intake).run(once=True)) == 1
         assert store.get(key).owner == ""  # type: ignore[union-attr]
+    finally:
+        store.close()
+
+
+def _ids(s: Settings, table: str) -> list[int]:
+    return DeltaTable(s.table_path(table)).to_pyarrow_table().column("id").to_pylist()
+
+
+def test_units_are_planned_in_the_record_and_row_ids_stay_unique_across_hosts(tmp_path: Path):
+    """Each unit is planned and committed in ``intake:batch``, and its ordinal (the high 32 bits of
+    its row ids) comes from the store's one counter: two hosts' folders never give the same one."""
+    a, b = _hosts(tmp_path)
+    intake = load_intake(config(tmp_path), secrets=False)
+    for k in range(2):
+        for s in (a, b):
+            at = T0 + dt.timedelta(seconds=10 * k + (100 if s is b else 0))  # file names differ (docs/limits.md)
+            write_file(s, "web", at, [{"event_type": "pv", "url": f"/{s.home.name}/{k}/{j}"} for j in range(3)])
+            assert [r.written for r in process_ready(s, intake)] == [3]
+    ids = _ids(a, "stage.events_pv")
+    assert len(ids) == 12 and len(set(ids)) == 12, ids
+    assert sorted({i >> 32 for i in ids}) == [1, 2, 3, 4]  # one ordinal per unit, in the order they ran
+    store = open_offset_store(a.offsets_url)
+    try:
+        rec = store.get(locks.INTAKE_BATCH)
+        assert rec is not None and not rec.pending and rec.seq == 4 and rec.rows == 3, rec
+        assert store.get(locks.INTAKE_ORDINALS).seq == 4  # type: ignore[union-attr]
+        actions = [(e.action, e.note) for e in reversed(store.history(locks.INTAKE_BATCH, limit=50))
+                   if e.action in ("plan", "commit")]
+        assert [x for x, _ in actions] == ["plan", "commit"] * 4, actions
+        assert "3 rows" in actions[-1][1]
+    finally:
+        store.close()
+
+
+def test_a_unit_planned_before_a_crash_lands_after_another_host_took_the_lock_over(tmp_path: Path):
+    """Host A plans a unit (each table's next Delta transaction version) and dies before writing.
+    Host B takes the lock over and lands its own files in the same table: its units take those very
+    transaction versions. When A runs again, its plan is stale (the record planned B's units
+    since), so it plans the unit anew from what the table holds: nothing of A is skipped as
+    "landed before the crash", nothing lands twice."""
+    a, b = _hosts(tmp_path)
+    cfg = config(tmp_path)
+    write_file(a, "web", T0, [{"event_type": "pv", "url": f"/a/{j}"} for j in range(3)])
+    write_file(b, "web", T0 + dt.timedelta(seconds=1), [{"event_type": "pv", "url": f"/b/{j}"} for j in range(2)])
+    crashed = _cli(a, cfg, env={"TIDEMARK_CRASH_AT": "events_planned"})
+    crashed.communicate(timeout=120)
+    assert crashed.returncode == -9, "A was to die at events_planned"
+    status = next(ready_dir(a.events_dir()).glob("*.log.status"))
+    planned = json.loads(status.read_text())["destinations"]["main"]["tables"]["stage.events_pv"]
+    assert planned["state"] == "planned"
+    intake = load_intake(cfg, secrets=False)
+    assert [r.written for r in process_ready(b, intake)] == [2]  # A is dead: B takes its lock over at once
+    version = DeltaTable(b.table_path("stage.events_pv")).transaction_version("tidemark-intake:main:stage.events_pv")
+    assert version == planned["version"]  # B's unit took the version A's plan names
+    (again,) = process_ready(a, intake)
+    assert again.written == 3
+    assert _urls(a, "stage.events_pv") == ["/a/0", "/a/1", "/a/2", "/b/0", "/b/1"]
+    ids = _ids(a, "stage.events_pv")
+    assert len(set(ids)) == len(ids) == 5
+    store = open_offset_store(a.offsets_url)
+    try:
+        notes = [e.note for e in store.history(locks.INTAKE_BATCH, limit=50) if e.action == "commit"]
+        assert any("superseded by" in n for n in notes), notes
+        assert not store.get(locks.INTAKE_BATCH).pending  # type: ignore[union-attr]
     finally:
         store.close()

@@ -874,3 +874,30 @@ def test_the_log_head_grows_with_every_logged_change_and_only_then(store: Offset
     entries = store.logged_after(after_init)
     assert list(entries.values()) == [T] and max(entries) == store.log_head()
     assert store.logged_after(store.log_head()) == {}
+
+
+# -- counters ---------------------------------------------------------------------------------------
+
+
+def test_take_number_counts_from_one_and_from_a_floor_without_a_lock(open_store: Callable[[], OffsetStore]) -> None:
+    one, two = open_store(), open_store()
+    assert [one.take_number("n", who=A), two.take_number("n", who=B), one.take_number("n", who=A)] == [1, 2, 3]
+    assert two.take_number("n", who=B, at_least=10) == 11  # a floor the caller knows raises it
+    assert one.take_number("n", who=A, at_least=5) == 12  # never lowers it
+    rec = current(one, "n")
+    assert (rec.seq, rec.owner, rec.next, rec.processor) == (12, "", None, "counter")
+
+
+def test_take_number_gives_every_concurrent_caller_its_own_number(open_store: Callable[[], OffsetStore]) -> None:
+    stores = [open_store() for _ in range(4)]
+    got: list[int] = []
+
+    def draw(s: OffsetStore) -> None:
+        got.extend(s.take_number("n", who=A) for _ in range(25))
+
+    threads = [threading.Thread(target=draw, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(1, 101))

@@ -1,0 +1,86 @@
+"""The intake's units in the offset store (DESIGN.md, "One commit protocol").
+
+Every unit of the intake is one of the shared protocol: a batch of incoming files, a replay, a
+stream micro-batch. Its processor holds a record of the offset store: ``intake:batch``, or
+``intake:stream:<dest>`` for a stream loop (:mod:`platform_assets.core.locks`). In that record,
+like a CDC replicator's unit, the unit is:
+
+- *planned* before anything is written: ``seq`` = the unit's ordinal, ``next`` = its position,
+  ``state`` naming the unit and the events folder it reads;
+- *committed* once every table holds it.
+
+Row ids are ``ordinal << 32 | line``, and the ordinal comes from one counter of the store,
+:data:`~platform_assets.core.locks.INTAKE_ORDINALS`. Every host and loop writing through that
+store draws from it, so row ids are unique across them all, not only within an events folder.
+The folder's own counter (``processor.json``) stays a floor: a store restored from a backup does
+not give out a number the folder used.
+
+What a unit holds in detail stays in its status file beside its files:
+- its files;
+- each table's Delta transaction version;
+- its statistics.
+
+The Delta log stays the truth of what landed. The record decides whether that status plan may
+still be trusted (:meth:`UnitRecord.begin`):
+
+- **The record's pending unit is this one:** it is resumed as planned.
+- **Another unit is pending:** its processor died or lost the lock (it may be on another host,
+  reading another folder). That unit is superseded: committed with a note that says so.
+- **The record planned a later unit since this one's plan was written:** another processor took
+  the lock over meanwhile, and its units may hold the very transaction versions this plan names.
+  So the plan is stale. The unit is planned again under a new ordinal, from what each table's
+  Delta log says it holds (the path of a lost status file). A file's rows land once, and none is
+  skipped.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from lineage.core.positions import ZERO_TS, Position
+from platform_assets.core.locks import INTAKE_ORDINALS
+from resources.intake import event_store
+from resources.state.lease import LeaseKeeper
+
+
+class UnitRecord:
+    """The record a processor of the intake holds (its lock's keeper), and the units it plans there."""
+
+    def __init__(self, keeper: LeaseKeeper, events_dir: Path) -> None:
+        self.keeper = keeper
+        self.events_dir = events_dir
+        self.where = f"{socket.gethostname()}:{events_dir}"
+
+    def begin(self, unit: str, ordinal: int | None, save: Callable[[int], None]) -> int:
+        """Plan ``unit`` in the record, or find it planned. ``ordinal`` is the unit's ordinal as
+        its status file has it (None: no plan yet). ``save(n)`` must write a fresh status plan
+        with ordinal ``n`` (no table planned) before the record plans it; it is called when the
+        unit needs a new ordinal. Returns the ordinal the unit lands with."""
+        store, key, owner = self.keeper.store, self.keeper.topic, self.keeper.owner
+        rec = store.acquire(key, owner)  # held already: raises if it was taken over
+        if ordinal is not None and rec.seq == ordinal:
+            return ordinal  # planned before a crash (or committed just before one): the tables say what is left
+        if rec.pending:
+            store.commit(key, owner, seq=rec.seq, last=rec.last, next=rec.next or rec.last, rows=0,
+                         note=f"unit {rec.seq} ({rec.state}) did not finish; superseded by {unit} ({self.where}). "
+                              "When its processor runs it again, it plans it anew from what the tables hold")
+            rec = store.acquire(key, owner)
+        if ordinal is None or ordinal <= rec.seq:
+            ordinal = event_store.next_ordinal(
+                self.events_dir, at_least=rec.seq,
+                take=lambda floor: store.take_number(INTAKE_ORDINALS, who=owner, at_least=floor, processor="intake"))
+            save(ordinal)
+        store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, ordinal), seq=ordinal, source_version=None)
+        store.set_state(key, owner, f"planned: {unit} ({self.where})")
+        return ordinal
+
+    def commit(self, unit: str, ordinal: int, rows: int) -> None:
+        """The unit landed in every table: close it in the record."""
+        store, key, owner = self.keeper.store, self.keeper.topic, self.keeper.owner
+        pos = Position(ZERO_TS, ordinal)
+        rec = store.acquire(key, owner)
+        if not rec.pending and rec.seq == ordinal:
+            return  # committed before a crash
+        store.commit(key, owner, seq=ordinal, last=rec.last, next=pos, rows=rows, note=f"{unit}: {rows} rows")
