@@ -35,6 +35,7 @@ still be trusted (:meth:`UnitRecord.begin`):
 
 from __future__ import annotations
 
+import hashlib
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,12 @@ from lineage.core.positions import ZERO_TS, Position
 from platform_assets.core.locks import INTAKE_ORDINALS
 from resources.intake import event_store
 from resources.state.lease import LeaseKeeper
+
+
+def folder_tag(events_dir: Path) -> str:
+    """A short name of this host's events folder, for unit names that must not meet another
+    folder's (a stream loop numbers its micro-batches per folder)."""
+    return hashlib.sha1(f"{socket.gethostname()}:{events_dir.resolve()}".encode()).hexdigest()[:8]
 
 
 class UnitRecord:

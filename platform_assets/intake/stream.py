@@ -34,7 +34,7 @@ from lineage.intake.destinations import DestinationMode
 from platform_assets.core import locks
 from platform_assets.core.faults import crashpoint
 from platform_assets.intake.batch import EventProcessor, UnitResult
-from platform_assets.intake.record import UnitRecord
+from platform_assets.intake.record import UnitRecord, folder_tag
 from resources.core.settings import Settings
 from resources.intake import event_queue as q
 from resources.intake import event_store as store
@@ -95,7 +95,8 @@ class StreamLoop:
                     self._write_state(folder, state)
                     self._archive(dest, new_done)
                 return None
-            pending = {"seq": state.seq + 1, "unit": f"stream.dst={dest}.{state.seq + 1:012d}",
+            # the folder's tag: a table's commits name their units, and another host's loop numbers its own
+            pending = {"seq": state.seq + 1, "unit": f"stream.dst={dest}.{state.seq + 1:012d}.{folder_tag(self.events_dir)}",
                        "ranges": [r.to_json() for r in ranges], "done": new_done}
             store.write_json_atomic(folder / "pending.json", pending)
             crashpoint("stream_planned")

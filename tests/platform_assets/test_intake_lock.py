@@ -201,3 +201,27 @@ def test_a_unit_planned_before_a_crash_lands_after_another_host_took_the_lock_ov
         assert not store.get(locks.INTAKE_BATCH).pending  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+def test_a_micro_batch_planned_before_a_crash_lands_after_another_hosts_stream_loop_took_over(tmp_path: Path):
+    """The stream loop's units go through the same record (``intake:stream:<dest>``): host A's loop
+    dies with a micro-batch planned; host B's loop for the same destination takes over and lands
+    its own events in the same table; A's micro-batch still lands, once, when A runs again. Each
+    loop names its micro-batches with its folder's tag, so B's micro-batch 1 is not taken for A's."""
+    a, b = _hosts(tmp_path)
+    cfg = tmp_path / "stream.yaml"
+    cfg.write_text("tokens:\n  - {id: web, kind: browser, secret_env: T_WEB}\ndestinations:\n"
+                   "  - id: live\n    mode: stream\n    table_name_template: live_events\n")
+    intake = load_intake(cfg, secrets=False)
+    write_file(a, "web", T0, [{"event_type": "pv", "url": f"/a/{j}"} for j in range(3)])
+    write_file(b, "web", T0 + dt.timedelta(seconds=1), [{"event_type": "pv", "url": f"/b/{j}"} for j in range(2)])
+    cmd = [sys.executable, "-m", "platform_assets.cli", "--home", str(a.home), "--warehouse", a.warehouse,
+           "--offsets-url", a.offsets_url, "events", "stream", "--once", "--config", str(cfg)]
+    crashed = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TIDEMARK_CRASH_AT": "events_planned"},
+                             capture_output=True, text=True, timeout=120)
+    assert crashed.returncode == -9, crashed.stderr[-2000:]
+    assert sum(mb.result.written for mb in StreamLoop(b, intake).run(once=True)) == 2
+    assert sum(mb.result.written for mb in StreamLoop(a, intake).run(once=True)) == 3
+    assert _urls(a, "stage.live_events") == ["/a/0", "/a/1", "/a/2", "/b/0", "/b/1"]
+    ids = _ids(a, "stage.live_events")
+    assert len(set(ids)) == len(ids) == 5
