@@ -97,6 +97,18 @@ class Members:
         return self.names[bisect.bisect_right(self.bases, line - 1) - 1]
 
 
+def landed_part(destinations: dict[str, Any]) -> dict[str, Any]:
+    """Of a status plan's destinations, what it says landed: each table and failed-events entry
+    whose state is ``ok``."""
+    out: dict[str, Any] = {}
+    for dest, dstat in destinations.items():
+        kept: dict[str, Any] = {"tables": {t: e for t, e in dstat.get("tables", {}).items() if e.get("state") == "ok"}}
+        if (dstat.get("failed") or {}).get("state") == "ok":
+            kept["failed"] = dstat["failed"]
+        out[dest] = kept
+    return out
+
+
 def drop_files(pair: TypedPair, files: set[str], file_of: Callable[[int], str]) -> TypedPair:
     """``pair`` without the rows (and failures) of ``files``: their part landed before."""
     keep = [file_of(line) not in files for line in pair.lines]
@@ -165,14 +177,16 @@ class EventProcessor:
         status: dict[str, Any] = store.read_json(status_file) or {}
         known = int(status["ordinal"]) if "ordinal" in status else None
 
-        def fresh(n: int) -> None:  # a new plan: no table planned yet (a lost or stale one is found in the tables)
+        def fresh(n: int) -> None:
+            """A new plan under ordinal ``n``: it keeps what the old one says landed (a fact) and drops
+            what it only planned (those versions may have gone to another processor's units)."""
             nonlocal status
-            status = {"unit": unit, "ordinal": n, "destinations": {}}
+            status = {"unit": unit, "ordinal": n, "destinations": landed_part(status.get("destinations") or {})}
             if len(members.names) > 1:
                 status["files"] = members.names
             store.write_json_atomic(status_file, status)
 
-        if self.record is not None:
+        if self.record is not None and not status.get("committed"):
             ordinal = self.record.begin(unit, known, fresh)
         elif known is None:
             fresh(ordinal := store.next_ordinal(self.events_dir))
@@ -207,8 +221,15 @@ class EventProcessor:
             path = self.settings.table_path(table)
             app = stage_app_id(dest, table)
             st = store.table_state(path, app)
-            if entry is not None and (entry["state"] == "ok" or st.txn_version >= entry["version"]):
-                entry["state"] = "ok"  # landed before a crash: the Delta log is the truth
+            if entry is not None and entry["state"] != "ok" and st.txn_version >= entry["version"]:
+                # its version was taken: by this unit before a crash, or by another processor's unit
+                # (a store restored from a backup forgot that one): the table's commits say which
+                if set(members.names) <= store.committed_files(path, app, members.names):
+                    entry["state"] = "ok"  # landed before a crash: the Delta log is the truth
+                else:
+                    dstat["tables"].pop(table)  # planned anew, below
+                    entry = None
+            if entry is not None and entry["state"] == "ok":
                 continue
             if entry is None and st.txn_version:
                 # no plan for this pair: first time, or the status file was lost. The table's own
@@ -238,6 +259,13 @@ class EventProcessor:
         failed_path = self.settings.table_path(store.FAILED_EVENTS)
         for dest in sorted({d for d, f in failures.items() if f} | set(replace or {})):  # no empty commits
             dstat = status["destinations"].setdefault(dest, {"tables": {}})
+            f = dstat.get("failed")
+            if f is not None and f["state"] != "ok" and store.failed_version(failed_path, dest) >= f["version"]:
+                landed = store.committed_files(failed_path, store.failed_app_id(dest), members.names)
+                if set(members.names) <= landed:
+                    f["state"] = "ok"
+                else:  # the version went to another processor's unit: planned anew
+                    del dstat["failed"]
             if "failed" not in dstat:
                 if failures.get(dest) and store.failed_version(failed_path, dest):
                     landed = store.committed_files(failed_path, store.failed_app_id(dest), members.names)
@@ -284,8 +312,10 @@ class EventProcessor:
                 result.tables[f"{dest}:{table}"] = entry
                 self._log(dest, table, entry, unit, prepared, time.monotonic() - started)
         crashpoint("events_logged")
-        if self.record is not None:
+        if self.record is not None and not status.get("committed"):
             self.record.commit(unit, ordinal, result.written)
+            status["committed"] = True  # a unit retried from here on (its files not archived yet) leaves the record be
+            store.write_json_atomic(status_file, status)
         return result
 
     def _failure_rows(self, members: Members, dest: str, failures: list[tuple[int, str | None, str]],

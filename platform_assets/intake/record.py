@@ -28,28 +28,36 @@ still be trusted (:meth:`UnitRecord.begin`):
   reading another folder). That unit is superseded: committed with a note that says so.
 - **The record planned a later unit since this one's plan was written:** another processor took
   the lock over meanwhile, and its units may hold the very transaction versions this plan names.
-  So the plan is stale. The unit is planned again under a new ordinal, from what each table's
-  Delta log says it holds (the path of a lost status file). A file's rows land once, and none is
-  skipped.
+  So the plan is stale. The unit is planned again under a new ordinal. What the old plan says
+  landed is kept (a fact). What it only planned is dropped, and each table's Delta log says which
+  of the unit's files it holds (the path of a lost status file). A file's rows land once, and none
+  is skipped.
+- **The unit landed and was committed** (its files not archived yet): the record is left be.
+
+Beyond the record, a planned table whose transaction version is already taken counts as landed
+only when that table's commits name this unit's files. Otherwise the version went to another
+processor's unit (say, a store restored from a backup forgot it), and the table is planned anew.
 """
 
 from __future__ import annotations
 
 import hashlib
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
+from lineage.core.errors import OffsetError
 from lineage.core.positions import ZERO_TS, Position
 from platform_assets.core.locks import INTAKE_ORDINALS
 from resources.intake import event_store
 from resources.state.lease import LeaseKeeper
+from resources.state.offset_sql import owner_host
+from resources.state.offsets import STATE_PLANNED, OffsetRecord
 
 
 def folder_tag(events_dir: Path) -> str:
     """A short name of this host's events folder, for unit names that must not meet another
     folder's (a stream loop numbers its micro-batches per folder)."""
-    return hashlib.sha1(f"{socket.gethostname()}:{events_dir.resolve()}".encode()).hexdigest()[:8]
+    return hashlib.sha1(f"{owner_host()}:{events_dir.resolve()}".encode()).hexdigest()[:8]
 
 
 class UnitRecord:
@@ -58,36 +66,49 @@ class UnitRecord:
     def __init__(self, keeper: LeaseKeeper, events_dir: Path) -> None:
         self.keeper = keeper
         self.events_dir = events_dir
-        self.where = f"{socket.gethostname()}:{events_dir}"
+        self.where = f"{owner_host()}:{events_dir}"
 
     def begin(self, unit: str, ordinal: int | None, save: Callable[[int], None]) -> int:
         """Plan ``unit`` in the record, or find it planned. ``ordinal`` is the unit's ordinal as
-        its status file has it (None: no plan yet). ``save(n)`` must write a fresh status plan
-        with ordinal ``n`` (no table planned) before the record plans it; it is called when the
-        unit needs a new ordinal. Returns the ordinal the unit lands with."""
+        its status file has it (None: no plan yet). ``save(n)`` must write the status plan anew
+        with ordinal ``n``, keeping what it says landed and dropping what it only planned,
+        before the record plans it; it is called when the unit needs a new ordinal. Returns the
+        ordinal the unit lands with."""
         store, key, owner = self.keeper.store, self.keeper.topic, self.keeper.owner
-        rec = store.acquire(key, owner)  # held already: raises if it was taken over
-        if ordinal is not None and rec.seq == ordinal:
+        rec = self._record()
+        if ordinal is not None and rec.seq == ordinal and (not rec.pending or rec.state in (STATE_PLANNED, self._state(unit))):
             return ordinal  # planned before a crash (or committed just before one): the tables say what is left
         if rec.pending:
             store.commit(key, owner, seq=rec.seq, last=rec.last, next=rec.next or rec.last, rows=0,
                          note=f"unit {rec.seq} ({rec.state}) did not finish; superseded by {unit} ({self.where}). "
                               "When its processor runs it again, it plans it anew from what the tables hold")
-            rec = store.acquire(key, owner)
+            rec = self._record()
         if ordinal is None or ordinal <= rec.seq:
             ordinal = event_store.next_ordinal(
                 self.events_dir, at_least=rec.seq,
                 take=lambda floor: store.take_number(INTAKE_ORDINALS, who=owner, at_least=floor, processor="intake"))
             save(ordinal)
         store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, ordinal), seq=ordinal, source_version=None)
-        store.set_state(key, owner, f"planned: {unit} ({self.where})")
+        store.set_state(key, owner, self._state(unit))
         return ordinal
 
     def commit(self, unit: str, ordinal: int, rows: int) -> None:
         """The unit landed in every table: close it in the record."""
         store, key, owner = self.keeper.store, self.keeper.topic, self.keeper.owner
-        pos = Position(ZERO_TS, ordinal)
-        rec = store.acquire(key, owner)
+        rec = self._record()
         if not rec.pending and rec.seq == ordinal:
             return  # committed before a crash
-        store.commit(key, owner, seq=ordinal, last=rec.last, next=pos, rows=rows, note=f"{unit}: {rows} rows")
+        store.commit(key, owner, seq=ordinal, last=rec.last, next=Position(ZERO_TS, ordinal), rows=rows,
+                     note=f"{unit}: {rows} rows")
+
+    def _state(self, unit: str) -> str:
+        return f"planned: {unit} ({self.where})"
+
+    def _record(self) -> OffsetRecord:
+        """The record, once the lock is known to be still ours (raises the lost lock's error)."""
+        self.keeper.check()
+        rec = self.keeper.store.get(self.keeper.topic)
+        if rec is None:
+            raise OffsetError(f"'{self.keeper.topic}': its record is gone from the offset store while this processor "
+                              "held it (removed by hand?); run again")
+        return rec

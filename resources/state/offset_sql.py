@@ -622,7 +622,8 @@ OWNER_HOST_ENV = "TIDEMARK_OWNER_HOST"
 LEASE_ENV = "TIDEMARK_LOCK_LEASE"
 
 
-def _owner_host() -> str:
+def owner_host() -> str:
+    """This host as lock owners name it (``$TIDEMARK_OWNER_HOST``, else the host name)."""
     return os.environ.get(OWNER_HOST_ENV, "").strip() or socket.gethostname()
 
 
@@ -641,7 +642,7 @@ def make_owner(run_id: str | None = None) -> str:
     """A lock owner id for this process (see :class:`OwnerId`); ``run_id``: the Dagster run
     this process executes, so the planner sensor can free the lock once that run has ended."""
     ns = _process_namespace()
-    return str(OwnerId(_owner_host(), os.getpid(), secrets.token_hex(4), ns[0] if ns else None,
+    return str(OwnerId(owner_host(), os.getpid(), secrets.token_hex(4), ns[0] if ns else None,
                        ns[1] if ns else None, run_id or None))
 
 
@@ -653,7 +654,7 @@ def local_owner_is_dead(owner: str) -> bool:
     here = _process_namespace()
     if parsed is None or here is None or parsed.pid <= 0:
         return False
-    if (parsed.host, parsed.pid_ns, parsed.boot_id) != (_owner_host(), *here):
+    if (parsed.host, parsed.pid_ns, parsed.boot_id) != (owner_host(), *here):
         return False
     try:
         os.kill(parsed.pid, 0)

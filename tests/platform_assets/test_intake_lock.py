@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -224,4 +225,32 @@ def test_a_micro_batch_planned_before_a_crash_lands_after_another_hosts_stream_l
     assert sum(mb.result.written for mb in StreamLoop(a, intake).run(once=True)) == 3
     assert _urls(a, "stage.live_events") == ["/a/0", "/a/1", "/a/2", "/b/0", "/b/1"]
     ids = _ids(a, "stage.live_events")
+    assert len(set(ids)) == len(ids) == 5
+
+
+def test_a_store_restored_from_a_backup_does_not_let_a_taken_version_pass_for_landed(tmp_path: Path):
+    """Host A plans a unit and dies; the offset store is backed up; host B takes the lock over and
+    lands its own unit with the transaction version A's plan names; the store is restored from
+    the backup, so the record again shows A's unit pending and knows nothing of B's. A resumes its
+    plan as it stands, and the table's version alone would say A's unit landed: its commits, which
+    name B's file, say it did not."""
+    a, b = _hosts(tmp_path)
+    cfg = config(tmp_path)
+    write_file(a, "web", T0, [{"event_type": "pv", "url": f"/a/{j}"} for j in range(3)])
+    write_file(b, "web", T0 + dt.timedelta(seconds=1), [{"event_type": "pv", "url": f"/b/{j}"} for j in range(2)])
+    crashed = _cli(a, cfg, env={"TIDEMARK_CRASH_AT": "events_planned"})
+    crashed.communicate(timeout=120)
+    assert crashed.returncode == -9
+    db = tmp_path / "offsets.db"
+    backup = tmp_path / "offsets.backup.db"
+    with sqlite3.connect(db) as src, sqlite3.connect(backup) as dst:
+        src.backup(dst)
+    intake = load_intake(cfg, secrets=False)
+    assert [r.written for r in process_ready(b, intake)] == [2]
+    with sqlite3.connect(backup) as src, sqlite3.connect(db) as dst:
+        src.backup(dst)
+    (again,) = process_ready(a, intake)
+    assert again.written == 3
+    assert _urls(a, "stage.events_pv") == ["/a/0", "/a/1", "/a/2", "/b/0", "/b/1"]
+    ids = _ids(a, "stage.events_pv")
     assert len(set(ids)) == len(ids) == 5
