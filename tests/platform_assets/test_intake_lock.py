@@ -170,12 +170,8 @@ def test_units_are_planned_in_the_record_and_row_ids_stay_unique_across_hosts(tm
         store.close()
 
 
-def test_a_unit_planned_before_a_crash_lands_after_another_host_took_the_lock_over(tmp_path: Path):
-    """Host A plans a unit (each table's next Delta transaction version) and dies before writing.
-    Host B takes the lock over and lands its own files in the same table: its units take those very
-    transaction versions. When A runs again, its plan is stale (the record planned B's units
-    since), so it plans the unit anew from what the table holds: nothing of A is skipped as
-    "landed before the crash", nothing lands twice."""
+def _a_dies_with_a_unit_planned(tmp_path: Path) -> tuple[Settings, Settings, Path]:
+    """Three events of host A and two of host B wait; A's processor dies once it planned its unit."""
     a, b = _hosts(tmp_path)
     cfg = config(tmp_path)
     write_file(a, "web", T0, [{"event_type": "pv", "url": f"/a/{j}"} for j in range(3)])
@@ -183,6 +179,16 @@ def test_a_unit_planned_before_a_crash_lands_after_another_host_took_the_lock_ov
     crashed = _cli(a, cfg, env={"TIDEMARK_CRASH_AT": "events_planned"})
     crashed.communicate(timeout=120)
     assert crashed.returncode == -9, "A was to die at events_planned"
+    return a, b, cfg
+
+
+def test_a_unit_planned_before_a_crash_lands_after_another_host_took_the_lock_over(tmp_path: Path):
+    """Host A plans a unit (each table's next Delta transaction version) and dies before writing.
+    Host B takes the lock over and lands its own files in the same table: its units take those very
+    transaction versions. When A runs again, its plan is stale (the record planned B's units
+    since), so it plans the unit anew from what the table holds: nothing of A is skipped as
+    "landed before the crash", nothing lands twice."""
+    a, b, cfg = _a_dies_with_a_unit_planned(tmp_path)
     status = next(ready_dir(a.events_dir()).glob("*.log.status"))
     planned = json.loads(status.read_text())["destinations"]["main"]["tables"]["stage.events_pv"]
     assert planned["state"] == "planned"
@@ -234,13 +240,7 @@ def test_a_store_restored_from_a_backup_does_not_let_a_taken_version_pass_for_la
     the backup, so the record again shows A's unit pending and knows nothing of B's. A resumes its
     plan as it stands, and the table's version alone would say A's unit landed: its commits, which
     name B's file, say it did not."""
-    a, b = _hosts(tmp_path)
-    cfg = config(tmp_path)
-    write_file(a, "web", T0, [{"event_type": "pv", "url": f"/a/{j}"} for j in range(3)])
-    write_file(b, "web", T0 + dt.timedelta(seconds=1), [{"event_type": "pv", "url": f"/b/{j}"} for j in range(2)])
-    crashed = _cli(a, cfg, env={"TIDEMARK_CRASH_AT": "events_planned"})
-    crashed.communicate(timeout=120)
-    assert crashed.returncode == -9
+    a, b, cfg = _a_dies_with_a_unit_planned(tmp_path)
     db = tmp_path / "offsets.db"
     backup = tmp_path / "offsets.backup.db"
     with sqlite3.connect(db) as src, sqlite3.connect(backup) as dst:
