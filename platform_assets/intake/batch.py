@@ -97,18 +97,6 @@ class Members:
         return self.names[bisect.bisect_right(self.bases, line - 1) - 1]
 
 
-def landed_part(destinations: dict[str, Any]) -> dict[str, Any]:
-    """Of a status plan's destinations, what it says landed: each table and failed-events entry
-    whose state is ``ok``."""
-    out: dict[str, Any] = {}
-    for dest, dstat in destinations.items():
-        kept: dict[str, Any] = {"tables": {t: e for t, e in dstat.get("tables", {}).items() if e.get("state") == "ok"}}
-        if (dstat.get("failed") or {}).get("state") == "ok":
-            kept["failed"] = dstat["failed"]
-        out[dest] = kept
-    return out
-
-
 def drop_files(pair: TypedPair, files: set[str], file_of: Callable[[int], str]) -> TypedPair:
     """``pair`` without the rows (and failures) of ``files``: their part landed before."""
     keep = [file_of(line) not in files for line in pair.lines]
@@ -178,10 +166,11 @@ class EventProcessor:
         known = int(status["ordinal"]) if "ordinal" in status else None
 
         def fresh(n: int) -> None:
-            """A new plan under ordinal ``n``: it keeps what the old one says landed (a fact) and drops
-            what it only planned (those versions may have gone to another processor's units)."""
+            """The plan under ordinal ``n``, keeping each table's entry: one that says landed is a fact;
+            one only planned is checked against the table's commits below (its version may have
+            gone to another processor's unit)."""
             nonlocal status
-            status = {"unit": unit, "ordinal": n, "destinations": landed_part(status.get("destinations") or {})}
+            status = {"unit": unit, "ordinal": n, "destinations": status.get("destinations") or {}}
             if len(members.names) > 1:
                 status["files"] = members.names
             store.write_json_atomic(status_file, status)
@@ -223,8 +212,9 @@ class EventProcessor:
             st = store.table_state(path, app)
             if entry is not None and entry["state"] != "ok" and st.txn_version >= entry["version"]:
                 # its version was taken: by this unit before a crash, or by another processor's unit
-                # (a store restored from a backup forgot that one): the table's commits say which
-                if set(members.names) <= store.committed_files(path, app, members.names):
+                # (after a takeover, or one a store restored from a backup forgot): that commit says which
+                if set(members.names) <= store.committed_files(path, app, members.names, version=entry["version"],
+                                                               since=entry.get("since")):
                     entry["state"] = "ok"  # landed before a crash: the Delta log is the truth
                 else:
                     dstat["tables"].pop(table)  # planned anew, below
@@ -249,6 +239,7 @@ class EventProcessor:
             first, last = (pos[0].as_py(), pos[-1].as_py()) if len(pos) else (None, None)
             dstat["tables"][table] = {
                 "version": entry["version"] if entry else st.txn_version + 1, "state": "planned",
+                "since": entry.get("since", st.version) if entry else st.version,
                 "rows": len(pair.lines), "lines": [pair.lines[0], pair.lines[-1]] if pair.lines else None,
                 "columns_added": pair.added, "promotions": pair.promotions,
                 "unmapped_values": pair.unmapped_values, "collided_values": pair.collided_values,
@@ -261,7 +252,8 @@ class EventProcessor:
             dstat = status["destinations"].setdefault(dest, {"tables": {}})
             f = dstat.get("failed")
             if f is not None and f["state"] != "ok" and store.failed_version(failed_path, dest) >= f["version"]:
-                landed = store.committed_files(failed_path, store.failed_app_id(dest), members.names)
+                landed = store.committed_files(failed_path, store.failed_app_id(dest), members.names,
+                                               version=f["version"], since=f.get("since"))
                 if set(members.names) <= landed:
                     f["state"] = "ok"
                 else:  # the version went to another processor's unit: planned anew
@@ -272,7 +264,8 @@ class EventProcessor:
                     failures[dest] = [f for f in failures[dest] if members.file_of(f[0]) not in landed]
                 flog = store.failed_log(self.events_dir, dest)
                 dstat["failed"] = {"version": store.failed_version(failed_path, dest) + 1, "state": "planned",
-                                   "offset": flog.stat().st_size if flog.exists() else 0, "count": len(failures.get(dest, []))}
+                                   "since": store.table_version(failed_path), "count": len(failures.get(dest, [])),
+                                   "offset": flog.stat().st_size if flog.exists() else 0}
         store.write_json_atomic(status_file, status)
         crashpoint("events_planned")
         # 2. land: failed events first, so a retry that finds a pair landed never recomputes them

@@ -28,15 +28,15 @@ still be trusted (:meth:`UnitRecord.begin`):
   reading another folder). That unit is superseded: committed with a note that says so.
 - **The record planned a later unit since this one's plan was written:** another processor took
   the lock over meanwhile, and its units may hold the very transaction versions this plan names.
-  So the plan is stale. The unit is planned again under a new ordinal. What the old plan says
-  landed is kept (a fact). What it only planned is dropped, and each table's Delta log says which
-  of the unit's files it holds (the path of a lost status file). A file's rows land once, and none
-  is skipped.
+  So the plan is stale: the unit gets a new ordinal (the record's ``seq`` only grows), and each
+  of its tables is checked as below. A file's rows land once, and none is skipped.
 - **The unit landed and was committed** (its files not archived yet): the record is left be.
 
-Beyond the record, a planned table whose transaction version is already taken counts as landed
-only when that table's commits name this unit's files. Otherwise the version went to another
-processor's unit (say, a store restored from a backup forgot it), and the table is planned anew.
+Beyond the record, a planned table (or failed-events entry) whose transaction version is already
+taken counts as landed only when the commit that took it names this unit's files. That commit is
+looked for among every commit since the plan was made, however many. Otherwise the version went to
+another processor's unit (after a takeover, or one that a store restored from a backup forgot), and
+the table is planned anew.
 """
 
 from __future__ import annotations
@@ -70,9 +70,8 @@ class UnitRecord:
 
     def begin(self, unit: str, ordinal: int | None, save: Callable[[int], None]) -> int:
         """Plan ``unit`` in the record, or find it planned. ``ordinal`` is the unit's ordinal as
-        its status file has it (None: no plan yet). ``save(n)`` must write the status plan anew
-        with ordinal ``n``, keeping what it says landed and dropping what it only planned,
-        before the record plans it; it is called when the unit needs a new ordinal. Returns the
+        its status file has it (None: no plan yet). ``save(n)`` must write the status plan with
+        ordinal ``n`` before the record plans it; it is called when the unit needs a new ordinal. Returns the
         ordinal the unit lands with."""
         store, key, owner = self.keeper.store, self.keeper.topic, self.keeper.owner
         rec = self._record()

@@ -148,6 +148,7 @@ class TableState:
     columns: dict[str, ColumnType]
     txn_version: int  # of this writer's app id; 0 if none
     max_pos: dt.datetime | None
+    version: int = -1  # the table's Delta version (-1: no table yet)
 
 
 def _columns(table: Any) -> dict[str, ColumnType]:
@@ -177,18 +178,28 @@ def table_state(path: str, app_id: str) -> TableState:
             max_pos = max(values) if values else None
             if max_pos is not None and max_pos.tzinfo is None:
                 max_pos = max_pos.replace(tzinfo=dt.UTC)
-    return TableState(cols, table.transaction_version(app_id) or 0, max_pos)
+    return TableState(cols, table.transaction_version(app_id) or 0, max_pos, table.version())
 
 
-def committed_files(path: str, app_id: str, names: list[str], depth: int = 200) -> set[str]:
-    """Which of the incoming files (or units) ``names`` one of the newest ``depth`` commits of
-    ``app_id`` carries (by its userMetadata: ``unit``, and ``files`` of a unit of several): the
-    Delta log's word when a status file was lost."""
+def table_version(path: str) -> int:
+    """The table's Delta version, -1 when there is no table yet."""
+    table = open_table(path)
+    return -1 if table is None else table.version()
+
+
+def committed_files(path: str, app_id: str, names: list[str], depth: int = 200, *, version: int | None = None,
+                    since: int | None = None) -> set[str]:
+    """Which of the incoming files (or units) ``names`` a commit of ``app_id`` carries (by its
+    userMetadata: ``unit``, and ``files`` of a unit of several): the Delta log's word when a
+    status file was lost, or when a planned transaction version was found taken. ``version``:
+    only the commit of that transaction version; ``since``: only commits after that Delta version
+    of the table (all of them, however many: where the plan was made), else the newest ``depth``."""
     table = open_table(path)
     if table is None:
         return set()
+    limit = table.version() - since if since is not None else depth
     wanted, found = set(names), set()
-    for commit in table.history(depth):
+    for commit in table.history(max(limit, 1)):
         meta = commit.get("userMetadata")
         if not meta:
             continue
@@ -196,8 +207,11 @@ def committed_files(path: str, app_id: str, names: list[str], depth: int = 200) 
             m = orjson.loads(meta)
         except orjson.JSONDecodeError:
             continue
-        if isinstance(m, dict) and m.get("app_id") == app_id:
-            found |= wanted & {m.get("unit"), *(m.get("files") or [])}
+        if not isinstance(m, dict) or m.get("app_id") != app_id:
+            continue
+        if version is not None and m.get("version", version) != version:  # (older failed-events commits name none)
+            continue
+        found |= wanted & {m.get("unit"), *(m.get("files") or [])}
     return found
 
 
@@ -247,7 +261,8 @@ def write_failed_events(path: str, rows: list[dict[str, Any]], dest: str, versio
     app_id = failed_app_id(dest)
     props = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=version)],
                              custom_metadata={"userMetadata": orjson.dumps(
-                                 {"app_id": app_id, "unit": unit, **({"files": files} if files and len(files) > 1 else {})}).decode()})
+                                 {"app_id": app_id, "version": version, "unit": unit,
+                                  **({"files": files} if files and len(files) > 1 else {})}).decode()})
     opts = storage_options(path)
     if replace_ids is not None and open_table(path) is not None:
         ids = ", ".join("'" + i.replace("'", "''") + "'" for i in replace_ids) or "''"

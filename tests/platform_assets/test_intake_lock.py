@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -254,3 +255,24 @@ def test_a_store_restored_from_a_backup_does_not_let_a_taken_version_pass_for_la
     assert _urls(a, "stage.events_pv") == ["/a/0", "/a/1", "/a/2", "/b/0", "/b/1"]
     ids = _ids(a, "stage.events_pv")
     assert len(set(ids)) == len(ids) == 5
+
+
+def test_a_unit_that_landed_before_a_crash_is_found_however_many_commits_came_since(tmp_path: Path):
+    """A dies right after a table took its unit, before its status said so; then more than 200
+    other commits reach that table (another writer). Its retry finds its own commit among every
+    commit since the plan, not only among the newest ones, and does not land it twice."""
+    from deltalake import write_deltalake
+
+    a, _ = _hosts(tmp_path)
+    cfg = config(tmp_path)
+    write_file(a, "web", T0, [{"event_type": "pv", "url": f"/a/{j}"} for j in range(3)])
+    crashed = _cli(a, cfg, env={"TIDEMARK_CRASH_AT": "events_written"})
+    crashed.communicate(timeout=120)
+    assert crashed.returncode == -9
+    path = a.table_path("stage.events_pv")
+    one = DeltaTable(path).to_pyarrow_table().slice(0, 1)
+    for i in range(205):  # another writer's commits
+        write_deltalake(path, one.set_column(one.column_names.index("url"), "url", pa.array([f"/other/{i}"])),
+                        mode="append")
+    process_ready(a, load_intake(cfg, secrets=False))
+    assert [u for u in _urls(a, "stage.events_pv") if u.startswith("/a/")] == ["/a/0", "/a/1", "/a/2"]
