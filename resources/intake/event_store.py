@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from lineage.core.errors import TidemarkError
+from lineage.core.errors import ProcessingError, TidemarkError
 from lineage.intake.columns import SqlType
 from lineage.intake.pipeline import ColumnType
 from resources.storage.delta_meta import open_table
@@ -197,9 +197,19 @@ def committed_files(path: str, app_id: str, names: list[str], depth: int = 200, 
     table = open_table(path)
     if table is None:
         return set()
-    limit = table.version() - since if since is not None else depth
+    limit = max(table.version() - since, 1) if since is not None else depth
+    commits = table.history(limit)
+    if since is not None and version is not None and len(commits) < limit:
+        raise ProcessingError(
+            f"{path}: the unit {names[0]} planned transaction {app_id} version {version} when the table was at "
+            f"version {since}; that version has been taken since, but the commits after version {since} are no longer all "
+            f"in its Delta log (removed by log retention or a log cleanup), so the log cannot tell whether they hold "
+            f"this unit. Nothing was written. Look for the rows of {', '.join(names[:3])}"
+            f"{' ...' if len(names) > 3 else ''} in the table: if they are there, move those incoming files to the "
+            "archive by hand; if not, remove the unit's status file (`.status` beside its first file, or the stream "
+            "destination's pending.status) and run again, which plans them anew")
     wanted, found = set(names), set()
-    for commit in table.history(max(limit, 1)):
+    for commit in commits:
         meta = commit.get("userMetadata")
         if not meta:
             continue

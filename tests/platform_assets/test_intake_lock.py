@@ -257,10 +257,9 @@ def test_a_store_restored_from_a_backup_does_not_let_a_taken_version_pass_for_la
     assert len(set(ids)) == len(ids) == 5
 
 
-def test_a_unit_that_landed_before_a_crash_is_found_however_many_commits_came_since(tmp_path: Path):
-    """A dies right after a table took its unit, before its status said so; then more than 200
-    other commits reach that table (another writer). Its retry finds its own commit among every
-    commit since the plan, not only among the newest ones, and does not land it twice."""
+def _a_dies_after_writing_then_others_commit(tmp_path: Path, commits: int) -> tuple[Settings, Path, str]:
+    """A's processor dies right after ``stage.events_pv`` took its unit (before its status said so);
+    then another writer makes ``commits`` commits to that table (a row of ``/other/<i>`` each)."""
     from deltalake import write_deltalake
 
     a, _ = _hosts(tmp_path)
@@ -271,8 +270,32 @@ def test_a_unit_that_landed_before_a_crash_is_found_however_many_commits_came_si
     assert crashed.returncode == -9
     path = a.table_path("stage.events_pv")
     one = DeltaTable(path).to_pyarrow_table().slice(0, 1)
-    for i in range(205):  # another writer's commits
-        write_deltalake(path, one.set_column(one.column_names.index("url"), "url", pa.array([f"/other/{i}"])),
-                        mode="append")
+    for i in range(commits):
+        write_deltalake(path, one.set_column(one.column_names.index("url"), "url", pa.array([f"/other/{i}"])), mode="append")
+    return a, cfg, path
+
+
+def test_a_unit_that_landed_before_a_crash_is_found_however_many_commits_came_since(tmp_path: Path):
+    """A dies right after a table took its unit, before its status said so; then more than 200
+    other commits reach that table (another writer). Its retry finds its own commit among every
+    commit since the plan, not only among the newest ones, and does not land it twice."""
+    a, cfg, _ = _a_dies_after_writing_then_others_commit(tmp_path, 205)
     process_ready(a, load_intake(cfg, secrets=False))
     assert [u for u in _urls(a, "stage.events_pv") if u.startswith("/a/")] == ["/a/0", "/a/1", "/a/2"]
+
+
+def test_a_taken_version_whose_commits_the_log_no_longer_holds_stops_the_unit_saying_what_to_do(tmp_path: Path):
+    """A dies right after a table took its unit; later commits follow, a checkpoint is written and
+    the log's older commit files are removed (log retention). The retry cannot tell from the log
+    whether the taken version is its unit's: it stops, writes nothing, and says what to check."""
+    from lineage.core.errors import ProcessingError
+
+    a, cfg, path = _a_dies_after_writing_then_others_commit(tmp_path, 3)
+    DeltaTable(path).create_checkpoint()
+    for v in range(3):  # what log retention removes once a checkpoint covers them
+        (Path(path) / "_delta_log" / f"{v:020d}.json").unlink()
+    before = _urls(a, "stage.events_pv")
+    with pytest.raises(ProcessingError, match="no longer all in its Delta log") as exc:
+        process_ready(a, load_intake(cfg, secrets=False))
+    assert "incoming.tok=web." in str(exc.value) and "remove the unit's status file" in str(exc.value)
+    assert _urls(a, "stage.events_pv") == before  # nothing written
