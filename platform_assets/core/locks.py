@@ -24,8 +24,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from lineage.core.errors import OffsetError
-from lineage.core.positions import Position
 from resources.core.settings import Settings
 from resources.state.lease import LeaseKeeper
 from resources.state.offset_sql import make_owner, open_settings_store
@@ -64,11 +62,7 @@ def holding(store: OffsetStore, key: str, owner: str, *, processor: str, note: s
 def acquire(store: OffsetStore, key: str, owner: str, *, processor: str, note: str) -> OffsetRecord:
     """``key``'s record, created (position zero) if needed, locked by ``owner`` (raises
     ``TopicLockedError``)."""
-    if store.get(key) is None:
-        try:
-            store.init(key, Position.zero(), processor, who=owner, note=note)
-        except OffsetError:
-            pass  # another process created it first
+    store.ensure(key, processor, who=owner, note=note)
     return store.acquire(key, owner)
 
 

@@ -7,14 +7,16 @@ protocol (DESIGN.md):
 
 1. *plan*: in the offset-store record the processor holds, the unit and its ordinal (row ids are
    ``ordinal << 32 | line``, lines counted across its files; :mod:`platform_assets.intake.record`
-   says when a plan is resumed and when it is stale); then its files and, for every (destination, table) pair and every destination's failed events, a
-   Delta transaction version (``tidemark-intake:<dest>:<table>`` /
-   ``tidemark-intake-failed:<dest>``, the table's last version + 1), are stored in the first
-   file's ``.status`` before anything is written;
+   says when a plan is resumed and when it is stale); then its files and, for every
+   (destination, table) pair and every destination's failed events, a Delta transaction version
+   (``tidemark-intake:<dest>:<table>`` / ``tidemark-intake-failed:<dest>``, the table's last
+   version + 1, and the table's Delta version then), are stored in the first file's ``.status``
+   before anything is written;
 2. *land*: failed events first (the ``failed.dst=<id>.log`` file, then ``etl.failed_events``),
    then each pair in one Delta commit carrying its transaction and userMetadata (unit, files, lines);
-3. *reconcile*: on a retry a planned pair whose transaction the table holds is done, whatever
-   the status file says; after a lost status file the files are planned again (perhaps grouped
+3. *reconcile*: on a retry a planned pair whose transaction version the table holds is done when
+   the commit that took it names this unit (:func:`landed_before`), else it is planned anew;
+   after a lost status file the files are planned again (perhaps grouped
    differently) and each table drops the files its recent commits' userMetadata already hold;
 4. *log*: per pair statistics to ``etl.log`` (processor ``events``); the unit is committed in the
    record and marked done in its status, then its files are archived, the first one last.
@@ -95,6 +97,14 @@ class Members:
 
     def file_of(self, line: int) -> str:
         return self.names[bisect.bisect_right(self.bases, line - 1) - 1]
+
+
+def landed_before(path: str, app_id: str, entry: dict[str, Any], names: list[str]) -> bool:
+    """A planned status entry (a table's or failed events') whose transaction version the table
+    holds already: whether the commit that took it carries this unit's files ``names`` (it landed
+    before a crash), else another processor's unit took that version. Raises when the log no
+    longer holds every commit since the plan."""
+    return set(names) <= store.committed_files(path, app_id, names, version=entry["version"], since=entry.get("since"))
 
 
 def drop_files(pair: TypedPair, files: set[str], file_of: Callable[[int], str]) -> TypedPair:
@@ -213,8 +223,7 @@ class EventProcessor:
             if entry is not None and entry["state"] != "ok" and st.txn_version >= entry["version"]:
                 # its version was taken: by this unit before a crash, or by another processor's unit
                 # (after a takeover, or one a store restored from a backup forgot): that commit says which
-                if set(members.names) <= store.committed_files(path, app, members.names, version=entry["version"],
-                                                               since=entry.get("since")):
+                if landed_before(path, app, entry, members.names):
                     entry["state"] = "ok"  # landed before a crash: the Delta log is the truth
                 else:
                     dstat["tables"].pop(table)  # planned anew, below
@@ -252,9 +261,7 @@ class EventProcessor:
             dstat = status["destinations"].setdefault(dest, {"tables": {}})
             f = dstat.get("failed")
             if f is not None and f["state"] != "ok" and store.failed_version(failed_path, dest) >= f["version"]:
-                landed = store.committed_files(failed_path, store.failed_app_id(dest), members.names,
-                                               version=f["version"], since=f.get("since"))
-                if set(members.names) <= landed:
+                if landed_before(failed_path, store.failed_app_id(dest), f, members.names):
                     f["state"] = "ok"
                 else:  # the version went to another processor's unit: planned anew
                     del dstat["failed"]

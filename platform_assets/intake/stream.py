@@ -69,6 +69,7 @@ class StreamLoop:
             raise TidemarkError("--interval-ms and --max-events must be at least 1")
         self.settings = settings
         self.events_dir = settings.events_dir()
+        self.tag = folder_tag(self.events_dir)  # in its micro-batches' unit names
         self.specs = specs
         self.interval = interval_ms / 1000
         self.max_events = max_events
@@ -96,7 +97,7 @@ class StreamLoop:
                     self._archive(dest, new_done)
                 return None
             # the folder's tag: a table's commits name their units, and another host's loop numbers its own
-            pending = {"seq": state.seq + 1, "unit": f"stream.dst={dest}.{state.seq + 1:012d}.{folder_tag(self.events_dir)}",
+            pending = {"seq": state.seq + 1, "unit": f"stream.dst={dest}.{state.seq + 1:012d}.{self.tag}",
                        "ranges": [r.to_json() for r in ranges], "done": new_done}
             store.write_json_atomic(folder / "pending.json", pending)
             crashpoint("stream_planned")

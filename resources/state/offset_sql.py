@@ -311,11 +311,7 @@ class SqlOffsetStore(OffsetStore):
         return rec
 
     def take_number(self, key: str, *, who: str, at_least: int = 0, processor: str = "counter") -> int:
-        if self.get(key) is None:
-            try:
-                self.init(key, Position.zero(), processor, who=who, note="a counter")
-            except OffsetError:
-                pass  # another process created it first
+        self.ensure(key, processor, who=who, note="a counter")
         with self._tx(write=True):
             rec = self._current(key)
             n = max(rec.seq, at_least) + 1

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from lineage.core.durations import format_duration
+from lineage.core.errors import OffsetError
 from lineage.core.positions import Position, format_ts
 
 #: Lock lease when ``TIDEMARK_LOCK_LEASE`` is not set.
@@ -104,6 +105,14 @@ class OffsetStore(abc.ABC):
     def init(self, topic: str, last: Position, processor: str, *, who: str, note: str = "", seq: int = 0) -> OffsetRecord:
         """Create the record of a new topic (block numbers continue above ``seq``). ``OffsetError``
         if it exists already."""
+
+    def ensure(self, key: str, processor: str, *, who: str, note: str) -> None:
+        """Create ``key``'s record (position zero) unless it exists; a concurrent creator may win."""
+        if self.get(key) is None:
+            try:
+                self.init(key, Position.zero(), processor, who=who, note=note)
+            except OffsetError:
+                pass  # another process created it first
 
     @abc.abstractmethod
     def take_number(self, key: str, *, who: str, at_least: int = 0, processor: str = "counter") -> int:
