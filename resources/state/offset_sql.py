@@ -38,6 +38,7 @@ import secrets
 import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,6 +186,22 @@ def _check_holder(rec: OffsetRecord, owner: str, action: str) -> None:
                           f"{_held(rec)}; another run took the topic over — stop this run")
 
 
+def _sqlite_wal(conn: sqlite3.Connection, *, deadline: float) -> None:
+    """Put the database in WAL mode (persistent: the first process to do it does it for all).
+    Switching needs an exclusive lock, and SQLite answers "database is locked" at once, without
+    waiting, when processes race to create the file; so wait and try again until ``deadline``."""
+    while True:
+        try:
+            if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+                return
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 class SqlOffsetStore(OffsetStore):
     """The offset store in SQLite or PostgreSQL. One connection per object; the object may be
     shared between threads (calls are serialised), several objects and processes may share one
@@ -206,7 +223,7 @@ class SqlOffsetStore(OffsetStore):
     def sqlite(cls, path: str | Path) -> SqlOffsetStore:
         """Open (creating if needed) a SQLite store in WAL mode with manual transactions."""
         conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
+        _sqlite_wal(conn, deadline=time.monotonic() + 30)
         conn.execute("PRAGMA synchronous=FULL")  # a commit waits for the disk unless told not to
         return cls(conn, SQLITE, where=f"sqlite:///{path}")
 
