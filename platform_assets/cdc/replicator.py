@@ -37,7 +37,6 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from lineage.cdc import columns as cdc_columns
@@ -75,6 +74,7 @@ from resources.state.lease import LeaseKeeper
 from resources.state.offsets import OffsetRecord
 from resources.storage import delta_meta
 from resources.storage.meta_tables import LogEntry, write_etl_log
+from resources.storage.warehouse import local_dir as warehouse_dir
 
 if TYPE_CHECKING:
 
@@ -132,8 +132,10 @@ class ReplicatorUnit:
         self.paused: dict[str, str] = {}  # replicas paused while the unit looked at the source's schemas
         warehouse = engine.settings.warehouse
         # where a read too big to hold spills: beside the tables, where Spark reads (also a remote Spark on a
-        # shared mount); not a table (no _delta_log). Not on an object store: then a read is held in memory.
-        self._spill_dir = None if "://" in warehouse else Path(warehouse) / SPILL_DIR / rep.spec.name
+        # shared mount); not a table (no _delta_log). A local path or file: URI; elsewhere (an object store) a
+        # read is held in memory.
+        local = warehouse_dir(warehouse)
+        self._spill_dir = None if local is None else local / SPILL_DIR / rep.spec.name
 
     # ------------------------------------------------------------------ state
     def _record(self, key: str, note: str) -> OffsetRecord:

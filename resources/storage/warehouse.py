@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from lineage.core.errors import ConfigError, TidemarkError
 
@@ -55,6 +55,17 @@ class StorageError(TidemarkError):
 def is_object_store(uri: str) -> bool:
     """Whether ``uri`` is on an S3-compatible object store (``s3://`` or ``s3a://``)."""
     return urlsplit(uri).scheme.lower() in S3_SCHEMES
+
+
+def local_dir(uri: str) -> Path | None:
+    """The local directory a warehouse (or table) location names: a plain path, or a ``file:``
+    URI (``file:///x``, ``file:/x``); None for any other scheme (an object store, HDFS...)."""
+    parts = urlsplit(uri)
+    if "://" not in uri and parts.scheme.lower() != "file":
+        return Path(uri)
+    if parts.scheme.lower() == "file" and parts.netloc in ("", "localhost"):
+        return Path(unquote(parts.path))
+    return None
 
 
 @dataclass(frozen=True)

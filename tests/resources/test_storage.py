@@ -4,6 +4,7 @@ checks that name what to fix; JVM-free reads and writes against a real S3 server
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -62,6 +63,17 @@ def test_only_object_store_uris_get_options():
     assert not storage.is_object_store("/tmp/wh") and not storage.is_object_store("file:///tmp/wh")
     assert storage.storage_options("/tmp/wh/stage/orders") is None
     storage.check_warehouse("/nonexistent/warehouse")  # a local path is never checked here
+
+
+def test_local_dir_is_the_directory_of_a_path_or_file_uri_and_none_elsewhere():
+    """Where a CDC read spills: a plain path and a file: URI are local directories (a file:// warehouse
+    used to be taken for a remote one, so its big reads were held in memory); object stores are not."""
+    assert storage.local_dir("/tmp/wh") == Path("/tmp/wh")
+    assert storage.local_dir("file:///tmp/w%20h") == Path("/tmp/w h")
+    assert storage.local_dir("file:/tmp/wh") == Path("/tmp/wh")
+    assert storage.local_dir("file://localhost/tmp/wh") == Path("/tmp/wh")
+    for remote in ("s3://b/p", "s3a://b/p", "hdfs://nn/p", "file://otherhost/p"):
+        assert storage.local_dir(remote) is None, remote
 
 
 def test_s3a_jars_match_pyspark_hadoop_without_the_bundle():
