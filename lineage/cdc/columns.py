@@ -39,14 +39,16 @@ POS, LSN, TX, TABLE = "_tm_pos", "_tm_lsn", "_tm_tx", "_tm_table"
 ROW = "_tm_row"  # a change's index in its read
 
 
-def arrow_type(spark_type: str) -> pa.DataType:
-    """The Arrow type of a replica column of Spark SQL type ``spark_type`` (a primitive type)."""
+def arrow_type(spark_type: str, *, timestamp_tz: str | None = "UTC") -> pa.DataType:
+    """The Arrow type of a replica column of Spark SQL type ``spark_type`` (a primitive type).
+    ``timestamp_tz``: the zone of a ``timestamp`` column's Arrow type (None: naive, as a PostgreSQL
+    snapshot's values are read)."""
     t = spark_type.strip().lower()
     if m := re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", t):
         return pa.decimal128(int(m[1]), int(m[2]))
     simple = {"tinyint": pa.int8(), "smallint": pa.int16(), "int": pa.int32(), "integer": pa.int32(), "bigint": pa.int64(),
               "float": pa.float32(), "double": pa.float64(), "boolean": pa.bool_(), "string": pa.string(),
-              "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us"),
+              "date": pa.date32(), "timestamp": pa.timestamp("us", tz=timestamp_tz), "timestamp_ntz": pa.timestamp("us"),
               "binary": pa.binary()}
     if t not in simple:
         raise ValueError(f"replica column type {spark_type!r} is not supported (use a Spark SQL primitive type)")

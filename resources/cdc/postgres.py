@@ -101,7 +101,7 @@ class Snapshot:
         if schema is None:
             raise CdcSourceError(f"{table}: not a selected table of the snapshot at {format_lsn(self.lsn)}; "
                                  f"selected: {', '.join(sorted(self.tables())) or 'none'}")
-        fields = pa.schema([pa.field(c.name, arrow_type(c.type), c.nullable) for c in schema.columns])
+        fields = pa.schema([pa.field(c.name, cc.arrow_type(c.type, timestamp_tz=None), c.nullable) for c in schema.columns])
         native = [c.type in _NATIVE or c.type.startswith("decimal") for c in schema.columns]
         cols = sql.SQL(", ").join(sql.Identifier(c.name) if n else sql.SQL("{}::text").format(sql.Identifier(c.name))
                                   for c, n in zip(schema.columns, native, strict=True))
@@ -117,18 +117,6 @@ class Snapshot:
                                                                  for r in chunk]
                     arrays.append(cc.column_array(values, fields.field(i).type, f"{table}.{col.name} ({col.type})"))
                 yield pa.RecordBatch.from_arrays(arrays, schema=fields)
-
-
-def arrow_type(spark: str) -> pa.DataType:
-    """The Arrow type of a replica column's Spark SQL type."""
-    import pyarrow as pa
-
-    if spark.startswith("decimal("):
-        p, s = spark[8:-1].split(",")
-        return pa.decimal128(int(p), int(s))
-    return {"boolean": pa.bool_(), "smallint": pa.int16(), "int": pa.int32(), "bigint": pa.int64(),
-            "float": pa.float32(), "double": pa.float64(), "string": pa.string(), "date": pa.date32(),
-            "timestamp": pa.timestamp("us"), "binary": pa.binary()}[spark]
 
 
 class PostgresSource:
@@ -449,5 +437,5 @@ def _position(row: tuple[Any, ...]) -> SlotPosition:
     return SlotPosition(c, r, cur, max(0, cur - r), bool(active))
 
 
-__all__ = ["CdcSourceError", "PostgresSource", "Problem", "ReadResult", "SlotPosition", "Snapshot", "arrow_type",
+__all__ = ["CdcSourceError", "PostgresSource", "Problem", "ReadResult", "SlotPosition", "Snapshot",
            "ddl_schema"]
