@@ -260,18 +260,19 @@ class EventProcessor:
         for dest in sorted({d for d, f in failures.items() if f} | set(replace or {})):  # no empty commits
             dstat = status["destinations"].setdefault(dest, {"tables": {}})
             f = dstat.get("failed")
-            if f is not None and f["state"] != "ok" and store.failed_version(failed_path, dest) >= f["version"]:
+            taken, table_version = store.failed_state(failed_path, dest)  # nothing writes it while planning
+            if f is not None and f["state"] != "ok" and taken >= f["version"]:
                 if landed_before(failed_path, store.failed_app_id(dest), f, members.names):
                     f["state"] = "ok"
                 else:  # the version went to another processor's unit: planned anew
                     del dstat["failed"]
             if "failed" not in dstat:
-                if failures.get(dest) and store.failed_version(failed_path, dest):
+                if failures.get(dest) and taken:
                     landed = store.committed_files(failed_path, store.failed_app_id(dest), members.names)
                     failures[dest] = [f for f in failures[dest] if members.file_of(f[0]) not in landed]
                 flog = store.failed_log(self.events_dir, dest)
-                dstat["failed"] = {"version": store.failed_version(failed_path, dest) + 1, "state": "planned",
-                                   "since": store.table_version(failed_path), "count": len(failures.get(dest, [])),
+                dstat["failed"] = {"version": taken + 1, "state": "planned", "since": table_version,
+                                   "count": len(failures.get(dest, [])),
                                    "offset": flog.stat().st_size if flog.exists() else 0}
         store.write_json_atomic(status_file, status)
         crashpoint("events_planned")

@@ -181,12 +181,6 @@ def table_state(path: str, app_id: str) -> TableState:
     return TableState(cols, table.transaction_version(app_id) or 0, max_pos, table.version())
 
 
-def table_version(path: str) -> int:
-    """The table's Delta version, -1 when there is no table yet."""
-    table = open_table(path)
-    return -1 if table is None else table.version()
-
-
 def committed_files(path: str, app_id: str, names: list[str], depth: int = 200, *, version: int | None = None,
                     since: int | None = None) -> set[str]:
     """Which of the incoming files (or units) ``names`` a commit of ``app_id`` carries (by its
@@ -256,9 +250,17 @@ def failed_app_id(dest: str) -> str:
     return f"tidemark-intake-failed:{dest}"
 
 
-def failed_version(path: str, dest: str) -> int:
+def failed_state(path: str, dest: str) -> tuple[int, int]:
+    """``dest``'s transaction version in the failed-events table at ``path`` (0 if none) and the
+    table's Delta version (-1: no table yet), from one read of its log."""
     table = open_table(path)
-    return (table.transaction_version(failed_app_id(dest)) or 0) if table is not None else 0
+    if table is None:
+        return 0, -1
+    return table.transaction_version(failed_app_id(dest)) or 0, table.version()
+
+
+def failed_version(path: str, dest: str) -> int:
+    return failed_state(path, dest)[0]
 
 
 def write_failed_events(path: str, rows: list[dict[str, Any]], dest: str, version: int, unit: str,
