@@ -64,6 +64,11 @@ class Position:
         """Compact form used on the command line and in partition keys' metadata."""
         return f"{format_ts(self.pos)}/{self.id}"
 
+    def label(self) -> str:
+        """:meth:`to_text` for people to read (the UI's metadata, ``explain``): :meth:`zero` shows
+        as ``start``, which :meth:`parse` reads back."""
+        return "start" if self.is_zero() else self.to_text()
+
     @classmethod
     def parse(cls, text: str) -> Position:
         """Parse ``2026-01-31T12:00:00[/42]`` (id defaults to the lowest, i.e. before every

@@ -204,7 +204,7 @@ def block_metadata(r: StepResult) -> dict[str, Any]:
         "delta_version": r.delta_version, "duration_s": round(r.duration_s, 3), "recovered": r.recovered,
     }
     if r.block is not None:
-        meta.update({"block": r.block.seq, "last": r.block.last.to_text(), "next": r.block.next.to_text()})
+        meta.update({"block": r.block.seq, "last": r.block.last.label(), "next": r.block.next.label()})
     for k in ("min_ts", "max_ts"):
         if stats.get(k) is not None:
             meta[k.replace("ts", "pos")] = stats[k].isoformat()

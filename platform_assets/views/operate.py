@@ -29,16 +29,16 @@ def explain(engine: TopicContext, topic: Topic, *, keys: int = 0) -> list[str]:
     eng, spec = engine, topic.spec
     rec = eng.ensure_offsets(topic)
     lines = [f"topic {topic.name} (merge into {spec.destination}, key {', '.join(spec.key)}, refresh {spec.refresh.value})",
-             f"  base {spec.base}: last {rec.last.to_text()}" + (f", version {rec.inputs[spec.base]} applied"
+             f"  base {spec.base}: last {rec.last.label()}" + (f", version {rec.inputs[spec.base]} applied"
                                                                    if spec.base in rec.inputs else "")]
     if rec.pending:
-        return [*lines, f"  unit {rec.seq} is pending ({rec.last.to_text()} .. {rec.next.to_text() if rec.next else ''}): "
+        return [*lines, f"  unit {rec.seq} is pending ({rec.last.label()} .. {rec.next.label() if rec.next else ''}): "
                         f"the next run redoes exactly it"]
     try:
         look = MergeProcessor(eng).look(topic, rec)
     except TidemarkError as exc:
         return [*lines, f"  cannot plan the next unit: {exc}"]
-    lines.append(f"  new base rows: {look.base_rows}" + (f" up to {look.end.to_text()}" if look.end > rec.last else
+    lines.append(f"  new base rows: {look.base_rows}" + (f" up to {look.end.label()}" if look.end > rec.last else
                                                          f" ({look.decision.reason})"))
     if spec.late_rows is LateRows.REDERIVE:
         lines.append(f"  late base rows to re-derive: {look.late.rows.num_rows}")
@@ -131,7 +131,7 @@ def adopt(engine: TopicContext, topic: Topic, *, dry_run: bool) -> list[str]:
             raise ProcessingError(f"topic '{topic.name}': input {t} does not exist at {eng.path(t)}")
         inputs[t] = v
     lines = [f"topic {topic.name}: adopt {spec.destination} version {view.version} ({view.files.num_rows} files) as it is",
-             f"  last = {last.to_text()} ({source})",
+             f"  last = {last.label()} ({source})",
              *(f"  input {t}: offset = version {v}" for t, v in inputs.items()),
              f"  key ({', '.join(spec.key)}): " + (f"{dups.num_rows} duplicate keys -- fix the table before adopting"
                                                   if dups.num_rows else "unique")]

@@ -125,6 +125,14 @@ def test_zero_shows_as_start_and_parses_back() -> None:
     assert Position.zero().to_text() == "0001-01-01T00:00:00.000000/-9223372036854775808"  # stored form unchanged
 
 
+def test_label_is_to_text_except_start() -> None:
+    p = Position(T0.replace(microsecond=123456), 42)
+    assert p.label() == p.to_text() == "2026-01-31T12:00:00.123456/42"
+    assert Position.zero().label() == "start"
+    assert Position.parse(Position.zero().label()) == Position.zero()
+    assert Position.parse(p.label()) == p
+
+
 @pytest.mark.parametrize(
     "p",
     [

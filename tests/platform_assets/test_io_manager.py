@@ -110,6 +110,8 @@ def test_blocks_written_through_the_io_manager_and_read_back_by_a_downstream_ass
             rec = open_offset_store(s.offsets_url).get("fact.events")
             # the IO manager committed the offsets: last moved to the block's next
             assert not rec.pending and rec.seq == int(key) and meta["next"] == rec.last.to_text()
+            # the first block starts at the beginning, shown as "start", not as the sentinel position
+            assert (meta["last"] == "start") == (key == keys[0]) and "-9223372036854775808" not in meta["last"]
             assert meta["block"] == int(key) and meta["base_rows"] == 30 and meta["delta_version"] == int(key) - 1
             assert meta["rows"] > 0 and meta["min_pos"] <= meta["max_pos"]
             assert isinstance(meta["lag_s"], float) and isinstance(meta["duration_s"], float)
