@@ -32,7 +32,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +41,7 @@ from resources.spark import server as spark_server  # noqa: E402
 
 WAYS = ("literal", "block", "block+txn", "tidemark")
 SOURCE_ROWS = 100_000
-SOURCE_COMMITS = 20  # appends after the first write: a log of 21 commits, one checkpoint
+SOURCE_COMMITS = 20  # appends after the first write: a log of 21 commits (checkpoints every 10)
 
 
 def main() -> int:
@@ -125,13 +124,12 @@ def measure(spark, base: Path, rounds: int, rows: int) -> dict[str, list[float]]
             raise SystemExit(f"the observation counted {obs.get['rows']} rows, {rows} were written")
         return took
 
-    ways: dict[str, Callable[[], float]] = {way: (lambda w=way: append(w)) for way in WAYS}
-    for run in ways.values():  # untimed: creates the tables, loads the classes
-        run()
+    for way in WAYS:  # untimed: creates the tables, loads the classes
+        append(way)
     times: dict[str, list[float]] = {way: [] for way in WAYS}
     for r in range(rounds):
-        for way, run in ways.items():
-            times[way].append(run())
+        for way in WAYS:
+            times[way].append(append(way))
         print(f"  round {r + 1}: " + ", ".join(f"{w} {times[w][-1]:.2f} s" for w in WAYS), flush=True)
     return times
 

@@ -260,8 +260,10 @@ class EventProcessor:
         for dest in sorted({d for d, f in failures.items() if f} | set(replace or {})):  # no empty commits
             dstat = status["destinations"].setdefault(dest, {"tables": {}})
             f = dstat.get("failed")
+            if f is not None and f["state"] == "ok":  # landed already: nothing to read or plan
+                continue
             taken, table_version = store.failed_state(failed_path, dest)  # nothing writes it while planning
-            if f is not None and f["state"] != "ok" and taken >= f["version"]:
+            if f is not None and taken >= f["version"]:
                 if landed_before(failed_path, store.failed_app_id(dest), f, members.names):
                     f["state"] = "ok"
                 else:  # the version went to another processor's unit: planned anew

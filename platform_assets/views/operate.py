@@ -30,7 +30,7 @@ def explain(engine: TopicContext, topic: Topic, *, keys: int = 0) -> list[str]:
     rec = eng.ensure_offsets(topic)
     lines = [f"topic {topic.name} (merge into {spec.destination}, key {', '.join(spec.key)}, refresh {spec.refresh.value})",
              f"  base {spec.base}: last {rec.last.label()}" + (f", version {rec.inputs[spec.base]} applied"
-                                                                   if spec.base in rec.inputs else "")]
+                                                                 if spec.base in rec.inputs else "")]
     if rec.pending:
         return [*lines, f"  unit {rec.seq} is pending ({rec.last.label()} .. {rec.next.label() if rec.next else ''}): "
                         f"the next run redoes exactly it"]
@@ -39,7 +39,7 @@ def explain(engine: TopicContext, topic: Topic, *, keys: int = 0) -> list[str]:
     except TidemarkError as exc:
         return [*lines, f"  cannot plan the next unit: {exc}"]
     lines.append(f"  new base rows: {look.base_rows}" + (f" up to {look.end.label()}" if look.end > rec.last else
-                                                         f" ({look.decision.reason})"))
+                                                        f" ({look.decision.reason})"))
     if spec.late_rows is LateRows.REDERIVE:
         lines.append(f"  late base rows to re-derive: {look.late.rows.num_rows}")
     for c in look.changes:
