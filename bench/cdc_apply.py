@@ -167,7 +167,8 @@ def write_change_table(ev: Events, path: str) -> None:
 # ------------------------------------------------------------------ side 1: the cdc processor
 
 
-def write_replica(spark: SparkSession, settings: Settings, rows: int, change_feed: bool) -> str:
+def write_replica(spark: SparkSession, settings: Settings, rows: int, change_feed: bool,
+                  deletion_vectors: bool = False) -> str:
     """The replica of ``rows`` starting rows, written directly in the processor's layout (source
     columns, ``_sequence_num`` 0, ``_commit_ts`` null, replica properties), in one commit carrying
     what a snapshot commit carries: ``txnAppId tidemark:<replica>``/``txnVersion 1`` and the source
@@ -179,7 +180,7 @@ def write_replica(spark: SparkSession, settings: Settings, rows: int, change_fee
     path = settings.table_path(REPLICA)
     schema = TableSchema(TABLE, (Column("id", "bigint"), Column("name", "string"), Column("amount", "double"),
                                  Column("v", "bigint")), ("id",))
-    ensure_replica(spark, path, Layout(schema, ("id",), change_feed=change_feed))
+    ensure_replica(spark, path, Layout(schema, ("id",), change_feed=change_feed, deletion_vectors=deletion_vectors))
     meta = json.dumps({"replicator": REPLICATOR, "processor": "cdc", "unit": 1, "lsn": 0, "lsn_text": "0/0",
                        "kind": "snapshot", "owner": "bench"})
     (spark.range(1, rows + 1).selectExpr(*base_values_sql(), "CAST(0 AS BIGINT) AS _sequence_num",
@@ -189,7 +190,8 @@ def write_replica(spark: SparkSession, settings: Settings, rows: int, change_fee
     return path
 
 
-def make_lineage(base: Path, events_dir: Path, maxstep: int, change_feed: bool = True) -> Path:
+def make_lineage(base: Path, events_dir: Path, maxstep: int, change_feed: bool = True,
+                 deletion_vectors: bool = False) -> Path:
     lineage = base / "lineage.yaml"
     lineage.write_text(textwrap.dedent(f"""\
         cdc:
@@ -199,6 +201,7 @@ def make_lineage(base: Path, events_dir: Path, maxstep: int, change_feed: bool =
             tables: [{TABLE}]
             maxstep: {maxstep}
             change_feed: {str(change_feed).lower()}
+            deletion_vectors: {str(deletion_vectors).lower()}
         """))
     return lineage
 
@@ -240,9 +243,10 @@ def run_cdc(spark: SparkSession, settings: Settings, reader: str) -> tuple[float
 # ------------------------------------------------------------------ side 2: AUTO CDC's algorithm on Delta
 
 
-def write_autocdc_target(spark: SparkSession, path: str, rows: int) -> None:
+def write_autocdc_target(spark: SparkSession, path: str, rows: int, deletion_vectors: bool = False) -> None:
     """The same starting rows, with the sequence column AUTO CDC keeps per row."""
-    spark.range(1, rows + 1).selectExpr(*base_values_sql(), "CAST(0 AS BIGINT) AS seq").write.format("delta").save(path)
+    (spark.range(1, rows + 1).selectExpr(*base_values_sql(), "CAST(0 AS BIGINT) AS seq").write.format("delta")
+     .option("delta.enableDeletionVectors", str(deletion_vectors).lower()).save(path))
 
 
 def autocdc_on_delta(spark: SparkSession, changes: str, target: str, checkpoint: str) -> tuple[float, int]:
@@ -464,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the processor's path: the columnar read and reduction (default), or change by change")
     p.add_argument("--change-feed", action=argparse.BooleanOptionalAction, default=True,
                    help="the replica keeps Delta's Change Data Feed (the default; AUTO CDC's target has none)")
+    p.add_argument("--deletion-vectors", choices=["off", "replica", "both"], default="off",
+                   help="Delta deletion vectors on the replica (`deletion_vectors: true`, an opt-in) or on both "
+                        "sides' tables (AUTO CDC's target too)")
     p.add_argument("--seed", type=int, default=10)
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
     args = p.parse_args(argv)
@@ -482,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
 
         settings = Settings.from_env({}, home=base / "home", lineage=make_lineage(base, base / "events",
                                                                                  args.maxstep or args.events,
-                                                                                 args.change_feed),
+                                                                                 args.change_feed,
+                                                                                 args.deletion_vectors != "off"),
                                      spark_master="local[2]")
         t = time.monotonic()
         spark = build_spark_session(settings, app_name="tidemark-bench-cdc")
@@ -526,9 +534,9 @@ def throughput(spark: SparkSession, settings: Settings, base: Path, args: argpar
     print(f"events: {args.events:,} ({mix}) in {int(ev.tx[-1]) + 1:,} transactions; generated in "
           f"{time.monotonic() - t:.1f} s (untimed)", flush=True)
     t = time.monotonic()
-    replica = write_replica(spark, settings, args.rows, args.change_feed)
+    replica = write_replica(spark, settings, args.rows, args.change_feed, args.deletion_vectors != "off")
     target = str(base / "autocdc" / "items")
-    write_autocdc_target(spark, target, args.rows)
+    write_autocdc_target(spark, target, args.rows, args.deletion_vectors == "both")
     print(f"starting tables written in {time.monotonic() - t:.1f} s (untimed)", flush=True)
 
     # Whichever side goes first pays the first query's costs (JIT, caches): AUTO CDC's goes first.
@@ -536,7 +544,8 @@ def throughput(spark: SparkSession, settings: Settings, base: Path, args: argpar
     print(f"AUTO CDC algorithm on Delta: {auto_s:.1f} s, {batches} micro-batch(es)", flush=True)
     cdc_s, results, timer = run_cdc(spark, settings, args.reader)
     units = [r for r in results if r.processed]
-    print(f"cdc processor ({args.reader}, change feed {'on' if args.change_feed else 'off'}): {cdc_s:.1f} s, {len(units)} unit(s) with changes + {len(results) - len(units)} "
+    print(f"cdc processor ({args.reader}, change feed {'on' if args.change_feed else 'off'}, deletion vectors "
+          f"{args.deletion_vectors}): {cdc_s:.1f} s, {len(units)} unit(s) with changes + {len(results) - len(units)} "
           f"caught-up check; {timer.text()}", flush=True)
     applied = sum(r.changes for r in units)
     if applied != args.events:
@@ -561,9 +570,12 @@ def print_table(args: argparse.Namespace, thr: Throughput | None, lag: Lag | Non
         ratio = cdc_eps / auto_eps
         print(f"\nthroughput: {args.events:,} events onto {args.rows:,} rows (60/20/20 update/insert/delete), one warm "
               f"local[2] session, load {os.getloadavg()[0]:.2f}")
-        print(f"{'side':<34} {'s':>8} {'events/s':>10}  runs")
-        print(f"{f'cdc processor ({args.reader}, feed ' + ('on' if args.change_feed else 'off') + ')':<34} {thr.cdc_s:8.1f} {cdc_eps:10,.0f}  {thr.units} unit(s)")
-        print(f"{'AUTO CDC algorithm on Delta':<34} {thr.auto_s:8.1f} {auto_eps:10,.0f}  {thr.batches} micro-batch(es)")
+        print(f"{'side':<40} {'s':>8} {'events/s':>10}  runs")
+        dv = args.deletion_vectors
+        side = f"cdc processor ({args.reader}, feed {'on' if args.change_feed else 'off'}{', DVs' if dv != 'off' else ''})"
+        print(f"{side:<40} {thr.cdc_s:8.1f} {cdc_eps:10,.0f}  {thr.units} unit(s)")
+        print(f"{'AUTO CDC algorithm on Delta' + (' (DVs)' if dv == 'both' else ''):<40} {thr.auto_s:8.1f} {auto_eps:10,.0f}  "
+              f"{thr.batches} micro-batch(es)")
         print(f"target: cdc >= {TARGET_RATIO}x AUTO CDC: {ratio:.2f}x -> {'met' if ratio >= TARGET_RATIO else 'MISSED'}")
         print(f"spark-pipelines AUTO CDC on Delta: {thr.probe}")
     if lag is None:

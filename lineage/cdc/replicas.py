@@ -10,7 +10,8 @@
         tables: [public.customers, "public.order_*"]   # names and fnmatch patterns
         schema: replica                     # public.customers -> replica.customers, sales.x -> replica.sales__x
         options:
-          public.customers: {scd: 2}        # per table (or pattern): key, deletes, scd, change_feed
+          public.customers: {scd: 2}        # per table (or pattern): key, deletes, scd, change_feed,
+                                            # deletion_vectors
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from enum import IntEnum, StrEnum
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -50,6 +51,18 @@ class TableOptions(_Strict):
     scd: Scd | None = Field(None, description="1 | 2 (default: the replicator's)")
     change_feed: bool | None = Field(None, description="keep Delta's Change Data Feed on the replica (default: the "
                                                        "replicator's)")
+    deletion_vectors: bool | None = Field(None, description="let the replica's MERGEs write Delta deletion vectors "
+                                                            "(default: the replicator's)")
+
+
+class TableLayoutOptions(NamedTuple):
+    """How one source table is replicated, its options resolved (:meth:`ReplicatorSpec.table_options`)."""
+
+    key: list[str]
+    deletes: Deletes
+    scd: Scd
+    change_feed: bool
+    deletion_vectors: bool
 
 
 class ReplicatorSpec(_Strict):
@@ -68,6 +81,11 @@ class ReplicatorSpec(_Strict):
     change_feed: bool = Field(True, description="keep Delta's Change Data Feed on the replicas: views that join a "
                                                 "replica refresh by the rows it changed; false: every unit's MERGE "
                                                 "writes no change files (faster), and such views recompute in full")
+    deletion_vectors: bool = Field(False, description="opt in to Delta deletion vectors on the replicas: a MERGE marks "
+                                                      "the rows it replaces instead of rewriting their files (faster "
+                                                      "when changes are spread over the table), but the `deltalake` "
+                                                      "reader (pandas, polars, JVM-free tools) cannot read the rows "
+                                                      "of such a table; Spark can")
     on_drop: Literal["keep", "drop"] = Field("keep", description="a table dropped in the source: keep its replica "
                                                                  "(no more changes) or drop it")
     options: dict[str, TableOptions] = Field(default_factory=dict, description="per table name or pattern")
@@ -135,15 +153,18 @@ class ReplicatorSpec(_Strict):
         part = name if src_schema == "public" else f"{re.sub(r'[^A-Za-z0-9_]', '_', src_schema)}__{name}"
         return f"{self.schema_}.{part}".lower()
 
-    def table_options(self, table: str) -> tuple[list[str], Deletes, Scd, bool]:
-        """``(key override, deletes, scd, change feed)`` of a source table: the first matching
-        ``options`` entry (exact names before patterns), else the replicator's defaults."""
+    def table_options(self, table: str) -> TableLayoutOptions:
+        """The options of a source table (its key override, deletes, scd, change feed, deletion
+        vectors): the first matching ``options`` entry (exact names before patterns), each option it
+        leaves out the replicator's; no entry: the replicator's."""
         entries = sorted(self.options.items(), key=lambda kv: any(ch in kv[0] for ch in "*?["))
         for pattern, opts in entries:
             if fnmatch.fnmatchcase(table, pattern):
-                feed = self.change_feed if opts.change_feed is None else opts.change_feed
-                return list(opts.key), opts.deletes or self.deletes, opts.scd or self.scd, feed
-        return [], self.deletes, self.scd, self.change_feed
+                return TableLayoutOptions(
+                    list(opts.key), opts.deletes or self.deletes, opts.scd or self.scd,
+                    self.change_feed if opts.change_feed is None else opts.change_feed,
+                    self.deletion_vectors if opts.deletion_vectors is None else opts.deletion_vectors)
+        return TableLayoutOptions([], self.deletes, self.scd, self.change_feed, self.deletion_vectors)
 
     def explicit_replicas(self) -> list[str]:
         """Replicas named without a pattern (known before the source is asked)."""

@@ -35,11 +35,12 @@ SEQ, COMMIT_TS, DELETED, COPY = "_sequence_num", "_commit_ts", "_deleted", "_cop
 VALID_FROM, VALID_TO, CURRENT = "_valid_from", "_valid_to", "_is_current"
 PRESENT, UNKNOWN_COLS = cdc_columns.PRESENT, "_tm_unknown"
 #: Replica table properties: the change feed for views reading replicas (unless ``change_feed: false``),
-#: no deletion vectors and no type widening until a column widens (the ``deltalake`` reader, and
-#: pandas/polars users through it, cannot read tables with either reader feature: see
-#: :func:`platform_assets.cdc.ddl.alter`).
+#: no deletion vectors (unless ``deletion_vectors: true``) and no type widening until a column widens
+#: (the ``deltalake`` reader, and pandas/polars users through it, cannot read tables with either
+#: reader feature: see :func:`platform_assets.cdc.ddl.alter`).
 CHANGE_FEED = "delta.enableChangeDataFeed"
-REPLICA_PROPERTIES = {CHANGE_FEED: "true", "delta.enableDeletionVectors": "false"}
+DELETION_VECTORS = "delta.enableDeletionVectors"
+REPLICA_PROPERTIES = {CHANGE_FEED: "true", DELETION_VECTORS: "false"}
 #: set on a replica when a source column widens (int -> bigint, ...): only then
 TYPE_WIDENING = "delta.enableTypeWidening"
 
@@ -53,6 +54,7 @@ class Layout:
     scd: Scd = Scd.TYPE1
     deletes: Deletes = Deletes.HARD
     change_feed: bool = True
+    deletion_vectors: bool = False
 
     @property
     def multiset(self) -> bool:
@@ -70,8 +72,10 @@ class Layout:
         return [(c.name, c.type) for c in self.schema.columns] + self.extra()
 
     def properties(self) -> dict[str, str]:
-        """The replica's table properties (:data:`REPLICA_PROPERTIES`, the change feed as configured)."""
-        return {**REPLICA_PROPERTIES, CHANGE_FEED: str(self.change_feed).lower()}
+        """The replica's table properties (:data:`REPLICA_PROPERTIES`, the change feed and deletion
+        vectors as configured)."""
+        return {**REPLICA_PROPERTIES, CHANGE_FEED: str(self.change_feed).lower(),
+                DELETION_VECTORS: str(self.deletion_vectors).lower()}
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,8 @@ class ReplicatorUnit:
         return locks.acquire(self.engine.store, key, self.owner, processor=PROCESSOR, note=note)
 
     def layout(self, schema: TableSchema) -> Layout:
-        key, deletes, scd, feed = self.spec.table_options(schema.table)
+        opts = self.spec.table_options(schema.table)
+        key, scd = opts.key, opts.scd
         key_cols = tuple(key) or schema.key
         missing = [k for k in key_cols if schema.column(k) is None]
         if missing:
@@ -151,7 +152,7 @@ class ReplicatorUnit:
         if not key_cols and scd is Scd.TYPE2:
             raise TidemarkError(f"replicator '{self.spec.name}': {schema.table} has no key, so it is replicated as a "
                                 f"multiset; scd 2 needs a key (set options: {{{schema.table}: {{key: [...]}}}})")
-        return Layout(schema, key_cols, scd, deletes, feed)
+        return Layout(schema, key_cols, scd, opts.deletes, opts.change_feed, opts.deletion_vectors)
 
     def table(self, schema: TableSchema) -> Table:
         replica = self.spec.replica(schema.table)
@@ -166,7 +167,7 @@ class ReplicatorUnit:
         snap = delta_meta.TableSnapshot.open(path) if table.applied is not None else None
         have = cdc_apply.columns_of(snap.table) if snap is not None else {}
         if snap is not None and have:  # the replica exists
-            self._change_feed(table, snap)
+            self._properties(table, snap)
             problem = cdc_ddl.alter(self, table, schema, have)  # columns the source has now and the replica lacks
             if problem and state_word(rec) != PAUSED:
                 why = f"paused: {problem}; fix the replica's column type or re-copy it: tidemark cdc resume {replica} --resync"
@@ -175,14 +176,29 @@ class ReplicatorUnit:
                 self.paused[replica] = why
         return table
 
-    def _change_feed(self, t: Table, snap: delta_meta.TableSnapshot) -> None:
-        """The replica's change feed (``snap``: its table now) set as its options say (``change_feed``),
-        when it was set otherwise."""
-        if snap.table is None or delta_meta.change_feed_enabled(snap) == t.layout.change_feed:
+    def _properties(self, t: Table, snap: delta_meta.TableSnapshot) -> None:
+        """The replica's change feed and deletion vectors (``snap``: its table now) set as its options
+        say (``change_feed``, ``deletion_vectors``), when they were set otherwise. Deletion vectors
+        turned off are dropped as a table feature (Delta rewrites the files that have one), so the
+        ``deltalake`` reader reads the replica again."""
+        if snap.table is None:
             return
-        value = str(t.layout.change_feed).lower()
-        self.engine.spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.CHANGE_FEED}' = '{value}')")
-        log.info("replicator %s: replica %s: %s = %s (change_feed)", self.spec.name, t.replica, cdc_apply.CHANGE_FEED, value)
+        spark = self.engine.spark
+        if delta_meta.change_feed_enabled(snap) != t.layout.change_feed:
+            value = str(t.layout.change_feed).lower()
+            spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.CHANGE_FEED}' = '{value}')")
+            log.info("replicator %s: replica %s: %s = %s (change_feed)", self.spec.name, t.replica, cdc_apply.CHANGE_FEED, value)
+        dv = delta_meta.deletion_vectors(snap)
+        if t.layout.deletion_vectors and not dv.enabled:
+            spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.DELETION_VECTORS}' = 'true')")
+            log.info("replicator %s: replica %s: deletion vectors on (deletion_vectors: true)", self.spec.name, t.replica)
+        elif not t.layout.deletion_vectors and (dv.enabled or dv.feature):
+            if dv.feature:
+                spark.sql(f"ALTER TABLE delta.`{t.path}` DROP FEATURE deletionVectors")
+            else:
+                spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.DELETION_VECTORS}' = 'false')")
+            log.info("replicator %s: replica %s: deletion vectors off (deletion_vectors: false)%s", self.spec.name,
+                     t.replica, "; the table feature dropped, its files rewritten without them" if dv.feature else "")
 
     def _reconcile(self, replica: str, path: str, rec: OffsetRecord) -> OffsetRecord:
         """The record caught up with what the replica's Delta log records (the log is the truth)."""

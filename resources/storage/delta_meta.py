@@ -69,7 +69,9 @@ class TableSnapshot:
 
     @functools.cached_property
     def row_count(self) -> int | None:
-        """Rows in this version, from the files' statistics (None: no table or no statistics)."""
+        """Rows in this version, from the files' statistics (None: no table or no statistics). With
+        deletion vectors, the rows before the deletions they mark (the add actions as ``deltalake``
+        lists them do not carry the vectors' cardinality): an upper bound."""
         return self._total("num_records")
 
     @functools.cached_property
@@ -845,6 +847,22 @@ def data_version(path: str, version: int, floor: int) -> int:
 def change_feed_enabled(snap: TableSnapshot) -> bool:
     conf = snap.table.metadata().configuration if snap.table is not None else {}
     return str(conf.get("delta.enableChangeDataFeed", "false")).lower() == "true"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeletionVectors:
+    enabled: bool  # delta.enableDeletionVectors: writes may add deletion vectors
+    feature: bool  # the table's protocol has the reader feature: the deltalake reader refuses its rows
+
+
+def deletion_vectors(snap: TableSnapshot) -> DeletionVectors:
+    """Whether the table (``snap``) writes deletion vectors and has their reader feature (JVM-free)."""
+    if snap.table is None:
+        return DeletionVectors(False, False)
+    conf = snap.table.metadata().configuration
+    features = snap.table.protocol().reader_features or []
+    return DeletionVectors(str(conf.get("delta.enableDeletionVectors", "false")).lower() == "true",
+                           "deletionVectors" in features)
 
 
 def input_change(table: str, path: str, old: int | None, upto: int | None = None) -> InputChange:

@@ -1029,8 +1029,9 @@ cdc:
     dsn_env: SHOP_DSN
     tables: [public.customers, "sales.order_*"]
     change_feed: false
+    deletion_vectors: true
     options:
-      public.customers: {scd: 2, change_feed: true}
+      public.customers: {scd: 2, change_feed: true, deletion_vectors: false}
 topics:
   - table: dim.customers
     depends_on: [replica.customers]
@@ -1044,6 +1045,7 @@ topics:
     assert rep.selects("sales.order_x") and not rep.selects("sales.orders")
     assert rep.table_options("public.customers")[2] == 2 and rep.table_options("sales.order_1")[2] == 1
     assert rep.table_options("public.customers")[3] is True and rep.table_options("sales.order_1")[3] is False
+    assert not rep.table_options("public.customers").deletion_vectors and rep.table_options("sales.order_1").deletion_vectors
     assert lineage.replicator_of("replica.customers") is lineage.replicators["shop"]
 
 

@@ -183,3 +183,38 @@ def test_change_feed_as_the_options_say_also_when_they_change(spark, settings: S
     run(spark, s)
     assert feed(s) == "true"
     assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Alice"), (1, "Bob"), (5, "Cy")]
+
+
+def test_deletion_vectors_when_opted_in_and_dropped_when_opted_out(spark, settings: Settings, tmp_path: Path) -> None:
+    """``deletion_vectors: true``: the replica's MERGEs mark replaced rows in deletion vectors (the
+    ``deltalake`` reader then refuses its rows, which is the opt-in's price); set back to false, the
+    next unit drops the table feature and the replica reads JVM-free again, its rows unchanged."""
+    from deltalake import DeltaTable
+
+    def reader_features(s: Settings) -> list[str]:
+        return DeltaTable(s.table_path("replica.customers")).protocol().reader_features or []
+
+    s = setup(settings, tmp_path)
+    lineage = s.lineage.read_text()
+    s.lineage.write_text(lineage.replace("    options:", "    deletion_vectors: true\n    options:"))
+    more = [event("customers", "c", 7, after={"id": i, "name": f"n{i}"}, key={"id": i}) for i in range(10, 40)]
+    write_events(tmp_path, "0001.json", customers_events() + more)
+    run(spark, s)
+    write_events(tmp_path, "0002.json", [event("customers", "u", 30, before={"id": 0, "name": "Alice"},
+                                               after={"id": 0, "name": "Al"}, key={"id": 0})])
+    run(spark, s)
+    path = s.table_path("replica.customers")
+    assert "deletionVectors" in reader_features(s)
+    metrics = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").collect()[0]["operationMetrics"]
+    assert int(metrics["numTargetDeletionVectorsAdded"]) > 0, metrics  # rows marked, not files rewritten
+    with pytest.raises(Exception, match="deletionVectors"):
+        DeltaTable(path).to_pyarrow_table()
+    others = [(i, f"n{i}") for i in range(10, 40)]
+    assert sorted(tuple(r) for r in spark.read.format("delta").load(path).select("id", "name").collect()) == [
+        (0, "Al"), (1, "Bob"), *others]
+    s.lineage.write_text(lineage)
+    write_events(tmp_path, "0003.json", [event("customers", "c", 31, after={"id": 5, "name": "Cy"}, key={"id": 5}),
+                                         event("customers", "d", 31, before={"id": 1, "name": "Bob"}, key={"id": 1})])
+    run(spark, s)
+    assert "deletionVectors" not in reader_features(s)
+    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Al"), (5, "Cy"), *others]
