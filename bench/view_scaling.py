@@ -248,7 +248,7 @@ class Sdp:
         return str(sdp_table_path(self.projects[view.topic][0], view.topic.split(".")[1]))
 
 
-#: Settings every view gets (``--strategy incremental``: ``full_above: 1``)
+#: Settings every view gets (``--strategy incremental``: ``full_above: 1``; ``--deletion-vectors``)
 FORCED: list[str] = []
 
 
@@ -401,7 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategy", choices=["auto", "incremental"], default="auto",
                    help="auto: Tidemark chooses; incremental: every unit of a built view incremental (full_above 1, "
                         "no estimate decides), to measure that path where it is not chosen")
+    p.add_argument("--deletion-vectors", action="store_true",
+                   help="the views with `deletion_vectors: true` (an opt-in: the deltalake reader cannot read them)")
     args = p.parse_args(argv)
+    if args.deletion_vectors:
+        FORCED.append("deletion_vectors: true")
     if args.strategy == "incremental":
         from lineage.views import refresh
 

@@ -152,6 +152,9 @@ class TopicSpec(_Strict):
     late_rows: LateRows = Field(LateRows.QUARANTINE, description="quarantine | rederive (merge): base rows landing "
                                                                 "at or below last after their block committed")
     delete_missing: bool = Field(True, description="merge: remove view rows whose inputs were deleted")
+    deletion_vectors: bool = Field(False, description="merge: opt in to Delta deletion vectors on the view (a MERGE "
+                                                      "marks the rows it replaces instead of rewriting their files); "
+                                                      "the `deltalake` reader cannot read such a view's rows")
 
     @property
     def name(self) -> str:
@@ -264,7 +267,7 @@ class TopicSpec(_Strict):
             return out
         merge_only = {"key": bool(self.key), "join_keys": bool(self.join_keys),
                       "refresh": self.refresh is not Refresh.INCREMENTAL, "delete_missing": not self.delete_missing,
-                      "late_rows": self.late_rows is not LateRows.QUARANTINE}
+                      "late_rows": self.late_rows is not LateRows.QUARANTINE, "deletion_vectors": self.deletion_vectors}
         for name, set_ in merge_only.items():
             if set_:
                 out.append((name, f"only merge topics take '{name}' (this is a {self.processor.value} topic)"))

@@ -84,6 +84,9 @@ class Sizes:
     #: the view's files hold narrow ranges of its clustering column (:func:`cluster_column`), so a
     #: MERGE of few keys reads only the files holding them
     clustered: bool = False
+    #: the view has Delta deletion vectors on (``deletion_vectors: true``): a MERGE marks the rows
+    #: it replaces instead of writing their files again
+    deletion_vectors: bool = False
 
 
 #: Writing a byte (Parquet encoding, compression, statistics, the commit) costs about this many
@@ -135,7 +138,7 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
       files only where statistics allow: counted whole); the changed inputs read at their old
       version; the view read by the MERGE (a clustered view: two of its columns to find the files
       of the affected keys, then those files); each view file holding an affected row read and
-      written again; and, for a reverse join, a fixed :data:`REVERSE_OVERHEAD`. Affected rows are placed in files at random, except that the rows of one
+      written again (with deletion vectors: only read); and, for a reverse join, a fixed :data:`REVERSE_OVERHEAD`. Affected rows are placed in files at random, except that the rows of one
       changed input row share a file (a view clustered by its join column): ``k`` affected
       clusters touch ``F * (1 - (1 - 1/F)**k)`` of ``F`` files. New base rows mostly make new
       keys (inserted, no file rewritten) where the view has about a row per base row, and fall
@@ -163,7 +166,10 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
         scan = sizes.view_bytes * min(1.0, 2 / max(sizes.view_columns, 1)) + touched
     else:
         scan = sizes.view_bytes
-    incremental = (REVERSE_OVERHEAD if reverse else 0) + find + sizes.base_bytes + inputs + scan + touched * (1 + WRITE_COST)
+    # copy-on-write: each touched file read and written again; with deletion vectors only read (the
+    # rows written anew, a few per key, are left out of both strategies alike)
+    rewrite = touched * (1 if sizes.deletion_vectors else 1 + WRITE_COST)
+    incremental = (REVERSE_OVERHEAD if reverse else 0) + find + sizes.base_bytes + inputs + scan + rewrite
     return Estimate(int(incremental), int(full), rewritten)
 
 

@@ -39,7 +39,7 @@ PRESENT, UNKNOWN_COLS = cdc_columns.PRESENT, "_tm_unknown"
 #: (the ``deltalake`` reader, and pandas/polars users through it, cannot read tables with either
 #: reader feature: see :func:`platform_assets.cdc.ddl.alter`).
 CHANGE_FEED = "delta.enableChangeDataFeed"
-DELETION_VECTORS = "delta.enableDeletionVectors"
+DELETION_VECTORS = spark_io.DELETION_VECTORS
 REPLICA_PROPERTIES = {CHANGE_FEED: "true", DELETION_VECTORS: "false"}
 #: set on a replica when a source column widens (int -> bigint, ...): only then
 TYPE_WIDENING = "delta.enableTypeWidening"

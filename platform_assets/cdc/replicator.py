@@ -69,7 +69,7 @@ from platform_assets.cdc.units import (
     Table,
     state_word,
 )
-from platform_assets.core import faults, locks
+from platform_assets.core import faults, locks, spark_io
 from resources.state.lease import LeaseKeeper
 from resources.state.offsets import OffsetRecord
 from resources.storage import delta_meta
@@ -188,17 +188,10 @@ class ReplicatorUnit:
             value = str(t.layout.change_feed).lower()
             spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.CHANGE_FEED}' = '{value}')")
             log.info("replicator %s: replica %s: %s = %s (change_feed)", self.spec.name, t.replica, cdc_apply.CHANGE_FEED, value)
-        dv = delta_meta.deletion_vectors(snap)
-        if t.layout.deletion_vectors and not dv.enabled:
-            spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.DELETION_VECTORS}' = 'true')")
-            log.info("replicator %s: replica %s: deletion vectors on (deletion_vectors: true)", self.spec.name, t.replica)
-        elif not t.layout.deletion_vectors and (dv.enabled or dv.feature):
-            if dv.feature:
-                spark.sql(f"ALTER TABLE delta.`{t.path}` DROP FEATURE deletionVectors")
-            else:
-                spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.DELETION_VECTORS}' = 'false')")
-            log.info("replicator %s: replica %s: deletion vectors off (deletion_vectors: false)%s", self.spec.name,
-                     t.replica, "; the table feature dropped, its files rewritten without them" if dv.feature else "")
+        done = spark_io.set_deletion_vectors(spark, t.path, t.layout.deletion_vectors, snap)
+        if done:
+            log.info("replicator %s: replica %s: %s (deletion_vectors: %s)", self.spec.name, t.replica, done,
+                     str(t.layout.deletion_vectors).lower())
 
     def _reconcile(self, replica: str, path: str, rec: OffsetRecord) -> OffsetRecord:
         """The record caught up with what the replica's Delta log records (the log is the truth)."""

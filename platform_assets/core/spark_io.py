@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from lineage.spec.model import Topic, Transform
+    from resources.storage.delta_meta import TableSnapshot
 
 _EPOCH = dt.datetime(1970, 1, 1)
 
@@ -362,6 +363,28 @@ _CONFLICT = re.compile(r"DELTA_CONCURRENT_|Concurrent(Append|DeleteRead|DeleteDe
                        r"|DELTA_METADATA_CHANGED|MetadataChangedException")
 #: How often a write that lost to a concurrent commit is tried again.
 CONFLICT_ATTEMPTS = 5
+
+
+DELETION_VECTORS = "delta.enableDeletionVectors"
+
+
+def set_deletion_vectors(spark: SparkSession, path: str, want: bool, snap: TableSnapshot | None = None) -> str:
+    """The existing Delta table at ``path`` (``snap``: it now, when the caller has it open) with
+    deletion vectors on or off as ``want`` says; what was done ("" when nothing). Off drops the table feature (Delta rewrites the files that carry a
+    vector), so the ``deltalake`` reader (pandas, polars, JVM-free tools) reads the table again."""
+    from resources.storage import delta_meta
+
+    have = delta_meta.deletion_vectors(snap or delta_meta.TableSnapshot.open(path))
+    if want and not have.enabled:
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')")
+        return "deletion vectors on"
+    if not want and have.feature:
+        spark.sql(f"ALTER TABLE delta.`{path}` DROP FEATURE deletionVectors")
+        return "deletion vectors off; the table feature dropped, its files rewritten without them"
+    if not want and have.enabled:
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'false')")
+        return "deletion vectors off"
+    return ""
 
 
 def is_conflict(exc: BaseException) -> bool:

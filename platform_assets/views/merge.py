@@ -411,6 +411,11 @@ class MergeProcessor:
                                             inputs=inputs, strategy=work.strategy.name)
             try:
                 with eng.phases.timed("write"):
+                    if delta_meta.open_table(dest) is not None:  # deletion vectors as the view's option says
+                        done = spark_io.set_deletion_vectors(eng.spark, dest, spec.deletion_vectors)
+                        if done:
+                            log.info("topic %s: %s (deletion_vectors: %s)", topic.name, done,
+                                     str(spec.deletion_vectors).lower())
                     if work.strategy.incremental:
                         spark_io.merge_into(eng.spark, opened.out, dest, key=list(spec.key), columns=work.columns,
                                             present=PRESENT, delete_missing=spec.delete_missing, app_id=app_id,
@@ -419,8 +424,9 @@ class MergeProcessor:
                         out = opened.out
                         spark_io.retry_conflicts(lambda: (
                             out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-                            # no deletion vectors: the deltalake reader (sensors, lag, other tools) cannot read them
-                            .option("delta.enableChangeDataFeed", "true").option("delta.enableDeletionVectors", "false")
+                            # deletion vectors only when opted in: the deltalake reader (pandas, polars) cannot read them
+                            .option("delta.enableChangeDataFeed", "true")
+                            .option(spark_io.DELETION_VECTORS, str(spec.deletion_vectors).lower())
                             .option("txnAppId", app_id).option("txnVersion", block.seq).option("userMetadata", meta)
                             .save(dest)))
                     eng.register(spec.destination)

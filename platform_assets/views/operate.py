@@ -5,13 +5,14 @@ every input's offset is, ``offset_age_seconds``, is :func:`platform_assets.core.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import TYPE_CHECKING
 
 from lineage.core.errors import ProcessingError, TidemarkError
 from lineage.core.positions import Position
 from lineage.spec.model import LateRows, Topic
 from lineage.views.refresh import choose
-from platform_assets.core import protocol
+from platform_assets.core import protocol, spark_io
 from platform_assets.views.merge import MergeLook, MergeProcessor
 from resources.storage import delta_meta
 
@@ -100,6 +101,7 @@ def adopt(engine: TopicContext, topic: Topic, *, dry_run: bool) -> list[str]:
     ``last`` from the view's own newest ``(pos, id)`` when it has them, else the base's newest
     position; every input's offset at its current version. The view is assumed current as of
     those; later changes are applied incrementally."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     eng, spec = engine, topic.spec
@@ -115,12 +117,25 @@ def adopt(engine: TopicContext, topic: Topic, *, dry_run: bool) -> list[str]:
     if missing:
         raise ProcessingError(f"topic '{topic.name}': {spec.destination} has no column {', '.join(missing)} of the key "
                               f"({', '.join(spec.key)}); it cannot be adopted as this view")
-    keys = view.table.to_pyarrow_dataset().to_table(columns=list(spec.key))
-    dups = keys.group_by(list(spec.key)).aggregate([([], "count_all")]).filter(pc.field("count_all") > 1)
+    dvs = delta_meta.deletion_vectors(view).feature  # the deltalake reader cannot read its rows: Spark reads them
+    if dvs:
+        rows = eng.spark.read.format("delta").load(dest)
+        dups = pa.table({"count_all": [r[-1] for r in rows.groupBy(*[spark_io.quote(k) for k in spec.key]).count()
+                                       .where("count > 1").limit(1000).collect()]}, schema=pa.schema([("count_all", pa.int64())]))
+    else:
+        keys = view.table.to_pyarrow_dataset().to_table(columns=list(spec.key))
+        dups = keys.group_by(list(spec.key)).aggregate([([], "count_all")]).filter(pc.field("count_all") > 1)
     base = delta_meta.TableSnapshot.open(eng.path(spec.base))
     if base.version is None:
         raise ProcessingError(f"topic '{topic.name}': base {spec.base} does not exist at {eng.path(spec.base)}")
-    if {"pos", "id"} <= view.columns:
+    if {"pos", "id"} <= view.columns and dvs:
+        newest = (eng.spark.read.format("delta").load(dest).where("pos IS NOT NULL AND id IS NOT NULL")
+                  .selectExpr("unix_micros(pos) AS us", "id").orderBy("us", "id", ascending=False).limit(1).collect())
+        # microseconds since the epoch: the same instant in any session time zone
+        last = (Position(dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=newest[0][0]), int(newest[0][1]))
+                if newest else Position.zero())
+        source = f"the newest (pos, id) in {spec.destination}"
+    elif {"pos", "id"} <= view.columns:
         last, source = delta_meta.table_mark(view).max_position or Position.zero(), f"the newest (pos, id) in {spec.destination}"
     else:
         last, source = delta_meta.table_mark(base).max_position or Position.zero(), f"the newest (pos, id) in {spec.base} now"

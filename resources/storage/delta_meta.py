@@ -912,7 +912,8 @@ def unit_sizes(base: TableSnapshot, snap: TableSnapshot, changes: Sequence[Input
     return Sizes(base_bytes=base.size_bytes, base_rows=base.row_count, view_bytes=snap.size_bytes,
                  view_files=snap.files.num_rows, view_rows=snap.row_count,
                  inputs_bytes={t: int(n or 0) for t, n in sizes.items()}, view_columns=len(snap.columns),
-                 clustered=_clustered_by(snap, cluster_column(spec, list(snap.columns))))
+                 clustered=_clustered_by(snap, cluster_column(spec, list(snap.columns))),
+                 deletion_vectors=deletion_vectors(snap).enabled)
 
 
 def _clustered_by(snap: TableSnapshot, column: str | None) -> bool:

@@ -591,6 +591,35 @@ def test_merge_settings_are_checked_against_the_processor_and_depends_on(lin: Pa
     assert any("field 'refresh': only merge topics take 'refresh'" in p for p in problems), problems
 
 
+def test_deletion_vectors_only_on_merge_views_that_no_block_reader_takes_as_its_base(lin: Path) -> None:
+    one_topic(lin, "deletion_vectors: true")
+    problems = load_error(lin).problems
+    assert any("field 'deletion_vectors': only merge topics take 'deletion_vectors'" in p for p in problems), problems
+    f = write(lin / "facts.yaml", """
+        sources:
+          - table: stage.a
+        topics:
+          - table: mart.v
+            depends_on: [stage.a]
+            processor: merge
+            transforms: [../sql/a.sql]
+            key: [id]
+            deletion_vectors: true
+          - table: fact.y
+            depends_on: [mart.v]
+            transforms: [../sql/b.sql]
+          - table: fact.z
+            depends_on: [mart.v]
+            processor: reload
+            transforms: [../sql/c.sql]
+        """)
+    problems = load_error(lin).problems
+    assert problems == [f"{f}:11: topic 'fact.y': field 'depends_on': its base 'mart.v' has deletion_vectors: true "
+                        f"({f}:4), but a step topic's blocks are planned by reading its base's rows with the deltalake "
+                        "reader, which cannot read them; turn deletion_vectors off there, or read it as a later input "
+                        "of depends_on"], problems
+
+
 @pytest.mark.parametrize(
     "name", ["orders", "fact orders", "fact.orders#", "fact.orders:", "fact.orders:a:b", "a.b.c", "1x.y"]
 )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
 from lineage.spec.model import TopicSpec
-from lineage.views.refresh import InputChange, RefreshRefused, Sizes, cluster_column, estimate
+from lineage.views.refresh import WRITE_COST, InputChange, RefreshRefused, Sizes, cluster_column, estimate
 from lineage.views.refresh import choose as choose_
 
 
@@ -148,3 +149,13 @@ def test_a_clustered_view_s_merge_reads_two_columns_and_the_files_of_few_keys_on
     assert cost(clustered, 10_000) == cost(plain, 10_000)  # 20,000 keys: more than a literal list prunes by
     assert cluster_column(spec(), ["id", "customer_id", "amount"]) == "customer_id"
     assert cluster_column(spec(), ["country", "revenue"]) is None  # an aggregate without the join column
+
+
+def test_with_deletion_vectors_the_touched_files_are_read_not_written_again() -> None:
+    def guess(view: Sizes) -> Any:
+        return estimate(view, base_rows=0, late_rows=0, changes=[change(rows=400, total=1000)], reverse=["dim.c"])
+
+    cow, dv = guess(sizes(files=20)), guess(dataclasses.replace(sizes(files=20), deletion_vectors=True))
+    assert dv.files_rewritten == cow.files_rewritten and dv.full == cow.full
+    touched = sizes().view_bytes * cow.files_rewritten / 20
+    assert cow.incremental - dv.incremental == pytest.approx(WRITE_COST * touched, rel=1e-6)

@@ -440,3 +440,50 @@ def test_a_vanished_or_appearing_reference_moves_rows_to_and_from_the_unknown_gr
     assert "    country='?'\n      view:      (no row)\n      recompute: country='?', n=" in text
     assert "    country='C1'\n      view:      country='C1', n=" in text
     eng.close()
+
+
+def test_a_view_with_deletion_vectors_marks_rows_and_drops_them_when_opted_out(spark, settings, tmp_path):
+    """``deletion_vectors: true``: the reverse join's MERGE marks the rows it replaces instead of
+    rewriting their files, and the view stays equal to its recompute; set back to false, the next
+    unit drops the table feature and the ``deltalake`` reader reads the view again."""
+    from deltalake import DeltaTable
+
+    topic = wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n  full_above: 1\n")
+    eng = engine(spark, settings, tmp_path, topic + "  deletion_vectors: true\n")
+    customers(eng)
+    orders(eng, 1, 60)
+    eng.run_until_caught_up()
+    path = eng.path("mart.wide")
+    dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id = 3")
+    [unit] = processed(eng.run_until_caught_up())
+    assert unit.stats["strategy"] == "incremental"
+    metrics = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").collect()[0]["operationMetrics"]
+    assert int(metrics["numTargetDeletionVectorsAdded"]) > 0, metrics
+    assert "deletionVectors" in (DeltaTable(path).protocol().reader_features or [])
+    assert assert_view_equals_recompute(eng, "mart.wide") == 60
+    with pytest.raises(Exception, match="deletionVectors"):
+        DeltaTable(path).to_pyarrow_table()
+    eng.close()
+    eng = engine(spark, settings, tmp_path, topic)
+    dim_sql(eng, "UPDATE DIM SET country = 'YY' WHERE id = 4")
+    [unit] = processed(eng.run_until_caught_up())
+    assert unit.stats["strategy"] == "incremental"
+    assert "deletionVectors" not in (DeltaTable(path).protocol().reader_features or [])
+    assert DeltaTable(path).to_pyarrow_table().num_rows == assert_view_equals_recompute(eng, "mart.wide") == 60
+
+
+def test_adopt_reads_a_view_with_deletion_vectors_through_spark(spark, settings, tmp_path):
+    from deltalake import DeltaTable
+
+    eng = engine(spark, settings, tmp_path, wide_topic("  deletion_vectors: true\n"))
+    customers(eng)
+    orders(eng, 1, 30)
+    eng.register_tables()
+    path = eng.path("mart.wide")
+    (eng.spark.sql(spark_io.bind_block(WIDE.replace("b.id,", "b.pos, b.id,"), "stage.orders")).write.format("delta")
+     .option("delta.enableChangeDataFeed", "true").option("delta.enableDeletionVectors", "true").save(path))
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id IN (29, 30)")  # the newest rows gone
+    assert "deletionVectors" in (DeltaTable(path).protocol().reader_features or [])
+    lines = views.adopt(eng, eng.lineage.topic("mart.wide"), dry_run=True)
+    assert lines[1] == f"  last = {Position(T0 + dt.timedelta(seconds=28), 28).to_text()} (the newest (pos, id) in mart.wide)"
+    assert lines[-2].endswith("): unique"), lines
