@@ -411,8 +411,9 @@ class MergeProcessor:
                                             inputs=inputs, strategy=work.strategy.name)
             try:
                 with eng.phases.timed("write"):
-                    if delta_meta.open_table(dest) is not None:  # deletion vectors as the view's option says
-                        done = spark_io.set_deletion_vectors(eng.spark, dest, spec.deletion_vectors)
+                    now = delta_meta.TableSnapshot.open(dest)
+                    if now.table is not None:  # deletion vectors as the view's option says
+                        done = spark_io.set_deletion_vectors(eng.spark, dest, spec.deletion_vectors, now)
                         if done:
                             log.info("topic %s: %s (deletion_vectors: %s)", topic.name, done,
                                      str(spec.deletion_vectors).lower())
