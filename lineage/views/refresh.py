@@ -138,7 +138,8 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
       files only where statistics allow: counted whole); the changed inputs read at their old
       version; the view read by the MERGE (a clustered view: two of its columns to find the files
       of the affected keys, then those files); each view file holding an affected row read and
-      written again (with deletion vectors: only read); and, for a reverse join, a fixed :data:`REVERSE_OVERHEAD`. Affected rows are placed in files at random, except that the rows of one
+      written again (with deletion vectors: only read); and, for a reverse join, a fixed
+      :data:`REVERSE_OVERHEAD`. Affected rows are placed in files at random, except that the rows of one
       changed input row share a file (a view clustered by its join column): ``k`` affected
       clusters touch ``F * (1 - (1 - 1/F)**k)`` of ``F`` files. New base rows mostly make new
       keys (inserted, no file rewritten) where the view has about a row per base row, and fall

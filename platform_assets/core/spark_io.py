@@ -370,8 +370,9 @@ DELETION_VECTORS = "delta.enableDeletionVectors"
 
 def set_deletion_vectors(spark: SparkSession, path: str, want: bool, snap: TableSnapshot | None = None) -> str:
     """The existing Delta table at ``path`` (``snap``: it now, when the caller has it open) with
-    deletion vectors on or off as ``want`` says; what was done ("" when nothing). Off drops the table feature (Delta rewrites the files that carry a
-    vector), so the ``deltalake`` reader (pandas, polars, JVM-free tools) reads the table again."""
+    deletion vectors on or off as ``want`` says; what was done ("" when nothing). Off drops the
+    table feature (Delta rewrites the files that carry a vector), so the ``deltalake`` reader
+    (pandas, polars, JVM-free tools) reads the table again."""
     from resources.storage import delta_meta
 
     have = delta_meta.deletion_vectors(snap or delta_meta.TableSnapshot.open(path))
