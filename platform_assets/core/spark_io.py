@@ -44,6 +44,11 @@ def epoch_micros(value: dt.datetime) -> int:
     return (to_naive_utc(value) - _EPOCH) // dt.timedelta(microseconds=1)
 
 
+def from_epoch_micros(micros: int) -> dt.datetime:
+    """The naive-UTC datetime ``micros`` microseconds after the Unix epoch (:func:`epoch_micros`'s inverse)."""
+    return _EPOCH + dt.timedelta(microseconds=micros)
+
+
 def ts_literal(value: dt.datetime) -> Column:
     """``value`` (naive UTC) as a Spark ``TIMESTAMP`` literal. Built from epoch microseconds, so
     neither the session's time zone (text cast) nor the driver's (Python datetime literal) can

@@ -103,6 +103,8 @@ class MergeWork:
     #: Incremental: a predicate on the view's rows (SQL, alias ``t``) that every row of an affected key
     #: satisfies; the MERGE adds it to its condition so Delta reads only the files it may hold ("": none).
     prune: str = ""
+    #: The view as the unit was derived (its table None before the first build), read again by the write.
+    view: delta_meta.TableSnapshot | None = None
 
 
 class MergeProcessor:
@@ -257,7 +259,7 @@ class MergeProcessor:
         eng.register_tables(topic)
         spark = eng.spark
         tag = uuid.uuid4().hex[:10]
-        work = MergeWork(strategy, changes, late.rows.num_rows, built=built)
+        work = MergeWork(strategy, changes, late.rows.num_rows, built=built, view=view)
         pinned = self._pin(work, topic, {t: v for t, v in rec.inputs_next.items() if t != spec.base}, f"tm_in_{tag}")
         everything = self._base(spark, topic, planned, upto=True)
         full = spark_io.transform(spark, topic, self._view(spark, work, f"tm_all_{tag}", everything), view=work.views[-1],
@@ -411,9 +413,8 @@ class MergeProcessor:
                                             inputs=inputs, strategy=work.strategy.name)
             try:
                 with eng.phases.timed("write"):
-                    now = delta_meta.TableSnapshot.open(dest)
-                    if now.table is not None:  # deletion vectors as the view's option says
-                        done = spark_io.set_deletion_vectors(eng.spark, dest, spec.deletion_vectors, now)
+                    if work.view is not None and work.view.table is not None:  # deletion vectors as its option says
+                        done = spark_io.set_deletion_vectors(eng.spark, dest, spec.deletion_vectors, work.view)
                         if done:
                             log.info("topic %s: %s (deletion_vectors: %s)", topic.name, done,
                                      str(spec.deletion_vectors).lower())

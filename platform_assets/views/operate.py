@@ -5,7 +5,6 @@ every input's offset is, ``offset_age_seconds``, is :func:`platform_assets.core.
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import TYPE_CHECKING
 
 from lineage.core.errors import ProcessingError, TidemarkError
@@ -101,7 +100,6 @@ def adopt(engine: TopicContext, topic: Topic, *, dry_run: bool) -> list[str]:
     ``last`` from the view's own newest ``(pos, id)`` when it has them, else the base's newest
     position; every input's offset at its current version. The view is assumed current as of
     those; later changes are applied incrementally."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     eng, spec = engine, topic.spec
@@ -117,23 +115,21 @@ def adopt(engine: TopicContext, topic: Topic, *, dry_run: bool) -> list[str]:
     if missing:
         raise ProcessingError(f"topic '{topic.name}': {spec.destination} has no column {', '.join(missing)} of the key "
                               f"({', '.join(spec.key)}); it cannot be adopted as this view")
-    dvs = delta_meta.deletion_vectors(view).feature  # the deltalake reader cannot read its rows: Spark reads them
-    if dvs:
-        rows = eng.spark.read.format("delta").load(dest)
-        dups = pa.table({"count_all": [r[-1] for r in rows.groupBy(*[spark_io.quote(k) for k in spec.key]).count()
-                                       .where("count > 1").limit(1000).collect()]}, schema=pa.schema([("count_all", pa.int64())]))
+    # with deletion vectors the deltalake reader cannot read the view's rows: Spark reads them
+    rows = eng.spark.read.format("delta").load(dest) if delta_meta.deletion_vectors(view).feature else None
+    if rows is not None:
+        dups = rows.groupBy(*[spark_io.quote(k) for k in spec.key]).count().where("count > 1").count()
     else:
         keys = view.table.to_pyarrow_dataset().to_table(columns=list(spec.key))
-        dups = keys.group_by(list(spec.key)).aggregate([([], "count_all")]).filter(pc.field("count_all") > 1)
+        dups = keys.group_by(list(spec.key)).aggregate([([], "count_all")]).filter(pc.field("count_all") > 1).num_rows
     base = delta_meta.TableSnapshot.open(eng.path(spec.base))
     if base.version is None:
         raise ProcessingError(f"topic '{topic.name}': base {spec.base} does not exist at {eng.path(spec.base)}")
-    if {"pos", "id"} <= view.columns and dvs:
-        newest = (eng.spark.read.format("delta").load(dest).where("pos IS NOT NULL AND id IS NOT NULL")
-                  .selectExpr("unix_micros(pos) AS us", "id").orderBy("us", "id", ascending=False).limit(1).collect())
+    if {"pos", "id"} <= view.columns and rows is not None:
         # microseconds since the epoch: the same instant in any session time zone
-        last = (Position(dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=newest[0][0]), int(newest[0][1]))
-                if newest else Position.zero())
+        newest = (rows.where("pos IS NOT NULL AND id IS NOT NULL").selectExpr("unix_micros(pos) AS us", "id")
+                  .orderBy("us", "id", ascending=False).limit(1).collect())
+        last = Position(spark_io.from_epoch_micros(newest[0][0]), int(newest[0][1])) if newest else Position.zero()
         source = f"the newest (pos, id) in {spec.destination}"
     elif {"pos", "id"} <= view.columns:
         last, source = delta_meta.table_mark(view).max_position or Position.zero(), f"the newest (pos, id) in {spec.destination}"
@@ -148,9 +144,9 @@ def adopt(engine: TopicContext, topic: Topic, *, dry_run: bool) -> list[str]:
     lines = [f"topic {topic.name}: adopt {spec.destination} version {view.version} ({view.files.num_rows} files) as it is",
              f"  last = {last.label()} ({source})",
              *(f"  input {t}: offset = version {v}" for t, v in inputs.items()),
-             f"  key ({', '.join(spec.key)}): " + (f"{dups.num_rows} duplicate keys -- fix the table before adopting"
-                                                  if dups.num_rows else "unique")]
-    if dups.num_rows:
+             f"  key ({', '.join(spec.key)}): " + (f"{dups} duplicate keys -- fix the table before adopting"
+                                                  if dups else "unique")]
+    if dups:
         raise ProcessingError("\n".join([*lines, f"topic '{topic.name}': refused: the key is not unique in {spec.destination}"]))
     if dry_run:
         return [*lines, "dry run: nothing was set (run again without --dry-run)"]

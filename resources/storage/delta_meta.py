@@ -844,9 +844,14 @@ def data_version(path: str, version: int, floor: int) -> int:
     return v if v == floor else version
 
 
-def change_feed_enabled(snap: TableSnapshot) -> bool:
+def _property_on(snap: TableSnapshot, name: str) -> bool:
+    """Whether the table's boolean property ``name`` is true (False without a table)."""
     conf = snap.table.metadata().configuration if snap.table is not None else {}
-    return str(conf.get("delta.enableChangeDataFeed", "false")).lower() == "true"
+    return str(conf.get(name, "false")).lower() == "true"
+
+
+def change_feed_enabled(snap: TableSnapshot) -> bool:
+    return _property_on(snap, "delta.enableChangeDataFeed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -857,12 +862,8 @@ class DeletionVectors:
 
 def deletion_vectors(snap: TableSnapshot) -> DeletionVectors:
     """Whether the table (``snap``) writes deletion vectors and has their reader feature (JVM-free)."""
-    if snap.table is None:
-        return DeletionVectors(False, False)
-    conf = snap.table.metadata().configuration
-    features = snap.table.protocol().reader_features or []
-    return DeletionVectors(str(conf.get("delta.enableDeletionVectors", "false")).lower() == "true",
-                           "deletionVectors" in features)
+    features = (snap.table.protocol().reader_features or []) if snap.table is not None else []
+    return DeletionVectors(_property_on(snap, "delta.enableDeletionVectors"), "deletionVectors" in features)
 
 
 def input_change(table: str, path: str, old: int | None, upto: int | None = None) -> InputChange:
