@@ -167,11 +167,12 @@ for t in spark.catalog.listTables("default"):
 """
 
 
-def reset_cli_catalog() -> None:
+def reset_cli_catalog(master: str | None = None) -> None:
     """Empty the catalog of the Connect server that ``tidemark`` subprocesses share (fixture
-    ``cli_spark``), so the next home may use the same table names at other paths: Tidemark refuses
-    a name another home registered there, as it should. Nothing to do when they run local JVMs."""
-    master = cli_master()
+    ``cli_spark``; ``master``: default :func:`cli_master`), so the next home may use the same table
+    names at other paths: Tidemark refuses a name another home registered there, as it should.
+    Nothing to do when they run local JVMs."""
+    master = master or cli_master()
     if not master.startswith("sc://"):
         return
     done = subprocess.run([sys.executable, "-c", _RESET_CATALOG, master], capture_output=True, text=True, timeout=120)

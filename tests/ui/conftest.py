@@ -127,11 +127,17 @@ def _require_browser(browser_binaries: tuple[Path, Path]) -> None:
 
 
 @pytest.fixture(scope="module")
-def ui_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def ui_env(tmp_path_factory: pytest.TempPathFactory, cli_spark_server: str) -> Iterator[dict[str, str]]:
     """Environment for dagster dev and the CLI: temporary TIDEMARK_HOME and DAGSTER_HOME (with
-    the repo's dagster.yaml, queue held), the demo lineage, and demo sources seeded with ShopFeeder."""
+    the repo's dagster.yaml, queue held), the demo lineage, and demo sources seeded with ShopFeeder.
+
+    Spark: the session's shared Connect server (fixture ``cli_spark_server``, what a production
+    deployment runs, docs/production.md), so each ``dagster asset materialize`` and ``tidemark run``
+    connects in about a second instead of starting a JVM of its own; its catalog is emptied after
+    the module. ``TIDEMARK_TEST_CLI_SPARK=local`` gives every process its own local[2] JVM."""
     from platform_assets.demo.feeder import seed_if_empty
     from resources.core.settings import Settings
+    from tests.platform_assets.shop import reset_cli_catalog
 
     base = tmp_path_factory.mktemp("ui")
     tidemark_home, dagster_home = base / "tidemark", base / "dagster"
@@ -147,7 +153,7 @@ def ui_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     env.update({
         "TIDEMARK_HOME": str(tidemark_home),
         "TIDEMARK_LINEAGE": str(ROOT / "demo" / "lineage"),
-        "TIDEMARK_SPARK_MASTER": "local[2]",
+        "TIDEMARK_SPARK_MASTER": cli_spark_server,
         "TIDEMARK_DRIVER_MEMORY": "1g",
         "DAGSTER_HOME": str(dagster_home),
         "PYTHONPATH": str(ROOT),
@@ -160,7 +166,8 @@ def ui_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     fed = subprocess.run([sys.executable, "-m", "platform_assets.demo.feeder", "--iterations", "1", "--interval", "2",
                           "--orders", "10"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert fed.returncode == 0 and "feeder: appended 10 orders" in fed.stdout, fed.stdout + fed.stderr
-    return env
+    yield env
+    reset_cli_catalog(cli_spark_server)
 
 
 @pytest.fixture(scope="module")

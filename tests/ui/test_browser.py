@@ -92,7 +92,7 @@ def test_materialized_dim_customers_shows_on_asset_page(dagster_dev: DagsterDev,
     _settle(0.5)
     driver.save_screenshot(str(artifacts / "dim_customers_before.png"))
 
-    # A one-off run in the same instance and warehouse (Spark starts inside the step).
+    # A one-off run in the same instance and warehouse (its Spark: the tests' Connect server, tests/ui/conftest.py).
     done = subprocess.run(
         [str(VENV_BIN / "dagster"), "asset", "materialize", "-m", "platform_assets.dagster.definitions",
          "--select", "dim/customers"],
@@ -170,7 +170,7 @@ def test_a_materialized_block_and_a_view_unit_show_with_their_checks_on_the_asse
             _cli(dagster_dev, sys.executable, "-m", "platform_assets.demo.feeder", "--iterations", "1", "--interval", "1",
                  "--orders", "10")
             time.sleep(6)
-        # The view's base caught up by the command line (one JVM), then the view's unit through Dagster.
+        # The view's base caught up by the command line, then the view's unit through Dagster.
         _cli(dagster_dev, str(VENV_BIN / "tidemark"), "run", "--until-caught-up", "dim.customers", "fact.orders",
              "fact.order_items")
         _cli(dagster_dev, str(VENV_BIN / "dagster"), "asset", "materialize", "-m", "platform_assets.dagster.definitions",
