@@ -21,7 +21,7 @@ from lineage.core.positions import Position
 from lineage.spec.model import Processor
 from platform_assets.cli.common import close_engines, engine_from, format_cell, format_table, settings_from
 from resources.core.settings import Settings
-from resources.storage.warehouse import check_warehouse
+from resources.storage.warehouse import check_warehouse, local_dir
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -387,9 +387,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_warehouse(settings.warehouse)  # before the sources are written
     own_dagster_home = "DAGSTER_HOME" not in os.environ
     if not args.keep:
-        inside = Path(settings.warehouse).is_relative_to(settings.home) if "://" not in settings.warehouse else False
-        if inside:
-            shutil.rmtree(settings.warehouse, ignore_errors=True)
+        local = local_dir(settings.warehouse)  # a plain path or a file: URI; never an object store
+        if local is not None and local.is_relative_to(settings.home):
+            shutil.rmtree(local, ignore_errors=True)
         if settings.offsets_url.startswith("sqlite:///"):
             Path(settings.offsets_url.removeprefix("sqlite:///")).unlink(missing_ok=True)
         if own_dagster_home:  # the runs and partitions of the wiped warehouse
