@@ -10,7 +10,8 @@ of one lineage (issue 18):
 
 * ``mart.orders_wide`` (keyed join): every order left-joined to its customer, key ``id``;
 * ``mart.revenue`` (aggregating): orders and revenue per day and customer country
-  (``'??'`` for an order without a customer), key ``(day, country)``.
+  (``'??'`` for an order without a customer), key ``(day, country)``, declared ``additive``
+  (a unit adds the moved orders' contributions; ``--no-additive``: it re-derives whole groups).
 
 The reference table has ``--customers`` rows (200,000) at every size, so only the base grows.
 Orders span a year and draw their customer from 1.25x the customer ids, so ~20 % have none at
@@ -75,6 +76,7 @@ class View:
     key: tuple[str, ...]
     columns: tuple[str, ...]
     sdp: str  # the @dp.materialized_view body: a DataFrame expression over b (orders) and c (customers)
+    extra: str = ""  # the topic's YAML beyond what every view gets (unless --no-additive)
 
 
 KEYED = View(
@@ -95,7 +97,8 @@ GROUP BY CAST(b.pos AS DATE), coalesce(c.country, '??')
     ("day", "country"), ("day", "country", "orders", "revenue"),
     'b.join(c, F.col("b.customer_id") == F.col("c.id"), "left").groupBy('
     'F.col("b.pos").cast("date").alias("day"), F.coalesce(F.col("c.country"), F.lit("??")).alias("country")).agg('
-    'F.count(F.lit(1)).alias("orders"), F.sum(F.col("b.amount").cast("decimal(12,2)")).alias("revenue"))')
+    'F.count(F.lit(1)).alias("orders"), F.sum(F.col("b.amount").cast("decimal(12,2)")).alias("revenue"))',
+    "late_rows: rederive\nadditive: {count: orders, sums: [revenue]}\n")
 VIEWS = (KEYED, AGGREGATE)
 
 #: issue 18's targets
@@ -199,7 +202,7 @@ def make_lineage(base: Path, maxstep: int) -> Path:
                 maxstep: {maxstep}
                 delay: 0
                 repeat: 0
-            """) + "".join(f"  {line}\n" for line in FORCED))
+            """) + "".join(f"  {line}\n" for line in (v.extra if ADDITIVE else "").splitlines() + FORCED))
     (lin / "views.yaml").write_text(f"sources:\n  - table: {ORDERS}\n  - table: {CUSTOMERS}\ntopics:\n"
                                     + "".join(textwrap.indent(t, "  ") for t in topics))
     return lin
@@ -248,6 +251,8 @@ class Sdp:
         return str(sdp_table_path(self.projects[view.topic][0], view.topic.split(".")[1]))
 
 
+#: Whether views keep their ``extra`` settings (``--no-additive``: the aggregate re-derives its groups)
+ADDITIVE = True
 #: Settings every view gets (``--strategy incremental``: ``full_above: 1``; ``--deletion-vectors``)
 FORCED: list[str] = []
 
@@ -403,7 +408,11 @@ def main(argv: list[str] | None = None) -> int:
                         "no estimate decides), to measure that path where it is not chosen")
     p.add_argument("--deletion-vectors", action="store_true",
                    help="the views with `deletion_vectors: true` (an opt-in: the deltalake reader cannot read them)")
+    p.add_argument("--no-additive", action="store_true",
+                   help="mart.revenue without `additive` (its units re-derive whole groups from the full base)")
     args = p.parse_args(argv)
+    global ADDITIVE
+    ADDITIVE = not args.no_additive
     if args.deletion_vectors:
         FORCED.append("deletion_vectors: true")
     if args.strategy == "incremental":

@@ -126,6 +126,21 @@ class SourceSpec(_Strict):
         return v
 
 
+class AdditiveSpec(_Strict):
+    """merge: the view is a ``GROUP BY`` of the base whose columns are sums over the group's base
+    rows, so a unit adds the moved rows' contributions (new ones, minus old ones) instead of
+    re-deriving whole groups from the full base (:mod:`lineage.views.refresh`, "additive")."""
+
+    count: str = Field(description="the view column holding count(*) of the group's base rows: a group whose count "
+                                   "reaches 0 is deleted")
+    sums: list[str] = Field(default_factory=list, description="view columns holding sum(...) of a base row expression "
+                                                               "(integer or decimal; count(x) counts too)")
+
+    @property
+    def columns(self) -> list[str]:
+        return [self.count, *self.sums]
+
+
 class TopicSpec(_Strict):
     """One row of the seed's Lineage table."""
 
@@ -147,11 +162,15 @@ class TopicSpec(_Strict):
         default_factory=dict, description="merge: per input table (not the base), view column -> input column; a change "
                                           "of that input re-derives only the view rows whose columns match")
     refresh: Refresh = Field(Refresh.INCREMENTAL, description="merge: incremental | incremental_strict | full")
-    full_above: float = Field(0.005, gt=0, le=1, description="merge: recompute the whole view instead of a reverse join "
-                                                         "when more than this share of an input's rows changed")
+    full_above: float | None = Field(None, gt=0, le=1, description="merge: recompute the whole view instead of a "
+                                                                  "reverse join when more than this share of an input's "
+                                                                  "rows changed (default 0.005; none for an additive view)")
     late_rows: LateRows = Field(LateRows.QUARANTINE, description="quarantine | rederive (merge): base rows landing "
                                                                 "at or below last after their block committed")
     delete_missing: bool = Field(True, description="merge: remove view rows whose inputs were deleted")
+    additive: AdditiveSpec | None = Field(None, description="merge: the view's non-key columns are a count(*) and sums "
+                                                            "over base rows, maintained by adding the moved rows' "
+                                                            "contributions")
     deletion_vectors: bool = Field(False, description="merge: opt in to Delta deletion vectors on the view (a MERGE "
                                                       "marks the rows it replaces instead of rewriting their files); "
                                                       "the `deltalake` reader cannot read such a view's rows")
@@ -258,6 +277,17 @@ class TopicSpec(_Strict):
         if self.processor is Processor.MERGE:
             if not self.key:
                 out.append(("key", "a merge topic needs the unique key of its output, e.g. key: [day, country]"))
+            if self.additive is not None:
+                a = self.additive
+                both = sorted(set(self.key) & set(a.columns))
+                if both:
+                    out.append(("additive", f"{', '.join(both)} cannot be both a key column and an additive column"))
+                if len(set(a.columns)) < len(a.columns):
+                    out.append(("additive", f"a column is named twice in count and sums ({', '.join(a.columns)})"))
+                if self.late_rows is not LateRows.REDERIVE:
+                    out.append(("additive", "an additive view needs late_rows: rederive (a late base row must be added "
+                                            "to its group; quarantined, it would later be subtracted without having "
+                                            "been added)"))
             for table in self.join_keys:
                 if table == self.base:
                     out.append(("join_keys", f"{table} is the base table (read block by block by (pos, id)); join_keys "
@@ -267,7 +297,8 @@ class TopicSpec(_Strict):
             return out
         merge_only = {"key": bool(self.key), "join_keys": bool(self.join_keys),
                       "refresh": self.refresh is not Refresh.INCREMENTAL, "delete_missing": not self.delete_missing,
-                      "late_rows": self.late_rows is not LateRows.QUARANTINE, "deletion_vectors": self.deletion_vectors}
+                      "late_rows": self.late_rows is not LateRows.QUARANTINE, "deletion_vectors": self.deletion_vectors,
+                      "additive": self.additive is not None}
         for name, set_ in merge_only.items():
             if set_:
                 out.append((name, f"only merge topics take '{name}' (this is a {self.processor.value} topic)"))

@@ -14,7 +14,9 @@ join to a changed row of it (``join_keys``: base column -> input column), evalua
 input's previous and its new version. That is only possible when every changed input declares
 its base join column and its change feed can be read; and it is only worth it while it reads and
 writes less than a recompute (:func:`estimate`, from the tables' sizes in their Delta logs) and
-no more than ``full_above`` of an input changed. Otherwise the whole view is recomputed, and the reason is recorded; a topic with
+no more than ``full_above`` of an input changed. An additive view (``additive``: a ``GROUP BY``
+of a count and sums) re-derives nothing: its unit adds the changed rows' contributions, so only
+those rows are read (:func:`estimate`), and it has no default ``full_above``. Otherwise the whole view is recomputed, and the reason is recorded; a topic with
 ``refresh: incremental_strict`` fails instead (:class:`RefreshRefused`).
 """
 
@@ -101,6 +103,9 @@ COST_FLOOR = 16 * 2**20
 #: bytes a recompute moves in that time: about 7 to 18 s on 2 cores (``bench/view_scaling.py``,
 #: 1M and 5M orders). A unit of new base rows alone costs about what its bytes say.
 REVERSE_OVERHEAD = 256 * 2**20
+#: The same for an additive view (no re-derivation: the moved rows' contributions at two versions,
+#: one small MERGE), measured in ``bench/view_scaling.py``.
+ADDITIVE_OVERHEAD = 32 * 2**20
 #: A full recompute replaces an incremental unit only when the latter is estimated this much
 #: dearer: the estimate is coarse, and the incremental unit keeps the view's change feed small.
 FULL_MARGIN = 1.25
@@ -128,7 +133,7 @@ def cluster_column(spec: TopicSpec, columns: Collection[str]) -> str | None:
 
 
 def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[InputChange],
-             reverse: Sequence[str]) -> Estimate:
+             reverse: Sequence[str], additive: bool = False) -> Estimate:
     """What a full recompute and an incremental unit would read and write, in bytes, from what
     the unit does (:mod:`platform_assets.views.merge`):
 
@@ -143,7 +148,11 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
       changed input row share a file (a view clustered by its join column): ``k`` affected
       clusters touch ``F * (1 - (1 - 1/F)**k)`` of ``F`` files. New base rows mostly make new
       keys (inserted, no file rewritten) where the view has about a row per base row, and fall
-      into existing groups where it has far fewer (an aggregate)."""
+      into existing groups where it has far fewer (an aggregate).
+
+    An additive view (``additive``) re-derives nothing: its unit reads the new block, the base once
+    for the rows joining a changed row, and every input, and pays :data:`ADDITIVE_OVERHEAD` for a
+    reverse join."""
     inputs = sum(sizes.inputs_bytes.values())
     full = sizes.base_bytes + inputs + WRITE_COST * sizes.view_bytes
     by_table = {c.table: c for c in changes}
@@ -170,8 +179,23 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
     # copy-on-write: each touched file read and written again; with deletion vectors only read (the
     # rows written anew, a few per key, are left out of both strategies alike)
     rewrite = touched * (1 if sizes.deletion_vectors else 1 + WRITE_COST)
-    incremental = (REVERSE_OVERHEAD if reverse else 0) + find + sizes.base_bytes + inputs + scan + rewrite
+    overhead = (ADDITIVE_OVERHEAD if additive else REVERSE_OVERHEAD) if reverse else 0
+    incremental = overhead + find + (0 if additive else sizes.base_bytes) + inputs + scan + rewrite
     return Estimate(int(incremental), int(full), rewritten)
+
+
+#: ``full_above`` when a spec does not set it: a re-derived view's MERGE rewrites every data file
+#: holding an affected row, so a wide change costs more than a rebuild (``bench/reverse_join.py``).
+#: An additive view has no default cap: its unit reads the changed rows, not the affected groups'
+#: whole base, and the estimate decides.
+FULL_ABOVE = 0.005
+
+
+def full_above(spec: TopicSpec) -> float | None:
+    """The share of an input's rows above which a view is recomputed whole (None: no cap)."""
+    if spec.full_above is not None:
+        return spec.full_above
+    return None if spec.additive is not None else FULL_ABOVE
 
 
 def inexact(spec: TopicSpec, table: str, base_columns: Collection[str], *, python_transform: bool = False) -> str:
@@ -220,6 +244,7 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collec
     if spec.refresh is Refresh.FULL:
         return Strategy(False, "refresh: full (the spec asks for a full recompute every time)")
     strict = spec.refresh is Refresh.STRICT
+    cap = full_above(spec)
     why: list[str] = []
     reverse: list[str] = []
     for c in changes:
@@ -233,9 +258,9 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collec
             why.append(f"{c.table} changed ({c.versions}) and {problem}")
         elif c.problem:
             why.append(f"{c.table} changed ({c.versions}) but its change data feed cannot be read: {c.problem}")
-        elif (not strict and c.changed_rows is not None and c.table_rows
-              and c.changed_rows > spec.full_above * c.table_rows):
-            why.append(f"{c.changed_rows} rows of {c.table} changed, more than full_above {spec.full_above * 100:g}% of its "
+        elif (not strict and cap is not None and c.changed_rows is not None and c.table_rows
+              and c.changed_rows > cap * c.table_rows):
+            why.append(f"{c.changed_rows} rows of {c.table} changed, more than full_above {cap * 100:g}% of its "
                        f"{c.table_rows} rows (a full recompute is cheaper)")
         else:
             reverse.append(c.table)
@@ -259,7 +284,8 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collec
         parts.append(f"reverse join of {n} changed rows of {t} ({c.versions}) on "
                      + ", ".join(f"{v}={i}" for v, i in spec.join_keys[t].items()))
     guess = (None if sizes is None else
-             estimate(sizes, base_rows=base_rows, late_rows=late_rows, changes=changes, reverse=reverse))
+             estimate(sizes, base_rows=base_rows, late_rows=late_rows, changes=changes, reverse=reverse,
+                      additive=spec.additive is not None))
     if guess is not None and not strict and guess.full >= COST_FLOOR and guess.incremental > FULL_MARGIN * guess.full:
         return Strategy(False, f"full recompute because it is cheaper: {guess.text()}", fallback=True, estimate=guess)
     reason = "incremental: " + ("; ".join(parts) or "nothing changed")

@@ -363,6 +363,26 @@ def merge_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[s
     run_merge(spark, sql, source, app_id=app_id, seq=seq, meta=meta)
 
 
+def add_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[str], count: str, sums: list[str],
+             types: dict[str, str], delete_missing: bool, app_id: str, seq: int, meta: str, target_filter: str = "") -> None:
+    """One Delta MERGE adding ``source`` (per key: the change of ``count`` and of each of ``sums``)
+    to the table at ``dest`` (an additive view): a group's count and sums grow by the source's, a
+    group whose count reaches 0 is deleted (``delete_missing``), a new group with a positive count is
+    inserted, a group whose every change is 0 is not rewritten. Results are cast to ``types`` (the
+    view's column types). Idempotent and self-describing as :func:`merge_into`."""
+    on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key) + (f" AND ({target_filter})" if target_filter else "")
+    cols = [count, *sums]
+    n = quote(count)
+    changes = " OR ".join(f"s.{quote(c)} <> 0" for c in cols)
+    sql = (f"MERGE INTO delta.`{dest}` t USING {{source}} s ON {on}\n"
+           + (f"WHEN MATCHED AND t.{n} + s.{n} <= 0 THEN DELETE\n" if delete_missing else "")
+           + f"WHEN MATCHED AND ({changes}) THEN UPDATE SET "
+           + ", ".join(f"t.{quote(c)} = CAST(coalesce(t.{quote(c)}, 0) + s.{quote(c)} AS {types[c]})" for c in cols) + "\n"
+           + f"WHEN NOT MATCHED AND s.{n} > 0 THEN INSERT ({', '.join(map(quote, [*key, *cols]))}) "
+           + f"VALUES ({', '.join([*(f's.{quote(k)}' for k in key), *(f'CAST(s.{quote(c)} AS {types[c]})' for c in cols)])})")
+    run_merge(spark, sql, source, app_id=app_id, seq=seq, meta=meta)
+
+
 #: Delta's optimistic concurrency: a commit that lost to a concurrent one touching the same files.
 _CONFLICT = re.compile(r"DELTA_CONCURRENT_|Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception"
                        r"|DELTA_METADATA_CHANGED|MetadataChangedException")

@@ -13,7 +13,10 @@ A unit (planned under the topic's lock, landed through :mod:`platform_assets.cor
    the re-derived one; those keys are re-derived from the transform over the full base
    (``block`` = every base row up to ``next``) and MERGEd: changed rows updated, new ones
    inserted, keys no longer produced deleted (``delete_missing``) — or **full**: the view
-   recomputed and overwritten. Either way one Delta commit carrying ``txnAppId``/``txnVersion``
+   recomputed and overwritten. An **additive** view (``additive``: count and sums per group) re-derives
+   nothing: the transform over the moved rows only (new and late rows, rows joining a changed
+   reference row at its old and its new version) gives signed contributions, summed per group and
+   added to the view by one MERGE (:meth:`MergeProcessor._added`). Either way one Delta commit carrying ``txnAppId``/``txnVersion``
    and the unit's bounds in ``userMetadata``;
 3. ``etl.log`` (strategy, reason, rows inserted/updated/deleted, keys re-derived) before the
    offset commit, which moves ``last`` and every input's offset together.
@@ -24,6 +27,7 @@ Re-deriving a key from the full inputs makes a unit idempotent: a retry, a resta
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -35,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Block, Position
 from lineage.planning.planner import Decision
-from lineage.spec.model import LateRows, Topic, TopicSpec
+from lineage.spec.model import AdditiveSpec, LateRows, Topic, TopicSpec
 from lineage.views.refresh import InputChange, Strategy, choose, cluster_column
 from platform_assets.core import blocks, faults, protocol, spark_io
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
@@ -105,6 +109,21 @@ class MergeWork:
     prune: str = ""
     #: The view as the unit was derived (its table None before the first build), read again by the write.
     view: delta_meta.TableSnapshot | None = None
+    #: Incremental, additive view: the transform's output over the rows that move, by where they
+    #: come from (label, sign, rows): +1 the groups rows join, -1 the groups rows leave.
+    contributions: list[tuple[str, int, DataFrame]] = field(default_factory=list)
+    #: Additive, a changed input: the transform over no base rows at the old and the new versions
+    #: (must be empty: an additive view is a sum over base rows; checked with the contributions).
+    alone: list[DataFrame] = field(default_factory=list)
+    #: The view columns' SQL types (an additive MERGE casts its sums back to them).
+    types: dict[str, str] = field(default_factory=dict)
+    #: An additive view's sums that may be null (``sum(x)``; not ``coalesce(sum(x), 0)``).
+    nullable: frozenset[str] = frozenset()
+
+    @property
+    def adds(self) -> bool:
+        """The unit adds contributions to the view's groups (else it MERGEs re-derived rows or overwrites)."""
+        return bool(self.contributions) and self.strategy.incremental
 
 
 class MergeProcessor:
@@ -192,6 +211,16 @@ class MergeProcessor:
             rows = delta_meta.TableSnapshot.open(self.engine.path(spec.base), planned.source_version).row_count
             return _clustered(full, spec, rows), work
         key = list(spec.key)
+        if work.adds:
+            try:
+                added = self._added(topic, work)
+            except Exception as exc:
+                if not (work.strategy.reverse and _removed(exc)):
+                    raise
+                self._removed_fallback(topic, work, exc)
+                return full, work
+            if added is not None:
+                return added, work
         try:
             keys, key_rows = spark_io.small_local(self.engine.spark, functools.reduce(
                 lambda a, b: a.unionByName(b), [k for _, k in work.affected]).distinct(), LOCAL_KEYS)
@@ -203,6 +232,77 @@ class MergeProcessor:
         rederived = spark_io.semi_join(narrow(full, key, key_rows), keys, key).withColumn(PRESENT, F.lit(True))
         work.prune = self._prune(topic, work, key, key_rows)
         return spark_io.rows_of_keys(keys, rederived, key), work
+
+    def _added(self, topic: Topic, work: MergeWork) -> DataFrame | None:
+        """An additive unit's MERGE source: per affected group, the sum of the contributions (the
+        groups rows join, minus the groups they leave), collected. None when the contributions
+        cannot be added exactly or are too many groups to collect; then their groups are re-derived
+        from the full base (``work.affected``). Not exactly: SQL's ``sum`` skips nulls and is null
+        over only nulls, so a contribution holding a null cannot be subtracted, and a sum that
+        reaches 0 as rows leave its group may really be null (:meth:`_zero_sums`)."""
+        from pyspark.sql import functions as F
+
+        spec, spark = topic.spec, self.engine.spark
+        add = additive(topic)
+        key = list(spec.key)
+        signed = [out.select(*[F.col(spark_io.quote(k)) for k in key],
+                             *[(F.col(spark_io.quote(c)) if sign > 0 else -F.col(spark_io.quote(c))).alias(c)
+                               for c in add.columns],
+                             *[F.col(spark_io.quote(c)).isNull().cast("int").alias(f"_tm_null_{i}")
+                               for i, c in enumerate(add.columns)],
+                             F.lit(int(sign < 0)).alias("_tm_minus"), F.lit(int(alone)).alias("_tm_alone"))
+                  for sign, out, alone in [*((sign, out, False) for _, sign, out in work.contributions),
+                                           *((1, out, True) for out in work.alone)]]
+        delta = functools.reduce(lambda a, b: a.unionByName(b), signed).groupBy(*key).agg(
+            *[F.sum(F.col(spark_io.quote(c))).alias(c) for c in add.columns],
+            F.greatest(*[F.max(f"_tm_null_{i}") for i in range(len(add.columns))], F.lit(0)).alias("_tm_nulls"),
+            F.max("_tm_minus").alias("_tm_minus"), F.max("_tm_alone").alias("_tm_alone"))
+        groups, rows = spark_io.small_local(spark, delta, LOCAL_KEYS)
+        if rows is not None and any(r["_tm_alone"] for r in rows):
+            raise ProcessingError(
+                f"topic '{topic.name}' ({topic.where}): additive, but its transform makes rows from "
+                f"{', '.join(work.strategy.reverse)} without any base row (e.g. an outer join keeping a reference row "
+                f"without base rows), so the view is not a sum over base rows; remove 'additive' from the topic")
+        why = (f"more than {LOCAL_KEYS} groups" if rows is None else
+               "a null in a sum column" if any(r["_tm_nulls"] for r in rows) else
+               f"{zero} group(s) whose sum reaches 0 as rows leave (a sum over only nulls is null)"
+               if (zero := self._zero_sums(topic, rows, work.nullable)) else "")
+        if rows is None or why:
+            work.affected = [(f"groups of {', '.join(label for label, _, _ in work.contributions)}",
+                              groups.select(*key))]
+            work.contributions = []
+            work.strategy = Strategy(True, f"{work.strategy.reason}; its groups re-derived from the full base "
+                                           f"({why} in the moved rows' contributions)", reverse=work.strategy.reverse,
+                                     estimate=work.strategy.estimate)
+            return None
+        work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; additive: {len(rows)} groups "
+                                                                  f"changed by the moved rows' contributions")
+        work.prune = " AND ".join(c for c in (one_of(f"t.{spark_io.quote(k)}", {r[k] for r in rows}) for k in key)
+                                  if c is not None) if len(rows) <= NARROW_VALUES else ""
+        return groups.drop("_tm_nulls", "_tm_minus", "_tm_alone")
+
+    def _zero_sums(self, topic: Topic, rows: list[Any], nullable: Collection[str]) -> int:
+        """Groups of ``rows`` (the summed contributions) that rows leave and that keep rows, where a
+        sum would become 0: SQL gives null there when the rows left have only nulls in that column,
+        which the view's values cannot tell. Reads the view's rows of those groups (their keys as
+        literals). Only ``nullable`` sums can be null."""
+        add = additive(topic)
+        key = list(topic.spec.key)
+        leaving = [r for r in rows if r["_tm_minus"]]
+        if not leaving or not nullable:
+            return 0
+        keys = [tuple(r[k] for k in key) for r in leaving]
+        view = self.engine.spark.read.format("delta").load(self.engine.path(topic.spec.destination))
+        local = self.engine.spark.createDataFrame(keys, view.select(*[spark_io.quote(k) for k in key]).schema)
+        held = spark_io.semi_join(narrow(view, key, keys), local, key).select(*key, *add.columns)
+        now = {tuple(r[k] for k in key): r for r in held.collect()}
+        zero = 0
+        for r, k in zip(leaving, keys, strict=True):
+            t = now.get(k)
+            if t is not None and (t[add.count] or 0) + r[add.count] > 0 and any(
+                    t[c] is not None and t[c] + r[c] == 0 for c in nullable):
+                zero += 1
+        return zero
 
     def _prune(self, topic: Topic, work: MergeWork, key: list[str], key_rows: list[Any] | None) -> str:
         """The values the view's clustering column (:func:`cluster_column`) takes in the view's rows
@@ -265,6 +365,9 @@ class MergeProcessor:
         full = spark_io.transform(spark, topic, self._view(spark, work, f"tm_all_{tag}", everything), view=work.views[-1],
                                   tables=pinned)
         work.columns = list(full.columns)
+        if spec.additive is not None:
+            work.types = additive_types(topic, full)
+            work.nullable = frozenset(f.name for f in full.schema.fields if f.nullable and f.name in spec.additive.sums)
         if not strategy.incremental:
             return full, work
         target = spark.read.format("delta").load(dest)
@@ -281,21 +384,36 @@ class MergeProcessor:
             raise ProcessingError(f"topic '{topic.name}' ({topic.where}): key column(s) {', '.join(missing)} are not in the "
                                   f"transform's output ({', '.join(full.columns)})")
 
-        def keys_of(name: str, rows: DataFrame, tables: dict[str, str]) -> DataFrame:
+        def out_of(name: str, rows: DataFrame, tables: dict[str, str]) -> DataFrame:
             return spark_io.transform(spark, topic, self._view(spark, work, f"{name}_{tag}", rows), view=work.views[-1],
-                                      tables=tables).select(*key)
+                                      tables=tables)
+
+        def keys_of(name: str, rows: DataFrame, tables: dict[str, str]) -> DataFrame:
+            return out_of(name, rows, tables).select(*key)
+
+        def joining(label: str, name: str, rows: DataFrame) -> None:
+            """Base rows joining their groups at the new versions: their contributions (additive) or keys."""
+            if spec.additive is not None:
+                work.contributions.append((label, 1, out_of(name, rows, pinned)))
+            else:
+                work.affected.append((label, keys_of(name, rows, pinned)))
 
         if block.next > block.last:
-            work.affected.append((f"{base_rows} new base rows", keys_of("tm_new", self._base(spark, topic, planned, upto=False),
-                                                                        pinned)))
+            joining(f"{base_rows} new base rows", "tm_new", self._base(spark, topic, planned, upto=False))
+        ids = None
         if late.rows.num_rows:
             ids = spark.createDataFrame([(int(i),) for i in late.rows.column("id").to_pylist()], "id bigint")
             late_df = self._base(spark, topic, planned, upto=True, last_only=True).join(ids, "id", "left_semi")
-            work.affected.append((f"{late.rows.num_rows} late base rows", keys_of("tm_late", late_df, pinned)))
+            joining(f"{late.rows.num_rows} late base rows", "tm_late", late_df)
         if strategy.reverse:
             try:
-                self._reverse(topic, work, held=self._base(spark, topic, planned, upto=True, last_only=True),
-                              last=block.last, everything=everything, pinned=pinned, tag=tag, keys_of=keys_of)
+                held = self._base(spark, topic, planned, upto=True, last_only=True)
+                if spec.additive is not None:
+                    self._moved(topic, work, held=held if ids is None else held.join(ids, "id", "left_anti"),
+                                pinned=pinned, tag=tag, out_of=out_of)
+                else:
+                    self._reverse(topic, work, held=held, last=block.last, everything=everything, pinned=pinned, tag=tag,
+                                  keys_of=keys_of)
             except Exception as exc:
                 if not _removed(exc):
                     raise
@@ -308,7 +426,49 @@ class MergeProcessor:
         work.strategy = Strategy(False, f"full recompute because a previous version of {', '.join(work.strategy.reverse)} "
                                         f"cannot be read ({spark_io.first_line(exc)[:300]})", fallback=True)
         work.affected.clear()
+        work.contributions.clear()
+        work.alone.clear()
         self._refuse_strict(topic, work.strategy)
+
+    def _changed_rows(self, topic: Topic, work: MergeWork) -> list[tuple[DataFrame, list[str], list[Any] | None]]:
+        """Per input changed by reverse join: its changed rows' join values (change feed, before
+        and after images) under the base's column names, the base columns, and the rows if collected."""
+        spark, spec = self.engine.spark, topic.spec
+        by_table = {c.table: c for c in work.changes}
+        out: list[tuple[DataFrame, list[str], list[Any] | None]] = []
+        for table in work.strategy.reverse:
+            pairs, c = spec.join_keys[table], by_table[table]
+            feed = (spark.read.format("delta").option("readChangeFeed", "true")
+                    .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(self.engine.path(table)))
+            changed, values = spark_io.small_local(spark, feed.select(*[feed[i].alias(b) for b, i in pairs.items()])
+                                                   .distinct(), LOCAL_KEYS)
+            out.append((changed, list(pairs), values))
+        return out
+
+    def _moved(self, topic: Topic, work: MergeWork, *, held: DataFrame, pinned: dict[str, str], tag: str,
+               out_of: Callable[[str, DataFrame, dict[str, str]], DataFrame]) -> None:
+        """An additive view's contributions of the changed inputs (see :meth:`derive`) into
+        ``work.contributions``: the base rows the view holds (``held``: up to ``last``, late rows
+        left out, they are added whole) that join a changed row, once with the inputs at the
+        versions the view applied (their old groups, subtracted) and once at the new versions (their
+        new groups, added). Rows after ``last`` are the block's, added at the new versions already."""
+        spark, strategy = self.engine.spark, work.strategy
+        by_table = {c.table: c for c in work.changes}
+        moved = functools.reduce(lambda a, b: a.unionByName(b), [_matching(held, changed, cols, values)
+                                                                  for changed, cols, values in self._changed_rows(topic, work)])
+        try:
+            moved, _ = spark_io.small_local(spark, moved, LOCAL_ROWS)
+        except Exception as exc:
+            if _removed(exc):
+                raise
+            log.info("topic '%s': base rows not collected (%s)", topic.name, spark_io.first_line(exc)[:200])
+        before = {**pinned, **self._pin(work, topic, {t: by_table[t].old or 0 for t in strategy.reverse}, f"tm_old_{tag}")}
+        old = ", ".join(f"{t} version {by_table[t].old}" for t in strategy.reverse)
+        new = ", ".join(f"{t} version {by_table[t].new}" for t in strategy.reverse)
+        work.contributions.append((f"base rows joining a changed row, before ({old})", -1, out_of("tm_left", moved, before)))
+        work.contributions.append((f"base rows joining a changed row, after ({new})", 1, out_of("tm_joined", moved, pinned)))
+        nothing = self._view(spark, work, f"tm_none_{tag}", held.where("false"))
+        work.alone = [spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=t) for t in (before, pinned)]
 
     def _reverse(self, topic: Topic, work: MergeWork, *, held: DataFrame, last: Position, everything: DataFrame,
                  pinned: dict[str, str], tag: str, keys_of: Callable[[str, DataFrame, dict[str, str]], DataFrame]) -> None:
@@ -317,14 +477,7 @@ class MergeProcessor:
         by_table = {c.table: c for c in work.changes}
         # Base rows joining a changed reference row: those up to ``last`` (what the view holds)
         # left their old groups; those up to ``next`` join their new ones.
-        changed_rows: list[tuple[DataFrame, list[str], list[Any] | None]] = []
-        for table in strategy.reverse:
-            pairs, c = spec.join_keys[table], by_table[table]
-            feed = (spark.read.format("delta").option("readChangeFeed", "true")
-                    .option("startingVersion", (c.old or 0) + 1).option("endingVersion", c.new).load(self.engine.path(table)))
-            changed, values = spark_io.small_local(spark, feed.select(*[feed[i].alias(b) for b, i in pairs.items()])
-                                                   .distinct(), LOCAL_KEYS)
-            changed_rows.append((changed, list(pairs), values))
+        changed_rows = self._changed_rows(topic, work)
         moved_new = functools.reduce(lambda a, b: a.unionByName(b),
                                      [_matching(everything, changed, cols, values) for changed, cols, values in changed_rows])
         # One scan of the base where there were two: when few, the rows up to ``next`` are
@@ -418,7 +571,12 @@ class MergeProcessor:
                         if done:
                             log.info("topic %s: %s (deletion_vectors: %s)", topic.name, done,
                                      str(spec.deletion_vectors).lower())
-                    if work.strategy.incremental:
+                    if work.adds:
+                        add = additive(topic)
+                        spark_io.add_into(eng.spark, opened.out, dest, key=list(spec.key), count=add.count, sums=add.sums,
+                                          types=work.types, delete_missing=spec.delete_missing, app_id=app_id,
+                                          seq=block.seq, meta=meta, target_filter=work.prune)
+                    elif work.strategy.incremental:
                         spark_io.merge_into(eng.spark, opened.out, dest, key=list(spec.key), columns=work.columns,
                                             present=PRESENT, delete_missing=spec.delete_missing, app_id=app_id,
                                             seq=block.seq, meta=meta, target_filter=work.prune)
@@ -477,6 +635,40 @@ class MergeProcessor:
                           base_rows=max(planned.base_rows, 0), bad_rows=planned.bad_rows, delta_version=landed.version,
                           duration_s=time.monotonic() - opened.started, recovered=recovered,
                           stats={**protocol.stats_dict(entry), **figures, "warnings": list(planned.warnings)})
+
+
+def additive(topic: Topic) -> AdditiveSpec:
+    """The topic's ``additive`` declaration (an error for a topic without one)."""
+    if topic.spec.additive is None:
+        raise ProcessingError(f"topic '{topic.name}' ({topic.where}) is not additive")
+    return topic.spec.additive
+
+
+def additive_types(topic: Topic, out: DataFrame) -> dict[str, str]:
+    """The SQL types of an additive view's columns (its transform's output ``out``), after checking
+    that the declaration can hold: every column is a key or declared additive, the count is an
+    integer and every sum an integer or a decimal (sums of floating-point numbers drift when kept by
+    adding and subtracting)."""
+    from pyspark.sql.types import DecimalType, IntegralType
+
+    spec, add = topic.spec, additive(topic)
+    fields = {f.name: f.dataType for f in out.schema.fields}
+    where = f"topic '{topic.name}' ({topic.where}), additive"
+    missing = [c for c in add.columns if c not in fields]
+    if missing:
+        raise ProcessingError(f"{where}: {', '.join(missing)} not in the transform's output ({', '.join(fields)})")
+    other = [c for c in fields if c not in spec.key and c not in add.columns]
+    if other:
+        raise ProcessingError(f"{where}: the transform's column(s) {', '.join(other)} are neither key nor count nor sums; "
+                              f"an additive view holds only its key and sums over base rows (add them to sums, or "
+                              f"remove 'additive')")
+    bad = [f"{c} ({fields[c].simpleString()})" for c in add.columns
+           if not isinstance(fields[c], IntegralType | DecimalType) or (c == add.count and not isinstance(fields[c], IntegralType))]
+    if bad:
+        raise ProcessingError(f"{where}: {', '.join(bad)} must be an integer (count) or an integer or decimal (sums): a "
+                              f"floating-point sum kept by adding and subtracting drifts from a recompute; cast it to "
+                              f"DECIMAL in the transform")
+    return {c: fields[c].simpleString() for c in add.columns}
 
 
 def narrow(rows: DataFrame, cols: list[str], keys: list[Any] | None) -> DataFrame:

@@ -5,7 +5,7 @@ every input's offset is, ``offset_age_seconds``, is :func:`platform_assets.core.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lineage.core.errors import ProcessingError, TidemarkError
 from lineage.core.positions import Position
@@ -83,16 +83,26 @@ def affected_keys(engine: TopicContext, topic: Topic, rec: OffsetRecord, look: M
     try:
         if not work.strategy.incremental:
             return [f"  affected keys: every key ({work.strategy.reason})"]
+        if work.contributions:  # an additive view: each source's groups with what it adds (or subtracts)
+            out = [f"  affected groups by the delta rule ({', '.join(spec.key)}), with their contributions:"]
+            for label, sign, df in work.contributions:
+                rows = sorted((r.asDict() for r in df.limit(limit + 1).collect()), key=repr)
+                out += _shown(f"{'added' if sign > 0 else 'subtracted'}: {label}", rows, limit, "group(s)")
+            return out
         out = [f"  affected keys by the delta rule ({', '.join(spec.key)}):"]
         for label, df in work.affected:
-            rows = sorted((tuple(r) for r in df.distinct().limit(limit + 1).collect()), key=repr)
-            more = f", showing {limit}" if len(rows) > limit else ""
-            out.append(f"    from {label}: {len(rows) if not more else f'more than {limit}'} key(s){more}")
-            out += ["      " + ", ".join(f"{k}={v!r}" for k, v in zip(spec.key, r, strict=True)) for r in rows[:limit]]
+            rows = sorted((r.asDict() for r in df.distinct().limit(limit + 1).collect()), key=repr)
+            out += _shown(f"from {label}", rows, limit, "key(s)")
         return out
     finally:
         for view in work.views:
             eng.spark.catalog.dropTempView(view)
+
+
+def _shown(title: str, rows: list[dict[str, Any]], limit: int, what: str) -> list[str]:
+    more = f", showing {limit}" if len(rows) > limit else ""
+    return [f"    {title}: {len(rows) if not more else f'more than {limit}'} {what}{more}",
+            *("      " + ", ".join(f"{k}={v!r}" for k, v in r.items()) for r in rows[:limit])]
 
 
 def adopt(engine: TopicContext, topic: Topic, *, dry_run: bool) -> list[str]:

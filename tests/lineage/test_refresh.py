@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from lineage.spec.model import TopicSpec
-from lineage.views.refresh import WRITE_COST, InputChange, RefreshRefused, Sizes, cluster_column, estimate
+from lineage.views.refresh import (
+    FULL_MARGIN,
+    WRITE_COST,
+    InputChange,
+    RefreshRefused,
+    Sizes,
+    cluster_column,
+    estimate,
+)
 from lineage.views.refresh import choose as choose_
 
 
@@ -159,3 +167,21 @@ def test_with_deletion_vectors_the_touched_files_are_read_not_written_again() ->
     assert dv.files_rewritten == cow.files_rewritten and dv.full == cow.full
     touched = sizes().view_bytes * cow.files_rewritten / 20
     assert cow.incremental - dv.incremental == pytest.approx(WRITE_COST * touched, rel=1e-6)
+
+
+def test_an_additive_view_has_no_default_share_cap_and_reads_no_whole_groups() -> None:
+    additive = {"late_rows": "rederive", "additive": {"count": "n", "sums": ["total"]}}
+    wide = [change(rows=300, total=1000)]
+    assert not choose(spec(), built=True, base_rows=0, changes=wide).incremental  # 0.5 % by default
+    assert choose(spec(**additive), built=True, base_rows=0, changes=wide).incremental
+    assert not choose(spec(**additive, full_above=0.1), built=True, base_rows=0, changes=wide).incremental  # a user's cap
+    # an aggregate of 20,000 groups in one file over a 1,000 MiB base: re-derived, the affected groups
+    # read the whole base again; additive, the base is read once (the rows joining a changed row)
+    agg = sizes(view=MiB, files=1, view_rows=20_000)
+    rederived = estimate(agg, base_rows=0, late_rows=0, changes=[change(rows=10)], reverse=["dim.c"])
+    added = estimate(agg, base_rows=0, late_rows=0, changes=[change(rows=10)], reverse=["dim.c"], additive=True)
+    assert rederived.incremental - added.incremental == 1000 * MiB + 256 * MiB - 32 * MiB
+    assert added.full == rederived.full and added.incremental < FULL_MARGIN * added.full
+    s = choose(spec(**additive), built=True, base_rows=0, changes=[change(rows=10)], sizes=agg)
+    assert s.incremental and s.estimate == added
+    assert not choose(spec(full_above=1), built=True, base_rows=0, changes=[change(rows=10)], sizes=agg).incremental

@@ -16,6 +16,9 @@ unit); at the end every view is caught up and equal. Each example draws a few of
   (``full_above`` 0.5: a big change is a cost-based full recompute); two reference inputs (country
   and tier); a view of a view (an aggregate over ``mart.wide``, a merge output, by ``{id: id}``).
   A reference change is applied by reverse join (or ``full_above``), never silently wrong;
+* additive views (``additive: {count, sums}``): a reference change adds the moved rows'
+  contributions (old groups subtracted, new ones added), a null contribution re-derives its
+  groups instead;
 * issue 24's view declared the inexact way (``{country: country}``, a view column that is not a
   base column): every reference change must be a visible full recompute ("cannot be derived
   exactly").
@@ -122,6 +125,21 @@ VIEWS: dict[str, View] = {
         "SELECT coalesce(w.country, '?') AS country, count(*) AS n, sum(b.amount) AS total "
         "FROM block b LEFT JOIN mart.wide w ON b.id = w.id GROUP BY coalesce(w.country, '?')",
         "key: [country]\njoin_keys: {mart.wide: {id: id}}\nfull_above: 1\n", ("mart.wide",), EXACT),
+    # additive views (issue 18): a reference change adds the moved rows' contributions; no full_above cap
+    "mart.by_country_add": View(
+        "SELECT coalesce(c.country, '?') AS country, count(*) AS n, sum(CAST(b.amount AS BIGINT)) AS total "
+        "FROM block b LEFT JOIN dim.customers c ON b.customer_id = c.id GROUP BY coalesce(c.country, '?')",
+        "key: [country]\njoin_keys: {dim.customers: {customer_id: id}}\nlate_rows: rederive\n"
+        "additive: {count: n, sums: [total]}\n", _CUSTOMERS, EXACT),
+    # ``big`` is null in a group without an amount above 25: such contributions re-derive their groups
+    "mart.by_tier_add": View(
+        "SELECT coalesce(c.country, '?') AS country, coalesce(t.tier, '-') AS tier, count(*) AS n, "
+        "sum(CAST(b.amount AS DECIMAL(10, 2))) AS total, sum(CASE WHEN b.amount > 25 THEN 1 END) AS big "
+        "FROM block b LEFT JOIN dim.customers c ON b.customer_id = c.id "
+        "LEFT JOIN dim.tiers t ON b.customer_id = t.customer_id "
+        "GROUP BY coalesce(c.country, '?'), coalesce(t.tier, '-')",
+        "key: [country, tier]\njoin_keys: {dim.customers: {customer_id: id}, dim.tiers: {customer_id: customer_id}}\n"
+        "late_rows: rederive\nadditive: {count: n, sums: [total, big]}\n", ("dim.customers", "dim.tiers"), EXACT),
 }
 
 
@@ -229,6 +247,20 @@ REFERENCES = Case(
          ("run", "mart.wide", 1), ("run", "mart.by_wide_country", 1), ("run", "mart.by_tier", 1),  # propagates; (DE, silver) left
          ("delete", "dim.customers", [2]), ("insert", "dim.customers", [4], "IT"), ("run", "*", 1),  # wide loses and gains rows
          ("append", [(1, 3, 0), (5, 4, 1)])])
+# Additive views: a group emptied and deleted, one created, a null contribution (no amount above
+# 25 among customer 0's orders) re-deriving its groups, both references changed in one unit, new
+# orders and reference changes in one unit.
+ADDITIVE = Case(
+    maxstep=8, views=("mart.by_country_add", "mart.by_tier_add"),
+    customers={0: "DE", 1: "FR", 2: None, 6: "DE"}, tiers={0: "gold", 4: "silver"},
+    orders=[(0, 5, 0), (1, 30, 1), (2, 7, 0), (3, 40, 1), (0, 9, 0), (5, 2, 0), (6, 44, 1)],
+    ops=[("run", "*", 1),  # initial builds
+         ("delete", "dim.customers", [0]), ("run", "*", 1),  # customer 0's orders (5, 9) move DE -> '?': big is null
+         ("insert", "dim.customers", [3], "IT"), ("run", "*", 1),  # a new group: customer 3's order leaves '?'
+         ("update", "dim.customers", [6], "FR"), ("run", "*", 1),  # DE loses its last order: the group goes
+         ("update", "dim.tiers", [4], "gold"), ("delete", "dim.tiers", [0]), ("update", "dim.customers", [1], "IT"),
+         ("run", "mart.by_tier_add", 1),  # both references in one unit
+         ("append", [(0, 1, 0), (7, 50, 1)]), ("insert", "dim.customers", [0, 7], "FR")])  # catch-up: both at once
 
 
 class World:
@@ -372,7 +404,8 @@ def _record(seen: Counter[tuple[str, str]], r: Any) -> str:
     topic, strategy = r.topic, r.stats.get("strategy", "?")
     reason = str(r.stats.get("strategy_reason", ""))
     seen[(topic, strategy)] += 1
-    for tag, text in (("reverse join", "reverse join"), ("full_above", "full_above"),
+    for tag, text in (("reverse join", "reverse join"), ("full_above", "full_above"), ("additive", "; additive: "),
+                      ("re-derived", "groups re-derived from the full base"),
                       ("no join_keys", "declares no join_keys"), ("inexact", "cannot be derived exactly")):
         if text in reason:
             seen[(topic, tag)] += 1
@@ -457,6 +490,7 @@ def test_every_merge_view_equals_its_transform_after_every_unit(spark: Any) -> N
     @given(case=cases())
     @example(case=ISSUE_24)
     @example(case=REFERENCES)
+    @example(case=ADDITIVE)
     def check(case: Case) -> None:
         # A fresh warehouse per example; kept until the end (the session catalog still names its tables).
         world = World(spark, Path(tempfile.mkdtemp(dir=base)), case)
@@ -480,6 +514,7 @@ def test_every_merge_view_equals_its_transform_after_every_unit(spark: Any) -> N
     assert seen[("mart.by_country_view", "inexact")] > 0, seen
     for view in (v for v, spec in VIEWS.items() if spec.kind == EXACT):
         assert seen[(view, "reverse join")] > 0, (view, seen)
+    assert seen[("mart.by_country_add", "additive")] > 0 and seen[("mart.by_tier_add", "re-derived")] > 0, seen
 
 
 CRASH_POINTS = ["planned", "transformed", "written", "logged", "committed"]
