@@ -456,12 +456,9 @@ class MergeProcessor:
         by_table = {c.table: c for c in work.changes}
         moved = functools.reduce(lambda a, b: a.unionByName(b), [_matching(held, changed, cols, values)
                                                                   for changed, cols, values in self._changed_rows(topic, work)])
-        try:
-            moved, _ = spark_io.small_local(spark, moved, LOCAL_ROWS)
-        except Exception as exc:
-            if _removed(exc):
-                raise
-            log.info("topic '%s': base rows not collected (%s)", topic.name, spark_io.first_line(exc)[:200])
+        # computed once (one scan of the base), read by both transforms; kept in Spark, so any
+        # number of rows and every column type
+        moved = moved.localCheckpoint(eager=True)
         before = {**pinned, **self._pin(work, topic, {t: by_table[t].old or 0 for t in strategy.reverse}, f"tm_old_{tag}")}
         old = ", ".join(f"{t} version {by_table[t].old}" for t in strategy.reverse)
         new = ", ".join(f"{t} version {by_table[t].new}" for t in strategy.reverse)
