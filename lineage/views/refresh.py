@@ -103,9 +103,15 @@ COST_FLOOR = 16 * 2**20
 #: bytes a recompute moves in that time: about 7 to 18 s on 2 cores (``bench/view_scaling.py``,
 #: 1M and 5M orders). A unit of new base rows alone costs about what its bytes say.
 REVERSE_OVERHEAD = 256 * 2**20
-#: The same for an additive view (no re-derivation: the moved rows' contributions at two versions,
-#: one small MERGE), measured in ``bench/view_scaling.py``.
-ADDITIVE_OVERHEAD = 32 * 2**20
+#: The same for an additive view (no re-derivation: the change feed, the rows joining a changed row
+#: checkpointed, their contributions at two versions, one small MERGE): about 3 s on 2 cores, plus
+#: about 2 s more for 1,200 changed rows than for 12 (a semi join where a literal list was pushed
+#: down), against a recompute moving ~30 MiB/s (``bench/view_scaling.py``, 10M orders).
+ADDITIVE_OVERHEAD = 96 * 2**20
+ADDITIVE_PER_ROW = 48 * 2**10
+#: A filtered scan of the base (no join, no aggregate, no shuffle) costs about this share of what
+#: a recompute pays per base byte: 2 s against 5 s for 10M orders (``bench/view_scaling.py``).
+FILTERED_SCAN = 0.4
 #: A full recompute replaces an incremental unit only when the latter is estimated this much
 #: dearer: the estimate is coarse, and the incremental unit keeps the view's change feed small.
 FULL_MARGIN = 1.25
@@ -151,7 +157,8 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
       into existing groups where it has far fewer (an aggregate).
 
     An additive view (``additive``) re-derives nothing: its unit reads the new block, the base once
-    for the rows joining a changed row, and every input, and pays :data:`ADDITIVE_OVERHEAD` for a
+    for the rows joining a changed row (a filtered scan, weighted :data:`FILTERED_SCAN`), and every
+    input, and pays :data:`ADDITIVE_OVERHEAD` plus :data:`ADDITIVE_PER_ROW` per changed row for a
     reverse join."""
     inputs = sum(sizes.inputs_bytes.values())
     full = sizes.base_bytes + inputs + WRITE_COST * sizes.view_bytes
@@ -160,13 +167,15 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
     existing = 1 - min(1.0, sizes.view_rows / before) if before > 0 else 1.0
     clusters = late_rows + min(base_rows, sizes.view_rows) * existing
     find = 0.0
+    changed = 0
     for t in reverse:
         c = by_table[t]
         rows = c.changed_rows if c.changed_rows is not None else (c.table_rows or 0)
+        changed += rows
         clusters += 2 * rows  # the groups rows leave (old value) and join (new value)
         find += sizes.inputs_bytes.get(t, 0)  # the input at its old version
     if reverse:
-        find += sizes.base_bytes
+        find += sizes.base_bytes * (FILTERED_SCAN if additive else 1)
     elif base_rows and sizes.base_rows:
         find += sizes.base_bytes * min(1.0, base_rows / sizes.base_rows)  # the new block alone
     files = max(sizes.view_files, 1)
@@ -179,7 +188,8 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
     # copy-on-write: each touched file read and written again; with deletion vectors only read (the
     # rows written anew, a few per key, are left out of both strategies alike)
     rewrite = touched * (1 if sizes.deletion_vectors else 1 + WRITE_COST)
-    overhead = (ADDITIVE_OVERHEAD if additive else REVERSE_OVERHEAD) if reverse else 0
+    overhead = ((ADDITIVE_OVERHEAD + ADDITIVE_PER_ROW * changed if additive else REVERSE_OVERHEAD)
+                if reverse else 0)
     incremental = overhead + find + (0 if additive else sizes.base_bytes) + inputs + scan + rewrite
     return Estimate(int(incremental), int(full), rewritten)
 
