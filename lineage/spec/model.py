@@ -284,6 +284,9 @@ class TopicSpec(_Strict):
                     out.append(("additive", f"{', '.join(both)} cannot be both a key column and an additive column"))
                 if len(set(a.columns)) < len(a.columns):
                     out.append(("additive", f"a column is named twice in count and sums ({', '.join(a.columns)})"))
+                if not self.delete_missing:
+                    out.append(("additive", "an additive view deletes a group whose count reaches 0 (a recompute has "
+                                            "no such group); delete_missing: false cannot be kept with it"))
                 if self.late_rows is not LateRows.REDERIVE:
                     out.append(("additive", "an additive view needs late_rows: rederive (a late base row must be added "
                                             "to its group; quarantined, it would later be subtracted without having "

@@ -261,7 +261,8 @@ class MergeProcessor:
         if rows is not None and any(r["_tm_alone"] for r in rows):
             raise ProcessingError(
                 f"topic '{topic.name}' ({topic.where}): additive, but its transform makes rows from "
-                f"{', '.join(work.strategy.reverse)} without any base row (e.g. an outer join keeping a reference row "
+                f"{', '.join(topic.spec.depends_on[1:]) or 'its other inputs'} without any base row (e.g. an outer join "
+                f"keeping a reference row "
                 f"without base rows), so the view is not a sum over base rows; remove 'additive' from the topic")
         why = (f"more than {LOCAL_KEYS} groups" if rows is None else
                "a null in a sum column" if any(r["_tm_nulls"] for r in rows) else
@@ -277,7 +278,7 @@ class MergeProcessor:
             return None
         work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; additive: {len(rows)} groups "
                                                                   f"changed by the moved rows' contributions")
-        work.prune = " AND ".join(c for c in (one_of(f"t.{spark_io.quote(k)}", {r[k] for r in rows}) for k in key)
+        work.prune = " AND ".join(f"({c})" for c in (one_of(f"t.{spark_io.quote(k)}", {r[k] for r in rows}) for k in key)
                                   if c is not None) if len(rows) <= NARROW_VALUES else ""
         return groups.drop("_tm_nulls", "_tm_minus", "_tm_alone")
 
@@ -356,6 +357,8 @@ class MergeProcessor:
         sizes = delta_meta.unit_sizes(base, view, changes, spec) if built else None
         strategy = choose(spec, built=built, base_rows=base_rows, base_columns=base.columns, late_rows=late.rows.num_rows,
                           changes=changes, python_transform=topic.python, sizes=sizes)
+        if spec.additive is not None and strategy.incremental and (why := self._not_added(topic, dest, block.last)):
+            strategy = Strategy(False, f"full recompute because {why}", fallback=True)
         eng.register_tables(topic)
         spark = eng.spark
         tag = uuid.uuid4().hex[:10]
@@ -398,6 +401,8 @@ class MergeProcessor:
             else:
                 work.affected.append((label, keys_of(name, rows, pinned)))
 
+        if spec.additive is not None and not strategy.reverse:  # with a reverse join: at both versions (_moved)
+            work.alone = [out_of("tm_none", everything.where("false"), pinned)]
         if block.next > block.last:
             joining(f"{base_rows} new base rows", "tm_new", self._base(spark, topic, planned, upto=False))
         ids = None
@@ -430,6 +435,28 @@ class MergeProcessor:
         work.alone.clear()
         self._refuse_strict(topic, work.strategy)
 
+    def _not_added(self, topic: Topic, dest: str, last: Position) -> str:
+        """Why an additive view cannot take contributions now ("" when it can): it must hold exactly
+        the base rows up to ``last``, made by this transform and declaration, or adding would count
+        rows twice (a range restated by ``offsets reset``) or mix two definitions (an edited
+        transform, ``additive`` declared on a view built without it). Read from the newest commit
+        of the topic in the view's log (its ``next`` and :func:`additive_fingerprint`)."""
+        seq = protocol.recorded_seq(dest, topic.name)
+        try:
+            commit = delta_meta.find_txn_commit(dest, data_app_id(topic.name), seq) if seq else None
+        except delta_meta.CommitUnavailableError:
+            commit = None
+        if commit is None:
+            return "the view's newest commit of this topic cannot be read, so what it holds is unknown to an additive unit"
+        meta = commit.user_metadata
+        if meta.get("additive") != additive_fingerprint(topic):
+            return ("the view was not built by this transform and additive declaration (its newest commit, version "
+                    f"{commit.version}, was made {'by another one' if meta.get('additive') else 'without additive'})")
+        if meta.get("next") != last.to_text():
+            return (f"the view holds base rows up to {meta.get('next')}, not {last.to_text()} (a restated range: adding "
+                    f"would count rows twice)")
+        return ""
+
     def _changed_rows(self, topic: Topic, work: MergeWork) -> list[tuple[DataFrame, list[str], list[Any] | None]]:
         """Per input changed by reverse join: its changed rows' join values (change feed, before
         and after images) under the base's column names, the base columns, and the rows if collected."""
@@ -454,8 +481,7 @@ class MergeProcessor:
         new groups, added). Rows after ``last`` are the block's, added at the new versions already."""
         spark, strategy = self.engine.spark, work.strategy
         by_table = {c.table: c for c in work.changes}
-        moved = functools.reduce(lambda a, b: a.unionByName(b), [_matching(held, changed, cols, values)
-                                                                  for changed, cols, values in self._changed_rows(topic, work)])
+        moved = _matching_any(held, self._changed_rows(topic, work))
         # computed once (one scan of the base), read by both transforms; kept in Spark, so any
         # number of rows and every column type
         moved = moved.localCheckpoint(eager=True)
@@ -560,7 +586,8 @@ class MergeProcessor:
                 raise ProcessingError(f"topic '{topic.name}': unit {block.seq} has no output to write")
             meta = protocol.commit_metadata(topic, block.seq, last=block.last, next_=block.next,
                                             source_version=planned.source_version, run_id=eng.run_id, owner=eng.owner,
-                                            inputs=inputs, strategy=work.strategy.name)
+                                            inputs=inputs, strategy=work.strategy.name,
+                                            **({"additive": additive_fingerprint(topic)} if spec.additive else {}))
             try:
                 with eng.phases.timed("write"):
                     if work.view is not None and work.view.table is not None:  # deletion vectors as its option says
@@ -639,6 +666,17 @@ def additive(topic: Topic) -> AdditiveSpec:
     if topic.spec.additive is None:
         raise ProcessingError(f"topic '{topic.name}' ({topic.where}) is not additive")
     return topic.spec.additive
+
+
+def additive_fingerprint(topic: Topic) -> str:
+    """What an additive view's rows are sums of: its key, declaration and transforms (text), hashed.
+    Recorded in every unit's commit; a unit adds only to a view its own definition built."""
+    import hashlib
+
+    add = additive(topic)
+    parts = [",".join(topic.spec.key), add.count, ",".join(add.sums),
+             *(t.sql or (t.path.read_text() if t.path is not None and t.path.is_file() else t.ref) for t in topic.transforms)]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
 
 
 def additive_types(topic: Topic, out: DataFrame) -> dict[str, str]:
@@ -723,6 +761,30 @@ def _matching(view: DataFrame, changed: DataFrame, cols: list[str], rows: list[A
         cond = col.isin(known) if known else F.lit(False)
         return view.where(cond | col.isNull() if len(known) < len(values) else cond)
     return spark_io.semi_join(view, changed, cols)
+
+
+def _matching_any(view: DataFrame, changed: list[tuple[DataFrame, list[str], list[Any] | None]]) -> DataFrame:
+    """Rows of ``view`` matching a row of any of ``changed`` (as :func:`_matching`), each row once
+    however many it matches (a union of :func:`_matching` would hold it once per input)."""
+    from pyspark.sql import functions as F
+
+    if len(changed) == 1:
+        return _matching(view, *changed[0])
+    cols, out, hits = view.columns, view, []
+    for i, (rows_df, on, rows) in enumerate(changed):
+        if len(on) == 1 and rows is not None and len(rows) <= IN_LIST:
+            known = [r[0] for r in rows if r[0] is not None]
+            col = F.col(spark_io.quote(on[0]))
+            hit = col.isin(known) if known else F.lit(False)
+            hits.append(hit | col.isNull() if len(known) < len(rows) else hit)
+            continue
+        tag = f"_tm_hit_{i}"
+        r = rows_df.select(*[F.col(spark_io.quote(c)).alias(f"{tag}_{j}") for j, c in enumerate(on)]).distinct() \
+            .withColumn(tag, F.lit(True))
+        out = out.join(r, functools.reduce(lambda a, b: a & b, [out[spark_io.quote(c)].eqNullSafe(r[f"{tag}_{j}"])
+                                                                for j, c in enumerate(on)]), "left")
+        hits.append(F.col(tag).isNotNull())
+    return out.where(functools.reduce(lambda a, b: a | b, hits)).select(*[F.col(spark_io.quote(c)) for c in cols])
 
 
 def _clustered(full: DataFrame, spec: TopicSpec, base_rows: int | None) -> DataFrame:

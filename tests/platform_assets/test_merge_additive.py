@@ -13,6 +13,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lineage.core.errors import LineageError, ProcessingError
+from lineage.core.positions import Position
 from lineage.spec.loader import load_lineage
 from platform_assets.views import operate as views
 from tests.platform_assets.test_merge import (
@@ -87,6 +88,18 @@ def test_an_additive_view_adds_contributions_and_equals_a_recompute_after_every_
     [unit] = processed(eng.run_until_caught_up())
     assert unit.stats["rows_updated"] + unit.stats["rows_inserted"] + unit.stats["rows_deleted"] == 0
     assert assert_view_equals_recompute(eng, "mart.by_country") == 4
+
+    # a restated range: adding its rows again would count them twice, so the unit recomputes
+    eng.reset_offsets(eng.lineage.topic("mart.by_country"), Position(T0 + dt.timedelta(seconds=10), 10), "restate 11..")
+    orders(eng, 300, 2, at=T0 + dt.timedelta(hours=2))
+    [unit, *_] = processed(eng.run_until_caught_up())
+    assert unit.stats["strategy"] == "full" and "(a restated range: adding would count rows twice)" \
+        in unit.stats["strategy_reason"], unit.stats["strategy_reason"]
+    assert assert_view_equals_recompute(eng, "mart.by_country") == 4
+    orders(eng, 400, 2, at=T0 + dt.timedelta(hours=3))
+    [unit] = processed(eng.run_until_caught_up())  # and adds again from there
+    assert "additive: " in unit.stats["strategy_reason"], unit.stats["strategy_reason"]
+    assert assert_view_equals_recompute(eng, "mart.by_country") == 4
     eng.close()
 
 
@@ -126,7 +139,7 @@ def test_a_null_in_a_sum_re_derives_its_groups_and_a_crash_never_adds_twice(spar
 def test_an_additive_declaration_that_cannot_hold_is_refused_with_the_column(spark, settings, tmp_path):
     double = BY_COUNTRY.replace("CAST(b.amount AS DECIMAL(12, 2))", "b.amount")
     extra = BY_COUNTRY.replace("AS big ", "AS big, max(b.amount) AS top ")
-    kept = ("SELECT c.country, count(b.id) AS n FROM block b RIGHT JOIN dim.customers c ON b.customer_id = c.id "
+    kept = ("SELECT c.country, count(*) AS n FROM block b RIGHT JOIN dim.customers c ON b.customer_id = c.id "
             "GROUP BY c.country")
     write_sql(tmp_path, double=double, extra=extra, kept=kept)
     eng = engine(spark, settings, tmp_path,
@@ -141,8 +154,8 @@ def test_an_additive_declaration_that_cannot_hold_is_refused_with_the_column(spa
     assert DeltaTable.is_deltatable(eng.path("mart.double")) is False  # nothing written
     with pytest.raises(ProcessingError, match=r"the transform's column\(s\) top are neither key nor count nor sums"):
         eng.run_topic("mart.extra")
-    eng.run_topic("mart.kept")  # the initial build is a recompute; the first reference change shows the problem
-    dim_sql(eng, "INSERT INTO DIM VALUES (9, 'C9')")
+    eng.run_topic("mart.kept")  # the initial build is a recompute; the first unit that adds shows the problem
+    orders(eng, 11, 3, customers=6)
     with pytest.raises(ProcessingError, match=r"additive, but its transform makes rows from dim.customers without any "
                                               r"base row"):
         eng.run_topic("mart.kept")
@@ -151,7 +164,7 @@ def test_an_additive_declaration_that_cannot_hold_is_refused_with_the_column(spa
 
 def test_the_lineage_refuses_an_additive_view_that_cannot_be_kept_by_adding(tmp_path: Path) -> None:
     topic = ("- table: mart.x\n  depends_on: [stage.orders]\n  processor: merge\n  transforms: [x.sql]\n"
-             "  key: [day]\n  additive: {count: day, sums: [n, n]}\n"
+             "  key: [day]\n  additive: {count: day, sums: [n, n]}\n  delete_missing: false\n"
              "- table: fact.y\n  depends_on: [stage.orders]\n  processor: step\n  transforms: [x.sql]\n"
              "  additive: {count: n}\n")
     (tmp_path / "x.sql").write_text("SELECT CAST(pos AS DATE) AS day, count(*) AS n FROM block GROUP BY 1\n")
@@ -163,4 +176,5 @@ def test_the_lineage_refuses_an_additive_view_that_cannot_be_kept_by_adding(tmp_
     assert "topic 'mart.x'" in text and "day cannot be both a key column and an additive column" in text
     assert "a column is named twice in count and sums (day, n, n)" in text
     assert "an additive view needs late_rows: rederive" in text
+    assert "delete_missing: false cannot be kept with it" in text
     assert "only merge topics take 'additive' (this is a step topic)" in text
