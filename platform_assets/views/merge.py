@@ -49,7 +49,7 @@ from resources.storage import delta_meta
 from resources.storage.meta_tables import quarantine_rows, write_etl_log
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from platform_assets.core.context import UnitContext
 
@@ -479,25 +479,37 @@ class MergeProcessor:
         left out, they are added whole) that join a changed row, once with the inputs at the
         versions the view applied (their old groups, subtracted) and once at the new versions (their
         new groups, added). Rows after ``last`` are the block's, added at the new versions already."""
-        spark, strategy = self.engine.spark, work.strategy
-        by_table = {c.table: c for c in work.changes}
         moved = _matching_any(held, self._changed_rows(topic, work))
         # computed once (one scan of the base), read by both transforms; kept in Spark, so any
         # number of rows and every column type
         moved = moved.localCheckpoint(eager=True)
-        before = {**pinned, **self._pin(work, topic, {t: by_table[t].old or 0 for t in strategy.reverse}, f"tm_old_{tag}")}
-        old = ", ".join(f"{t} version {by_table[t].old}" for t in strategy.reverse)
-        new = ", ".join(f"{t} version {by_table[t].new}" for t in strategy.reverse)
-        work.contributions.append((f"base rows joining a changed row, before ({old})", -1, out_of("tm_left", moved, before)))
-        work.contributions.append((f"base rows joining a changed row, after ({new})", 1, out_of("tm_joined", moved, pinned)))
-        nothing = self._view(spark, work, f"tm_none_{tag}", held.where("false"))
-        work.alone = [spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=t) for t in (before, pinned)]
+        before, left, joined = self._before(topic, work, pinned, tag)
+        work.contributions.append((left, -1, out_of("tm_left", moved, before)))
+        work.contributions.append((joined, 1, out_of("tm_joined", moved, pinned)))
+        work.alone = self._alone(topic, work, held, tag, [before, pinned])
+
+    def _before(self, topic: Topic, work: MergeWork, pinned: dict[str, str],
+                tag: str) -> tuple[dict[str, str], str, str]:
+        """For a reverse join: the tables the transform reads with every changed input at the version
+        the view applied (the others as ``pinned``), and the labels of the rows' old and new groups."""
+        by_table, reverse = {c.table: c for c in work.changes}, work.strategy.reverse
+        before = {**pinned, **self._pin(work, topic, {t: by_table[t].old or 0 for t in reverse}, f"tm_old_{tag}")}
+        old = ", ".join(f"{t} version {by_table[t].old}" for t in reverse)
+        new = ", ".join(f"{t} version {by_table[t].new}" for t in reverse)
+        return before, f"base rows joining a changed row, before ({old})", f"base rows joining a changed row, after ({new})"
+
+    def _alone(self, topic: Topic, work: MergeWork, base: DataFrame, tag: str,
+               tables: list[dict[str, str]]) -> list[DataFrame]:
+        """The transform over no base rows (``base``'s columns), once per entry of ``tables``: the rows
+        the other inputs make alone (an outer join keeping a reference row without base rows)."""
+        spark = self.engine.spark
+        nothing = self._view(spark, work, f"tm_none_{tag}", base.where("false"))
+        return [spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=t) for t in tables]
 
     def _reverse(self, topic: Topic, work: MergeWork, *, held: DataFrame, last: Position, everything: DataFrame,
                  pinned: dict[str, str], tag: str, keys_of: Callable[[str, DataFrame, dict[str, str]], DataFrame]) -> None:
         """The affected keys of the changed inputs (see :meth:`derive`) into ``work.affected``."""
-        spark, spec, strategy = self.engine.spark, topic.spec, work.strategy
-        by_table = {c.table: c for c in work.changes}
+        spark, spec = self.engine.spark, topic.spec
         # Base rows joining a changed reference row: those up to ``last`` (what the view holds)
         # left their old groups; those up to ``next`` join their new ones.
         changed_rows = self._changed_rows(topic, work)
@@ -519,14 +531,10 @@ class MergeProcessor:
         else:
             moved_old = functools.reduce(lambda a, b: a.unionByName(b),
                                          [_matching(held, changed, cols, values) for changed, cols, values in changed_rows])
-        before = {**pinned, **self._pin(work, topic, {t: by_table[t].old or 0 for t in strategy.reverse}, f"tm_old_{tag}")}
-        names = ", ".join(f"{t} version {by_table[t].old}" for t in strategy.reverse)
-        work.affected.append((f"base rows joining a changed row, before ({names})", keys_of("tm_left", moved_old, before)))
-        work.affected.append((f"base rows joining a changed row, after ({', '.join(f'{t} version {by_table[t].new}' for t in strategy.reverse)})",
-                              keys_of("tm_joined", moved_new, pinned)))
-        nothing = self._view(spark, work, f"tm_none_{tag}", everything.where("false"))
-        old_alone = spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=before)
-        new_alone = spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=pinned)
+        before, left, joined = self._before(topic, work, pinned, tag)
+        work.affected.append((left, keys_of("tm_left", moved_old, before)))
+        work.affected.append((joined, keys_of("tm_joined", moved_new, pinned)))
+        old_alone, new_alone = self._alone(topic, work, everything, tag, [before, pinned])
         work.affected.append(("rows of the changed inputs alone (no base row)",
                               new_alone.exceptAll(old_alone).unionByName(old_alone.exceptAll(new_alone)).select(*spec.key)))
 
@@ -752,15 +760,23 @@ IN_LIST = 1_000
 def _matching(view: DataFrame, changed: DataFrame, cols: list[str], rows: list[Any] | None) -> DataFrame:
     """Rows of ``view`` whose ``cols`` match a row of ``changed`` (null-safe); ``rows``: ``changed``'s
     rows when they were collected."""
-    if len(cols) == 1 and rows is not None and len(rows) <= IN_LIST:
-        from pyspark.sql import functions as F
+    cond = _listed(cols, rows)
+    return view.where(cond) if cond is not None else spark_io.semi_join(view, changed, cols)
 
-        values = [r[0] for r in rows]
-        col = F.col(spark_io.quote(cols[0]))
-        known = [v for v in values if v is not None]
-        cond = col.isin(known) if known else F.lit(False)
-        return view.where(cond | col.isNull() if len(known) < len(values) else cond)
-    return spark_io.semi_join(view, changed, cols)
+
+def _listed(cols: list[str], rows: list[Any] | None) -> Column | None:
+    """A row matches one of ``rows`` (the changed rows, collected) on its single column ``cols``, as
+    a literal list Delta's data skipping uses (null-safe); None when not collected, several columns
+    or more than :data:`IN_LIST` rows."""
+    if len(cols) != 1 or rows is None or len(rows) > IN_LIST:
+        return None
+    from pyspark.sql import functions as F
+
+    values = [r[0] for r in rows]
+    col = F.col(spark_io.quote(cols[0]))
+    known = [v for v in values if v is not None]
+    cond = col.isin(known) if known else F.lit(False)
+    return cond | col.isNull() if len(known) < len(values) else cond
 
 
 def _matching_any(view: DataFrame, changed: list[tuple[DataFrame, list[str], list[Any] | None]]) -> DataFrame:
@@ -772,11 +788,9 @@ def _matching_any(view: DataFrame, changed: list[tuple[DataFrame, list[str], lis
         return _matching(view, *changed[0])
     cols, out, hits = view.columns, view, []
     for i, (rows_df, on, rows) in enumerate(changed):
-        if len(on) == 1 and rows is not None and len(rows) <= IN_LIST:
-            known = [r[0] for r in rows if r[0] is not None]
-            col = F.col(spark_io.quote(on[0]))
-            hit = col.isin(known) if known else F.lit(False)
-            hits.append(hit | col.isNull() if len(known) < len(rows) else hit)
+        listed = _listed(on, rows)
+        if listed is not None:
+            hits.append(listed)
             continue
         tag = f"_tm_hit_{i}"
         r = rows_df.select(*[F.col(spark_io.quote(c)).alias(f"{tag}_{j}") for j, c in enumerate(on)]).distinct() \

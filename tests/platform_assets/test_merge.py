@@ -78,6 +78,21 @@ def processed(results) -> list:
     return [r for r in results if r.processed]
 
 
+def dies_after_the_merge(eng: Engine, topic: str, monkeypatch) -> int:
+    """A unit of ``topic`` whose process dies after its MERGE landed, before the offset commit; the
+    view's Delta version it left (the store works again afterwards)."""
+    real_commit = eng.store.commit
+
+    def dies(*a, **kw):
+        raise OSError("the process died after the MERGE landed")
+
+    monkeypatch.setattr(eng.store, "commit", dies)
+    with pytest.raises(OSError, match="died after the MERGE"):
+        eng.run_topic(topic)
+    monkeypatch.setattr(eng.store, "commit", real_commit)
+    return DeltaTable(eng.path(topic)).version()
+
+
 def test_bind_block_binds_the_view_in_the_statement_itself() -> None:
     assert spark_io.bind_block("SELECT 1 FROM block", "v") == "WITH block AS (SELECT * FROM v)\nSELECT 1 FROM block"
     merged = spark_io.bind_block("-- c\n/* d */ with a AS (SELECT 1) SELECT * FROM a, block", "v")
@@ -267,16 +282,7 @@ def test_a_crash_between_the_merge_and_the_offset_commit_never_applies_twice(spa
     eng.run_until_caught_up()
     dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id = 3")
     orders(eng, 21, 5)
-    real_commit = eng.store.commit
-
-    def dies(*a, **kw):
-        raise OSError("the process died after the MERGE landed")
-
-    monkeypatch.setattr(eng.store, "commit", dies)
-    with pytest.raises(OSError, match="died after the MERGE"):
-        eng.run_topic("mart.wide")
-    merged = DeltaTable(eng.path("mart.wide")).version()
-    monkeypatch.setattr(eng.store, "commit", real_commit)
+    merged = dies_after_the_merge(eng, "mart.wide", monkeypatch)
     dim_sql(eng, "UPDATE DIM SET country = 'YY' WHERE id = 5")  # changes after the plan wait for the next unit
     [retry, nxt] = processed(eng.run_until_caught_up())
     assert retry.recovered and retry.reason.startswith("unit 2")

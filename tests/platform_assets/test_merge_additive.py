@@ -20,6 +20,7 @@ from tests.platform_assets.test_merge import (
     T0,
     assert_view_equals_recompute,
     customers,
+    dies_after_the_merge,
     dim_sql,
     engine,
     orders,
@@ -118,16 +119,7 @@ def test_a_null_in_a_sum_re_derives_its_groups_and_a_crash_never_adds_twice(spar
 
     orders(eng, 31, 20, customers=12)  # amounts 31..50: some above 40
     dim_sql(eng, "DELETE FROM DIM WHERE id = 7")
-    real_commit = eng.store.commit
-
-    def dies(*a, **kw):
-        raise OSError("the process died after the MERGE landed")
-
-    monkeypatch.setattr(eng.store, "commit", dies)
-    with pytest.raises(OSError, match="died after the MERGE"):
-        eng.run_topic("mart.high")
-    merged = DeltaTable(eng.path("mart.high")).version()
-    monkeypatch.setattr(eng.store, "commit", real_commit)
+    merged = dies_after_the_merge(eng, "mart.high", monkeypatch)
     [retry, *rest] = processed(eng.run_until_caught_up())
     assert retry.recovered
     assert DeltaTable(eng.path("mart.high")).version() == merged + len(rest)  # the retry wrote nothing
