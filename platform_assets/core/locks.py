@@ -6,7 +6,8 @@ topic lock a record named for what they work on, through :func:`holding`:
 - a CDC replicator: ``cdc:<name>`` (:attr:`lineage.cdc.replicas.ReplicatorSpec.state_key`);
 - the intake's batch processor (``tidemark events process|replay``, the Dagster intake job):
   :data:`INTAKE_BATCH`;
-- a stream loop, per destination: :func:`intake_stream_key`.
+- a stream loop, per destination: :func:`intake_stream_key` (and the record of its read
+  positions in its events folder, :func:`intake_queue_key`).
 
 The intake plans and commits each unit in the record it holds
 (:mod:`platform_assets.intake.record`), a CDC replicator each of its units.
@@ -43,6 +44,14 @@ INTAKE_ORDINALS = "intake:ordinal"
 def intake_stream_key(dest: str) -> str:
     """The record a stream loop locks for destination ``dest``."""
     return f"intake:stream:{dest}"
+
+
+def intake_queue_key(dest: str, folder_tag: str) -> str:
+    """The record of a stream destination's read positions in one events folder (its tag:
+    :func:`platform_assets.intake.record.folder_tag`): the micro-batch planned there and the
+    bytes and lines of each incoming file consumed. Only that folder's stream loop writes it,
+    holding its lock beside :func:`intake_stream_key`'s."""
+    return f"intake:queue:{dest}@{folder_tag}"
 
 
 @contextmanager

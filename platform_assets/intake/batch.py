@@ -28,6 +28,7 @@ protocol (DESIGN.md):
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import datetime as dt
 import os
@@ -48,7 +49,7 @@ from lineage.intake.pipeline import (
     received_at,
 )
 from platform_assets.core.faults import crashpoint
-from platform_assets.intake.record import UnitRecord
+from platform_assets.intake.record import UnitRecord, streamed_by
 from platform_assets.intake.workers import (
     ParallelTyper,
     TypedPair,
@@ -60,6 +61,8 @@ from platform_assets.intake.workers import (
 from resources.core.settings import Settings
 from resources.intake import event_store as store
 from resources.intake.incoming_log import ReadyFile, read_events
+from resources.state.offset_sql import open_settings_store
+from resources.state.offsets import OffsetStore
 from resources.storage.meta_tables import LogEntry, write_etl_log
 
 _TS = pa.timestamp("us", tz="UTC")
@@ -405,10 +408,11 @@ class EventProcessor:
         from resources.intake.event_queue import finish_file
 
         def archive() -> None:
-            for rf in reversed(rfs):
-                finish_file(self.events_dir, rf.path, rf.start.date(), batch=True, stream_ids=self.stream_ids,
-                            has_batch=True)
-                crashpoint("events_archived")
+            with self._store() as offsets:
+                streamed = streamed_by(offsets, self.events_dir, self.stream_ids) if offsets else None
+                for rf in reversed(rfs):
+                    finish_file(self.events_dir, rf.path, rf.start.date(), batch=True, streamed=streamed, has_batch=True)
+                    crashpoint("events_archived")
 
         if wait:
             archive()
@@ -418,6 +422,19 @@ class EventProcessor:
         if self._archiver is None:
             self._archiver = ThreadPoolExecutor(1, thread_name_prefix="tidemark-archive")
         self._archiving.append(self._archiver.submit(archive))
+
+    @contextlib.contextmanager
+    def _store(self) -> Iterator[OffsetStore | None]:
+        """The offset store where stream destinations keep their read positions (None without
+        stream destinations): the held record's, else one opened for the block."""
+        if not self.stream_ids or self.record is not None:
+            yield None if not self.stream_ids else self.record.keeper.store  # type: ignore[union-attr]
+            return
+        opened = open_settings_store(self.settings)
+        try:
+            yield opened
+        finally:
+            opened.close()
 
     def wait_archived(self) -> None:
         """Wait for the files handed to the archiving thread (raises what it raised)."""

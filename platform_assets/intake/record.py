@@ -42,16 +42,17 @@ the table is planned anew.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lineage.core.errors import OffsetError
 from lineage.core.positions import ZERO_TS, Position
-from platform_assets.core.locks import INTAKE_ORDINALS
+from platform_assets.core.locks import INTAKE_ORDINALS, intake_queue_key
 from resources.intake import event_store
+from resources.intake.event_queue import DONE
 from resources.state.lease import LeaseKeeper
 from resources.state.offset_sql import owner_host
-from resources.state.offsets import STATE_PLANNED, OffsetRecord
+from resources.state.offsets import STATE_PLANNED, OffsetRecord, OffsetStore
 
 
 def folder_tag(events_dir: Path) -> str:
@@ -111,3 +112,20 @@ class UnitRecord:
             raise OffsetError(f"'{self.keeper.topic}': its record is gone from the offset store while this processor "
                               "held it (removed by hand?); run again")
         return rec
+
+
+def streamed_by(store: OffsetStore, events_dir: Path, stream_ids: Sequence[str]) -> Callable[[str], bool] | None:
+    """``streamed(name)``: every stream destination of ``stream_ids`` read incoming file ``name``
+    of ``events_dir`` to its end (their queue records say so); None without stream destinations."""
+    if not stream_ids:
+        return None
+    tag = folder_tag(events_dir)
+
+    def streamed(name: str) -> bool:
+        for dest in stream_ids:
+            rec = store.get(intake_queue_key(dest, tag))
+            if rec is None or name + DONE not in rec.inputs:
+                return False
+        return True
+
+    return streamed

@@ -3,16 +3,20 @@ events of ``mode: stream`` destinations continuously, in micro-batches, reading 
 incoming log through each destination's queue (:mod:`resources.intake.event_queue`).
 
 A micro-batch is at most ``--max-events`` events, taken every ``--interval-ms`` (at once while a
-backlog fills whole micro-batches). It is one unit of the batch processor's commit protocol
-(:meth:`platform_assets.intake.batch.EventProcessor.run_unit`: the same steps, failed events, table
-patching and etl.log rows), so each byte range of the log lands in each table exactly once:
+backlog fills whole micro-batches). It is one unit of the shared commit protocol, in the offset
+store like every processor's, so each byte range of the log lands in each table exactly once:
 
-1. *plan*: the byte ranges and ``seq`` go to ``pending.json`` before anything is written;
-2. *land*: ``run_unit`` (a Delta transaction per table, versions fixed in ``pending.status``);
-3. *commit*: the consumed offsets and ``seq`` go to ``state.json``; then ``pending.*`` is removed.
+1. *plan*: in the destination's queue record for this events folder
+   (:func:`platform_assets.core.locks.intake_queue_key`), the micro-batch's ``seq`` and where each
+   file's range ends, before anything is written;
+2. *land*: the batch processor's unit (:meth:`platform_assets.intake.batch.EventProcessor.run_unit`:
+   the same steps, failed events, table patching and etl.log rows; planned and committed in
+   ``intake:stream:<dest>``, a Delta transaction per table, its versions in ``pending.status``);
+3. *commit*: the queue record's positions move to the plan's ends; ``pending.status`` goes.
 
-A crash anywhere resumes ``pending.json``'s very ranges; a table that holds the planned
-transaction is not written again.
+A crash anywhere resumes the record's planned ranges; a table that holds the planned transaction
+is not written again. The loop holds two locks of the store: the destination's (one loop per
+destination, on any host) and its queue record's.
 """
 
 from __future__ import annotations
@@ -27,18 +31,20 @@ from typing import Any
 
 import orjson
 
-from lineage.core.errors import TidemarkError
+from lineage.core.errors import OffsetError, TidemarkError
+from lineage.core.positions import ZERO_TS, Position
 from lineage.intake.bodies import dumps_exact, loads_exact
 from lineage.intake.config import Intake
 from lineage.intake.destinations import DestinationMode
 from platform_assets.core import locks
 from platform_assets.core.faults import crashpoint
 from platform_assets.intake.batch import EventProcessor, UnitResult
-from platform_assets.intake.record import UnitRecord, folder_tag
+from platform_assets.intake.record import UnitRecord, folder_tag, streamed_by
 from resources.core.settings import Settings
 from resources.intake import event_queue as q
-from resources.intake import event_store as store
 from resources.intake.incoming_log import parse_name, ready_dir
+from resources.state.lease import LeaseKeeper
+from resources.state.offsets import OffsetRecord
 
 
 @dataclass
@@ -76,32 +82,41 @@ class StreamLoop:
         self.all_stream_ids = [d.id for d in intake.spec.destinations if d.mode is DestinationMode.STREAM]
         self.has_batch = any(d.mode is DestinationMode.BATCH for d in intake.spec.destinations)
         self.procs = {s.id: EventProcessor(settings, [s], modes=(DestinationMode.STREAM,)) for s in specs}
+        self.queues: dict[str, LeaseKeeper] = {}  # per destination, its queue record's lock
         self.stopping = False
 
     def step(self, dest: str) -> MicroBatch | None:
         """Plan (or resume) and apply one micro-batch of ``dest``; None when nothing waits."""
         t0 = time.monotonic()
         folder = q.queue_dir(self.events_dir, dest)
-        state = q.read_state(folder)
-        pending = store.read_json(folder / "pending.json")
-        if pending is not None and int(pending["seq"]) <= state.seq:  # committed just before a crash
-            self._clear(folder)
-            pending = None
-        if pending is None:
+        queue = self.queues[dest]
+        rec = self._record(queue)
+        if rec.pending:  # planned before a crash: its very ranges
+            ranges, done = q.planned_ranges(rec.inputs, rec.inputs_next or {})
+        else:
+            state = q.state_of(rec.seq, rec.inputs)
             ranges, done = q.next_ranges(self.events_dir, state, self.max_events)
-            new_done = [n for n in done if n not in state.done]
-            if not ranges:
-                if new_done:  # files closed after their last line was consumed: nothing to apply
-                    state.done += new_done
-                    self._write_state(folder, state)
-                    self._archive(dest, new_done)
+            done = [n for n in done if n not in state.done]  # files closed after their last line was consumed
+            if not ranges and not done:
                 return None
-            # the folder's tag: a table's commits name their units, and another host's loop numbers its own
-            pending = {"seq": state.seq + 1, "unit": f"stream.dst={dest}.{state.seq + 1:012d}.{self.tag}",
-                       "ranges": [r.to_json() for r in ranges], "done": new_done}
-            store.write_json_atomic(folder / "pending.json", pending)
+            (folder / "pending.status").unlink(missing_ok=True)  # a committed micro-batch's
+            rec = queue.store.plan(queue.topic, queue.owner, last=rec.last, next=Position(ZERO_TS, rec.seq + 1),
+                                   seq=rec.seq + 1, source_version=None, inputs_next=q.positions(ranges, done))
             crashpoint("stream_planned")
-        ranges = [q.Range.from_json(r) for r in pending["ranges"]]
+        result = self._land(dest, rec.seq, ranges) if ranges else None
+        queue.store.commit(queue.topic, queue.owner, seq=rec.seq, last=rec.last, next=rec.next or rec.last,
+                           rows=result.written if result else 0, forget=self._gone(rec),
+                           note=f"micro-batch {rec.seq}: {sum(r.lines for r in ranges)} lines of {len(ranges)} files"
+                                + (f", {len(done)} read to their end" if done else ""))
+        crashpoint("stream_committed")
+        (folder / "pending.status").unlink(missing_ok=True)
+        self._archive(dest, done)
+        if result is None:
+            return None
+        return MicroBatch(dest, rec.seq, result, sum(r.lines for r in ranges) >= self.max_events, time.monotonic() - t0)
+
+    def _land(self, dest: str, seq: int, ranges: list[q.Range]) -> UnitResult:
+        """The micro-batch's unit: its ranges' events into the destination's tables."""
         index: list[tuple[str, int]] = []  # unit line -> (incoming file, its line)
         events: list[tuple[int, dict[str, Any]]] = []
         for r in ranges:
@@ -111,46 +126,62 @@ class StreamLoop:
                     ev = loads_exact(line)
                     if isinstance(ev, dict):  # a line that is not an event is skipped, as the batch reader does
                         events.append((len(index), ev))
+
         def failure_id(line: int, d: str) -> str:
             name, file_line = index[line - 1]
             return f"{name}:{file_line}:{d}"
 
         snapshot = {n: dumps_exact(ev) for n, ev in events}  # the steps change events in place
+        # the folder's tag: a table's commits name their units, and another host's loop numbers its own
         result = self.procs[dest].run_unit(
-            pending["unit"], folder / "pending.status",
+            f"stream.dst={dest}.{seq:012d}.{self.tag}", q.queue_dir(self.events_dir, dest) / "pending.status",
             lambda: ((n, loads_exact(b)) for n, b in snapshot.items()),
             lambda lines: {n: loads_exact(snapshot[n]) for n in lines if n in snapshot},
             failure_ids=failure_id)
         crashpoint("stream_landed")
-        for r in ranges:
-            state.offsets[r.name] = [r.end, r.first_line - 1 + r.lines]
-        state.done += [n for n in pending.get("done", []) if n not in state.done]
-        state.seq = int(pending["seq"])
-        self._write_state(folder, state)
-        crashpoint("stream_committed")
-        self._clear(folder)
-        self._archive(dest, list(pending.get("done", [])))
-        return MicroBatch(dest, state.seq, result, sum(r.lines for r in ranges) >= self.max_events,
-                          time.monotonic() - t0)
-
-    def _write_state(self, folder: Any, state: q.QueueState) -> None:
-        # forget files that are gone (archived): the state stays small
-        live = {n for n in [*state.offsets, *state.done] if q.find_file(self.events_dir, n) is not None}
-        state.offsets = {n: v for n, v in state.offsets.items() if n in live}
-        state.done = [n for n in state.done if n in live]
-        store.write_json_atomic(folder / "state.json", state.to_json())
+        return result
 
     @staticmethod
-    def _clear(folder: Any) -> None:
-        (folder / "pending.status").unlink(missing_ok=True)
+    def _record(queue: LeaseKeeper) -> OffsetRecord:
+        queue.check()
+        rec = queue.store.get(queue.topic)
+        if rec is None:
+            raise OffsetError(f"'{queue.topic}': its record is gone from the offset store while this stream loop "
+                              "held it (removed by hand?); run again")
+        return rec
+
+    def _gone(self, rec: OffsetRecord) -> list[str]:
+        """The record's positions in files that are gone (archived): forgotten, so it stays small."""
+        return [k for k in rec.inputs if q.find_file(self.events_dir, k.split("#", 1)[0]) is None]
+
+    def _adopt(self, dest: str, queue: LeaseKeeper) -> None:
+        """Move the positions a queue kept in files (``state.json``, ``pending.json``, before they
+        were a record of the offset store) into its record, once."""
+        folder = q.queue_dir(self.events_dir, dest)
+        state, pending = q.legacy_files(folder)
+        store, key, owner = queue.store, queue.topic, queue.owner
+        rec = self._record(queue)
+        if state is not None and not rec.pending and state.seq > rec.seq:
+            held = {**{n: b for n, (b, _) in state.offsets.items()}, **{n + q.LINES: lines for n, (_, lines) in state.offsets.items()},
+                    **{n + q.DONE: 1 for n in state.done}}
+            store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, state.seq), seq=state.seq, source_version=None,
+                       inputs_next=held)
+            rec = store.commit(key, owner, seq=state.seq, last=rec.last, next=Position(ZERO_TS, state.seq), rows=0,
+                               note=f"adopted {folder / 'state.json'}")
+        if pending is not None and not rec.pending and int(pending["seq"]) > rec.seq:
+            seq = int(pending["seq"])
+            store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, seq), seq=seq, source_version=None,
+                       inputs_next=q.positions([q.Range.from_json(r) for r in pending["ranges"]], list(pending.get("done", []))))
+        (folder / "state.json").unlink(missing_ok=True)
         (folder / "pending.json").unlink(missing_ok=True)
 
     def _archive(self, dest: str, names: list[str]) -> None:
+        streamed = streamed_by(self.queues[dest].store, self.events_dir, self.all_stream_ids)
         for name in names:
             path = ready_dir(self.events_dir) / name
             parsed = parse_name(name)
             if parsed and path.exists():
-                q.finish_file(self.events_dir, path, parsed[1].date(), batch=False, stream_ids=self.all_stream_ids,
+                q.finish_file(self.events_dir, path, parsed[1].date(), batch=False, streamed=streamed,
                               has_batch=self.has_batch)
 
     def run(self, *, once: bool = False) -> Iterator[MicroBatch]:
@@ -170,6 +201,12 @@ class StreamLoop:
                         self.settings, locks.intake_stream_key(s.id), processor="intake",
                         note=f"the stream loop of destination {s.id}"))
                     self.procs[s.id].record = UnitRecord(keeper, self.events_dir)
+                    self.queues[s.id] = held.enter_context(locks.holding(
+                        keeper.store, locks.intake_queue_key(s.id, self.tag), keeper.owner, processor="intake",
+                        note=f"the read positions of destination {s.id} in {self.events_dir}"))
+                    self._adopt(s.id, self.queues[s.id])
+                    # files read to their end whose archiving a crash cut short
+                    self._archive(s.id, q.state_of(0, self._record(self.queues[s.id]).inputs).done)
                 while not self.stopping:
                     t0 = time.monotonic()
                     full = did = False

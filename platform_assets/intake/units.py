@@ -35,11 +35,13 @@ from platform_assets.intake.batch import (
     unit_bytes_setting,
     unit_members,
 )
-from platform_assets.intake.record import UnitRecord
+from platform_assets.intake.record import UnitRecord, folder_tag
 from resources.core.settings import Settings
 from resources.intake import event_store as store
 from resources.intake.event_queue import batch_done
 from resources.intake.incoming_log import ReadyFile, iter_ready_files
+from resources.state.offset_sql import open_settings_store
+from resources.state.offsets import OffsetRecord
 
 
 class _Archived:
@@ -190,6 +192,7 @@ def status(settings: Settings, intake: Intake) -> dict[str, Any]:
     archived = sorted((events_dir / "archive").glob("*/incoming.tok=*.log.gz")) if (events_dir / "archive").is_dir() else []
     failed = store.read_failed_events(settings.table_path(store.FAILED_EVENTS))
     placed = _placed_elsewhere(settings)
+    queues = _queue_records(settings, intake)
     out: dict[str, Any] = {"pending_files": len(ready), "pending_bytes": sum(rf.path.stat().st_size for rf in ready),
                            "processed_files": len(archived), "destinations": {}}
     for spec in intake.spec.destinations:
@@ -209,15 +212,28 @@ def status(settings: Settings, intake: Intake) -> dict[str, Any]:
         if spec.mode is DestinationMode.STREAM:  # its queue: micro-batches committed, and one under way
             from resources.intake import event_queue as q
 
-            qdir = q.queue_dir(events_dir, spec.id)
-            qs = q.read_state(qdir)
+            rec = queues.get(locks.intake_queue_key(spec.id, folder_tag(events_dir)))
+            qs = q.state_of(rec.seq, rec.inputs) if rec else q.QueueState()
             out["destinations"][spec.id]["stream"] = {
-                "micro_batches": qs.seq, "files_read": len(qs.done),
-                "micro_batch_under_way": (qdir / "pending.json").exists(),
+                "micro_batches": qs.seq - (1 if rec and rec.pending else 0), "files_read": len(qs.done),
+                "micro_batch_under_way": bool(rec and rec.pending),
                 "bytes_waiting": sum(max(0, (p.stat().st_size if (p := q.find_file(events_dir, n)) else 0) - qs.offsets.get(n, [0])[0])
                                      for n, _ in q.incoming_files(events_dir) if n not in qs.done),
             }
     return out
+
+
+def _queue_records(settings: Settings, intake: Intake) -> dict[str, OffsetRecord]:
+    """The queue records (read positions) of the stream destinations in this host's events folder."""
+    streams = [d.id for d in intake.spec.destinations if d.mode is DestinationMode.STREAM]
+    if not streams:
+        return {}
+    tag = folder_tag(settings.events_dir())
+    offsets = open_settings_store(settings)
+    try:
+        return {key: rec for d in streams if (rec := offsets.get(key := locks.intake_queue_key(d, tag))) is not None}
+    finally:
+        offsets.close()
 
 
 def _placed_elsewhere(settings: Settings) -> dict[str, dict[str, int]]:

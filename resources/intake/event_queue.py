@@ -2,13 +2,17 @@
 
 The queue's data is the collector's incoming log itself: the events are durable once (the log's
 group fsync acknowledges them), and a stream destination keeps only its read position in it.
-No second copy, no second fsync path. Layout under ``$TIDEMARK_HOME/events/queue.dst=<id>/``:
+No second copy, no second fsync path.
 
-| file | what |
-|---|---|
-| ``state.json`` | the last committed micro-batch ``seq`` and, per incoming file, the bytes and lines consumed; ``done``: files read to their end |
-| ``pending.json`` | the micro-batch under way: its byte ranges of incoming files, fixed before anything is written |
-| ``pending.status`` | that micro-batch's DestinationStatus (the batch processor's unit protocol) |
+The read positions are a record of the offset store, like every processor's
+(:func:`platform_assets.core.locks.intake_queue_key`, one per destination and events folder): its
+``inputs`` hold, per incoming file, the bytes consumed (``<file>``), the lines consumed
+(``<file>#lines``) and whether it was read to its end (``<file>#done``). A micro-batch is planned
+there (``inputs_next``: where each file's range ends) before anything is written, and committed
+once it landed: the plan fixes its byte ranges (:func:`planned_ranges`), so a crash anywhere
+resumes the very same ranges. What this module keeps under ``events/queue.dst=<id>/`` is only
+``pending.status``: the micro-batch's DestinationStatus (the batch processor's unit protocol, the
+Delta versions of its tables).
 
 Reading: files of ``incoming/`` (being written) and ``incoming/ready/`` (closed) in write order,
 each from its consumed offset up to its last complete line. A file is *done* once it is in
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,10 +73,57 @@ class QueueState:
         return {"seq": self.seq, "offsets": self.offsets, "done": self.done}
 
 
-def read_state(folder: Path) -> QueueState:
-    raw = store.read_json(folder / "state.json") or {}
-    return QueueState(int(raw.get("seq", 0)), {k: list(v) for k, v in (raw.get("offsets") or {}).items()},
-                      list(raw.get("done") or []))
+LINES, DONE = "#lines", "#done"  # the suffixes of a file's lines consumed and its "read to its end" in a record
+
+
+def state_of(seq: int, inputs: Mapping[str, int]) -> QueueState:
+    """The positions a queue record's ``inputs`` hold."""
+    offsets: dict[str, list[int]] = {}
+    done: list[str] = []
+    for k, v in inputs.items():
+        if k.endswith(DONE):
+            done.append(k[:-len(DONE)])
+        elif not k.endswith(LINES):
+            offsets[k] = [v, inputs.get(k + LINES, 0)]
+    return QueueState(seq, offsets, sorted(done, key=write_order))
+
+
+def positions(ranges: list[Range], done: list[str]) -> dict[str, int]:
+    """The record's ``inputs_next`` of a micro-batch: where each range ends, and the files it
+    finishes."""
+    out: dict[str, int] = {}
+    for r in ranges:
+        out[r.name] = r.end
+        out[r.name + LINES] = r.first_line - 1 + r.lines
+    out.update({n + DONE: 1 for n in done})
+    return out
+
+
+def planned_ranges(inputs: Mapping[str, int], inputs_next: Mapping[str, int]) -> tuple[list[Range], list[str]]:
+    """The byte ranges and finished files of the micro-batch a record has planned: each range
+    from where the committed positions stand to where the plan ends, in write order."""
+    ranges = []
+    for name in sorted((k for k in inputs_next if not k.endswith((LINES, DONE))), key=write_order):
+        start, lines = inputs.get(name, 0), inputs.get(name + LINES, 0)
+        n = inputs_next.get(name + LINES, lines) - lines
+        if inputs_next[name] > start and n > 0:
+            ranges.append(Range(name, start, inputs_next[name], lines + 1, n))
+    return ranges, sorted((k[:-len(DONE)] for k in inputs_next if k.endswith(DONE)), key=write_order)
+
+
+def write_order(name: str) -> tuple[Any, ...]:
+    """An incoming file's place in write order: its start time, then its token."""
+    parsed = parse_name(name)
+    return (0, parsed[1], parsed[0], name) if parsed else (1, name)
+
+
+def legacy_files(folder: Path) -> tuple[QueueState | None, dict[str, Any] | None]:
+    """The ``state.json`` and ``pending.json`` a stream queue kept before its positions moved to
+    the offset store (None where absent), to adopt them once."""
+    raw, pending = store.read_json(folder / "state.json"), store.read_json(folder / "pending.json")
+    state = None if raw is None else QueueState(int(raw.get("seq", 0)), {k: list(v) for k, v in (raw.get("offsets") or {}).items()},
+                                                list(raw.get("done") or []))
+    return state, pending
 
 
 def find_file(events_dir: Path, name: str) -> Path | None:
@@ -161,27 +212,24 @@ def archive_lock(events_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def stream_consumed(events_dir: Path, name: str, stream_ids: list[str]) -> bool:
-    return all(name in read_state(queue_dir(events_dir, d)).done for d in stream_ids)
-
-
 def batch_done(file: Path) -> bool:
     status = store.read_json(store.status_path(file))
     return bool(status and status.get("batch_done"))
 
 
-def finish_file(events_dir: Path, file: Path, day: Any, *, batch: bool, stream_ids: list[str],
+def finish_file(events_dir: Path, file: Path, day: Any, *, batch: bool, streamed: Callable[[str], bool] | None,
                 has_batch: bool) -> bool:
     """Record that the batch processor (``batch``) or a stream destination finished ``file``;
-    archive it if every reader has. Returns whether it was archived."""
+    archive it if every reader has. ``streamed(name)``: every stream destination read the file to
+    its end (None: there are none). Returns whether it was archived."""
     with archive_lock(events_dir):
         if not file.exists():
             return False
-        if batch and stream_ids and not stream_consumed(events_dir, file.name, stream_ids):
+        if batch and streamed is not None and not streamed(file.name):
             status = store.read_json(store.status_path(file)) or {}
             store.write_json_atomic(store.status_path(file), {**status, "batch_done": True})
             return False
-        if not batch and (not stream_consumed(events_dir, file.name, stream_ids) or (has_batch and not batch_done(file))):
+        if not batch and ((streamed is not None and not streamed(file.name)) or (has_batch and not batch_done(file))):
             return False
         store.archive_file(events_dir, file, day)
         return True

@@ -39,7 +39,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -410,7 +410,8 @@ class SqlOffsetStore(OffsetStore):
                               inputs_next=None if inputs_next is None else dict(inputs_next))
 
     def commit(self, topic: str, owner: str, *, seq: int, last: Position, next: Position, rows: int,
-               state: str = STATE_COMMITTED, note: str = "", delta_version: int | None = None) -> OffsetRecord:
+               state: str = STATE_COMMITTED, note: str = "", delta_version: int | None = None,
+               forget: Collection[str] = ()) -> OffsetRecord:
         with self._tx(write=True):
             rec = self._current(topic)
             _check_holder(rec, owner, f"commit of block {seq}")
@@ -423,6 +424,8 @@ class SqlOffsetStore(OffsetStore):
             if rec.inputs_next is not None:
                 _backwards(topic, rec.inputs, rec.inputs_next, f"commit of block {seq}")
                 inputs.update(rec.inputs_next)
+            for k in forget:
+                inputs.pop(k, None)
             return self._save(rec, ("commit", owner, note or f"block {seq}, {rows} rows"), last=next,
                               next=None, rows=rows, run=_now(), state=state, delta_version=delta_version,
                               inputs=inputs, inputs_next=None)

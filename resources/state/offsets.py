@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import builtins
 import datetime as dt
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from lineage.core.durations import format_duration
@@ -179,10 +179,12 @@ class OffsetStore(abc.ABC):
 
     @abc.abstractmethod
     def commit(self, topic: str, owner: str, *, seq: int, last: Position, next: Position, rows: int,
-               state: str = STATE_COMMITTED, note: str = "", delta_version: int | None = None) -> OffsetRecord:
+               state: str = STATE_COMMITTED, note: str = "", delta_version: int | None = None,
+               forget: Collection[str] = ()) -> OffsetRecord:
         """``last := next`` for the pending block ``seq``: compare-and-set on owner, seq, last
         and next; clears ``next``, sets ``rows``, ``run=now``, ``state``, ``delta_version``, and
-        ``inputs := inputs_next`` (a merge unit's per-input offsets, each only growing)."""
+        ``inputs := inputs_next`` (a merge unit's per-input offsets, each only growing), then drops
+        the inputs named in ``forget`` (a stream loop's positions in files that are gone)."""
 
     @abc.abstractmethod
     def commit_reload(self, topic: str, owner: str, *, seq: int, mark: Position, rows: int,

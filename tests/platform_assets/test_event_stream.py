@@ -18,12 +18,15 @@ import orjson
 import pytest
 
 from lineage.intake.config import load_intake
+from platform_assets.core import locks
+from platform_assets.intake.record import folder_tag
 from platform_assets.intake.stream import StreamLoop
 from platform_assets.intake.units import process_ready, status
 from resources.core.settings import Settings
 from resources.intake import event_queue as q
 from resources.intake import event_store as store
 from resources.intake.incoming_log import file_name, incoming_dir, ready_dir
+from resources.state.offset_sql import open_settings_store
 from resources.storage.delta_meta import open_table
 from tests.platform_assets.test_events import T0, run_cli, write_file
 from tests.resources.test_collector import API, WEB, Collector
@@ -50,6 +53,17 @@ def config(tmp_path: Path) -> Path:
     p = tmp_path / "intake.yaml"
     p.write_text(CONFIG)
     return p
+
+
+def queue_state(settings: Settings, dest: str) -> q.QueueState:
+    """A stream destination's read positions in ``settings``' events folder: its queue record."""
+    offsets = open_settings_store(settings)
+    try:
+        rec = offsets.get(locks.intake_queue_key(dest, folder_tag(settings.events_dir())))
+    finally:
+        offsets.close()
+    assert rec is not None
+    return q.state_of(rec.seq, rec.inputs)
 
 
 def table_rows(settings: Settings, table: str) -> list[dict[str, Any]]:
@@ -144,7 +158,7 @@ def test_sigkill_at_every_point_of_a_micro_batch_no_event_lost_or_doubled(settin
     assert len(set(ids)) == len(ids)
     st = status(settings, load_intake(cfg, secrets=False))["destinations"]["live"]["stream"]
     assert st["files_read"] == 3 and not st["micro_batch_under_way"] and st["bytes_waiting"] == len(b'{"eid": "torn')
-    state = q.read_state(q.queue_dir(settings.events_dir(), "live"))
+    state = queue_state(settings, "live")
     assert open_file.name not in state.done and state.offsets[open_file.name] == [sum(map(len, lines)), 4]
     # the closed files wait in ready/ for the batch destination (it reads api's events only)
     assert len(list(ready_dir(settings.events_dir()).glob("*.log"))) == 3

@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 from lineage.core.errors import TopicLockedError
 from lineage.intake.config import load_intake
 from platform_assets.core import locks
+from platform_assets.intake.record import folder_tag
 from platform_assets.intake.stream import StreamLoop
 from platform_assets.intake.units import process_ready
 from resources.core.settings import Settings
@@ -299,3 +300,89 @@ def test_a_taken_version_whose_commits_the_log_no_longer_holds_stops_the_unit_sa
         process_ready(a, load_intake(cfg, secrets=False))
     assert "incoming.tok=web." in str(exc.value) and "remove the unit's status file" in str(exc.value)
     assert _urls(a, "stage.events_pv") == before  # nothing written
+
+
+STREAM = ("tokens:\n  - {id: web, kind: browser, secret_env: T_WEB}\ndestinations:\n"
+          "  - id: live\n    mode: stream\n    table_name_template: live_{{ event_type }}\n")
+
+
+def _stream(s: Settings, cfg: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "platform_assets.cli", "--home", str(s.home), "--warehouse", s.warehouse,
+           "--offsets-url", s.offsets_url, "events", "stream", "--config", str(cfg), "--once", *args]
+    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("point", ["stream_planned", "events_written", "stream_landed"])
+def test_stream_positions_are_records_of_the_store_one_per_events_folder(tmp_path: Path, point: str):
+    """Host A's stream loop dies mid micro-batch; host B's loop takes the destination's lock over and
+    streams its own folder; A resumes the very ranges its record planned. Each folder's positions
+    are a record of the store (no file beside the log), and every event lands once."""
+    a, b = _hosts(tmp_path)
+    cfg = tmp_path / "stream.yaml"
+    cfg.write_text(STREAM)
+    expected = []
+    for k, s in enumerate((a, b)):
+        for f in range(2):
+            urls = [f"/{s.home.name}/{f}/{j}" for j in range(5)]
+            expected += urls
+            write_file(s, "web", T0 + dt.timedelta(seconds=100 * k + f), [{"event_type": "pv", "url": u} for u in urls])
+    died = _stream(a, cfg, "--max-events", "3", env={"TIDEMARK_CRASH_AT": point})
+    assert died.returncode == -9, died.stderr[-2000:]
+    store = open_offset_store(a.offsets_url)
+    try:
+        key_a = locks.intake_queue_key("live", folder_tag(a.events_dir()))
+        planned = store.get(key_a)
+        assert planned is not None and planned.pending and planned.seq == 1, planned
+        assert planned.inputs_next is not None and sorted(planned.inputs_next.values()) != []
+        assert not list((a.events_dir() / "queue.dst=live").glob("*.json"))  # no positions in files
+        out = _stream(b, cfg)
+        assert out.returncode == 0, out.stderr[-2000:]
+        out = _stream(a, cfg, "--max-events", "3")
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert sorted(expected) == _urls(a, "stage.live_pv")
+        for s in (a, b):
+            rec = store.get(locks.intake_queue_key("live", folder_tag(s.events_dir())))
+            assert rec is not None and not rec.pending and rec.owner == "", rec
+            # an archived file is forgotten at the next commit: only the last micro-batch's files are still named
+            named = {k.split("#")[0] for k in rec.inputs}
+            assert 1 <= len(named) <= 2 and rec.inputs.keys() >= {f"{n}#done" for n in named}, rec.inputs
+            assert not list(ready_dir(s.events_dir()).glob("*.log"))
+        plans = [e.note for e in store.history(key_a, limit=50) if e.action == "plan"]
+        assert len(plans) == 4, plans  # 10 lines in micro-batches of at most 3
+    finally:
+        store.close()
+
+
+def test_a_queue_kept_in_files_is_adopted_into_its_record_once(tmp_path: Path):
+    """A stream queue from before its positions were records (``state.json``, and ``pending.json``
+    naming the micro-batch under way) goes on from exactly there: nothing read twice or skipped."""
+    a, _ = _hosts(tmp_path)
+    cfg = tmp_path / "stream.yaml"
+    cfg.write_text(STREAM)
+    lines = [{"event_type": "pv", "url": f"/{i}"} for i in range(6)]
+    path = write_file(a, "web", T0, lines)
+    second = write_file(a, "web", T0 + dt.timedelta(seconds=1), [{"event_type": "pv", "url": "/next"}])
+    body = path.read_bytes().splitlines(keepends=True)
+    two, four = len(b"".join(body[:2])), len(b"".join(body[:4]))
+    folder = a.events_dir() / "queue.dst=live"
+    folder.mkdir(parents=True)
+    # two lines were consumed (micro-batch 1); lines 3-4 are planned as micro-batch 2 and did not land
+    (folder / "state.json").write_text(json.dumps({"seq": 1, "offsets": {path.name: [two, 2]}, "done": []}))
+    (folder / "pending.json").write_text(json.dumps({"seq": 2, "unit": "x", "ranges": [[path.name, two, four, 3, 2]],
+                                                    "done": []}))
+    out = _stream(a, cfg)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert _urls(a, "stage.live_pv") == sorted(["/2", "/3", "/4", "/5", "/next"])
+    assert not (folder / "state.json").exists() and not (folder / "pending.json").exists()
+    store = open_offset_store(a.offsets_url)
+    try:
+        key = locks.intake_queue_key("live", folder_tag(a.events_dir()))
+        history = [(e.action, e.note) for e in reversed(store.history(key, limit=50))]
+        assert any("adopted" in n for _, n in history), history
+        assert ("commit", "micro-batch 2: 2 lines of 1 files") in history, history  # the planned range, as planned
+        rec = store.get(key)
+        assert rec is not None and rec.seq >= 3 and not rec.pending and not second.exists()
+        assert rec.inputs[path.name] == len(b"".join(body)) and rec.inputs[second.name + "#done"] == 1
+    finally:
+        store.close()

@@ -861,6 +861,19 @@ def test_an_input_offset_never_moves_backwards(store: OffsetStore) -> None:
     assert store.reset(T, P(0), who=B, reason="restate").inputs == {"dim.c": 4, "dim.e": 1}
 
 
+def test_a_commit_forgets_the_inputs_it_names_after_taking_the_plans(store: OffsetStore) -> None:
+    """A stream loop's positions in files that are gone (archived) are dropped as it commits."""
+    locked(store)
+    store.plan(T, A, last=P(0), next=P(1), seq=1, source_version=None, inputs_next={"f1": 10, "f1#done": 1, "f2": 5})
+    store.commit(T, A, seq=1, last=P(0), next=P(1), rows=1)
+    store.plan(T, A, last=P(1), next=P(2), seq=2, source_version=None, inputs_next={"f2": 8})
+    rec = store.commit(T, A, seq=2, last=P(1), next=P(2), rows=1, forget=["f1", "f1#done", "f9"])
+    assert rec.inputs == {"f2": 8} and current(store) == rec
+    # a forgotten input starts again from nothing: planning it anew is not "backwards"
+    store.plan(T, A, last=P(2), next=P(3), seq=3, source_version=None, inputs_next={"f1": 1})
+    assert store.commit(T, A, seq=3, last=P(2), next=P(3), rows=0).inputs == {"f1": 1, "f2": 8}
+
+
 def test_the_log_head_grows_with_every_logged_change_and_only_then(store: OffsetStore) -> None:
     empty = store.log_head()
     assert empty == 0
