@@ -41,7 +41,9 @@ the table is planned anew.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -57,8 +59,23 @@ from resources.state.offsets import STATE_PLANNED, OffsetRecord, OffsetStore
 
 def folder_tag(events_dir: Path) -> str:
     """A short name of this host's events folder, for unit names that must not meet another
-    folder's (a stream loop numbers its micro-batches per folder)."""
-    return hashlib.sha1(f"{owner_host()}:{events_dir.resolve()}".encode()).hexdigest()[:8]
+    folder's (a stream loop numbers its micro-batches per folder) and for its stream queues'
+    records. Drawn once from the host and the folder's path and kept in ``events/.folder_tag``: a
+    new host name or a moved home does not change it (the stream's read positions stay found)."""
+    path = events_dir / ".folder_tag"
+    with contextlib.suppress(FileNotFoundError):
+        if tag := path.read_text().strip():
+            return tag
+    events_dir.mkdir(parents=True, exist_ok=True)
+    tmp = events_dir / f".folder_tag.{os.getpid()}.tmp"
+    tmp.write_text(hashlib.sha1(f"{owner_host()}:{events_dir.resolve()}".encode()).hexdigest()[:8])
+    try:
+        os.link(tmp, path)  # the first writer's stays
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path.read_text().strip()
 
 
 class UnitRecord:

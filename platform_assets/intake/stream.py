@@ -111,8 +111,8 @@ class StreamLoop:
         crashpoint("stream_committed")
         (folder / "pending.status").unlink(missing_ok=True)
         self._archive(dest, done)
-        if result is None:
-            return None
+        if result is None:  # it only finished files: look again (a micro-batch may wait behind them)
+            return self.step(dest)
         return MicroBatch(dest, rec.seq, result, sum(r.lines for r in ranges) >= self.max_events, time.monotonic() - t0)
 
     def _land(self, dest: str, seq: int, ranges: list[q.Range]) -> UnitResult:
@@ -156,18 +156,33 @@ class StreamLoop:
 
     def _adopt(self, dest: str, queue: LeaseKeeper) -> None:
         """Move the positions a queue kept in files (``state.json``, ``pending.json``, before they
-        were a record of the offset store) into its record, once."""
+        were a record of the offset store) into its record, once. The files go only when the
+        record holds them: a crash in between adopts them again, from where it stopped."""
         folder = q.queue_dir(self.events_dir, dest)
         state, pending = q.legacy_files(folder)
+        if state is None and pending is None:
+            return
         store, key, owner = queue.store, queue.topic, queue.owner
+        if pending is not None and int(pending["seq"]) > (state.seq if state else 0):
+            unit = f"stream.dst={dest}.{int(pending['seq']):012d}.{self.tag}"
+            if pending.get("unit") != unit:  # its tables' commits name the unit: it must keep its name
+                raise TidemarkError(
+                    f"{folder / 'pending.json'}: the micro-batch under way was planned by an older Tidemark as "
+                    f"unit {pending.get('unit')!r}, which this one would name {unit!r}; finish it with the "
+                    "version that planned it (`tidemark events stream --once`), then start this one")
         rec = self._record(queue)
-        if state is not None and not rec.pending and state.seq > rec.seq:
-            held = {**{n: b for n, (b, _) in state.offsets.items()}, **{n + q.LINES: lines for n, (_, lines) in state.offsets.items()},
-                    **{n + q.DONE: 1 for n in state.done}}
-            store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, state.seq), seq=state.seq, source_version=None,
-                       inputs_next=held)
-            rec = store.commit(key, owner, seq=state.seq, last=rec.last, next=Position(ZERO_TS, state.seq), rows=0,
-                               note=f"adopted {folder / 'state.json'}")
+        if state is not None:
+            if rec.pending and rec.seq == state.seq:  # an adoption a crash cut short: only it plans this seq
+                rec = store.commit(key, owner, seq=rec.seq, last=rec.last, next=rec.next or rec.last, rows=0,
+                                   note=f"adopted {folder / 'state.json'}")
+            elif not rec.pending and state.seq > rec.seq:
+                held = {**{n: b for n, (b, _) in state.offsets.items()},
+                        **{n + q.LINES: lines for n, (_, lines) in state.offsets.items()}, **{n + q.DONE: 1 for n in state.done}}
+                store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, state.seq), seq=state.seq, source_version=None,
+                           inputs_next=held)
+                crashpoint("stream_adopting")
+                rec = store.commit(key, owner, seq=state.seq, last=rec.last, next=Position(ZERO_TS, state.seq), rows=0,
+                                   note=f"adopted {folder / 'state.json'}")
         if pending is not None and not rec.pending and int(pending["seq"]) > rec.seq:
             seq = int(pending["seq"])
             store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, seq), seq=seq, source_version=None,

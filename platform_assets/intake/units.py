@@ -213,7 +213,8 @@ def status(settings: Settings, intake: Intake) -> dict[str, Any]:
             from resources.intake import event_queue as q
 
             rec = queues.get(locks.intake_queue_key(spec.id, folder_tag(events_dir)))
-            qs = q.state_of(rec.seq, rec.inputs) if rec else q.QueueState()
+            # no record yet: the positions an older Tidemark kept in files, until the loop adopts them
+            qs = q.state_of(rec.seq, rec.inputs) if rec else (q.legacy_files(q.queue_dir(events_dir, spec.id))[0] or q.QueueState())
             out["destinations"][spec.id]["stream"] = {
                 "micro_batches": qs.seq - (1 if rec and rec.pending else 0), "files_read": len(qs.done),
                 "micro_batch_under_way": bool(rec and rec.pending),

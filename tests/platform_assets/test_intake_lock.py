@@ -369,8 +369,10 @@ def test_a_queue_kept_in_files_is_adopted_into_its_record_once(tmp_path: Path):
     folder.mkdir(parents=True)
     # two lines were consumed (micro-batch 1); lines 3-4 are planned as micro-batch 2 and did not land
     (folder / "state.json").write_text(json.dumps({"seq": 1, "offsets": {path.name: [two, 2]}, "done": []}))
-    (folder / "pending.json").write_text(json.dumps({"seq": 2, "unit": "x", "ranges": [[path.name, two, four, 3, 2]],
+    (folder / "pending.json").write_text(json.dumps({"seq": 2, "unit": f"stream.dst=live.{2:012d}.{folder_tag(a.events_dir())}", "ranges": [[path.name, two, four, 3, 2]],
                                                     "done": []}))
+    died = _stream(a, cfg, env={"TIDEMARK_CRASH_AT": "stream_adopting"})  # between the plan and the commit
+    assert died.returncode == -9 and (folder / "state.json").exists(), died.stderr[-2000:]
     out = _stream(a, cfg)
     assert out.returncode == 0, out.stderr[-2000:]
     assert _urls(a, "stage.live_pv") == sorted(["/2", "/3", "/4", "/5", "/next"])
@@ -379,10 +381,35 @@ def test_a_queue_kept_in_files_is_adopted_into_its_record_once(tmp_path: Path):
     try:
         key = locks.intake_queue_key("live", folder_tag(a.events_dir()))
         history = [(e.action, e.note) for e in reversed(store.history(key, limit=50))]
-        assert any("adopted" in n for _, n in history), history
+        assert [a for a, n in history if "adopted" in n] == ["commit"], history  # one adoption, finished after the crash
         assert ("commit", "micro-batch 2: 2 lines of 1 files") in history, history  # the planned range, as planned
         rec = store.get(key)
         assert rec is not None and rec.seq >= 3 and not rec.pending and not second.exists()
         assert rec.inputs[path.name] == len(b"".join(body)) and rec.inputs[second.name + "#done"] == 1
     finally:
         store.close()
+
+
+def test_a_pending_micro_batch_an_older_tidemark_named_otherwise_is_refused_untouched(tmp_path: Path):
+    a, _ = _hosts(tmp_path)
+    cfg = tmp_path / "stream.yaml"
+    cfg.write_text(STREAM)
+    path = write_file(a, "web", T0, [{"event_type": "pv", "url": "/0"}])
+    folder = a.events_dir() / "queue.dst=live"
+    folder.mkdir(parents=True)
+    pending = {"seq": 1, "unit": "stream.dst=live.000000000001", "ranges": [[path.name, 0, path.stat().st_size, 1, 1]],
+               "done": []}
+    (folder / "pending.json").write_text(json.dumps(pending))
+    out = _stream(a, cfg)
+    assert out.returncode != 0 and "planned by an older Tidemark as unit 'stream.dst=live.000000000001'" in out.stderr, out.stderr
+    assert json.loads((folder / "pending.json").read_text()) == pending and not Path(a.table_path("stage.live_pv")).exists()
+
+
+def test_the_folder_tag_is_kept_in_the_events_folder_and_survives_a_new_host_name(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch):
+    events = tmp_path / "events"
+    tag = folder_tag(events)
+    assert (events / ".folder_tag").read_text() == tag and len(tag) == 8
+    monkeypatch.setenv("TIDEMARK_OWNER_HOST", "renamed-host")
+    assert folder_tag(events) == tag
+    assert folder_tag(tmp_path / "other") != tag
