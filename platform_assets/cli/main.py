@@ -196,7 +196,8 @@ def cmd_offsets(args: argparse.Namespace) -> int:
                            ["topic", "last", "next", "rows", "seq", "run", "processor", "state", "owner", "lease until"]))
         merged = [r for r in recs if r.inputs or r.inputs_next]
         if merged:  # merge topics: the Delta version applied of every input (and the pending unit's)
-            print("\nper-input offsets (Delta versions):")
+            print("\nper-input offsets (a merge topic: Delta versions; a stream queue, intake:queue:...: per incoming "
+                  "file, bytes read, #lines read, #done once read to its end):")
             print(format_table([(r.topic, ", ".join(f"{k}@{v}" for k, v in sorted(r.inputs.items())),
                                  ", ".join(f"{k}@{v}" for k, v in sorted((r.inputs_next or {}).items())) or None) for r in merged],
                                ["topic", "applied", "pending unit"]))
