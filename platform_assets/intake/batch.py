@@ -409,7 +409,7 @@ class EventProcessor:
 
         def archive() -> None:
             with self._store() as offsets:
-                streamed = streamed_by(offsets, self.events_dir, self.stream_ids) if offsets else None
+                streamed = None if offsets is None else streamed_by(offsets, self.events_dir, self.stream_ids)
                 for rf in reversed(rfs):
                     finish_file(self.events_dir, rf.path, rf.start.date(), batch=True, streamed=streamed, has_batch=True)
                     crashpoint("events_archived")
@@ -427,8 +427,11 @@ class EventProcessor:
     def _store(self) -> Iterator[OffsetStore | None]:
         """The offset store where stream destinations keep their read positions (None without
         stream destinations): the held record's, else one opened for the block."""
-        if not self.stream_ids or self.record is not None:
-            yield None if not self.stream_ids else self.record.keeper.store  # type: ignore[union-attr]
+        if not self.stream_ids:
+            yield None
+            return
+        if self.record is not None:
+            yield self.record.keeper.store
             return
         opened = open_settings_store(self.settings)
         try:

@@ -122,13 +122,18 @@ class UnitRecord:
         return f"planned: {unit} ({self.where})"
 
     def _record(self) -> OffsetRecord:
-        """The record, once the lock is known to be still ours (raises the lost lock's error)."""
-        self.keeper.check()
-        rec = self.keeper.store.get(self.keeper.topic)
-        if rec is None:
-            raise OffsetError(f"'{self.keeper.topic}': its record is gone from the offset store while this processor "
-                              "held it (removed by hand?); run again")
-        return rec
+        return held_record(self.keeper)
+
+
+def held_record(keeper: LeaseKeeper) -> OffsetRecord:
+    """The record ``keeper`` holds, once its lock is known to be still ours (raises the lost lock's
+    error)."""
+    keeper.check()
+    rec = keeper.store.get(keeper.topic)
+    if rec is None:
+        raise OffsetError(f"'{keeper.topic}': its record is gone from the offset store while this processor "
+                          "held it (removed by hand?); run again")
+    return rec
 
 
 def streamed_by(store: OffsetStore, events_dir: Path, stream_ids: Sequence[str]) -> Callable[[str], bool] | None:

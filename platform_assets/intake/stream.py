@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from lineage.core.errors import OffsetError, TidemarkError
+from lineage.core.errors import TidemarkError
 from lineage.core.positions import ZERO_TS, Position
 from lineage.intake.bodies import dumps_exact, loads_exact
 from lineage.intake.config import Intake
@@ -39,7 +39,7 @@ from lineage.intake.destinations import DestinationMode
 from platform_assets.core import locks
 from platform_assets.core.faults import crashpoint
 from platform_assets.intake.batch import EventProcessor, UnitResult
-from platform_assets.intake.record import UnitRecord, folder_tag, streamed_by
+from platform_assets.intake.record import UnitRecord, folder_tag, held_record, streamed_by
 from resources.core.settings import Settings
 from resources.intake import event_queue as q
 from resources.intake.incoming_log import parse_name, ready_dir
@@ -90,7 +90,7 @@ class StreamLoop:
         t0 = time.monotonic()
         folder = q.queue_dir(self.events_dir, dest)
         queue = self.queues[dest]
-        rec = self._record(queue)
+        rec = held_record(queue)
         if rec.pending:  # planned before a crash: its very ranges
             ranges, done = q.planned_ranges(rec.inputs, rec.inputs_next or {})
         else:
@@ -132,27 +132,23 @@ class StreamLoop:
             return f"{name}:{file_line}:{d}"
 
         snapshot = {n: dumps_exact(ev) for n, ev in events}  # the steps change events in place
-        # the folder's tag: a table's commits name their units, and another host's loop numbers its own
         result = self.procs[dest].run_unit(
-            f"stream.dst={dest}.{seq:012d}.{self.tag}", q.queue_dir(self.events_dir, dest) / "pending.status",
+            self._unit(dest, seq), q.queue_dir(self.events_dir, dest) / "pending.status",
             lambda: ((n, loads_exact(b)) for n, b in snapshot.items()),
             lambda lines: {n: loads_exact(snapshot[n]) for n in lines if n in snapshot},
             failure_ids=failure_id)
         crashpoint("stream_landed")
         return result
 
-    @staticmethod
-    def _record(queue: LeaseKeeper) -> OffsetRecord:
-        queue.check()
-        rec = queue.store.get(queue.topic)
-        if rec is None:
-            raise OffsetError(f"'{queue.topic}': its record is gone from the offset store while this stream loop "
-                              "held it (removed by hand?); run again")
-        return rec
+    def _unit(self, dest: str, seq: int) -> str:
+        """Micro-batch ``seq``'s unit name: the folder's tag in it, as a table's commits name their
+        units and another host's loop numbers its own."""
+        return f"stream.dst={dest}.{seq:012d}.{self.tag}"
 
     def _gone(self, rec: OffsetRecord) -> list[str]:
         """The record's positions in files that are gone (archived): forgotten, so it stays small."""
-        return [k for k in rec.inputs if q.find_file(self.events_dir, k.split("#", 1)[0]) is None]
+        gone = {f for f in {q.file_of(k) for k in rec.inputs} if q.find_file(self.events_dir, f) is None}
+        return [k for k in rec.inputs if q.file_of(k) in gone]
 
     def _adopt(self, dest: str, queue: LeaseKeeper) -> None:
         """Move the positions a queue kept in files (``state.json``, ``pending.json``, before they
@@ -164,22 +160,20 @@ class StreamLoop:
             return
         store, key, owner = queue.store, queue.topic, queue.owner
         if pending is not None and int(pending["seq"]) > (state.seq if state else 0):
-            unit = f"stream.dst={dest}.{int(pending['seq']):012d}.{self.tag}"
+            unit = self._unit(dest, int(pending["seq"]))
             if pending.get("unit") != unit:  # its tables' commits name the unit: it must keep its name
                 raise TidemarkError(
                     f"{folder / 'pending.json'}: the micro-batch under way was planned by an older Tidemark as "
                     f"unit {pending.get('unit')!r}, which this one would name {unit!r}; finish it with the "
                     "version that planned it (`tidemark events stream --once`), then start this one")
-        rec = self._record(queue)
+        rec = held_record(queue)
         if state is not None:
             if rec.pending and rec.seq == state.seq:  # an adoption a crash cut short: only it plans this seq
                 rec = store.commit(key, owner, seq=rec.seq, last=rec.last, next=rec.next or rec.last, rows=0,
                                    note=f"adopted {folder / 'state.json'}")
             elif not rec.pending and state.seq > rec.seq:
-                held = {**{n: b for n, (b, _) in state.offsets.items()},
-                        **{n + q.LINES: lines for n, (_, lines) in state.offsets.items()}, **{n + q.DONE: 1 for n in state.done}}
                 store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, state.seq), seq=state.seq, source_version=None,
-                           inputs_next=held)
+                           inputs_next=q.inputs_of(state))
                 crashpoint("stream_adopting")
                 rec = store.commit(key, owner, seq=state.seq, last=rec.last, next=Position(ZERO_TS, state.seq), rows=0,
                                    note=f"adopted {folder / 'state.json'}")
@@ -221,7 +215,7 @@ class StreamLoop:
                         note=f"the read positions of destination {s.id} in {self.events_dir}"))
                     self._adopt(s.id, self.queues[s.id])
                     # files read to their end whose archiving a crash cut short
-                    self._archive(s.id, q.state_of(0, self._record(self.queues[s.id]).inputs).done)
+                    self._archive(s.id, q.state_of(0, held_record(self.queues[s.id]).inputs).done)
                 while not self.stopping:
                     t0 = time.monotonic()
                     full = did = False

@@ -88,6 +88,20 @@ def state_of(seq: int, inputs: Mapping[str, int]) -> QueueState:
     return QueueState(seq, offsets, sorted(done, key=write_order))
 
 
+def inputs_of(state: QueueState) -> dict[str, int]:
+    """The record's ``inputs`` that hold ``state``'s positions (:func:`state_of`'s inverse)."""
+    out: dict[str, int] = {}
+    for name, (end, lines) in state.offsets.items():
+        out[name], out[name + LINES] = end, lines
+    out.update({n + DONE: 1 for n in state.done})
+    return out
+
+
+def file_of(key: str) -> str:
+    """The incoming file a key of a queue record's ``inputs`` is about."""
+    return key.split("#", 1)[0]
+
+
 def positions(ranges: list[Range], done: list[str]) -> dict[str, int]:
     """The record's ``inputs_next`` of a micro-batch: where each range ends, and the files it
     finishes."""

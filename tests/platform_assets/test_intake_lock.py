@@ -40,11 +40,28 @@ def _hosts(tmp_path: Path) -> tuple[Settings, Settings]:
                  for name in ("host_a", "host_b"))
 
 
-def _cli(s: Settings, cfg: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def _events(s: Settings, cfg: Path, command: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``tidemark events <command>`` of host ``s`` (its home, the shared warehouse and store), started."""
     cmd = [sys.executable, "-m", "platform_assets.cli", "--home", str(s.home), "--warehouse", s.warehouse,
-           "--offsets-url", s.offsets_url, "events", "process", "--config", str(cfg), *args]
+           "--offsets-url", s.offsets_url, "events", command, "--config", str(cfg), *args]
     return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+def _cli(s: Settings, cfg: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return _events(s, cfg, "process", *args, env=env)
+
+
+def _files_of_both(hosts: tuple[Settings, Settings], files: int, events: int) -> list[str]:
+    """``files`` ready files of ``events`` page views on each host (names differ between the hosts:
+    the intake recognises a file its tables hold by its name, docs/limits.md); their urls."""
+    expected = []
+    for k, s in enumerate(hosts):
+        for i in range(files):
+            url = [f"/{s.home.name}/{i}/{j}" for j in range(events)]
+            expected += url
+            write_file(s, "web", T0 + dt.timedelta(seconds=100 * k + i), [{"event_type": "pv", "url": u} for u in url])
+    return expected
 
 
 def _urls(s: Settings, table: str) -> list[str]:
@@ -55,14 +72,7 @@ def test_two_hosts_processors_on_one_store_take_turns_and_land_every_event_once(
                                                                               monkeypatch: pytest.MonkeyPatch):
     a, b = _hosts(tmp_path)
     cfg = config(tmp_path)
-    expected = []
-    # many small files each (units of one file: many commits, so the runs overlap); the two hosts' files
-    # have different names (the intake recognises a file its tables hold by its name: docs/limits.md)
-    for k, s in enumerate((a, b)):
-        for i in range(12):
-            url = [f"/{s.home.name}/{i}/{j}" for j in range(3)]
-            expected += url
-            write_file(s, "web", T0 + dt.timedelta(seconds=100 * k + i), [{"event_type": "pv", "url": u} for u in url])
+    expected = _files_of_both((a, b), 12, 3)  # many small files each (units of one file: many commits, so the runs overlap)
     monkeypatch.setenv("TIDEMARK_EVENT_UNIT_BYTES", "1")
     refused = 0
     pending = {a.home.name: a, b.home.name: b}
@@ -307,10 +317,9 @@ STREAM = ("tokens:\n  - {id: web, kind: browser, secret_env: T_WEB}\ndestination
 
 
 def _stream(s: Settings, cfg: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "platform_assets.cli", "--home", str(s.home), "--warehouse", s.warehouse,
-           "--offsets-url", s.offsets_url, "events", "stream", "--config", str(cfg), "--once", *args]
-    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True,
-                          text=True, timeout=120)
+    p = _events(s, cfg, "stream", "--once", *args, env=env)
+    out, err = p.communicate(timeout=120)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 @pytest.mark.parametrize("point", ["stream_planned", "events_written", "stream_landed"])
@@ -321,12 +330,7 @@ def test_stream_positions_are_records_of_the_store_one_per_events_folder(tmp_pat
     a, b = _hosts(tmp_path)
     cfg = tmp_path / "stream.yaml"
     cfg.write_text(STREAM)
-    expected = []
-    for k, s in enumerate((a, b)):
-        for f in range(2):
-            urls = [f"/{s.home.name}/{f}/{j}" for j in range(5)]
-            expected += urls
-            write_file(s, "web", T0 + dt.timedelta(seconds=100 * k + f), [{"event_type": "pv", "url": u} for u in urls])
+    expected = _files_of_both((a, b), 2, 5)
     died = _stream(a, cfg, "--max-events", "3", env={"TIDEMARK_CRASH_AT": point})
     assert died.returncode == -9, died.stderr[-2000:]
     store = open_offset_store(a.offsets_url)

@@ -22,6 +22,7 @@ def test_a_plan_round_trips_to_its_very_ranges_in_write_order():
     assert got == [q.Range(A, 100, 160, 5, 3), q.Range(B, 0, 30, 1, 2)] and done == [A]  # A started first
     after = q.state_of(2, {**committed, **plan})
     assert after.offsets == {A: [160, 7], B: [30, 2]} and after.done == [A]
+    assert q.inputs_of(after) == {**committed, **plan} and q.file_of(A + "#lines") == A  # the inverse, and a key's file
 
 
 def test_a_file_only_finished_by_a_plan_has_no_range():
