@@ -2,6 +2,7 @@
 # Set up (if needed) and run the whole test suite: unit tests, real Spark + Delta, a real
 # PostgreSQL started by the tests, and the SIGKILL crash tests (marked slow).
 # Pass pytest arguments through, e.g.  ./scripts/test.sh -m "not slow"
+# The main pass runs on two pytest-xdist workers (TIDEMARK_TEST_WORKERS=N, 1 for none).
 # Then the engine's tests run once more against a local Spark Connect server
 # (TIDEMARK_TEST_SPARK=connect): skipped when the arguments select tests (a path, -k) or with
 # TIDEMARK_TEST_CONNECT=0. Likewise the Dagster tests that use its storage (sensor ticks and
@@ -23,12 +24,17 @@ fi
 ./scripts/setup.sh --with-browser
 .venv/bin/ruff check lineage resources platform_assets tests bench
 .venv/bin/mypy lineage resources platform_assets
-.venv/bin/pytest "$@"
 
 selective=0
+parallel=("-n" "${TIDEMARK_TEST_WORKERS:-2}" "--dist" "loadfile")
 for arg in "$@"; do
   if [ "$arg" = "-k" ] || [ -e "${arg%%::*}" ]; then selective=1; fi
+  case "$arg" in -n|-n*|--numprocesses*|-p) parallel=() ;; esac
 done
+# The main pass on TIDEMARK_TEST_WORKERS pytest-xdist workers (default 2; 1 = no workers), a test
+# file to a worker so module fixtures are built once; a selection (a path, -k) runs in-process.
+if [ "$selective" = "1" ] || [ "${TIDEMARK_TEST_WORKERS:-2}" = "1" ]; then parallel=(); fi
+.venv/bin/pytest ${parallel[@]+"${parallel[@]}"} "$@"
 if [ "${TIDEMARK_TEST_CONNECT:-1}" != "0" ] && [ "$selective" = "0" ]; then
   echo "test: the engine's tests again, over Spark Connect (TIDEMARK_TEST_SPARK=connect)"
   TIDEMARK_TEST_SPARK=connect .venv/bin/pytest -m "not slow" --durations=10 \

@@ -12,6 +12,7 @@ of modules on a fresh machine), then reused: ``python -m tests.s3`` builds it ah
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
@@ -50,6 +51,16 @@ def ensure_binary() -> Path:
         raise S3Unavailable(f"the Go toolchain is needed to build the test S3 server ({MODULE}@{VERSION}); "
                             "install Go (>= 1.24), or put a versitygw binary at " + str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist workers may both get here: one builds, the other waits for it and reuses it
+    with open(target.parent / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_file():
+            return target
+        _build(go, target)
+    return target
+
+
+def _build(go: str, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
         env = {**os.environ, "GOBIN": tmp, "CGO_ENABLED": "0", "GOFLAGS": "-trimpath"}
         print(f"building the test S3 server: go install {MODULE}@{VERSION} (first time only)", file=sys.stderr, flush=True)
@@ -59,7 +70,6 @@ def ensure_binary() -> Path:
         if done.returncode != 0 or not built.is_file():
             raise S3Unavailable(f"go install {MODULE}@{VERSION} failed ({done.returncode}):\n{done.stderr[-3000:]}")
         built.replace(target)
-    return target
 
 
 @dataclass(frozen=True)
