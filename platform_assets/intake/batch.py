@@ -41,7 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lineage.core.errors import TidemarkError
+from lineage.core.errors import ProcessingError, TidemarkError
 from lineage.intake.bodies import dumps_exact, loads_exact
 from lineage.intake.destinations import DestinationMode, DestinationSpec
 from lineage.intake.pipeline import (
@@ -110,6 +110,21 @@ def landed_before(path: str, app_id: str, entry: dict[str, Any], names: list[str
     return set(names) <= store.committed_files(path, app_id, names, version=entry["version"], since=entry.get("since"))
 
 
+def _same_queue_plan(path: str, app_id: str, unit: str, queue: dict[str, Any]) -> None:
+    """A table holds stream micro-batch ``unit`` while its queue record plans it afresh: the
+    commit's plan must be this one, else the record is behind the Delta log (the offset store
+    was restored from a backup, or lost, while this loop ran) and landing would skip or double
+    lines. The loop's next start catches the record up from the log."""
+    found = store.newest_unit_meta(path, app_id, lambda m: m.get("unit") == unit)
+    theirs = (found[0].get("queue") if found else None)
+    if theirs is not None and (theirs.get("before"), theirs.get("next")) != (queue.get("before"), queue.get("next")):
+        raise ProcessingError(
+            f"{path}: its commit v{found[1] if found else '?'} holds stream micro-batch {unit} planned otherwise than "
+            "the queue record plans it now: the offset store is behind the Delta log (restored from a backup, or "
+            "lost, while the loop ran). Nothing was written; start the stream loop again, which catches the "
+            "record up from the log")
+
+
 def drop_files(pair: TypedPair, files: set[str], file_of: Callable[[int], str]) -> TypedPair:
     """``pair`` without the rows (and failures) of ``files``: their part landed before."""
     keep = [file_of(line) not in files for line in pair.lines]
@@ -167,12 +182,15 @@ class EventProcessor:
     def run_unit(self, unit: str, status_file: Path, events: Callable[[], Iterable[tuple[int, dict[str, Any]]]],
                  originals: Callable[[set[int]], dict[int, dict[str, Any]]], *,
                  failure_ids: Callable[[int, str], str], replace: dict[str, list[str]] | None = None,
-                 files: list[tuple[Path, int]] | None = None, members: Members | None = None) -> UnitResult:
+                 files: list[tuple[Path, int]] | None = None, members: Members | None = None,
+                 queue: dict[str, Any] | None = None) -> UnitResult:
         """Plan, land and log one unit (see the module docstring). ``replace``: per destination,
         the failure ids this unit takes out of ``etl.failed_events`` (a replay). ``files``: the
         unit is these whole incoming files, each ``(path, base)`` (large units are typed by worker
         processes). ``members``: the unit's incoming files by name and where each one's lines are
-        (default: the unit alone)."""
+        (default: the unit alone). ``queue``: a stream micro-batch's plan in its queue record, in
+        every commit of the unit (the Delta log's word on where the queue stood, should the
+        store lose it); a table that holds this unit under another plan stops the unit."""
         started = time.monotonic()
         members = members if members is not None else Members.single(unit)
         status: dict[str, Any] = store.read_json(status_file) or {}
@@ -213,7 +231,9 @@ class EventProcessor:
             prepared = type_events(events(), self.destinations, self.geo, columns_of)
         result = UnitResult(unit, prepared.events_in, skipped=prepared.skipped, files=len(members.names))
         failures = {d: list(f) for d, f in prepared.failures.items()}
-        meta_files = {"files": members.names} if len(members.names) > 1 else {}
+        meta_files: dict[str, Any] = {"files": members.names} if len(members.names) > 1 else {}
+        if queue is not None:
+            meta_files["queue"] = queue
         typed: dict[tuple[str, str], Any] = {}
         # 1. plan: every pair's transaction version, before anything is written
         for key, pair in prepared.pairs.items():
@@ -238,6 +258,8 @@ class EventProcessor:
                 # commits say which of the unit's files it already holds (per file: a lost status
                 # may regroup the files differently)
                 landed = store.committed_files(path, app, members.names)
+                if landed and queue is not None:
+                    _same_queue_plan(path, app, unit, queue)
                 if landed:
                     pair = prepared.pairs[key] = drop_files(pair, landed, members.file_of)
                     if not pair.lines:
@@ -294,7 +316,8 @@ class EventProcessor:
                                 [dumps_exact(_event_error(r)) + b"\n" for r in rows])
             crashpoint("events_failed_file")
             store.write_failed_events(failed_path, rows, dest, f["version"], unit,
-                                      replace_ids=(replace or {}).get(dest), files=members.names)
+                                      replace_ids=(replace or {}).get(dest), files=members.names,
+                                      extra={"queue": queue} if queue is not None else None)
             f["state"] = "ok"
             store.write_json_atomic(status_file, status)
             crashpoint("events_failed_written")

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -58,24 +59,42 @@ from resources.state.offsets import STATE_PLANNED, OffsetRecord, OffsetStore
 
 
 def folder_tag(events_dir: Path) -> str:
-    """A short name of this host's events folder, for unit names that must not meet another
-    folder's (a stream loop numbers its micro-batches per folder) and for its stream queues'
-    records. Drawn once from the host and the folder's path and kept in ``events/.folder_tag``: a
-    new host name or a moved home does not change it (the stream's read positions stay found)."""
+    """A short name of this events folder, for unit names that must not meet another folder's (a
+    stream loop numbers its micro-batches per folder) and for its stream queues' records. Drawn
+    once at random (two hosts of one name and home path still get two) and kept in
+    ``events/.folder_tag``, so a new host name or a moved home keeps it and the stream's read
+    positions stay found. A folder whose stream queues still keep files from before the
+    positions were records draws it from the host and the path, as the version that wrote them
+    did, so the micro-batch they name keeps its name."""
     path = events_dir / ".folder_tag"
     with contextlib.suppress(FileNotFoundError):
-        if tag := path.read_text().strip():
-            return tag
+        return _checked_tag(path, path.read_text().strip())
     events_dir.mkdir(parents=True, exist_ok=True)
+    legacy = any(events_dir.glob("queue.dst=*/pending.json")) or any(events_dir.glob("queue.dst=*/state.json"))
+    tag = (hashlib.sha1(f"{owner_host()}:{events_dir.resolve()}".encode()).hexdigest()[:8] if legacy
+           else secrets.token_hex(4))
     tmp = events_dir / f".folder_tag.{os.getpid()}.tmp"
-    tmp.write_text(hashlib.sha1(f"{owner_host()}:{events_dir.resolve()}".encode()).hexdigest()[:8])
+    with tmp.open("w") as fh:
+        fh.write(tag)
+        fh.flush()
+        os.fsync(fh.fileno())  # never an empty tag file after a power cut
     try:
         os.link(tmp, path)  # the first writer's stays
     except FileExistsError:
         pass
     finally:
         tmp.unlink()
-    return path.read_text().strip()
+    event_store.fsync_dir(events_dir)
+    return _checked_tag(path, path.read_text().strip())
+
+
+def _checked_tag(path: Path, tag: str) -> str:
+    if len(tag) != 8 or any(c not in "0123456789abcdef" for c in tag):
+        raise OffsetError(f"{path}: {tag!r} is not an events folder's tag (8 hex digits). Write back the tag this folder "
+                          "had: it ends the names of its stream queues' records (intake:queue:<destination>@<tag>, "
+                          "`tidemark offsets show`) and of its micro-batches in its tables' commits. A new tag would "
+                          "not find this folder's read positions")
+    return tag
 
 
 class UnitRecord:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,13 +39,15 @@ from lineage.intake.config import Intake
 from lineage.intake.destinations import DestinationMode
 from platform_assets.core import locks
 from platform_assets.core.faults import crashpoint
-from platform_assets.intake.batch import EventProcessor, UnitResult
+from platform_assets.intake.batch import EventProcessor, UnitResult, stage_app_id
 from platform_assets.intake.record import UnitRecord, folder_tag, held_record, streamed_by
 from resources.core.settings import Settings
 from resources.intake import event_queue as q
+from resources.intake import event_store
 from resources.intake.incoming_log import parse_name, ready_dir
 from resources.state.lease import LeaseKeeper
-from resources.state.offsets import OffsetRecord
+from resources.state.offsets import STATE_COMMITTED, OffsetRecord
+from resources.storage.warehouse import delta_tables
 
 
 @dataclass
@@ -103,7 +106,7 @@ class StreamLoop:
             rec = queue.store.plan(queue.topic, queue.owner, last=rec.last, next=Position(ZERO_TS, rec.seq + 1),
                                    seq=rec.seq + 1, source_version=None, inputs_next=q.positions(ranges, done))
             crashpoint("stream_planned")
-        result = self._land(dest, rec.seq, ranges) if ranges else None
+        result = self._land(dest, rec, ranges) if ranges else None
         queue.store.commit(queue.topic, queue.owner, seq=rec.seq, last=rec.last, next=rec.next or rec.last,
                            rows=result.written if result else 0, forget=self._gone(rec),
                            note=f"micro-batch {rec.seq}: {sum(r.lines for r in ranges)} lines of {len(ranges)} files"
@@ -115,8 +118,10 @@ class StreamLoop:
             return self.step(dest)
         return MicroBatch(dest, rec.seq, result, sum(r.lines for r in ranges) >= self.max_events, time.monotonic() - t0)
 
-    def _land(self, dest: str, seq: int, ranges: list[q.Range]) -> UnitResult:
-        """The micro-batch's unit: its ranges' events into the destination's tables."""
+    def _land(self, dest: str, rec: OffsetRecord, ranges: list[q.Range]) -> UnitResult:
+        """The micro-batch ``rec`` plans: its ranges' events into the destination's tables, each
+        commit carrying the plan (:meth:`_recover` reads it back)."""
+        seq = rec.seq
         index: list[tuple[str, int]] = []  # unit line -> (incoming file, its line)
         events: list[tuple[int, dict[str, Any]]] = []
         for r in ranges:
@@ -136,7 +141,8 @@ class StreamLoop:
             self._unit(dest, seq), q.queue_dir(self.events_dir, dest) / "pending.status",
             lambda: ((n, loads_exact(b)) for n, b in snapshot.items()),
             lambda lines: {n: loads_exact(snapshot[n]) for n in lines if n in snapshot},
-            failure_ids=failure_id)
+            failure_ids=failure_id,
+            queue={"tag": self.tag, "seq": seq, "before": dict(rec.inputs), "next": dict(rec.inputs_next or {})})
         crashpoint("stream_landed")
         return result
 
@@ -144,6 +150,62 @@ class StreamLoop:
         """Micro-batch ``seq``'s unit name: the folder's tag in it, as a table's commits name their
         units and another host's loop numbers its own."""
         return f"stream.dst={dest}.{seq:012d}.{self.tag}"
+
+    def _recover(self, dest: str) -> None:
+        """Catch the queue record up with the Delta log when the log holds a later micro-batch of
+        this folder than the record knows (the offset store was restored from a backup, or lost:
+        DESIGN.md, the store is never the master). Every commit of a micro-batch carries its plan,
+        the positions before it and where it ends; the record takes the positions before the
+        newest one and plans it again, so it resumes with the same ranges and line numbers: the
+        tables that hold it are not written again, the others are. Later micro-batches that wrote
+        nothing are read again, and again write nothing."""
+        queue = self.queues[dest]
+        rec = held_record(queue)
+        found = self._newest_landed(dest)
+        if found is None:
+            return
+        plan, where, version = found
+        seq = int(plan["seq"])
+        if seq <= rec.seq:
+            return  # the record knows it (a later micro-batch may have written nothing)
+        store, key, owner = queue.store, queue.topic, queue.owner
+        why = f"micro-batch {seq} is in {where}, the record was at {rec.seq}: the offset store was behind the Delta log"
+        if rec.pending and rec.seq == seq - 1:  # planned before the later one: it landed then
+            rec = store.commit(key, owner, seq=rec.seq, last=rec.last, next=rec.next or rec.last, rows=0, note=why)
+        if rec.seq < seq - 1 or rec.pending:
+            rec = store.recover(key, who=owner, expected_seq=rec.seq, seq=seq - 1, last=rec.last, rows=0, run=None,
+                                state=STATE_COMMITTED, source_version=None, delta_version=version,
+                                note=f"{why}; positions before micro-batch {seq} taken from the log",
+                                inputs={k: int(v) for k, v in plan["before"].items()})
+        status = q.queue_dir(self.events_dir, dest) / "pending.status"
+        if (event_store.read_json(status) or {}).get("unit") not in (None, self._unit(dest, seq)):
+            status.unlink()  # a later micro-batch's plan, which no table holds
+        store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, seq), seq=seq, source_version=None,
+                   inputs_next={k: int(v) for k, v in plan["next"].items()})
+        print(f"stream {dest}: {why}; micro-batch {seq} planned again as it was, from the log", file=sys.stderr, flush=True)
+
+    def _newest_landed(self, dest: str) -> tuple[dict[str, Any], str, int] | None:
+        """The plan of the newest micro-batch of ``dest`` from this events folder that a table
+        holds (its stage tables' logs and its failed events'), where it was found and the Delta
+        version of that commit."""
+        spec = next(s for s in self.specs if s.id == dest)
+        prefix = f"stream.dst={dest}."
+
+        def ours(m: dict[str, Any]) -> bool:
+            plan = m.get("queue")
+            return (isinstance(plan, dict) and plan.get("tag") == self.tag and str(m.get("unit", "")).startswith(prefix)
+                    and isinstance(plan.get("before"), dict) and isinstance(plan.get("next"), dict))
+
+        places = [(self.settings.table_path(t), stage_app_id(dest, t), t)
+                  for t in delta_tables(self.settings.warehouse, [spec.schema_])]
+        places.append((self.settings.table_path(event_store.FAILED_EVENTS), event_store.failed_app_id(dest),
+                       event_store.FAILED_EVENTS))
+        best: tuple[dict[str, Any], str, int] | None = None
+        for path, app, table in places:
+            found = event_store.newest_unit_meta(path, app, ours)
+            if found is not None and (best is None or int(found[0]["queue"]["seq"]) > int(best[0]["seq"])):
+                best = found[0]["queue"], f"{table} v{found[1]}", found[1]
+        return best
 
     def _gone(self, rec: OffsetRecord) -> list[str]:
         """The record's positions in files that are gone (archived): forgotten, so it stays small."""
@@ -214,6 +276,7 @@ class StreamLoop:
                         keeper.store, locks.intake_queue_key(s.id, self.tag), keeper.owner, processor="intake",
                         note=f"the read positions of destination {s.id} in {self.events_dir}"))
                     self._adopt(s.id, self.queues[s.id])
+                    self._recover(s.id)
                     # files read to their end whose archiving a crash cut short
                     self._archive(s.id, q.state_of(0, held_record(self.queues[s.id]).inputs).done)
                 while not self.stopping:

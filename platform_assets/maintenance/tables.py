@@ -24,7 +24,7 @@ from resources.state.offsets import OffsetRecord
 from resources.storage import maintenance
 from resources.storage.maintenance import Health, Need, Report
 from resources.storage.meta_tables import META_TABLES
-from resources.storage.warehouse import arrow_filesystem, storage_options
+from resources.storage.warehouse import delta_tables, storage_options
 
 if TYPE_CHECKING:
     from platform_assets.core.context import TopicContext
@@ -71,21 +71,7 @@ def consumer_needs(eng: TopicContext, records: dict[str, OffsetRecord] | None = 
 def warehouse_tables(eng: TopicContext) -> list[str]:
     """Every Delta table under the warehouse (``<schema>/<table>``): destinations, replicas, stage
     tables, meta tables and the sources kept there."""
-    import pyarrow.fs as pafs
-
-    fs, root = arrow_filesystem(eng.settings.warehouse)
-    out = []
-    try:
-        schemas = [i for i in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)) if i.type == pafs.FileType.Directory]
-    except OSError:
-        return []
-    for schema in schemas:
-        for table in fs.get_file_info(pafs.FileSelector(schema.path, allow_not_found=True)):
-            if table.type != pafs.FileType.Directory:
-                continue
-            if fs.get_file_info(f"{table.path}/_delta_log").type == pafs.FileType.Directory:
-                out.append(f"{schema.base_name}.{table.base_name}")
-    return sorted(out)
+    return delta_tables(eng.settings.warehouse)
 
 
 def all_tables(eng: TopicContext) -> list[str]:

@@ -204,19 +204,46 @@ def committed_files(path: str, app_id: str, names: list[str], depth: int = 200, 
             "destination's pending.status) and run again, which plans them anew")
     wanted, found = set(names), set()
     for commit in commits:
-        meta = commit.get("userMetadata")
-        if not meta:
-            continue
-        try:
-            m = orjson.loads(meta)
-        except orjson.JSONDecodeError:
-            continue
-        if not isinstance(m, dict) or m.get("app_id") != app_id:
+        m = _app_meta(commit, app_id)
+        if m is None:
             continue
         if version is not None and m.get("version", version) != version:  # (older failed-events commits name none)
             continue
         found |= wanted & {m.get("unit"), *(m.get("files") or [])}
     return found
+
+
+def _app_meta(commit: dict[str, Any], app_id: str) -> dict[str, Any] | None:
+    """A commit's userMetadata when a unit of ``app_id`` wrote it (else None)."""
+    meta = commit.get("userMetadata")
+    if not meta:
+        return None
+    try:
+        m = orjson.loads(meta)
+    except orjson.JSONDecodeError:
+        return None
+    return m if isinstance(m, dict) and m.get("app_id") == app_id else None
+
+
+def newest_unit_meta(path: str, app_id: str, match: Callable[[dict[str, Any]], bool]) -> tuple[dict[str, Any], int] | None:
+    """The userMetadata of the newest commit of ``app_id`` in the table at ``path`` that ``match``
+    accepts, with its Delta version; None when no commit of the log does. Reads the log newest
+    first, in growing pages, so it costs what lies above that commit, however deep it is. A table
+    that ``app_id`` never wrote (no transaction of it) is not read."""
+    table = open_table(path)
+    if table is None or not table.transaction_version(app_id):
+        return None
+    total, limit, seen = table.version() + 1, 32, 0
+    while seen < total:
+        commits = table.history(limit)
+        for commit in commits[seen:]:
+            m = _app_meta(commit, app_id)
+            if m is not None and match(m):
+                return m, int(commit.get("version", -1))
+        seen, limit = len(commits), limit * 4
+        if len(commits) < limit // 4:
+            break  # the log holds no older commits (a checkpoint replaced them)
+    return None
 
 
 def arrow_type(ct: ColumnType) -> pa.DataType:
@@ -264,16 +291,18 @@ def failed_version(path: str, dest: str) -> int:
 
 
 def write_failed_events(path: str, rows: list[dict[str, Any]], dest: str, version: int, unit: str,
-                        replace_ids: list[str] | None = None, files: list[str] | None = None) -> None:
+                        replace_ids: list[str] | None = None, files: list[str] | None = None,
+                        extra: dict[str, Any] | None = None) -> None:
     """Append failed events (``replace_ids``: replace those rows in the same commit, for a
-    replay) in one commit carrying the transaction ``(tidemark-intake-failed:<dest>, version)``."""
+    replay) in one commit carrying the transaction ``(tidemark-intake-failed:<dest>, version)``;
+    ``extra``: more userMetadata (a stream micro-batch's queue plan)."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     data = pa.Table.from_pylist(rows, schema=FAILED_SCHEMA)
     app_id = failed_app_id(dest)
     props = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=version)],
                              custom_metadata={"userMetadata": orjson.dumps(
-                                 {"app_id": app_id, "version": version, "unit": unit,
+                                 {**(extra or {}), "app_id": app_id, "version": version, "unit": unit,
                                   **({"files": files} if files and len(files) > 1 else {})}).decode()})
     opts = storage_options(path)
     if replace_ids is not None and open_table(path) is not None:

@@ -201,6 +201,28 @@ def arrow_filesystem(uri: str) -> tuple[Any, str]:
     return pafs.FileSystem.from_uri(uri)
 
 
+def delta_tables(warehouse: str, schemas: list[str] | None = None) -> list[str]:
+    """Every Delta table under ``warehouse`` (``<schema>/<table>`` with a ``_delta_log``), as
+    ``schema.table``, sorted; only those of ``schemas`` when given."""
+    import pyarrow.fs as pafs
+
+    fs, root = arrow_filesystem(warehouse)
+    out = []
+    try:
+        found = [i for i in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)) if i.type == pafs.FileType.Directory]
+    except OSError:
+        return []
+    for schema in found:
+        if schemas is not None and schema.base_name not in schemas:
+            continue
+        for table in fs.get_file_info(pafs.FileSelector(schema.path, allow_not_found=True)):
+            if table.type != pafs.FileType.Directory:
+                continue
+            if fs.get_file_info(f"{table.path}/_delta_log").type == pafs.FileType.Directory:
+                out.append(f"{schema.base_name}.{table.base_name}")
+    return sorted(out)
+
+
 @functools.lru_cache(maxsize=8)
 def _arrow_s3(settings: S3Settings) -> Any:
     return settings.arrow_filesystem()

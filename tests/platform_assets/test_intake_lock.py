@@ -7,6 +7,7 @@ machines) sharing one warehouse and one offset store. No JVM: the intake writes 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import sqlite3
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from lineage.core.errors import TopicLockedError
+from lineage.core.errors import OffsetError, TopicLockedError
 from lineage.intake.config import load_intake
 from platform_assets.core import locks
 from platform_assets.intake.record import folder_tag
@@ -417,3 +418,96 @@ def test_the_folder_tag_is_kept_in_the_events_folder_and_survives_a_new_host_nam
     monkeypatch.setenv("TIDEMARK_OWNER_HOST", "renamed-host")
     assert folder_tag(events) == tag
     assert folder_tag(tmp_path / "other") != tag
+    # two hosts of one name and one home path (containers) still get two tags: drawn at random
+    (events / ".folder_tag").unlink()
+    assert folder_tag(events) != tag
+    # a folder whose queues still keep files of an older Tidemark draws it as that version did
+    legacy = tmp_path / "legacy"
+    (legacy / "queue.dst=live").mkdir(parents=True)
+    (legacy / "queue.dst=live" / "state.json").write_text('{"seq": 1, "offsets": {}, "done": []}')
+    expected = hashlib.sha1(f"renamed-host:{legacy.resolve()}".encode()).hexdigest()[:8]
+    assert folder_tag(legacy) == expected
+    (events / ".folder_tag").write_text("")  # lost by hand: refused, naming the file and what to write back
+    with pytest.raises(OffsetError, match=r"\.folder_tag: '' is not an events folder's tag"):
+        folder_tag(events)
+
+
+def _open_file(s: Settings, urls: list[str]) -> Path:
+    """A file the collector is still writing (in ``incoming/``, never done, never archived), with
+    a page view per url appended."""
+    from resources.intake.incoming_log import file_name, incoming_dir
+
+    folder = incoming_dir(s.events_dir())
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / file_name("web", T0)
+    with path.open("ab") as fh:
+        for u in urls:
+            fh.write(json.dumps({"event_type": "pv", "url": u, "api_key": "web",
+                                 "_timestamp": "2026-01-01T00:00:00.000000Z"}).encode() + b"\n")
+    return path
+
+
+def _copy_db(src: Path, dst: Path) -> None:
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        a.backup(b)
+
+
+def _streamed_past_a_backup(tmp_path: Path, lines: int) -> tuple[Settings, Path, Path, Path]:
+    """``lines`` page views streamed in micro-batches of 2, the store backed up after the first:
+    host A, the config, the store's file and its backup."""
+    a, _ = _hosts(tmp_path)
+    cfg = tmp_path / "stream.yaml"
+    cfg.write_text(STREAM)
+    _open_file(a, [f"/{i}" for i in range(lines)])
+    died = _stream(a, cfg, "--max-events", "2", env={"TIDEMARK_CRASH_AT": "stream_committed"})
+    assert died.returncode == -9, died.stderr[-2000:]
+    db, backup = tmp_path / "offsets.db", tmp_path / "offsets.backup.db"
+    _copy_db(db, backup)
+    out = _stream(a, cfg, "--max-events", "2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert _urls(a, "stage.live_pv") == sorted(f"/{i}" for i in range(lines))
+    return a, cfg, db, backup
+
+
+@pytest.mark.parametrize("store_is", ["restored", "lost"])
+def test_stream_positions_behind_the_log_are_caught_up_from_it(tmp_path: Path, store_is: str):
+    """The store is backed up after the first micro-batch; two more land; the file grows; then the
+    store is restored from the backup (or lost: a new, empty one). The record would plan its next
+    micro-batch from the old positions under a number the tables already hold: the loop takes the
+    positions from the newest micro-batch its tables hold instead, and every event lands once."""
+    a, cfg, db, backup = _streamed_past_a_backup(tmp_path, 6)
+    _open_file(a, ["/6", "/7"])
+    if store_is == "restored":
+        _copy_db(backup, db)
+    else:
+        for f in tmp_path.glob("offsets.db*"):  # with its WAL files
+            f.unlink()
+    out = _stream(a, cfg, "--max-events", "100")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "the offset store was behind the Delta log" in out.stderr, out.stderr
+    assert _urls(a, "stage.live_pv") == sorted(f"/{i}" for i in range(8))
+    store = open_offset_store(a.offsets_url)
+    try:
+        key = locks.intake_queue_key("live", folder_tag(a.events_dir()))
+        actions = [(e.action, e.note) for e in reversed(store.history(key, limit=50))]
+        assert any(act == "recover" and "micro-batch 3 is in stage.live_pv" in note for act, note in actions), actions
+    finally:
+        store.close()
+
+
+def test_a_record_restored_under_a_running_loop_stops_it_before_it_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Were the record behind the log while the loop runs (restored under it), the micro-batch
+    it plans would take a number a table holds under another plan: the unit stops, writes nothing
+    and says why; the next start catches the record up (above)."""
+    from lineage.core.errors import ProcessingError
+
+    a, cfg, db, backup = _streamed_past_a_backup(tmp_path, 4)
+    _copy_db(backup, db)
+    _open_file(a, ["/4"])
+    version = DeltaTable(a.table_path("stage.live_pv")).version()
+    monkeypatch.setattr(StreamLoop, "_recover", lambda self, dest: None)  # as if restored after the start
+    loop = StreamLoop(a, load_intake(cfg, secrets=False), max_events=100)
+    with pytest.raises(ProcessingError, match="the offset store is behind the Delta log"):
+        list(loop.run(once=True))
+    assert DeltaTable(a.table_path("stage.live_pv")).version() == version
+    assert _urls(a, "stage.live_pv") == sorted(f"/{i}" for i in range(4))
