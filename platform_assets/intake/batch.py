@@ -117,7 +117,7 @@ def _same_queue_plan(path: str, app_id: str, unit: str, queue: dict[str, Any]) -
     lines. The loop's next start catches the record up from the log."""
     found = store.newest_unit_meta(path, app_id, lambda m: m.get("unit") == unit)
     theirs = (found[0].get("queue") if found else None)
-    if theirs is not None and (theirs.get("before"), theirs.get("next")) != (queue.get("before"), queue.get("next")):
+    if isinstance(theirs, dict) and "ranges" in theirs and theirs["ranges"] != queue.get("ranges"):
         raise ProcessingError(
             f"{path}: its commit v{found[1] if found else '?'} holds stream micro-batch {unit} planned otherwise than "
             "the queue record plans it now: the offset store is behind the Delta log (restored from a backup, or "
@@ -296,6 +296,8 @@ class EventProcessor:
             if "failed" not in dstat:
                 if failures.get(dest) and taken:
                     landed = store.committed_files(failed_path, store.failed_app_id(dest), members.names)
+                    if landed and queue is not None:
+                        _same_queue_plan(failed_path, store.failed_app_id(dest), unit, queue)
                     failures[dest] = [f for f in failures[dest] if members.file_of(f[0]) not in landed]
                 flog = store.failed_log(self.events_dir, dest)
                 dstat["failed"] = {"version": taken + 1, "state": "planned", "since": table_version,

@@ -142,7 +142,8 @@ class StreamLoop:
             lambda: ((n, loads_exact(b)) for n, b in snapshot.items()),
             lambda lines: {n: loads_exact(snapshot[n]) for n in lines if n in snapshot},
             failure_ids=failure_id,
-            queue={"tag": self.tag, "seq": seq, "before": dict(rec.inputs), "next": dict(rec.inputs_next or {})})
+            queue={"tag": self.tag, "seq": seq, "before": dict(rec.inputs), "next": dict(rec.inputs_next or {}),
+                   "ranges": [r.to_json() for r in ranges]})
         crashpoint("stream_landed")
         return result
 
@@ -155,10 +156,13 @@ class StreamLoop:
         """Catch the queue record up with the Delta log when the log holds a later micro-batch of
         this folder than the record knows (the offset store was restored from a backup, or lost:
         DESIGN.md, the store is never the master). Every commit of a micro-batch carries its plan,
-        the positions before it and where it ends; the record takes the positions before the
-        newest one and plans it again, so it resumes with the same ranges and line numbers: the
-        tables that hold it are not written again, the others are. Later micro-batches that wrote
-        nothing are read again, and again write nothing."""
+        the positions before it and where it ends. When ``pending.status`` still names that
+        micro-batch, it may not have landed everywhere: the record takes the positions before it
+        and plans it again as it was, so it resumes with the same ranges and line numbers (the
+        tables that hold it are not written again). Otherwise it was committed before (the status
+        goes only after the commit, and files are archived only after it): the record takes the
+        positions where it ends. Later micro-batches that wrote nothing are read again, and again
+        write nothing."""
         queue = self.queues[dest]
         rec = held_record(queue)
         found = self._newest_landed(dest)
@@ -170,16 +174,21 @@ class StreamLoop:
             return  # the record knows it (a later micro-batch may have written nothing)
         store, key, owner = queue.store, queue.topic, queue.owner
         why = f"micro-batch {seq} is in {where}, the record was at {rec.seq}: the offset store was behind the Delta log"
+        before = {k: int(v) for k, v in plan["before"].items()}
+        ends = {**before, **{k: int(v) for k, v in plan["next"].items()}}
+        status = q.queue_dir(self.events_dir, dest) / "pending.status"
+        if (event_store.read_json(status) or {}).get("unit") != self._unit(dest, seq):
+            store.recover(key, who=owner, expected_seq=rec.seq, seq=seq, last=rec.last, rows=0, run=None,
+                          state=STATE_COMMITTED, source_version=None, delta_version=version, inputs=ends,
+                          note=f"{why}; it was committed (its status file is gone): positions where it ends, from the log")
+            print(f"stream {dest}: {why}; positions taken from the log", file=sys.stderr, flush=True)
+            return
         if rec.pending and rec.seq == seq - 1:  # planned before the later one: it landed then
             rec = store.commit(key, owner, seq=rec.seq, last=rec.last, next=rec.next or rec.last, rows=0, note=why)
         if rec.seq < seq - 1 or rec.pending:
             rec = store.recover(key, who=owner, expected_seq=rec.seq, seq=seq - 1, last=rec.last, rows=0, run=None,
-                                state=STATE_COMMITTED, source_version=None, delta_version=version,
-                                note=f"{why}; positions before micro-batch {seq} taken from the log",
-                                inputs={k: int(v) for k, v in plan["before"].items()})
-        status = q.queue_dir(self.events_dir, dest) / "pending.status"
-        if (event_store.read_json(status) or {}).get("unit") not in (None, self._unit(dest, seq)):
-            status.unlink()  # a later micro-batch's plan, which no table holds
+                                state=STATE_COMMITTED, source_version=None, delta_version=version, inputs=before,
+                                note=f"{why}; positions before micro-batch {seq} taken from the log")
         store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, seq), seq=seq, source_version=None,
                    inputs_next={k: int(v) for k, v in plan["next"].items()})
         print(f"stream {dest}: {why}; micro-batch {seq} planned again as it was, from the log", file=sys.stderr, flush=True)
@@ -187,14 +196,14 @@ class StreamLoop:
     def _newest_landed(self, dest: str) -> tuple[dict[str, Any], str, int] | None:
         """The plan of the newest micro-batch of ``dest`` from this events folder that a table
         holds (its stage tables' logs and its failed events'), where it was found and the Delta
-        version of that commit."""
+        version of that commit. Each table's log is read down to its newest commit from this
+        folder; one from before micro-batches carried their plan says nothing."""
         spec = next(s for s in self.specs if s.id == dest)
-        prefix = f"stream.dst={dest}."
+        prefix, suffix = f"stream.dst={dest}.", f".{self.tag}"
 
         def ours(m: dict[str, Any]) -> bool:
-            plan = m.get("queue")
-            return (isinstance(plan, dict) and plan.get("tag") == self.tag and str(m.get("unit", "")).startswith(prefix)
-                    and isinstance(plan.get("before"), dict) and isinstance(plan.get("next"), dict))
+            unit = str(m.get("unit", ""))
+            return unit.startswith(prefix) and unit.endswith(suffix)
 
         places = [(self.settings.table_path(t), stage_app_id(dest, t), t)
                   for t in delta_tables(self.settings.warehouse, [spec.schema_])]
@@ -203,8 +212,12 @@ class StreamLoop:
         best: tuple[dict[str, Any], str, int] | None = None
         for path, app, table in places:
             found = event_store.newest_unit_meta(path, app, ours)
-            if found is not None and (best is None or int(found[0]["queue"]["seq"]) > int(best[0]["seq"])):
-                best = found[0]["queue"], f"{table} v{found[1]}", found[1]
+            plan = found[0].get("queue") if found else None
+            if (found is None or not isinstance(plan, dict) or not isinstance(plan.get("before"), dict)
+                    or not isinstance(plan.get("next"), dict)):
+                continue
+            if best is None or int(plan["seq"]) > int(best[0]["seq"]):
+                best = plan, f"{table} v{found[1]}", found[1]
         return best
 
     def _gone(self, rec: OffsetRecord) -> list[str]:

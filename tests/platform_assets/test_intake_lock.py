@@ -452,31 +452,50 @@ def _copy_db(src: Path, dst: Path) -> None:
         a.backup(b)
 
 
-def _streamed_past_a_backup(tmp_path: Path, lines: int) -> tuple[Settings, Path, Path, Path]:
+def _streamed_past_a_backup(tmp_path: Path, lines: int, *, closed: bool = False,
+                            crash_at: str | None = None) -> tuple[Settings, Path, Path, Path]:
     """``lines`` page views streamed in micro-batches of 2, the store backed up after the first:
-    host A, the config, the store's file and its backup."""
+    host A, the config, the store's file and its backup. ``closed``: the file is closed (in
+    ``ready/``), so the micro-batch that reads its end archives it; ``crash_at``: the second run
+    dies there (its first micro-batch after the backup)."""
     a, _ = _hosts(tmp_path)
     cfg = tmp_path / "stream.yaml"
     cfg.write_text(STREAM)
-    _open_file(a, [f"/{i}" for i in range(lines)])
+    urls = [f"/{i}" for i in range(lines)]
+    if closed:
+        write_file(a, "web", T0, [{"event_type": "pv", "url": u} for u in urls])
+    else:
+        _open_file(a, urls)
     died = _stream(a, cfg, "--max-events", "2", env={"TIDEMARK_CRASH_AT": "stream_committed"})
     assert died.returncode == -9, died.stderr[-2000:]
     db, backup = tmp_path / "offsets.db", tmp_path / "offsets.backup.db"
     _copy_db(db, backup)
-    out = _stream(a, cfg, "--max-events", "2")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert _urls(a, "stage.live_pv") == sorted(f"/{i}" for i in range(lines))
+    out = _stream(a, cfg, "--max-events", "2", env={"TIDEMARK_CRASH_AT": crash_at} if crash_at else None)
+    assert out.returncode == (-9 if crash_at else 0), out.stderr[-2000:]
+    if not crash_at:
+        assert _urls(a, "stage.live_pv") == sorted(urls)
+        assert not closed or not list(ready_dir(a.events_dir()).glob("*.log"))  # read to its end: archived
     return a, cfg, db, backup
 
 
-@pytest.mark.parametrize("store_is", ["restored", "lost"])
-def test_stream_positions_behind_the_log_are_caught_up_from_it(tmp_path: Path, store_is: str):
-    """The store is backed up after the first micro-batch; two more land; the file grows; then the
-    store is restored from the backup (or lost: a new, empty one). The record would plan its next
-    micro-batch from the old positions under a number the tables already hold: the loop takes the
-    positions from the newest micro-batch its tables hold instead, and every event lands once."""
-    a, cfg, db, backup = _streamed_past_a_backup(tmp_path, 6)
-    _open_file(a, ["/6", "/7"])
+@pytest.mark.parametrize(("store_is", "closed", "crash_at", "newest"), [
+    ("restored", False, None, 3),  # the collector still writes the file
+    ("restored", True, None, 3),  # the newest micro-batch read the file to its end and archived it
+    ("lost", True, None, 3),  # a new, empty store
+    ("restored", True, "stream_landed", 2),  # the newest micro-batch landed, its commit did not
+])
+def test_stream_positions_behind_the_log_are_caught_up_from_it(tmp_path: Path, store_is: str, closed: bool,
+                                                               crash_at: str | None, newest: int):
+    """The store is backed up after the first micro-batch; more land; new events arrive; then the
+    store is restored from the backup (or lost). The record would plan its next micro-batch from
+    the old positions under a number the tables already hold: the loop takes the positions from
+    the newest micro-batch its tables hold instead (and finishes it when it did not commit), and
+    every event lands once."""
+    a, cfg, db, backup = _streamed_past_a_backup(tmp_path, 6, closed=closed, crash_at=crash_at)
+    if closed:
+        write_file(a, "web", T0 + dt.timedelta(seconds=5), [{"event_type": "pv", "url": u} for u in ("/6", "/7")])
+    else:
+        _open_file(a, ["/6", "/7"])
     if store_is == "restored":
         _copy_db(backup, db)
     else:
@@ -486,11 +505,14 @@ def test_stream_positions_behind_the_log_are_caught_up_from_it(tmp_path: Path, s
     assert out.returncode == 0, out.stderr[-2000:]
     assert "the offset store was behind the Delta log" in out.stderr, out.stderr
     assert _urls(a, "stage.live_pv") == sorted(f"/{i}" for i in range(8))
+    assert not closed or not list(ready_dir(a.events_dir()).glob("*.log"))
     store = open_offset_store(a.offsets_url)
     try:
         key = locks.intake_queue_key("live", folder_tag(a.events_dir()))
         actions = [(e.action, e.note) for e in reversed(store.history(key, limit=50))]
-        assert any(act == "recover" and "micro-batch 3 is in stage.live_pv" in note for act, note in actions), actions
+        found = f"micro-batch {newest} is in stage.live_pv"
+        assert any(act == "recover" and found in note for act, note in actions) or crash_at, actions
+        assert not crash_at or any(act == "plan" for act, _ in actions[-3:]), actions  # planned again, as it was
     finally:
         store.close()
 
