@@ -16,6 +16,7 @@ its block is retried without waiting for the lock's lease to expire.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 from collections.abc import Sequence
@@ -28,10 +29,12 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 from lineage.core.checks import CHECK_NAMES, HEALTH_CHECK
 from lineage.core.errors import TidemarkError, TopicLockedError
 from lineage.core.partitions import expired_block_keys, partitions_name
+from lineage.core.positions import Position
 from lineage.spec.model import Lineage, Processor
 from platform_assets.dagster import watch
 from resources.core.settings import Settings
 from resources.state.offsets import OffsetStore
+from resources.storage import delta_meta
 from resources.storage.delta_meta import newest_version
 
 BLOCK_TAG = "tidemark/block"
@@ -243,6 +246,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         blocks: list[tuple[str, str, int, str]] = []  # (topic, table, seq, partition key)
         units: list[tuple[str, str, str]] = []  # merge units and reloads: (topic, table, run tag)
         waits: list[str] = []
+        held_open = contextlib.ExitStack()
         try:
             for line in release_ended_runs(context.instance, engine.store):
                 context.log.info(line)
@@ -252,6 +256,16 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                     context.instance.report_runless_asset_event(evaluation)
             except (TidemarkError, OSError) as exc:  # never let the check stop the planning
                 context.log.warning(f"offset_age checks skipped this tick: {type(exc).__name__}: {exc}")
+            # The step topics' bases, opened at once in threads before they are planned one by one,
+            # with the rows after each topic's last position (where its next block ends).
+            records = {r.topic: r for r in engine.store.list()}
+            bases: dict[str, list[Position]] = {}
+            for step in lineage.topics.values():
+                rec = records.get(step.name)
+                if (step.spec.processor is Processor.STEP and (step.name in to_plan or last is None)
+                        and not (rec and (rec.pending or rec.owner))):  # (a pending block is planned already)
+                    bases.setdefault(engine.path(step.spec.base), []).extend([rec.last] if rec else [])
+            held_open.enter_context(delta_meta.prefetched(bases, after=bases))
             for topic in lineage.topics.values():
                 name, table = topic.name, topic.spec.destination
                 if name not in to_plan and last is not None:  # quiet, and nothing it reads changed
@@ -312,6 +326,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                     adds.setdefault(pname, []).append(pkey)
                 blocks.append((name, table, seq, pkey))
         finally:
+            held_open.close()
             engine.close()
         # One query for the past runs of every planned block (not one per topic).
         tags = [f"{name}@{seq}" for name, _, seq, _ in blocks]

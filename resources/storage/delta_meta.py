@@ -7,11 +7,15 @@ Planner sensors and ``tidemark lag`` use this, so they stay fast and never start
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
 import functools
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -37,10 +41,7 @@ def open_table(path: str, version: int | None = None) -> Any | None:
     from deltalake import DeltaTable
 
     try:
-        options = storage_options(path)
-        if not DeltaTable.is_deltatable(path, storage_options=options):
-            return None
-        return DeltaTable(path, version=version, storage_options=options)
+        return DeltaTable(path, version=version, storage_options=storage_options(path))
     except Exception:  # noqa: BLE001 - a missing or half-created table reads as "no table yet"
         return None
 
@@ -53,10 +54,13 @@ class TableSnapshot:
     def __init__(self, path: str, table: Any | None) -> None:
         self.path = path
         self.table = table  # deltalake.DeltaTable; None when there is no table at ``path``
+        self.after: dict[Position, pa.Table] = {}  # every row after a position, read ahead (see prefetched)
 
     @classmethod
     def open(cls, path: str, version: int | None = None) -> TableSnapshot:
-        """``path`` at ``version`` (default the newest)."""
+        """``path`` at ``version`` (default the newest: inside :func:`prefetched`, the one it opened)."""
+        if version is None and (ready := _PREFETCHED.get()) is not None and path in ready:
+            return ready[path]
         return cls(path, open_table(path, version))
 
     @functools.cached_property
@@ -89,6 +93,74 @@ class TableSnapshot:
     def files(self) -> pa.Table:
         """The data files with their flattened statistics (one row per add action)."""
         return pa.table({}) if self.table is None else pa.table(self.table.get_add_actions(flatten=True))
+
+
+_PREFETCHED: contextvars.ContextVar[dict[str, TableSnapshot] | None] = contextvars.ContextVar("tidemark_prefetched",
+                                                                                            default=None)
+
+
+#: Up to this many rows after a position are read ahead by :func:`prefetched` (their ``pos`` and
+#: ``id``: 16 bytes a row); more are read when a block's end is looked for, one table at a time.
+PREFETCH_ROWS = 100_000
+
+
+@contextlib.contextmanager
+def prefetched(paths: Iterable[str], threads: int = 4, after: Mapping[str, Collection[Position]] | None = None) -> Iterator[None]:
+    """Open the newest snapshot of each of ``paths`` (its log and file list) in ``threads`` threads
+    at once, deltalake reading without Python's lock, and let :meth:`TableSnapshot.open` return
+    those inside the block. For a caller that looks at many tables in a row and takes each as it
+    was when the block began: the planner's tick, whose block plans read that very version.
+    ``after[path]``: positions whose following rows (at most :data:`PREFETCH_ROWS` by the
+    statistics) are read ahead too, for :func:`find_block_end`."""
+    unique = list(dict.fromkeys(paths))
+
+    def fetch(path: str) -> TableSnapshot | None:
+        try:
+            snap = TableSnapshot(path, _kept_table(path))
+            _ = snap.files, snap.columns
+            for last in (after or {}).get(path, ()):
+                if 0 < _rows_from(snap.files, last) <= PREFETCH_ROWS:  # (none: no block to end)
+                    rows = _rows_after(snap, last, None)
+                    if rows is not None:
+                        snap.after[last] = rows
+        except Exception:  # noqa: BLE001 - read again where it is used, which says what is wrong
+            return None
+        return snap
+
+    ready: dict[str, TableSnapshot] = {}
+    if unique:
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(unique)))) as pool:
+            ready = {p: snap for p, snap in zip(unique, pool.map(fetch, unique), strict=True) if snap is not None}
+    token = _PREFETCHED.set(ready)
+    try:
+        yield
+    finally:
+        _PREFETCHED.reset(token)
+        with _KEPT_LOCK:
+            for path, snap in ready.items():
+                if snap.table is not None and len(_KEPT) < KEPT_TABLES:
+                    _KEPT[path] = snap.table
+
+
+#: The tables :func:`prefetched` opened, kept for the next time in this process (a code server
+#: evaluates the planner every few seconds): brought up to date incrementally (a look for new
+#: commits, and those read) instead of read again; at most this many.
+KEPT_TABLES = 4096
+_KEPT: dict[str, Any] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept_table(path: str) -> Any | None:
+    """The newest version of the table at ``path``: a kept one brought up to date, else opened."""
+    with _KEPT_LOCK:
+        table = _KEPT.pop(path, None)  # one user at a time
+    if table is not None:
+        try:
+            table.update_incremental()
+            return table
+        except Exception:  # noqa: BLE001 - dropped, or its log cleaned past it: opened anew
+            pass
+    return open_table(path)
 
 
 def _snapshot(source: str | TableSnapshot) -> TableSnapshot:
@@ -176,21 +248,41 @@ def _ids_known_from(files: pa.Table, floor: dt.datetime) -> bool:
     return newest.num_rows > 0 and pc.max(pc.fill_null(newest["null_count.id"], 1)).as_py() == 0
 
 
-def _rows_after(snap: TableSnapshot, last: Position, cutoff: dt.datetime) -> pa.Table | None:
-    """``pos``/``id`` of the rows of ``snap`` after ``last`` with ``pos <= cutoff``, in position
-    order. Reads only the files whose statistics overlap ``[last.pos, cutoff]``."""
+def _rows_from(files: pa.Table, last: Position) -> float:
+    """How many rows the files that may hold rows after ``last`` have, by their statistics
+    (infinite when they do not say)."""
+    if files.num_rows == 0:
+        return 0
+    if "max.pos" not in files.column_names or "num_records" not in files.column_names:
+        return float("inf")
+    maybe = files.filter(pc.invert(pc.fill_null(pc.less(files["max.pos"], pa.scalar(
+        _minus(last.pos, STATS_SLACK), files["max.pos"].type)), False)))
+    return float(pc.sum(pc.fill_null(maybe["num_records"], 2**62)).as_py() or 0)
+
+
+def _rows_after(snap: TableSnapshot, last: Position, cutoff: dt.datetime | None) -> pa.Table | None:
+    """``pos``/``id`` of the rows of ``snap`` after ``last`` with ``pos <= cutoff`` (None: any), in
+    position order. Reads only the files whose statistics overlap ``[last.pos, cutoff]``, or none
+    when :func:`prefetched` read every row after ``last`` already."""
     table = snap.table
     if table is None:
         return None
     _check_position_columns(snap)
-    ds = table.to_pyarrow_dataset(
-        file_pruning_predicate=[("pos", ">=", _utc(_minus(last.pos, STATS_SLACK))), ("pos", "<=", _utc(_plus(cutoff, STATS_SLACK)))]
-    )
+    ahead = snap.after.get(last)
+    if ahead is not None:
+        return ahead if cutoff is None else ahead.filter(pc.less_equal(ahead["pos"], pa.scalar(cutoff, ahead["pos"].type)))
+    pruning = [("pos", ">=", _utc(_minus(last.pos, STATS_SLACK)))]
+    if cutoff is not None:
+        pruning.append(("pos", "<=", _utc(_plus(cutoff, STATS_SLACK))))
+    ds = table.to_pyarrow_dataset(file_pruning_predicate=pruning)
     pos_type = ds.schema.field("pos").type
-    lp, cp = pa.scalar(last.pos, pos_type), pa.scalar(cutoff, pos_type)
+    lp = pa.scalar(last.pos, pos_type)
     after_last = (pc.field("pos") > lp) | ((pc.field("pos") == lp) & (pc.field("id") > pa.scalar(last.id, pa.int64())))
     # A row without an id has no position: it is quarantined, never part of a block.
-    rows = ds.to_table(columns=["pos", "id"], filter=after_last & (pc.field("pos") <= cp) & pc.field("id").is_valid())
+    wanted = after_last & pc.field("id").is_valid()
+    if cutoff is not None:
+        wanted = wanted & (pc.field("pos") <= pa.scalar(cutoff, pos_type))
+    rows = ds.to_table(columns=["pos", "id"], filter=wanted)
     return rows.sort_by([("pos", "ascending"), ("id", "ascending")])
 
 
@@ -966,7 +1058,30 @@ def commit_null_counts(path: str, commit: CommitStats) -> tuple[int, dict[str, i
 
 
 def recorded_txn(path: str, app_id: str) -> int:
-    """The highest ``txnVersion`` the table at ``path`` recorded for ``app_id`` (0 if none)."""
+    """The highest ``txnVersion`` the table at ``path`` recorded for ``app_id`` (0 if none). The
+    newest ``txn`` action of an app is its version, so the newest commits after the last
+    checkpoint are read first, JVM-free, a file each (a topic's own commit is usually the newest):
+    only when none of them names ``app_id`` is the table's whole snapshot opened."""
+    fs, log = _log_fs(path)
+    try:
+        names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(log, allow_not_found=True))]
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    commits = sorted((int(n[:20]) for n in names if n.endswith(".json") and len(n) == 25 and n[:20].isdigit()), reverse=True)
+    checkpoint = max((int(n[:20]) for n in names if ".checkpoint" in n and n[:20].isdigit()), default=-1)
+    for version in commits[:RECENT_COMMITS]:
+        if version <= checkpoint:
+            break
+        try:
+            actions = _read_commit(fs, log, version)
+        except (FileNotFoundError, OSError, ValueError):
+            break  # removed meanwhile (log cleanup), or not readable: the snapshot decides
+        for a in actions:
+            txn = a.get("txn")
+            if isinstance(txn, dict) and txn.get("appId") == app_id:
+                return int(txn.get("version") or 0)
+    if not commits and checkpoint < 0:
+        return 0  # no Delta table there
     table = open_table(path)
     if table is None:
         return 0

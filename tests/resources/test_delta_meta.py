@@ -324,3 +324,45 @@ def test_unit_sizes_reads_bytes_rows_and_whether_the_view_is_clustered_from_the_
     assert delta_meta.unit_sizes(snap(str(base)), snap(str(tmp_path / "none")), changes, spec) is None
     gone = [delta_meta.input_change("dim.c", str(tmp_path / "no-dim"), None)]  # an input without a table
     assert delta_meta.unit_sizes(snap(str(base)), snap(str(clustered)), gone, spec) is None
+
+
+def test_recorded_txn_reads_the_newest_commits_and_falls_back_to_the_snapshot(tmp_path: Path):
+    """An app's recorded version: from the newest commit that names it (a file read, no snapshot),
+    past other writers' commits; from the snapshot when only a checkpoint still holds it; 0 for
+    an app never recorded or no table."""
+    path = str(tmp_path / "t")
+    assert delta_meta.recorded_txn(path, "tidemark:a") == 0
+    one = pa.table({"v": [1]})
+
+    def write(*txns: tuple[str, int]) -> None:
+        write_deltalake(path, one, mode="append",
+                        commit_properties=CommitProperties(app_transactions=[Transaction(app_id=a, version=v) for a, v in txns]))
+
+    write(("tidemark:a", 1))
+    write(("tidemark:a", 2), ("tidemark:b", 7))
+    write(("tidemark:b", 8))
+    write()  # another writer, no transaction
+    write()
+    assert delta_meta.recorded_txn(path, "tidemark:a") == 2
+    assert delta_meta.recorded_txn(path, "tidemark:b") == 8
+    assert delta_meta.recorded_txn(path, "tidemark:c") == 0
+    DeltaTable(path).create_checkpoint()  # at version 4
+    for v in range(4):  # log retention: only the checkpoint holds the transactions
+        (tmp_path / "t" / "_delta_log" / f"{v:020d}.json").unlink()
+    write()
+    assert delta_meta.recorded_txn(path, "tidemark:a") == 2
+    assert delta_meta.recorded_txn(path, "tidemark:b") == 8
+
+
+def test_prefetched_snapshots_are_the_ones_open_returns_inside_the_block(tmp_path: Path):
+    paths = [str(tmp_path / f"t{i}") for i in range(3)]
+    for p in paths:
+        write_deltalake(p, pa.table({"v": [1]}))
+    missing = str(tmp_path / "none")
+    with delta_meta.prefetched([*paths, missing, paths[0]]):
+        write_deltalake(paths[0], pa.table({"v": [2]}), mode="append")  # after the block began
+        snap = delta_meta.TableSnapshot.open(paths[0])
+        assert snap is delta_meta.TableSnapshot.open(paths[0]) and snap.version == 0
+        assert delta_meta.TableSnapshot.open(paths[0], version=1).version == 1  # a version asked for is opened
+        assert delta_meta.TableSnapshot.open(missing).table is None
+    assert delta_meta.TableSnapshot.open(paths[0]).version == 1
