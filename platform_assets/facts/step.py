@@ -63,7 +63,9 @@ class StepProcessor:
     def look(self, topic: Topic, rec: OffsetRecord) -> Look:
         """Open the base table once and decide whether the topic may plan a block on it. Only the
         decision needs the base's mark, so it is exact only where the decision depends on it."""
-        base = delta_meta.TableSnapshot.open(self.engine.path(topic.spec.base))
+        # never older than the version the record's last block was planned on (a snapshot the
+        # planner's tick opened before another process committed a block)
+        base = delta_meta.TableSnapshot.open(self.engine.path(topic.spec.base), at_least=rec.source_version)
         decision, _ = self.engine.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
         return Look(rec, decision, base)
 

@@ -15,6 +15,7 @@ import datetime as dt
 import functools
 import json
 import threading
+import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,10 +58,13 @@ class TableSnapshot:
         self.after: dict[Position, pa.Table] = {}  # every row after a position, read ahead (see prefetched)
 
     @classmethod
-    def open(cls, path: str, version: int | None = None) -> TableSnapshot:
-        """``path`` at ``version`` (default the newest: inside :func:`prefetched`, the one it opened)."""
+    def open(cls, path: str, version: int | None = None, *, at_least: int | None = None) -> TableSnapshot:
+        """``path`` at ``version`` (default the newest: inside :func:`prefetched`, the one it opened,
+        unless it is older than version ``at_least``)."""
         if version is None and (ready := _PREFETCHED.get()) is not None and path in ready:
-            return ready[path]
+            snap = ready[path]
+            if at_least is None or snap.version is None or snap.version >= at_least:
+                return snap
         return cls(path, open_table(path, version))
 
     @functools.cached_property
@@ -101,7 +105,7 @@ _PREFETCHED: contextvars.ContextVar[dict[str, TableSnapshot] | None] = contextva
 
 #: Up to this many rows after a position are read ahead by :func:`prefetched` (their ``pos`` and
 #: ``id``: 16 bytes a row); more are read when a block's end is looked for, one table at a time.
-PREFETCH_ROWS = 100_000
+PREFETCH_ROWS = 20_000
 
 
 @contextlib.contextmanager
@@ -136,28 +140,47 @@ def prefetched(paths: Iterable[str], threads: int = 4, after: Mapping[str, Colle
         yield
     finally:
         _PREFETCHED.reset(token)
+        now = time.monotonic()
         with _KEPT_LOCK:
             for path, snap in ready.items():
-                if snap.table is not None and len(_KEPT) < KEPT_TABLES:
-                    _KEPT[path] = snap.table
+                mark = None if snap.version is None else _commit_mark(path, snap.version)
+                if mark is not None and len(_KEPT) < KEPT_TABLES:
+                    _KEPT[path] = (snap.table, mark, now)
+            for path in [p for p, (_, _, used) in _KEPT.items() if now - used > KEPT_SECONDS]:
+                del _KEPT[path]
 
 
 #: The tables :func:`prefetched` opened, kept for the next time in this process (a code server
 #: evaluates the planner every few seconds): brought up to date incrementally (a look for new
-#: commits, and those read) instead of read again; at most this many.
-KEPT_TABLES = 4096
-_KEPT: dict[str, Any] = {}
+#: commits, and those read) instead of read again; at most this many, each for as long as it is
+#: used at least every ``KEPT_SECONDS``.
+KEPT_TABLES = 1024
+KEPT_SECONDS = 900.0
+_KEPT: dict[str, tuple[Any, tuple[str, int, int], float]] = {}  # path -> (table, its commit's mark, used at)
 _KEPT_LOCK = threading.Lock()
 
 
+def _commit_mark(path: str, version: int) -> tuple[str, int, int] | None:
+    """What tells commit ``version`` of the table at ``path`` from another table's: its file's size
+    and modification time (None: not there)."""
+    fs, log = _log_fs(path)
+    info = fs.get_file_info(f"{log}/{version:020d}.json")
+    if info.type == pafs.FileType.NotFound:
+        return None
+    return path, int(info.size or 0), int(info.mtime_ns or 0)
+
+
 def _kept_table(path: str) -> Any | None:
-    """The newest version of the table at ``path``: a kept one brought up to date, else opened."""
+    """The newest version of the table at ``path``: a kept one brought up to date when its commit
+    is still the one it was (not a table dropped and written anew), else opened."""
     with _KEPT_LOCK:
-        table = _KEPT.pop(path, None)  # one user at a time
-    if table is not None:
+        kept = _KEPT.pop(path, None)  # one user at a time
+    if kept is not None:
+        table, mark, _ = kept
         try:
-            table.update_incremental()
-            return table
+            if _commit_mark(path, int(table.version())) == mark:
+                table.update_incremental()
+                return table
         except Exception:  # noqa: BLE001 - dropped, or its log cleaned past it: opened anew
             pass
     return open_table(path)
@@ -1061,17 +1084,11 @@ def recorded_txn(path: str, app_id: str) -> int:
     """The highest ``txnVersion`` the table at ``path`` recorded for ``app_id`` (0 if none). The
     newest ``txn`` action of an app is its version, so the newest commits after the last
     checkpoint are read first, JVM-free, a file each (a topic's own commit is usually the newest):
-    only when none of them names ``app_id`` is the table's whole snapshot opened."""
+    only when none of them names ``app_id`` is the table's whole snapshot opened. Raises when the
+    log shows commits but cannot be read."""
     fs, log = _log_fs(path)
-    try:
-        names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(log, allow_not_found=True))]
-    except (FileNotFoundError, NotADirectoryError):
-        names = []
-    commits = sorted((int(n[:20]) for n in names if n.endswith(".json") and len(n) == 25 and n[:20].isdigit()), reverse=True)
-    checkpoint = max((int(n[:20]) for n in names if ".checkpoint" in n and n[:20].isdigit()), default=-1)
+    commits, checkpoint = _commits_since_checkpoint(fs, log)
     for version in commits[:RECENT_COMMITS]:
-        if version <= checkpoint:
-            break
         try:
             actions = _read_commit(fs, log, version)
         except (FileNotFoundError, OSError, ValueError):
@@ -1080,12 +1097,44 @@ def recorded_txn(path: str, app_id: str) -> int:
             txn = a.get("txn")
             if isinstance(txn, dict) and txn.get("appId") == app_id:
                 return int(txn.get("version") or 0)
-    if not commits and checkpoint < 0:
+    if not commits and checkpoint is None:
         return 0  # no Delta table there
     table = open_table(path)
-    if table is None:
-        return 0
+    if table is None:  # a transient read error must not pass for "no block recorded"
+        raise ProcessingError(f"{path}: its Delta log has commits but cannot be read now (the transactions it "
+                              f"recorded for {app_id} are unknown); try again")
     return int(table.transaction_version(app_id) or 0)
+
+
+#: At most this many commit files after the last checkpoint are looked up one by one; a longer
+#: tail (or none named by ``_last_checkpoint``) is found by listing the log.
+PROBED_COMMITS = 64
+
+
+def _commits_since_checkpoint(fs: pafs.FileSystem, log: str) -> tuple[list[int], int | None]:
+    """The versions of the commit files after the last checkpoint, newest first, and that
+    checkpoint's version (None: none). From ``_last_checkpoint`` and a lookup per commit after it
+    (not a listing of a log that log retention may keep long); by listing the log without it."""
+    checkpoint = None
+    try:
+        with fs.open_input_stream(f"{log}/_last_checkpoint") as f:
+            checkpoint = int(json.loads(f.read().decode("utf-8"))["version"])
+    except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
+        checkpoint = None
+    if checkpoint is not None:
+        found: list[int] = []
+        for version in range(checkpoint + 1, checkpoint + 1 + PROBED_COMMITS):
+            if fs.get_file_info(f"{log}/{version:020d}.json").type == pafs.FileType.NotFound:
+                return found[::-1], checkpoint
+            found.append(version)
+    try:
+        names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(log, allow_not_found=True))]
+    except (FileNotFoundError, NotADirectoryError):
+        return [], None
+    newest_checkpoint = max((int(n[:20]) for n in names if ".checkpoint" in n and n[:20].isdigit()), default=None)
+    commits = sorted((int(n[:20]) for n in names if n.endswith(".json") and len(n) == 25 and n[:20].isdigit()
+                      and (newest_checkpoint is None or int(n[:20]) > newest_checkpoint)), reverse=True)
+    return commits, newest_checkpoint
 
 
 def _utc(ts: dt.datetime) -> dt.datetime:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
 from resources.storage import delta_meta
 from resources.storage.delta_meta import (
@@ -352,6 +354,11 @@ def test_recorded_txn_reads_the_newest_commits_and_falls_back_to_the_snapshot(tm
     write()
     assert delta_meta.recorded_txn(path, "tidemark:a") == 2
     assert delta_meta.recorded_txn(path, "tidemark:b") == 8
+    broken = tmp_path / "broken"
+    write_deltalake(str(broken), one)
+    (broken / "_delta_log" / f"{0:020d}.json").write_text("not json\n")
+    with pytest.raises(ProcessingError, match="cannot be read now"):  # never taken for "none recorded"
+        delta_meta.recorded_txn(str(broken), "tidemark:a")
 
 
 def test_prefetched_snapshots_are_the_ones_open_returns_inside_the_block(tmp_path: Path):
@@ -365,4 +372,14 @@ def test_prefetched_snapshots_are_the_ones_open_returns_inside_the_block(tmp_pat
         assert snap is delta_meta.TableSnapshot.open(paths[0]) and snap.version == 0
         assert delta_meta.TableSnapshot.open(paths[0], version=1).version == 1  # a version asked for is opened
         assert delta_meta.TableSnapshot.open(missing).table is None
+        assert delta_meta.TableSnapshot.open(paths[0], at_least=1).version == 1  # older than a block planned since
     assert delta_meta.TableSnapshot.open(paths[0]).version == 1
+    # the next block keeps the tables it opened, brought up to date; a table dropped and written
+    # anew (here: as many commits, other rows) is opened anew, not taken for the kept one
+    write_deltalake(paths[1], pa.table({"v": [3]}), mode="append")
+    shutil.rmtree(paths[2])
+    write_deltalake(paths[2], pa.table({"v": [7, 8]}))
+    with delta_meta.prefetched(paths):
+        assert delta_meta.TableSnapshot.open(paths[1]).version == 1
+        fresh = delta_meta.TableSnapshot.open(paths[2])
+        assert fresh.version == 0 and fresh.row_count == 2
