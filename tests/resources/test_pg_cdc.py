@@ -409,13 +409,14 @@ def test_snapshot_is_consistent_with_the_stream_under_concurrent_writers(pg: str
 
 
 def test_a_transaction_committed_right_at_the_snapshots_lsn_is_in_the_stream(pg: str) -> None:
-    """The boundary, forced: a transaction running when the snapshot's slot becomes consistent and
-    committed as the very next WAL record (commit LSN = the slot's consistent point) is not in the
-    snapshot, so it must be in the stream read from ``snap.lsn``. The slot's snapshot builder waits
-    for the transactions it sees running (twice: BUILDING -> FULL -> CONSISTENT, logging a
-    running-xacts record after each wait); ``a`` and ``b`` are what it waits for, ``t`` starts after
-    the second wait began, so it runs at the consistent point without being waited for."""
-    with source(pg, "bd", "CREATE TABLE bd.t (id int PRIMARY KEY)", "INSERT INTO bd.t VALUES (1)") as src, \
+    """The boundary, forced (up to three tries: a WAL record PostgreSQL writes by itself, e.g. the
+    background writer's running-xacts record on a loaded machine, can come first; every try checks
+    that nothing is lost or doubled)."""
+    assert any(_snapshot_boundary(pg, f"bd{i}") for i in range(3)), "the boundary was never forced in three tries"
+
+
+def _snapshot_boundary(pg: str, schema: str) -> bool:
+    with source(pg, schema, f"CREATE TABLE {schema}.t (id int PRIMARY KEY)", f"INSERT INTO {schema}.t VALUES (1)") as src, \
             psycopg.connect(pg) as a, psycopg.connect(pg) as b, psycopg.connect(pg) as t, \
             psycopg.connect(pg, autocommit=True) as watch:
 
@@ -438,7 +439,7 @@ def test_a_transaction_committed_right_at_the_snapshots_lsn_is_in_the_stream(pg:
                 xb = xid(b)
                 a.commit()
                 awaited(xb)
-                t.execute("INSERT INTO bd.t VALUES (2)")
+                t.execute(f"INSERT INTO {schema}.t VALUES (2)")
                 b.commit()
             except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
                 failed.append(exc)
@@ -452,14 +453,14 @@ def test_a_transaction_committed_right_at_the_snapshots_lsn_is_in_the_stream(pg:
                 helper.join()
                 assert not failed, failed
                 t.commit()  # nothing else writes WAL: its commit record starts at the consistent point
-                rows = [r["id"] for batch in snap.rows("bd.t") for r in batch.to_pylist()]
+                rows = [r["id"] for batch in snap.rows(f"{schema}.t") for r in batch.to_pylist()]
                 lsn = snap.lsn
         finally:
             helper.join()
         assert rows == [1]  # t is not in the snapshot ...
         after = src.read(lsn)  # ... so it is in the stream after it
-        assert [list(tx.changes) for tx in after] == [[RowChange("bd.t", Op.INSERT, after={"id": 2})]]
-        assert after[0].lsn == lsn + 1, "not forced: t's commit is not the first WAL record after the consistent point"
+        assert [list(tx.changes) for tx in after] == [[RowChange(f"{schema}.t", Op.INSERT, after={"id": 2})]]
+        return after[0].lsn == lsn + 1  # forced: t's commit is the first WAL record after the consistent point
 
 
 def test_snapshot_needs_the_main_slot(pg: str) -> None:
