@@ -762,8 +762,13 @@ def newest_version(path: str, known: int | None = None, *, recheck: bool = False
         names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(log, allow_not_found=True))]
     except (FileNotFoundError, NotADirectoryError):
         return None
-    versions = [int(n[:-5]) for n in names if n.endswith(".json") and len(n) == 25 and n[:20].isdigit()]
+    versions = _commit_versions(names)
     return max(versions) if versions else None
+
+
+def _commit_versions(names: Iterable[str]) -> list[int]:
+    """The versions of the commit files (``<20 digits>.json``) among a log's file names."""
+    return [int(n[:20]) for n in names if n.endswith(".json") and len(n) == 25 and n[:20].isdigit()]
 
 
 def _read_commit(fs: pafs.FileSystem, log: str, version: int) -> list[dict[str, Any]]:
@@ -1132,8 +1137,8 @@ def _commits_since_checkpoint(fs: pafs.FileSystem, log: str) -> tuple[list[int],
     except (FileNotFoundError, NotADirectoryError):
         return [], None
     newest_checkpoint = max((int(n[:20]) for n in names if ".checkpoint" in n and n[:20].isdigit()), default=None)
-    commits = sorted((int(n[:20]) for n in names if n.endswith(".json") and len(n) == 25 and n[:20].isdigit()
-                      and (newest_checkpoint is None or int(n[:20]) > newest_checkpoint)), reverse=True)
+    commits = sorted((v for v in _commit_versions(names) if newest_checkpoint is None or v > newest_checkpoint),
+                     reverse=True)
     return commits, newest_checkpoint
 
 
