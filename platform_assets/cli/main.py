@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lineage.core.durations import format_duration
-from lineage.core.errors import LineageError, TidemarkError
+from lineage.core.errors import ConfigError, LineageError, TidemarkError
 from lineage.core.positions import Position
 from lineage.spec.model import Processor
 from platform_assets.cli.common import close_engines, engine_from, format_cell, format_table, settings_from
@@ -159,6 +159,8 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     eng = engine_from(args)
     opts = maintain.Options(retain_hours=args.retain_hours, dry_run=args.dry_run, compact=not args.no_compact,
                             cleanup=not args.no_cleanup, cluster=args.cluster, writers_idle=args.writers_idle)
+    # A whole maintenance also prunes the offset log's history; its settings are checked first.
+    retention = _log_retention(args) if not args.tables and opts.cleanup else None
     failed: list[str] = []
 
     def show(h: Any, report: Any, exc: Exception | None) -> None:
@@ -175,10 +177,37 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     would = "would be " if args.dry_run else ""
     print(f"{len(reports)} table(s): {done['small_files_compacted']} small files {would}compacted, "
           f"{done['data_files_removed']} data files and {done['log_files_removed']} log files {would}removed")
+    if retention is not None:
+        print(maintain.prune_offset_log(eng.store, retention, dry_run=args.dry_run)[1])
     if failed:
         print(f"error: {len(failed)} table(s) failed: {', '.join(failed)} (the others were maintained)", file=sys.stderr)
         return 1
     return 0
+
+
+def _log_retention(args: argparse.Namespace) -> Any:
+    """The offset log's retention: ``TIDEMARK_OFFSET_LOG_RETENTION``/``_KEEP``, overridden by
+    ``--older-than``/``--keep`` where given."""
+    from lineage.core.durations import parse_duration
+    from resources.state.offset_sql import LOG_RETENTION_ENV, LogRetention, log_retention_from_env
+
+    retention = log_retention_from_env()
+    older = getattr(args, "older_than", None)
+    if older is not None:
+        try:
+            age = parse_duration(older)
+        except ValueError as exc:
+            raise ConfigError(f"--older-than: {exc}") from None
+        if not age:
+            raise ConfigError(f"--older-than {older!r}: give an age such as 30d (to keep the whole log, prune nothing; "
+                              f"{LOG_RETENTION_ENV}=0 makes tidemark maintain keep it)")
+        retention = LogRetention(age, retention.keep)
+    keep = getattr(args, "keep", None)
+    if keep is not None:
+        if keep < 1:
+            raise ConfigError(f"--keep {keep}: each topic keeps at least its newest log entry (give a number >= 1)")
+        retention = LogRetention(retention.age, keep)
+    return retention
 
 
 def cmd_offsets(args: argparse.Namespace) -> int:
@@ -201,6 +230,11 @@ def cmd_offsets(args: argparse.Namespace) -> int:
             print(format_table([(r.topic, ", ".join(f"{k}@{v}" for k, v in sorted(r.inputs.items())),
                                  ", ".join(f"{k}@{v}" for k, v in sorted((r.inputs_next or {}).items())) or None) for r in merged],
                                ["topic", "applied", "pending unit"]))
+        return 0
+    if args.action == "prune":
+        from platform_assets.maintenance import tables as maintain
+
+        print(maintain.prune_offset_log(store, _log_retention(args), dry_run=args.dry_run)[1])
         return 0
     if not args.topic:
         raise TidemarkError(f"tidemark offsets {args.action}: name the topic")
@@ -594,8 +628,8 @@ def build_parser() -> argparse.ArgumentParser:
     lin.add_parser("validate", help="check every lineage file; exit 2 listing every problem").set_defaults(func=cmd_validate)
     lin.add_parser("publish", help="write the lineage to the Delta table sch.lineage").set_defaults(func=cmd_publish)
 
-    off = sub.add_parser("offsets", help="show, init, reset or unlock topic offsets")
-    off.add_argument("action", choices=["show", "init", "reset", "unlock", "adopt"])
+    off = sub.add_parser("offsets", help="show, init, reset, unlock, adopt topic offsets, or prune the offset log")
+    off.add_argument("action", choices=["show", "init", "reset", "unlock", "adopt", "prune"])
     off.add_argument("topic", nargs="?")
     off.add_argument("--start", help="init: start position, e.g. 2026-01-31T00:00:00[/id] or start")
     off.add_argument("--to", help="reset: the new last position")
@@ -604,7 +638,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="reset: look for late rows only among rows the base gets from now on (when the files or "
                           "commits that would show earlier ones were removed by VACUUM or log retention)")
     off.add_argument("--history", action="store_true", help="show: the offset log instead of the records")
-    off.add_argument("--dry-run", action="store_true", help="adopt: show what would be set, set nothing")
+    off.add_argument("--dry-run", action="store_true", help="adopt: show what would be set, set nothing; prune: count "
+                                                               "what would be removed, remove nothing")
+    off.add_argument("--older-than", metavar="AGE", help="prune: remove log entries older than AGE, e.g. 30d (default: "
+                                                         "TIDEMARK_OFFSET_LOG_RETENTION, else 30d)")
+    off.add_argument("--keep", type=int, metavar="N", help="prune: keep each topic's newest N entries whatever their age "
+                                                            "(default: TIDEMARK_OFFSET_LOG_KEEP, else 1000)")
     off.add_argument("--limit", type=int, default=50)
     off.set_defaults(func=cmd_offsets)
 
@@ -625,7 +664,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "only while no writer of the table runs")
     mnt.add_argument("--dry-run", action="store_true", help="say what would be compacted and removed; change nothing")
     mnt.add_argument("--no-compact", action="store_true", help="no compaction")
-    mnt.add_argument("--no-cleanup", action="store_true", help="no VACUUM or log cleanup")
+    mnt.add_argument("--no-cleanup", action="store_true", help="no VACUUM or log cleanup (nor pruning of the offset log)")
     mnt.add_argument("--cluster", action="store_true", help="views (merge topics): Z-order the compacted files by the key")
     mnt.add_argument("--writers-idle", action="store_true",
                      help="nothing writes these tables now (allows --retain-hours below 1 for tables Tidemark does not write)")

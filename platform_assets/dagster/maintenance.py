@@ -9,6 +9,8 @@
   (:func:`~platform_assets.maintenance.tables.describe`: what was compacted, removed, kept and for whom) go to
   the run's log and to the materialization's ``report``; the figures are numbers Dagster plots. A
   table that fails does not stop the others: the run fails at the end, naming them.
+  The run also prunes the offset store's log to ``TIDEMARK_OFFSET_LOG_RETENTION`` (figure
+  ``offset_log_entries_removed``; not with ``cleanup: false``).
 * ``table_health``, on every topic's destination asset (step, reload, merge), warns when the table
   needs maintenance (:meth:`~resources.storage.maintenance.Health.reasons`) or when its own retention would
   let a plain VACUUM or log cleanup remove what a consumer needs (``Health.warnings``). The
@@ -44,6 +46,7 @@ from lineage.core.errors import ConfigError
 from lineage.spec.model import Lineage
 from platform_assets.maintenance import tables as maintain
 from resources.core.settings import Settings
+from resources.state.offset_sql import log_retention_from_env
 from resources.storage import maintenance
 from resources.storage.maintenance import Health, Need
 
@@ -126,6 +129,7 @@ def build_maintenance(settings: Settings, lineage: Lineage) -> tuple[list[Any], 
     from platform_assets.dagster.io_manager import IO_MANAGER_KEY
 
     checked = sorted(lineage.destinations())
+    retention = log_retention_from_env()  # a bad setting is refused when the definitions load
 
     @dg.asset(key=MAINTENANCE_KEY, group_name="maintenance", kinds={"delta"}, required_resource_keys={IO_MANAGER_KEY},
               pool="tidemark/maintenance",
@@ -154,9 +158,13 @@ def build_maintenance(settings: Settings, lineage: Lineage) -> tuple[list[Any], 
 
         reports = maintain.run(eng, None, opts, on_report=on_report)
         yield from evaluations  # yielded (not raised past) also when tables failed
+        pruned = 0
+        if opts.cleanup:
+            pruned, line = maintain.prune_offset_log(eng.store, retention, dry_run=opts.dry_run)
+            context.log.info(line)
         meta: dict[str, Any] = {
             "tables": len(lines), "failed": len(failed), "dry_run": opts.dry_run, **maintain.totals(reports),
-            "report": dg.MetadataValue.md(_markdown(lines)),
+            "offset_log_entries_removed": pruned, "report": dg.MetadataValue.md(_markdown(lines)),
         }
         if failed:
             raise dg.Failure(description=f"{len(failed)} table(s) failed: {', '.join(failed)} (the others were maintained)",

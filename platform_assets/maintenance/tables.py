@@ -6,6 +6,8 @@ commits and files of its base added after ``source_version`` (its late-row check
 merge topic its base from ``source_version`` and every other input from its per-input offset (the
 reverse join reads the rows up to it and the change feed after it), a pending unit the versions it
 planned. A reload topic reads only the newest version of its base.
+A whole maintenance also prunes the offset store's log (its history of plans, commits and locks,
+never the records) to ``TIDEMARK_OFFSET_LOG_RETENTION`` (:func:`prune_offset_log`).
 Of the table it writes it needs the commit of its last unit (offset recovery reads its bounds), a
 log entry only: cleanup keeps that commit, not the data files of that version.
 """
@@ -20,7 +22,8 @@ from lineage.core.durations import format_size
 from lineage.core.errors import ConfigError
 from lineage.spec.model import Processor
 from platform_assets.core.faults import crashpoint
-from resources.state.offsets import OffsetRecord
+from resources.state.offset_sql import LogRetention
+from resources.state.offsets import OffsetRecord, OffsetStore
 from resources.storage import maintenance
 from resources.storage.maintenance import Health, Need, Report
 from resources.storage.meta_tables import META_TABLES
@@ -190,6 +193,15 @@ def run(eng: TopicContext, tables: list[str] | None, opts: Options,
         if on_report:
             on_report(h, r, None)
     return reports
+
+
+def prune_offset_log(store: OffsetStore, retention: LogRetention, *, dry_run: bool) -> tuple[int, str]:
+    """Prune the offset log's history to ``retention``: the entries removed (or with ``dry_run``
+    that would be) and a line that says so."""
+    if not retention.age:
+        return 0, f"offset log: nothing pruned ({retention.describe()})"
+    n = retention.prune(store, dry_run=dry_run)
+    return n, f"offset log: {n} entr{'y' if n == 1 else 'ies'} {'would be ' if dry_run else ''}removed ({retention.describe()})"
 
 
 def heading(h: Health, r: Report) -> str:

@@ -311,7 +311,7 @@ class SqlOffsetStore(OffsetStore):
             return self._select(topic, lock=False)
 
     def init(self, topic: str, last: Position, processor: str, *, who: str, note: str = "", seq: int = 0) -> OffsetRecord:
-        now = _now()
+        now = self.clock()
         rec = OffsetRecord(topic=topic, last=last, next=None, rows=0, seq=seq, run=None, processor=processor,
                            state=STATE_NEW, owner="", owner_since=None, source_version=None, updated_at=now)
         exists = OffsetError(f"topic '{topic}' already has an offset record in {self.where}; "
@@ -508,6 +508,33 @@ class SqlOffsetStore(OffsetStore):
                                new_last=None if new is None else Position.parse(new), note=note)
                 for at, t, action, who, old, new, note in rows]
 
+    def prune_log(self, before: dt.datetime, *, keep: int, dry_run: bool = False) -> int:
+        if keep < 1:
+            raise ValueError(f"keep={keep}: each topic keeps at least its newest log entry")
+        cutoff = format_ts(before)
+        with self._tx(write=False):
+            topics = [str(t) for (t,) in self._sql("SELECT DISTINCT topic FROM tidemark_offset_log").fetchall()]
+        done = 0
+        for topic in topics:
+            with self._tx(write=False):  # the id of the topic's keep-th newest entry: older ones may go
+                row = self._sql("SELECT id FROM tidemark_offset_log WHERE topic = ? ORDER BY id DESC LIMIT 1 OFFSET ?",
+                                (topic, keep - 1)).fetchone()
+            if row is None:
+                continue
+            older = "FROM tidemark_offset_log WHERE topic = ? AND id < ? AND at < ?"
+            if dry_run:
+                with self._tx(write=False):
+                    done += int(self._sql(f"SELECT COUNT(*) {older}", (topic, row[0], cutoff)).fetchone()[0])
+                continue
+            while True:  # in batches, each its own short transaction: processors wait for none of them long
+                with self._tx(write=True, flush=False):
+                    n = self._sql(f"DELETE FROM tidemark_offset_log WHERE id IN (SELECT id {older} ORDER BY id LIMIT ?)",
+                                  (topic, row[0], cutoff, PRUNE_BATCH)).rowcount
+                done += max(n, 0)
+                if n < PRUNE_BATCH:
+                    break
+        return done
+
     def log_head(self) -> int:
         with self._tx(write=False):
             row = self._sql("SELECT MAX(id) FROM tidemark_offset_log").fetchone()
@@ -592,6 +619,50 @@ def lock_lease_from_env(env: Mapping[str, str] | None = None) -> dt.timedelta:
     return lease
 
 
+@dataclass(frozen=True)
+class LogRetention:
+    """How long the offset log keeps its entries (``age``; zero: for ever) and how many of each
+    topic's newest it keeps whatever their age (``keep``)."""
+
+    age: dt.timedelta
+    keep: int
+
+    def prune(self, store: OffsetStore, *, dry_run: bool = False) -> int:
+        """Prune ``store``'s log to this retention (by the store's clock); the entries removed."""
+        if not self.age:
+            return 0
+        return store.prune_log(store.clock() - self.age, keep=self.keep, dry_run=dry_run)
+
+    def describe(self) -> str:
+        if not self.age:
+            return "the offset log is kept whole (retention 0)"
+        return f"entries older than {format_duration(self.age)}, each topic's newest {self.keep} kept"
+
+
+def log_retention_from_env(env: Mapping[str, str] | None = None) -> LogRetention:
+    """``TIDEMARK_OFFSET_LOG_RETENTION`` (a duration, ``0``: keep the whole log; default 30 days)
+    and ``TIDEMARK_OFFSET_LOG_KEEP`` (each topic's newest entries kept whatever their age,
+    default 1000, at least 1)."""
+    env = os.environ if env is None else env
+    text = env.get(LOG_RETENTION_ENV, "").strip()
+    try:
+        age = DEFAULT_LOG_RETENTION if not text else parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(f"{LOG_RETENTION_ENV}: {exc}") from None
+    if text and age and age < dt.timedelta(hours=1):
+        raise ConfigError(f"{LOG_RETENTION_ENV}={text!r}: keep the offset log at least 1h (or 0: for ever); "
+                          f"unset: {format_duration(DEFAULT_LOG_RETENTION)}")
+    raw = env.get(LOG_KEEP_ENV, "").strip()
+    try:
+        keep = int(raw) if raw else DEFAULT_LOG_KEEP
+    except ValueError:
+        keep = 0
+    if keep < 1:
+        raise ConfigError(f"{LOG_KEEP_ENV}={raw!r}: give how many of each topic's newest log entries to keep, "
+                          f"a whole number >= 1 (unset: {DEFAULT_LOG_KEEP})")
+    return LogRetention(age, keep)
+
+
 # -- lock owners --------------------------------------------------------------------------------
 
 
@@ -636,6 +707,13 @@ _OWNER_RE = re.compile(r"(?P<host>[^:@]+):(?P<pid>\d+)(?:@(?P<ns>\d+)\.(?P<boot>
 OWNER_HOST_ENV = "TIDEMARK_OWNER_HOST"
 #: Environment variable holding the lock lease (a duration).
 LEASE_ENV = "TIDEMARK_LOCK_LEASE"
+#: Environment variables of the offset log's retention (see :func:`log_retention_from_env`).
+LOG_RETENTION_ENV = "TIDEMARK_OFFSET_LOG_RETENTION"
+LOG_KEEP_ENV = "TIDEMARK_OFFSET_LOG_KEEP"
+DEFAULT_LOG_RETENTION = dt.timedelta(days=30)
+DEFAULT_LOG_KEEP = 1000
+#: Offset log entries deleted per transaction by :meth:`SqlOffsetStore.prune_log`.
+PRUNE_BATCH = 5000
 
 
 def owner_host() -> str:

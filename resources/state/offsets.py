@@ -238,6 +238,13 @@ class OffsetStore(abc.ABC):
         head read earlier (see :mod:`platform_assets.dagster.watch`)."""
 
     @abc.abstractmethod
+    def prune_log(self, before: dt.datetime, *, keep: int, dry_run: bool = False) -> int:
+        """Delete the offset log's entries written before ``before`` (UTC), except each topic's
+        newest ``keep`` (at least 1, so :meth:`log_head` never goes back); the number deleted, or
+        with ``dry_run`` the number that would be. Records (``tidemark_offsets``) are never touched:
+        the log is history for people, nothing plans from its old entries."""
+
+    @abc.abstractmethod
     def close(self) -> None: ...
 
 

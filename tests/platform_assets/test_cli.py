@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from lineage.core.positions import Position
 from platform_assets.cli.main import main
 from resources.state.offset_sql import open_offset_store
 from tests.platform_assets.shop import make_events, write_lineage, write_rows
@@ -145,3 +146,45 @@ def test_log_shows_the_columns_that_have_nulls(home_args, tmp_path, capsys):
     assert main([*home_args, "log"]) == 0
     row = capsys.readouterr().out.splitlines()[-1]
     assert "country=3" in row and "amount" not in row and "id=0" not in row
+
+
+def test_offsets_prune_and_maintain_prune_the_offset_log_history_only(home_args, tmp_path, capsys, monkeypatch):
+    import datetime as dt
+
+    (tmp_path / "home").mkdir()
+    store = open_offset_store(f"sqlite:///{tmp_path / 'home' / 'offsets.db'}")
+    long_ago = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(days=45)
+    store.clock = lambda: long_ago
+    for name in ("fact.events", "old.one", "old.two"):
+        store.init(name, Position.parse("start"), "step", who="test")
+    for _ in range(3):
+        store.unlock("old.one", who="test")  # old.one: four old entries, of which the newest is kept
+    store.clock = lambda: dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    store.unlock("fact.events", who="test")  # a new entry
+    entries = len(store.history(limit=1000))
+    monkeypatch.setenv("TIDEMARK_OFFSET_LOG_KEEP", "1")
+    assert main([*home_args, "offsets", "prune", "--older-than", "60d"]) == 0
+    assert capsys.readouterr().out.strip() == "offset log: 0 entries removed (entries older than 60d, each topic's newest 1 kept)"
+    assert main([*home_args, "offsets", "prune", "--older-than", "30d", "--keep", "3", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("offset log: 1 entry would be removed")  # old.one's oldest
+    assert main([*home_args, "offsets", "prune", "--dry-run"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == "offset log: 4 entries would be removed (entries older than 30d, each topic's newest 1 kept)", out
+    assert len(store.history(limit=1000)) == entries
+    assert main([*home_args, "maintain", "--dry-run"]) == 0
+    assert "offset log: 4 entries would be removed" in capsys.readouterr().out
+    assert main([*home_args, "offsets", "prune", "--older-than", "0"]) == 1
+    assert "--older-than '0': give an age such as 30d" in capsys.readouterr().err
+    monkeypatch.setenv("TIDEMARK_OFFSET_LOG_RETENTION", "forever")
+    assert main([*home_args, "maintain"]) == 1  # refused before any table is touched
+    assert "TIDEMARK_OFFSET_LOG_RETENTION: 'forever' is not a duration" in capsys.readouterr().err
+    monkeypatch.setenv("TIDEMARK_OFFSET_LOG_RETENTION", "30d")
+    assert main([*home_args, "maintain"]) == 0
+    assert "offset log: 4 entries removed" in capsys.readouterr().out
+    left = store.history(limit=1000)
+    assert len(left) == entries - 4 and {e.topic for e in left} == {"fact.events", "old.one", "old.two"}
+    assert [e.action for e in left if e.topic == "fact.events"] == ["unlock"]
+    assert {r.topic for r in store.list()} >= {"fact.events", "old.one", "old.two"}
+    monkeypatch.setenv("TIDEMARK_OFFSET_LOG_RETENTION", "0")
+    assert main([*home_args, "maintain"]) == 0
+    assert "offset log: nothing pruned (the offset log is kept whole (retention 0))" in capsys.readouterr().out

@@ -124,6 +124,14 @@ def test_the_maintenance_job_compacts_reports_each_table_and_evaluates_table_hea
     _appends(s.table_path("fact.events"), 18)  # the destination, as 18 blocks would leave it
     _unwritable(s.table_path("stage.broken"), 16)
     _committed_block(s, source_version=5, delta_version=16)
+    store = open_offset_store(s.offsets_url)  # a quiet topic's history from 40 days ago: three entries may go
+    store.clock = lambda: dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(days=40)
+    store.init("old.topic", Position.zero(), "step", who="test")
+    for _ in range(3):
+        store.unlock("old.topic", who="test")
+    store.close()
+    monkeypatch.setenv("TIDEMARK_OFFSET_LOG_KEEP", "1")
+    monkeypatch.delenv("TIDEMARK_OFFSET_LOG_RETENTION", raising=False)
     defs = build_definitions(s)
     job = defs.resolve_job_def(JOB_NAME)
 
@@ -143,6 +151,7 @@ def test_the_maintenance_job_compacts_reports_each_table_and_evaluates_table_hea
         (mat,) = dry.asset_materializations_for_node("tidemark_maintenance")
         meta = {k: v.value for k, v in mat.metadata.items()}
         assert meta["dry_run"] is True and meta["failed"] == 0 and meta["small_files_compacted"] == 18 + 20 + 16
+        assert meta["offset_log_entries_removed"] == 3
         report = _sections(meta["report"])
         assert report["fact.events"][0] == "v17: 18 files, 18 small" and "would compact: 18 files" in report["fact.events"][1]
         assert set(report) >= {"fact.events", "stage.events", "stage.broken"}
@@ -156,6 +165,7 @@ def test_the_maintenance_job_compacts_reports_each_table_and_evaluates_table_hea
         assert user.description == "1 table(s) failed: stage.broken (the others were maintained)"
         assert "stage.broken" in user.metadata["errors"].value
         assert user.metadata["small_files_compacted"].value == 18 + 20
+        assert user.metadata["offset_log_entries_removed"].value == 3  # pruned although a table failed
         report = _sections(user.metadata["report"].value)
         assert report["stage.broken"] == ["FAILED: " + user.metadata["errors"].value["stage.broken"]]
         # what was compacted, and what was kept for whom (the base from the version fact.events's block read)
@@ -171,6 +181,8 @@ def test_the_maintenance_job_compacts_reports_each_table_and_evaluates_table_hea
         assert "stage.events v19: 20 files, 20 small" in logs and "compacted: 20 files -> 1 file(s)" in logs
         assert "fact.events v17: 18 files, 18 small" in logs and "compacted: 18 files -> 1 file(s)" in logs
         assert "stage.broken: FAILED: MaintenanceError" in logs
+        assert "offset log: 3 entries removed (entries older than 30d, each topic's newest 1 kept)" in logs
+        assert [e.action for e in open_offset_store(s.offsets_url).history("old.topic")] == ["unlock"]
         latest = instance.event_log_storage.get_latest_asset_check_execution_by_key([dg.AssetCheckKey(FACT, HEALTH_CHECK)])
         assert latest[dg.AssetCheckKey(FACT, HEALTH_CHECK)].run_id == real.run_id
 
@@ -203,6 +215,10 @@ def test_the_schedules_cron_comes_from_the_environment(settings: Settings, tmp_p
     assert maintain_cron({}) == "0 * * * *" and maintain_cron({"TIDEMARK_MAINTAIN_CRON": " "}) == "0 * * * *"
     monkeypatch.setenv("TIDEMARK_MAINTAIN_CRON", "hourly please")
     with pytest.raises(ConfigError, match=r"TIDEMARK_MAINTAIN_CRON='hourly please' is not a cron schedule"):
+        build_definitions(s)
+    monkeypatch.delenv("TIDEMARK_MAINTAIN_CRON")
+    monkeypatch.setenv("TIDEMARK_OFFSET_LOG_KEEP", "-3")  # the offset log's retention is checked at load too
+    with pytest.raises(ConfigError, match=r"TIDEMARK_OFFSET_LOG_KEEP='-3': give how many"):
         build_definitions(s)
 
 

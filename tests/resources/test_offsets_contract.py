@@ -889,6 +889,65 @@ def test_the_log_head_grows_with_every_logged_change_and_only_then(store: Offset
     assert store.logged_after(store.log_head()) == {}
 
 
+# -- the log's retention ---------------------------------------------------------------------------
+
+
+def _log_blocks(store: OffsetStore, topic: str, blocks: int) -> None:
+    """``blocks`` planned and committed blocks of ``topic`` (two log entries each)."""
+    rec = store.get(topic) or store.init(topic, P(0), "step", who="t")
+    store.acquire(topic, A)
+    for _ in range(blocks):
+        rec = current(store, topic)
+        nxt = Position(rec.last.pos + dt.timedelta(minutes=1), 0)
+        store.plan(topic, A, last=rec.last, next=nxt, seq=rec.seq + 1, source_version=None)
+        store.commit(topic, A, seq=rec.seq + 1, last=rec.last, next=nxt, rows=1)
+    store.release(topic, A)
+
+
+def test_prune_log_removes_old_entries_but_each_topics_newest_and_never_a_record(
+        store: OffsetStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    import resources.state.offset_sql as offset_sql
+
+    monkeypatch.setattr(offset_sql, "PRUNE_BATCH", 3)  # several batches per topic
+    clock = Clock()
+    store.clock = clock
+    _log_blocks(store, T, 5)  # init, then a plan and a commit per block
+    _log_blocks(store, "fact.quiet", 2)
+    old = {e.topic: sum(1 for x in store.history(limit=1000) if x.topic == e.topic) for e in store.history(limit=1000)}
+    clock.advance(days=40)
+    _log_blocks(store, T, 1)  # new entries: never pruned
+    head, records = store.log_head(), store.list()
+    cutoff = clock.now - dt.timedelta(days=30)
+    assert old == {T: 11, "fact.quiet": 5}
+    assert store.prune_log(cutoff, keep=2, dry_run=True) == old[T] + old["fact.quiet"] - 2
+    assert len(store.history(limit=1000)) == old[T] + old["fact.quiet"] + 2  # a dry run removes nothing
+    # T's two newest entries are new ones, so all its old ones may go; the quiet topic keeps its newest two.
+    removed = store.prune_log(cutoff, keep=2)
+    assert removed == old[T] + old["fact.quiet"] - 2
+    left = store.history(limit=1000)
+    assert [(e.topic, e.at >= cutoff) for e in left] == [(T, True), (T, True), ("fact.quiet", False), ("fact.quiet", False)]
+    assert store.log_head() == head and store.list() == records
+    assert store.prune_log(cutoff, keep=2) == 0  # nothing left to remove
+    assert store.prune_log(clock.now + dt.timedelta(days=1), keep=1) == 2  # T keeps one, the quiet topic one
+    assert store.log_head() == head
+    with pytest.raises(ValueError, match="at least its newest"):
+        store.prune_log(cutoff, keep=0)
+
+
+def test_log_retention_from_env() -> None:
+    from resources.state.offset_sql import LOG_KEEP_ENV, LOG_RETENTION_ENV, log_retention_from_env
+
+    assert log_retention_from_env({}) == log_retention_from_env({LOG_RETENTION_ENV: "30d", LOG_KEEP_ENV: "1000"})
+    assert log_retention_from_env({LOG_RETENTION_ENV: "0"}).age == dt.timedelta(0)
+    assert log_retention_from_env({LOG_RETENTION_ENV: "12h", LOG_KEEP_ENV: "5"}).keep == 5
+    for env, message in [({LOG_RETENTION_ENV: "soon"}, "TIDEMARK_OFFSET_LOG_RETENTION: 'soon' is not a duration"),
+                         ({LOG_RETENTION_ENV: "5m"}, "TIDEMARK_OFFSET_LOG_RETENTION='5m': keep the offset log at least 1h"),
+                         ({LOG_KEEP_ENV: "0"}, "TIDEMARK_OFFSET_LOG_KEEP='0': give how many"),
+                         ({LOG_KEEP_ENV: "many"}, "TIDEMARK_OFFSET_LOG_KEEP='many'")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            log_retention_from_env(env)
+
+
 # -- counters ---------------------------------------------------------------------------------------
 
 
