@@ -264,7 +264,8 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                 rec = records.get(step.name)
                 if (step.spec.processor is Processor.STEP and (step.name in to_plan or last is None)
                         and not (rec and (rec.pending or rec.owner))):  # (a pending block is planned already)
-                    bases.setdefault(engine.path(step.spec.base), []).extend([rec.last] if rec else [])
+                    # (no record yet: most often a new topic, whose first block starts at the beginning)
+                    bases.setdefault(engine.path(step.spec.base), []).append(rec.last if rec else Position.zero())
             held_open.enter_context(delta_meta.prefetched(bases, after=bases))
             for topic in lineage.topics.values():
                 name, table = topic.name, topic.spec.destination

@@ -62,8 +62,8 @@ class TableSnapshot:
         """``path`` at ``version`` (default the newest: inside :func:`prefetched`, the one it opened,
         unless it is older than version ``at_least``)."""
         if version is None and (ready := _PREFETCHED.get()) is not None and path in ready:
-            snap = ready[path]
-            if at_least is None or snap.version is None or snap.version >= at_least:
+            snap = ready[path].result()  # (None: reading it failed; read again here, which says why)
+            if snap is not None and (at_least is None or snap.version is None or snap.version >= at_least):
                 return snap
         return cls(path, open_table(path, version))
 
@@ -99,8 +99,8 @@ class TableSnapshot:
         return pa.table({}) if self.table is None else pa.table(self.table.get_add_actions(flatten=True))
 
 
-_PREFETCHED: contextvars.ContextVar[dict[str, TableSnapshot] | None] = contextvars.ContextVar("tidemark_prefetched",
-                                                                                            default=None)
+_PREFETCHED: contextvars.ContextVar[dict[str, concurrent.futures.Future[TableSnapshot | None]] | None] = \
+    contextvars.ContextVar("tidemark_prefetched", default=None)
 
 
 #: Up to this many rows after a position are read ahead by :func:`prefetched` (their ``pos`` and
@@ -112,8 +112,10 @@ PREFETCH_ROWS = 20_000
 def prefetched(paths: Iterable[str], threads: int = 4, after: Mapping[str, Collection[Position]] | None = None) -> Iterator[None]:
     """Open the newest snapshot of each of ``paths`` (its log and file list) in ``threads`` threads
     at once, deltalake reading without Python's lock, and let :meth:`TableSnapshot.open` return
-    those inside the block. For a caller that looks at many tables in a row and takes each as it
-    was when the block began: the planner's tick, whose block plans read that very version.
+    those inside the block (waiting for the one it asks for, not for all: a caller that takes the
+    tables in the order of ``paths`` works while the later ones are read). For a caller that looks
+    at many tables in a row and takes each as it was when its read began: the planner's tick,
+    whose block plans read that very version.
     ``after[path]``: positions whose following rows (at most :data:`PREFETCH_ROWS` by the
     statistics) are read ahead too, for :func:`find_block_end`."""
     unique = list(dict.fromkeys(paths))
@@ -131,18 +133,20 @@ def prefetched(paths: Iterable[str], threads: int = 4, after: Mapping[str, Colle
             return None
         return snap
 
-    ready: dict[str, TableSnapshot] = {}
-    if unique:
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(unique)))) as pool:
-            ready = {p: snap for p, snap in zip(unique, pool.map(fetch, unique), strict=True) if snap is not None}
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(unique) or 1)))
+    ready = {p: pool.submit(fetch, p) for p in unique}
     token = _PREFETCHED.set(ready)
     try:
         yield
     finally:
         _PREFETCHED.reset(token)
+        pool.shutdown(wait=True, cancel_futures=True)  # (a caller that left early: reads not begun are not)
         now = time.monotonic()
         with _KEPT_LOCK:
-            for path, snap in ready.items():
+            for path, future in ready.items():
+                snap = None if future.cancelled() else future.result()
+                if snap is None:
+                    continue
                 mark = None if snap.version is None else _commit_mark(path, snap.version)
                 if mark is not None and len(_KEPT) < KEPT_TABLES:
                     _KEPT[path] = (snap.table, mark, now)

@@ -367,8 +367,8 @@ def test_prefetched_snapshots_are_the_ones_open_returns_inside_the_block(tmp_pat
         write_deltalake(p, pa.table({"v": [1]}))
     missing = str(tmp_path / "none")
     with delta_meta.prefetched([*paths, missing, paths[0]]):
-        write_deltalake(paths[0], pa.table({"v": [2]}), mode="append")  # after the block began
-        snap = delta_meta.TableSnapshot.open(paths[0])
+        snap = delta_meta.TableSnapshot.open(paths[0])  # (waits for its read)
+        write_deltalake(paths[0], pa.table({"v": [2]}), mode="append")  # after it was read
         assert snap is delta_meta.TableSnapshot.open(paths[0]) and snap.version == 0
         assert delta_meta.TableSnapshot.open(paths[0], version=1).version == 1  # a version asked for is opened
         assert delta_meta.TableSnapshot.open(missing).table is None
