@@ -4,13 +4,22 @@
     .venv/bin/python bench/freshness.py --dev 10m     # starts dev.sh itself, measures, stops it
 
 Run it beside ``./scripts/dev.sh`` (the feeder appends ``FEED_ORDERS`` orders every
-``FEED_INTERVAL`` seconds and Dagster's planner sensor turns them into blocks). For every
-``source:destination`` pair (default: the demo's ``stage.orders:fact.orders`` and
-``stage.order_items:fact.order_items``) it reads both tables' Delta logs (no JVM): the commit
-time of each row's ``id`` in the source and in the destination. A row's latency is destination
-commit time minus source commit time. It prints count, p50, p95 and max per pair for rows whose
-source commit is within ``--since``, against the target p95 <= delay + 10 s (the topic's
-``delay`` from the lineage). Rows not in the destination (yet, or dropped by the transform) are
+``FEED_INTERVAL`` seconds and Dagster's planner sensor turns them into blocks). It reads the
+tables' Delta logs (no JVM), three ways:
+
+- ``--pair source:destination`` (default: the demo's ``stage.orders:fact.orders`` and
+  ``stage.order_items:fact.order_items``), per row: the commit time of each row's ``id`` in the
+  source and in the destination (a step topic keeps the base's ids);
+- ``--hop source:destination`` (default: ``stage.customers:dim.customers``, a reload, and
+  ``fact.order_items:mart.daily_revenue``, a view), per source commit: the first destination
+  commit whose unit read the source at that version or later (its ``source_version``);
+- ``--chain a,b,c,...`` (default ``stage.order_items,fact.order_items,mart.daily_revenue``), per
+  row of ``a``: into ``b`` by id, then hop by hop by version, to the last table.
+
+A latency is destination commit time minus source commit time. It prints count, p50, p95 and max
+for rows (commits) whose source commit is within ``--since``, against the targets p95 <= delay +
+10 s per hop (the destination topic's ``delay`` from the lineage) and the sum of the delays + 30 s
+for the chain. What has not reached the destination (yet, or was dropped by the transform) is
 counted as waiting, with the oldest one's age, so a stalled pipeline shows; quarantined rows
 (late, no position) are left out.
 """
@@ -23,7 +32,10 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,33 +46,75 @@ from resources.core.settings import Settings  # noqa: E402
 from resources.storage.warehouse import arrow_filesystem  # noqa: E402
 
 DEFAULT_PAIRS = ("stage.orders:fact.orders", "stage.order_items:fact.order_items")
+DEFAULT_HOPS = ("stage.customers:dim.customers", "fact.order_items:mart.daily_revenue")
+DEFAULT_CHAIN = "stage.order_items,fact.order_items,mart.daily_revenue"
 TARGET_SLACK_S = 10.0  # per hop: the issue's target is delay + 10 s
+CHAIN_SLACK_S = 30.0  # the whole chain: the sum of the delays + 30 s
 
 
-def landed_at(path: str, since_ms: int) -> dict[int, float]:
-    """``id`` -> unix seconds of the first commit (at or after ``since_ms``) that added it."""
+@dataclass(frozen=True)
+class Commit:
+    """A commit that changed data: its version, time (unix seconds), the files it added and its
+    ``userMetadata`` (a Tidemark unit's: ``base`` and the ``source_version`` it read)."""
+
+    version: int
+    at: float
+    added: tuple[str, ...]
+    meta: dict[str, Any]
+
+
+def data_commits(path: str, since_ms: int) -> list[Commit]:
+    """The commits of the table at ``path`` from ``since_ms`` on that added data, oldest first."""
     import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
 
     fs, root = arrow_filesystem(path)
     log = root.rstrip("/") + "/_delta_log"
-    out: dict[int, float] = {}
-    names = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(log))
-                   if i.path.endswith(".json"))
+    out = []
+    try:
+        names = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(log)) if i.path.endswith(".json"))
+    except FileNotFoundError:
+        return []
     for name in names:
         with fs.open_input_stream(name) as f:
             actions = [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
         info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
         ts = int(info.get("timestamp") or 0)
-        if ts < since_ms:
+        added = tuple(a["add"]["path"] for a in actions if "add" in a and a["add"].get("dataChange", True))
+        if ts < since_ms or not added:
             continue
-        for a in actions:
-            if "add" in a and a["add"].get("dataChange", True):
-                table = pq.read_table(f"{root.rstrip('/')}/{a['add']['path']}", columns=["id"], filesystem=fs)
-                for i in table.column("id").to_pylist():
-                    if i is not None:
-                        out.setdefault(int(i), ts / 1000)
+        try:
+            meta = json.loads(info.get("userMetadata") or "{}")
+        except ValueError:
+            meta = {}
+        out.append(Commit(int(name.rsplit("/", 1)[-1].split(".")[0]), ts / 1000, added, meta if isinstance(meta, dict) else {}))
     return out
+
+
+def landed_at(path: str, since_ms: int) -> dict[int, tuple[float, int]]:
+    """``id`` -> (unix seconds, version) of the first commit (at or after ``since_ms``) that added it."""
+    import pyarrow.parquet as pq
+
+    fs, root = arrow_filesystem(path)
+    out: dict[int, tuple[float, int]] = {}
+    for c in data_commits(path, since_ms):
+        for added in c.added:
+            table = pq.read_table(f"{root.rstrip('/')}/{added}", columns=["id"], filesystem=fs)
+            for i in table.column("id").to_pylist():
+                if i is not None:
+                    out.setdefault(int(i), (c.at, c.version))
+    return out
+
+
+def reached_version(src: str, dest_commits: list[Commit]) -> Callable[[int], tuple[float, int] | None]:
+    """For a version of ``src``: the time and version of the first commit of the destination whose
+    unit read ``src`` (its base) at that version or later; None while none has."""
+    units = [(int(c.meta["source_version"]), c.at, c.version) for c in dest_commits
+             if c.meta.get("base") == src and c.meta.get("source_version") is not None]
+
+    def first(version: int) -> tuple[float, int] | None:
+        found = [(at, v) for read, at, v in units if read >= version]
+        return min(found) if found else None
+    return first
 
 
 def quarantined_ids(settings: Settings, source: str) -> set[int]:
@@ -126,49 +180,108 @@ def run_dev(home: Path, seconds: float, warmup_s: float) -> None:
                     proc.wait()
 
 
+def _row(label: str, lat: list[float], waiting: list[float], goal: float) -> str:
+    if not lat:
+        return f"{label:52} {0:>6} {len(waiting):>7}  nothing reached the destination in the window"
+    p95 = pct(lat, 0.95)
+    oldest = f"  (oldest waiting {max(waiting):.0f} s)" if waiting else ""
+    return (f"{label:52} {len(lat):>6} {len(waiting):>7} {statistics.median(lat):7.1f} {p95:7.1f} {max(lat):7.1f} "
+            f"{goal:8.0f}  {'PASS' if p95 <= goal else 'MISS'}{oldest}")
+
+
+def _delay_s(lineage: Any, dest: str) -> float:
+    delay = max((lineage.topic(t).spec.delay for t in lineage.destinations().get(dest, [])), default=None)
+    return delay.total_seconds() if delay else 0.0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--home", help="state dir (default: TIDEMARK_HOME or .tidemark)")
     p.add_argument("--since", default="10m", help="only rows whose source commit is this recent (default 10m)")
-    p.add_argument("--pair", action="append", help="source:destination (repeatable)")
+    p.add_argument("--pair", action="append", help="source:destination, per row by id (repeatable)")
+    p.add_argument("--hop", action="append", help="source:destination, per source commit by the versions the "
+                                                  "destination's units read (repeatable)")
+    p.add_argument("--chain", help="table,table,...: per row of the first table (a step hop by id first, then "
+                                   "hops by version) to the last")
     p.add_argument("--dev", metavar="DURATION",
-                   help="start ./scripts/dev.sh on a fresh state dir (under --home, default a temporary one) for "
-                        "DURATION (e.g. 10m), then measure its rows after the first 3 minutes")
+                   help="start ./scripts/dev.sh on a fresh state dir (under --home, default a temporary one, "
+                        "removed after) for DURATION (e.g. 10m), then measure its rows after the first 3 minutes")
     args = p.parse_args()
+    temporary = None
     if args.dev:
+        import shutil
         import tempfile
 
         seconds = parse_duration(args.dev).total_seconds()
         warmup = min(180.0, seconds / 2)
         home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="tidemark-freshness-"))
-        run_dev(home, seconds, warmup)
+        temporary = None if args.home else home
+        try:
+            run_dev(home, seconds, warmup)
+        except BaseException:
+            if temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
         args.home, args.since = str(home), f"{int(seconds - warmup)}s"
+    try:
+        measure(args)
+    finally:
+        if temporary is not None:
+            import shutil
+
+            shutil.rmtree(temporary, ignore_errors=True)
+    return 0
+
+
+def measure(args: argparse.Namespace) -> None:
     settings = Settings.from_env(home=args.home)
     lineage = load_lineage(settings.lineage)
     now = time.time()
     since_ms = int((now - parse_duration(args.since).total_seconds()) * 1000)
     print(f"rows whose source commit is from the last {args.since}; latency = destination commit - source commit")
-    print(f"{'source -> destination':42} {'rows':>6} {'waiting':>7} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'target s':>8}  verdict")
-    for pair in args.pair or DEFAULT_PAIRS:
+    print(f"{'source -> destination':52} {'rows':>6} {'waiting':>7} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'target s':>8}  verdict")
+    landed: dict[str, dict[int, tuple[float, int]]] = {}
+
+    def rows_of(table: str) -> dict[int, tuple[float, int]]:
+        if table not in landed:
+            landed[table] = landed_at(settings.table_path(table), since_ms)
+        return landed[table]
+
+    for pair in args.pair or DEFAULT_PAIRS:  # per row, by id
         src, _, dest = pair.partition(":")
-        delay = max((lineage.topic(t).spec.delay for t in lineage.destinations().get(dest, [])), default=None)
-        delay_s = delay.total_seconds() if delay else 0.0
-        source = landed_at(settings.table_path(src), since_ms)
-        target = landed_at(settings.table_path(dest), since_ms)
+        source, target = dict(rows_of(src)), rows_of(dest)
         for i in quarantined_ids(settings, src):
             source.pop(i, None)
-        lat = [target[i] - t for i, t in source.items() if i in target]
-        waiting = [now - t for i, t in source.items() if i not in target]
-        if not lat:
-            print(f"{src + ' -> ' + dest:42} {0:>6}  no source rows in the window")
-            continue
-        goal = delay_s + TARGET_SLACK_S
-        p95 = pct(lat, 0.95)
-        verdict = "PASS" if p95 <= goal else "MISS"
-        oldest = f"  (oldest waiting {max(waiting):.0f} s)" if waiting else ""
-        print(f"{src + ' -> ' + dest:42} {len(lat):>6} {len(waiting):>7} {statistics.median(lat):7.1f} {p95:7.1f} "
-              f"{max(lat):7.1f} {goal:8.0f}  {verdict}{oldest}")
-    return 0
+        lat = [target[i][0] - t for i, (t, _) in source.items() if i in target]
+        waiting = [now - t for i, (t, _) in source.items() if i not in target]
+        print(_row(f"{src} -> {dest}", lat, waiting, _delay_s(lineage, dest) + TARGET_SLACK_S))
+    for hop in args.hop or DEFAULT_HOPS:  # per source commit, by the versions the destination's units read
+        src, _, dest = hop.partition(":")
+        first = reached_version(src, data_commits(settings.table_path(dest), since_ms))
+        lat, waiting = [], []
+        for c in data_commits(settings.table_path(src), since_ms):
+            reached = first(c.version)
+            (waiting.append(now - c.at) if reached is None else lat.append(reached[0] - c.at))
+        print(_row(f"{src} -> {dest} (per commit)", lat, waiting, _delay_s(lineage, dest) + TARGET_SLACK_S))
+    chain = (args.chain or DEFAULT_CHAIN).split(",")
+    if len(chain) >= 3:  # per row of the first table: by id into the second, then by version to the last
+        source = dict(rows_of(chain[0]))
+        for i in quarantined_ids(settings, chain[0]):
+            source.pop(i, None)
+        hops = [reached_version(src, data_commits(settings.table_path(dest), since_ms))
+                for src, dest in zip(chain[1:], chain[2:], strict=False)]
+        lat, waiting = [], []
+        second = rows_of(chain[1])
+        for i, (t, _) in source.items():
+            step = second.get(i)
+            reached = step
+            for follow in hops:
+                if reached is None:
+                    break
+                reached = follow(reached[1])
+            (waiting.append(now - t) if reached is None else lat.append(reached[0] - t))
+        goal = sum(_delay_s(lineage, d) for d in chain[1:]) + CHAIN_SLACK_S
+        print(_row(" -> ".join(chain), lat, waiting, goal))
 
 
 if __name__ == "__main__":
