@@ -177,10 +177,14 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     would = "would be " if args.dry_run else ""
     print(f"{len(reports)} table(s): {done['small_files_compacted']} small files {would}compacted, "
           f"{done['data_files_removed']} data files and {done['log_files_removed']} log files {would}removed")
+    problems = [f"{len(failed)} table(s) failed: {', '.join(failed)} (the others were maintained)"] if failed else []
     if retention is not None:
-        print(maintain.prune_offset_log(eng.store, retention, dry_run=args.dry_run)[1])
-    if failed:
-        print(f"error: {len(failed)} table(s) failed: {', '.join(failed)} (the others were maintained)", file=sys.stderr)
+        pruned, line = maintain.prune_offset_log(eng.store, retention, dry_run=args.dry_run)
+        print(line, flush=True)
+        if pruned is None:
+            problems.append("the offset log was not pruned (above)")
+    if problems:
+        print(f"error: {'; '.join(problems)}", file=sys.stderr)
         return 1
     return 0
 
@@ -189,7 +193,12 @@ def _log_retention(args: argparse.Namespace) -> Any:
     """The offset log's retention: ``TIDEMARK_OFFSET_LOG_RETENTION``/``_KEEP``, overridden by
     ``--older-than``/``--keep`` where given."""
     from lineage.core.durations import parse_duration
-    from resources.state.offset_sql import LOG_RETENTION_ENV, LogRetention, log_retention_from_env
+    from resources.state.offsets import (
+        LOG_RETENTION_ENV,
+        MIN_LOG_RETENTION,
+        LogRetention,
+        log_retention_from_env,
+    )
 
     retention = log_retention_from_env()
     older = getattr(args, "older_than", None)
@@ -201,6 +210,9 @@ def _log_retention(args: argparse.Namespace) -> Any:
         if not age:
             raise ConfigError(f"--older-than {older!r}: give an age such as 30d (to keep the whole log, prune nothing; "
                               f"{LOG_RETENTION_ENV}=0 makes tidemark maintain keep it)")
+        if age < MIN_LOG_RETENTION:
+            raise ConfigError(f"--older-than {older!r}: keep the offset log at least 1h (the offset log's entries "
+                              "of the last hour tell what is running now)")
         retention = LogRetention(age, retention.keep)
     keep = getattr(args, "keep", None)
     if keep is not None:
@@ -232,9 +244,19 @@ def cmd_offsets(args: argparse.Namespace) -> int:
                                ["topic", "applied", "pending unit"]))
         return 0
     if args.action == "prune":
+        if args.topic:
+            raise TidemarkError(f"tidemark offsets prune takes no topic ({args.topic!r}): it prunes the log of every "
+                                "topic, keeping each topic's newest entries (--keep)")
         from platform_assets.maintenance import tables as maintain
 
-        print(maintain.prune_offset_log(store, _log_retention(args), dry_run=args.dry_run)[1])
+        retention = _log_retention(args)
+        if not retention.age:
+            raise TidemarkError(f"tidemark offsets prune: {retention.describe()}; give --older-than AGE (e.g. 30d) "
+                                "to prune by hand")
+        pruned, line = maintain.prune_offset_log(store, retention, dry_run=args.dry_run)
+        if pruned is None:
+            raise TidemarkError("the offset log was not pruned: " + line.removeprefix("offset log: FAILED: "))
+        print(line)
         return 0
     if not args.topic:
         raise TidemarkError(f"tidemark offsets {args.action}: name the topic")

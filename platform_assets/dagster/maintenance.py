@@ -46,7 +46,7 @@ from lineage.core.errors import ConfigError
 from lineage.spec.model import Lineage
 from platform_assets.maintenance import tables as maintain
 from resources.core.settings import Settings
-from resources.state.offset_sql import log_retention_from_env
+from resources.state.offsets import log_retention_from_env
 from resources.storage import maintenance
 from resources.storage.maintenance import Health, Need
 
@@ -158,17 +158,20 @@ def build_maintenance(settings: Settings, lineage: Lineage) -> tuple[list[Any], 
 
         reports = maintain.run(eng, None, opts, on_report=on_report)
         yield from evaluations  # yielded (not raised past) also when tables failed
-        pruned = 0
+        pruned: int | None = 0
+        line = ""
         if opts.cleanup:
             pruned, line = maintain.prune_offset_log(eng.store, retention, dry_run=opts.dry_run)
-            context.log.info(line)
+            (context.log.info if pruned is not None else context.log.error)(line)
         meta: dict[str, Any] = {
             "tables": len(lines), "failed": len(failed), "dry_run": opts.dry_run, **maintain.totals(reports),
-            "offset_log_entries_removed": pruned, "report": dg.MetadataValue.md(_markdown(lines)),
+            "offset_log_entries_removed": pruned or 0, "report": dg.MetadataValue.md(_markdown(lines)),
         }
-        if failed:
-            raise dg.Failure(description=f"{len(failed)} table(s) failed: {', '.join(failed)} (the others were maintained)",
-                             metadata={**meta, "errors": dg.MetadataValue.json(failed)})
+        if failed or pruned is None:
+            problems = [f"{len(failed)} table(s) failed: {', '.join(failed)} (the others were maintained)"] if failed else []
+            problems += [line] if pruned is None else []
+            raise dg.Failure(description="; ".join(problems), metadata={**meta, "errors": dg.MetadataValue.json(
+                {**failed, **({"offset log": line} if pruned is None else {})})})
         yield dg.MaterializeResult(metadata=meta)
 
     specs = [dg.AssetCheckSpec(HEALTH_CHECK, asset=table_key(t),

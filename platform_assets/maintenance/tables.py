@@ -22,8 +22,7 @@ from lineage.core.durations import format_size
 from lineage.core.errors import ConfigError
 from lineage.spec.model import Processor
 from platform_assets.core.faults import crashpoint
-from resources.state.offset_sql import LogRetention
-from resources.state.offsets import OffsetRecord, OffsetStore
+from resources.state.offsets import LogRetention, OffsetRecord, OffsetStore
 from resources.storage import maintenance
 from resources.storage.maintenance import Health, Need, Report
 from resources.storage.meta_tables import META_TABLES
@@ -195,12 +194,17 @@ def run(eng: TopicContext, tables: list[str] | None, opts: Options,
     return reports
 
 
-def prune_offset_log(store: OffsetStore, retention: LogRetention, *, dry_run: bool) -> tuple[int, str]:
+def prune_offset_log(store: OffsetStore, retention: LogRetention, *, dry_run: bool) -> tuple[int | None, str]:
     """Prune the offset log's history to ``retention``: the entries removed (or with ``dry_run``
-    that would be) and a line that says so."""
+    that would be; None: pruning failed) and a line that says so. A failure (the store
+    unreachable, a lock not granted) is that line, not an exception: what maintenance did to the
+    tables is reported all the same."""
     if not retention.age:
         return 0, f"offset log: nothing pruned ({retention.describe()})"
-    n = retention.prune(store, dry_run=dry_run)
+    try:
+        n = retention.prune(store, dry_run=dry_run)
+    except Exception as exc:  # noqa: BLE001 - said, and counted as a failure by the caller
+        return None, f"offset log: FAILED: {type(exc).__name__}: {exc}"
     return n, f"offset log: {n} entr{'y' if n == 1 else 'ies'} {'would be ' if dry_run else ''}removed ({retention.describe()})"
 
 

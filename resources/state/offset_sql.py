@@ -619,50 +619,6 @@ def lock_lease_from_env(env: Mapping[str, str] | None = None) -> dt.timedelta:
     return lease
 
 
-@dataclass(frozen=True)
-class LogRetention:
-    """How long the offset log keeps its entries (``age``; zero: for ever) and how many of each
-    topic's newest it keeps whatever their age (``keep``)."""
-
-    age: dt.timedelta
-    keep: int
-
-    def prune(self, store: OffsetStore, *, dry_run: bool = False) -> int:
-        """Prune ``store``'s log to this retention (by the store's clock); the entries removed."""
-        if not self.age:
-            return 0
-        return store.prune_log(store.clock() - self.age, keep=self.keep, dry_run=dry_run)
-
-    def describe(self) -> str:
-        if not self.age:
-            return "the offset log is kept whole (retention 0)"
-        return f"entries older than {format_duration(self.age)}, each topic's newest {self.keep} kept"
-
-
-def log_retention_from_env(env: Mapping[str, str] | None = None) -> LogRetention:
-    """``TIDEMARK_OFFSET_LOG_RETENTION`` (a duration, ``0``: keep the whole log; default 30 days)
-    and ``TIDEMARK_OFFSET_LOG_KEEP`` (each topic's newest entries kept whatever their age,
-    default 1000, at least 1)."""
-    env = os.environ if env is None else env
-    text = env.get(LOG_RETENTION_ENV, "").strip()
-    try:
-        age = DEFAULT_LOG_RETENTION if not text else parse_duration(text)
-    except ValueError as exc:
-        raise ConfigError(f"{LOG_RETENTION_ENV}: {exc}") from None
-    if text and age and age < dt.timedelta(hours=1):
-        raise ConfigError(f"{LOG_RETENTION_ENV}={text!r}: keep the offset log at least 1h (or 0: for ever); "
-                          f"unset: {format_duration(DEFAULT_LOG_RETENTION)}")
-    raw = env.get(LOG_KEEP_ENV, "").strip()
-    try:
-        keep = int(raw) if raw else DEFAULT_LOG_KEEP
-    except ValueError:
-        keep = 0
-    if keep < 1:
-        raise ConfigError(f"{LOG_KEEP_ENV}={raw!r}: give how many of each topic's newest log entries to keep, "
-                          f"a whole number >= 1 (unset: {DEFAULT_LOG_KEEP})")
-    return LogRetention(age, keep)
-
-
 # -- lock owners --------------------------------------------------------------------------------
 
 
@@ -707,11 +663,6 @@ _OWNER_RE = re.compile(r"(?P<host>[^:@]+):(?P<pid>\d+)(?:@(?P<ns>\d+)\.(?P<boot>
 OWNER_HOST_ENV = "TIDEMARK_OWNER_HOST"
 #: Environment variable holding the lock lease (a duration).
 LEASE_ENV = "TIDEMARK_LOCK_LEASE"
-#: Environment variables of the offset log's retention (see :func:`log_retention_from_env`).
-LOG_RETENTION_ENV = "TIDEMARK_OFFSET_LOG_RETENTION"
-LOG_KEEP_ENV = "TIDEMARK_OFFSET_LOG_KEEP"
-DEFAULT_LOG_RETENTION = dt.timedelta(days=30)
-DEFAULT_LOG_KEEP = 1000
 #: Offset log entries deleted per transaction by :meth:`SqlOffsetStore.prune_log`.
 PRUNE_BATCH = 5000
 

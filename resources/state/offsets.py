@@ -20,11 +20,12 @@ from __future__ import annotations
 import abc
 import builtins
 import datetime as dt
+import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from lineage.core.durations import format_duration
-from lineage.core.errors import OffsetError
+from lineage.core.durations import format_duration, parse_duration
+from lineage.core.errors import ConfigError, OffsetError
 from lineage.core.positions import Position, format_ts
 
 #: Lock lease when ``TIDEMARK_LOCK_LEASE`` is not set.
@@ -254,3 +255,57 @@ def lease_end(rec: OffsetRecord, lease: dt.timedelta) -> dt.datetime:
     if rec.lease_until is not None:
         return rec.lease_until
     return rec.owner_since + lease if rec.owner_since else dt.datetime.min
+
+
+# -- the log's retention ------------------------------------------------------------------------
+
+#: Environment variables of the offset log's retention (see :func:`log_retention_from_env`).
+LOG_RETENTION_ENV = "TIDEMARK_OFFSET_LOG_RETENTION"
+LOG_KEEP_ENV = "TIDEMARK_OFFSET_LOG_KEEP"
+DEFAULT_LOG_RETENTION = dt.timedelta(days=30)
+MIN_LOG_RETENTION = dt.timedelta(hours=1)
+DEFAULT_LOG_KEEP = 1000
+
+
+@dataclass(frozen=True)
+class LogRetention:
+    """How long the offset log keeps its entries (``age``; zero: for ever) and how many of each
+    topic's newest it keeps whatever their age (``keep``)."""
+
+    age: dt.timedelta
+    keep: int
+
+    def prune(self, store: OffsetStore, *, dry_run: bool = False) -> int:
+        """Prune ``store``'s log to this retention (by the store's clock); the entries removed."""
+        if not self.age:
+            return 0
+        return store.prune_log(store.clock() - self.age, keep=self.keep, dry_run=dry_run)
+
+    def describe(self) -> str:
+        if not self.age:
+            return f"the offset log is kept whole: {LOG_RETENTION_ENV}=0"
+        return f"entries older than {format_duration(self.age)}, each topic's newest {self.keep} kept"
+
+
+def log_retention_from_env(env: Mapping[str, str] | None = None) -> LogRetention:
+    """``TIDEMARK_OFFSET_LOG_RETENTION`` (a duration, ``0``: keep the whole log; default 30 days)
+    and ``TIDEMARK_OFFSET_LOG_KEEP`` (each topic's newest entries kept whatever their age,
+    default 1000, at least 1)."""
+    env = os.environ if env is None else env
+    text = env.get(LOG_RETENTION_ENV, "").strip()
+    try:
+        age = DEFAULT_LOG_RETENTION if not text else parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(f"{LOG_RETENTION_ENV}: {exc}") from None
+    if text and age and age < MIN_LOG_RETENTION:
+        raise ConfigError(f"{LOG_RETENTION_ENV}={text!r}: keep the offset log at least 1h (or 0: for ever); "
+                          f"unset: {format_duration(DEFAULT_LOG_RETENTION)}")
+    raw = env.get(LOG_KEEP_ENV, "").strip()
+    try:
+        keep = int(raw) if raw else DEFAULT_LOG_KEEP
+    except ValueError:
+        keep = 0
+    if keep < 1:
+        raise ConfigError(f"{LOG_KEEP_ENV}={raw!r}: give how many of each topic's newest log entries to keep, "
+                          f"a whole number >= 1 (unset: {DEFAULT_LOG_KEEP})")
+    return LogRetention(age, keep)

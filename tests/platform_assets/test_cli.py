@@ -187,4 +187,28 @@ def test_offsets_prune_and_maintain_prune_the_offset_log_history_only(home_args,
     assert {r.topic for r in store.list()} >= {"fact.events", "old.one", "old.two"}
     monkeypatch.setenv("TIDEMARK_OFFSET_LOG_RETENTION", "0")
     assert main([*home_args, "maintain"]) == 0
-    assert "offset log: nothing pruned (the offset log is kept whole (retention 0))" in capsys.readouterr().out
+    assert "offset log: nothing pruned (the offset log is kept whole: TIDEMARK_OFFSET_LOG_RETENTION=0)" in capsys.readouterr().out
+    assert main([*home_args, "offsets", "prune"]) == 1  # by hand, an age is needed then
+    assert "give --older-than AGE (e.g. 30d) to prune by hand" in capsys.readouterr().err
+    assert main([*home_args, "offsets", "prune", "old.one", "--older-than", "30d"]) == 1  # never one topic's only
+    assert "tidemark offsets prune takes no topic ('old.one')" in capsys.readouterr().err
+    assert main([*home_args, "offsets", "prune", "--older-than", "30m"]) == 1
+    assert "--older-than '30m': keep the offset log at least 1h" in capsys.readouterr().err
+    assert len(store.history(limit=1000)) == entries - 4  # none of these removed anything
+
+
+def test_maintain_reports_a_failed_pruning_after_the_tables_and_exits_1(home_args, tmp_path, capsys, monkeypatch):
+    import sqlite3
+
+    from resources.state.offsets import LogRetention
+
+    def locked(self, store, *, dry_run=False):  # noqa: ANN001, ANN202
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(LogRetention, "prune", locked)
+    assert main([*home_args, "maintain"]) == 1
+    out = capsys.readouterr()
+    assert "table(s):" in out.out and "offset log: FAILED: OperationalError: database is locked" in out.out
+    assert "error: the offset log was not pruned (above)" in out.err
+    assert main([*home_args, "offsets", "prune", "--older-than", "2d"]) == 1
+    assert "error: the offset log was not pruned: OperationalError: database is locked" in capsys.readouterr().err

@@ -32,6 +32,7 @@ from platform_assets.dagster.maintenance import (
 from platform_assets.engine.runner import Engine
 from resources.core.settings import Settings
 from resources.state.offset_sql import open_offset_store
+from resources.state.offsets import LogRetention
 from resources.storage import maintenance
 from tests.platform_assets.shop import T0, make_events, write_lineage, write_rows
 
@@ -185,6 +186,19 @@ def test_the_maintenance_job_compacts_reports_each_table_and_evaluates_table_hea
         assert [e.action for e in open_offset_store(s.offsets_url).history("old.topic")] == ["unlock"]
         latest = instance.event_log_storage.get_latest_asset_check_execution_by_key([dg.AssetCheckKey(FACT, HEALTH_CHECK)])
         assert latest[dg.AssetCheckKey(FACT, HEALTH_CHECK)].run_id == real.run_id
+
+        # A pruning that fails is said and fails the run; the tables' report stays.
+        def locked(self, store, *, dry_run=False):  # noqa: ANN001, ANN202
+            raise OSError("store unreachable")
+
+        monkeypatch.setattr(LogRetention, "prune", locked)
+        again = job.execute_in_process(instance=instance, raise_on_error=False)
+        (failure,) = again.get_step_failure_events()
+        user = failure.step_failure_data.user_failure_data
+        assert user.description == ("1 table(s) failed: stage.broken (the others were maintained); "
+                                    "offset log: FAILED: OSError: store unreachable")
+        assert set(user.metadata["errors"].value) == {"stage.broken", "offset log"}
+        assert "fact.events" in _sections(user.metadata["report"].value)
 
         # The check on its own, from the table's log now (as the UI's "Execute" runs it).
         checks = dg.materialize([_checks_def(defs)], instance=instance, resources=dict(defs.resources or {}),

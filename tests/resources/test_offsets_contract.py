@@ -935,7 +935,7 @@ def test_prune_log_removes_old_entries_but_each_topics_newest_and_never_a_record
 
 
 def test_log_retention_from_env() -> None:
-    from resources.state.offset_sql import LOG_KEEP_ENV, LOG_RETENTION_ENV, log_retention_from_env
+    from resources.state.offsets import LOG_KEEP_ENV, LOG_RETENTION_ENV, log_retention_from_env
 
     assert log_retention_from_env({}) == log_retention_from_env({LOG_RETENTION_ENV: "30d", LOG_KEEP_ENV: "1000"})
     assert log_retention_from_env({LOG_RETENTION_ENV: "0"}).age == dt.timedelta(0)
