@@ -662,8 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
     off.add_argument("--history", action="store_true", help="show: the offset log instead of the records")
     off.add_argument("--dry-run", action="store_true", help="adopt: show what would be set, set nothing; prune: count "
                                                                "what would be removed, remove nothing")
-    off.add_argument("--older-than", metavar="AGE", help="prune: remove log entries older than AGE, e.g. 30d (default: "
-                                                         "TIDEMARK_OFFSET_LOG_RETENTION, else 30d)")
+    off.add_argument("--older-than", metavar="AGE", help="prune: remove log entries older than AGE, at least 1h, e.g. "
+                                                         "30d (default: TIDEMARK_OFFSET_LOG_RETENTION, else 30d)")
     off.add_argument("--keep", type=int, metavar="N", help="prune: keep each topic's newest N entries whatever their age "
                                                             "(default: TIDEMARK_OFFSET_LOG_KEEP, else 1000)")
     off.add_argument("--limit", type=int, default=50)

@@ -11,7 +11,7 @@
 | ``TIDEMARK_SPARK_MASTER`` | ``local[*]`` | Spark master URL, or ``sc://host:port`` for Spark Connect |
 | ``TIDEMARK_SPARK_CONF`` | (none) | extra Spark settings, ``key=value`` pairs separated by ``;`` |
 | ``TIDEMARK_LOCK_LEASE`` | ``5m`` | a topic lock expires this long after its holder's last heartbeat (``resources.state.offset_sql``) |
-| ``TIDEMARK_OFFSET_LOG_RETENTION`` | ``30d`` | ``tidemark maintain`` prunes offset log entries older than this (``0``: never) |
+| ``TIDEMARK_OFFSET_LOG_RETENTION`` | ``30d`` | ``tidemark maintain`` prunes offset log entries older than this (``0``: never; at least ``1h``) |
 | ``TIDEMARK_OFFSET_LOG_KEEP`` | ``1000`` | each topic's newest offset log entries kept whatever their age |
 | ``TIDEMARK_OWNER_HOST`` | the hostname | host part of lock owner ids (e.g. a pod name) |
 | ``TIDEMARK_INTAKE`` | ``./demo/intake.yaml`` | event collector config (``lineage.intake.config``); its log is ``$TIDEMARK_HOME/events`` |
