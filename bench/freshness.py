@@ -90,13 +90,14 @@ def data_commits(path: str, since_ms: int) -> list[Commit]:
     return out
 
 
-def landed_at(path: str, since_ms: int) -> dict[int, tuple[float, int]]:
-    """``id`` -> (unix seconds, version) of the first commit (at or after ``since_ms``) that added it."""
+def landed_at(path: str, since_ms: int, commits: list[Commit] | None = None) -> dict[int, tuple[float, int]]:
+    """``id`` -> (unix seconds, version) of the first commit (at or after ``since_ms``) that added it
+    (``commits``: the table's :func:`data_commits`, when read already)."""
     import pyarrow.parquet as pq
 
     fs, root = arrow_filesystem(path)
     out: dict[int, tuple[float, int]] = {}
-    for c in data_commits(path, since_ms):
+    for c in data_commits(path, since_ms) if commits is None else commits:
         for added in c.added:
             table = pq.read_table(f"{root.rstrip('/')}/{added}", columns=["id"], filesystem=fs)
             for i in table.column("id").to_pylist():
@@ -208,22 +209,16 @@ def main() -> int:
                         "removed after) for DURATION (e.g. 10m), then measure its rows after the first 3 minutes")
     args = p.parse_args()
     temporary = None
-    if args.dev:
-        import shutil
-        import tempfile
-
-        seconds = parse_duration(args.dev).total_seconds()
-        warmup = min(180.0, seconds / 2)
-        home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="tidemark-freshness-"))
-        temporary = None if args.home else home
-        try:
-            run_dev(home, seconds, warmup)
-        except BaseException:
-            if temporary is not None:
-                shutil.rmtree(temporary, ignore_errors=True)
-            raise
-        args.home, args.since = str(home), f"{int(seconds - warmup)}s"
     try:
+        if args.dev:
+            import tempfile
+
+            seconds = parse_duration(args.dev).total_seconds()
+            warmup = min(180.0, seconds / 2)
+            home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="tidemark-freshness-"))
+            temporary = None if args.home else home
+            run_dev(home, seconds, warmup)
+            args.home, args.since = str(home), f"{int(seconds - warmup)}s"
         measure(args)
     finally:
         if temporary is not None:
@@ -240,41 +235,45 @@ def measure(args: argparse.Namespace) -> None:
     since_ms = int((now - parse_duration(args.since).total_seconds()) * 1000)
     print(f"rows whose source commit is from the last {args.since}; latency = destination commit - source commit")
     print(f"{'source -> destination':52} {'rows':>6} {'waiting':>7} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'target s':>8}  verdict")
+    commits: dict[str, list[Commit]] = {}  # each table's log read once
     landed: dict[str, dict[int, tuple[float, int]]] = {}
+
+    def commits_of(table: str) -> list[Commit]:
+        if table not in commits:
+            commits[table] = data_commits(settings.table_path(table), since_ms)
+        return commits[table]
 
     def rows_of(table: str) -> dict[int, tuple[float, int]]:
         if table not in landed:
-            landed[table] = landed_at(settings.table_path(table), since_ms)
+            landed[table] = landed_at(settings.table_path(table), since_ms, commits_of(table))
         return landed[table]
+
+    def source_rows(table: str) -> dict[int, tuple[float, int]]:
+        """The rows of a source table, less the quarantined ones (accounted for, not waiting)."""
+        quarantined = quarantined_ids(settings, table)
+        return {i: r for i, r in rows_of(table).items() if i not in quarantined}
 
     for pair in args.pair or DEFAULT_PAIRS:  # per row, by id
         src, _, dest = pair.partition(":")
-        source, target = dict(rows_of(src)), rows_of(dest)
-        for i in quarantined_ids(settings, src):
-            source.pop(i, None)
+        source, target = source_rows(src), rows_of(dest)
         lat = [target[i][0] - t for i, (t, _) in source.items() if i in target]
         waiting = [now - t for i, (t, _) in source.items() if i not in target]
         print(_row(f"{src} -> {dest}", lat, waiting, _delay_s(lineage, dest) + TARGET_SLACK_S))
     for hop in args.hop or DEFAULT_HOPS:  # per source commit, by the versions the destination's units read
         src, _, dest = hop.partition(":")
-        first = reached_version(src, data_commits(settings.table_path(dest), since_ms))
+        first = reached_version(src, commits_of(dest))
         lat, waiting = [], []
-        for c in data_commits(settings.table_path(src), since_ms):
+        for c in commits_of(src):
             reached = first(c.version)
             (waiting.append(now - c.at) if reached is None else lat.append(reached[0] - c.at))
         print(_row(f"{src} -> {dest} (per commit)", lat, waiting, _delay_s(lineage, dest) + TARGET_SLACK_S))
     chain = (args.chain or DEFAULT_CHAIN).split(",")
     if len(chain) >= 3:  # per row of the first table: by id into the second, then by version to the last
-        source = dict(rows_of(chain[0]))
-        for i in quarantined_ids(settings, chain[0]):
-            source.pop(i, None)
-        hops = [reached_version(src, data_commits(settings.table_path(dest), since_ms))
-                for src, dest in zip(chain[1:], chain[2:], strict=False)]
+        hops = [reached_version(src, commits_of(dest)) for src, dest in zip(chain[1:], chain[2:], strict=False)]
         lat, waiting = [], []
         second = rows_of(chain[1])
-        for i, (t, _) in source.items():
-            step = second.get(i)
-            reached = step
+        for i, (t, _) in source_rows(chain[0]).items():
+            reached = second.get(i)
             for follow in hops:
                 if reached is None:
                     break
