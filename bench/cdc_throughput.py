@@ -6,7 +6,9 @@ Then writer threads commit transactions of ``--per-tx`` row changes: a third to 
 ``accounts`` and ``tellers`` 30 % of the changes move a row to a new key and 70 % update it (20 % key
 changes overall), ``history`` gets inserts. The rate steps up through ``--rates`` (changes/s, each
 for ``--step-seconds``) while the replicator runs its units back to back (``maxstep`` changes each),
-as ``tidemark cdc run`` does.
+as ``tidemark cdc run`` does. Before the first step the writers run at the first rate for
+``--warmup-seconds`` (30), not counted: a cold JVM's first MERGEs took up to 11 s, which in a 40 s
+step decided its p95. ``TIDEMARK_CDC_APPLY_THREADS=1`` measures the replicas applied one after another.
 
 Lag per source transaction: the end of the unit that applied it minus its commit time in the WAL
 (an upper bound: the replica's Delta commit is a little earlier). Per step: the rate the writers
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--rates", default="1000,2500,5000,10000,20000", help="changes/s, one step each, rising")
     p.add_argument("--step-seconds", type=float, default=45.0)
+    p.add_argument("--warmup-seconds", type=float, default=30.0,
+                   help="the first rate for this long before the first step, not counted (a cold JVM's first MERGEs)")
     p.add_argument("--rows", type=int, default=100_000, help="rows of each table before the load")
     p.add_argument("--per-tx", type=int, default=30, help="row changes per source transaction")
     p.add_argument("--writers", type=int, default=2, help="writer threads (connections)")
@@ -169,6 +173,15 @@ def main(argv: list[str] | None = None) -> int:
                                                              errors), daemon=True) for w in range(args.writers)]
             for th in threads:
                 th.start()
+            if args.warmup_seconds > 0 and rates:
+                start, w0 = time.time(), pace.written
+                pace.rate = rates[0]
+                while time.time() - start < args.warmup_seconds and not errors:
+                    if not unit():
+                        time.sleep(0.2)
+                print(f"warm-up: {pace.written - w0:,} changes at {rates[0]:,.0f}/s in {time.time() - start:.0f} s, "
+                      f"{len(units)} units (not counted)", flush=True)
+                units.clear()  # (a step counts the transactions committed in it: none of these)
             steps: list[tuple[float, float, float, float]] = []  # (rate, start, end, written)
             print(f"{'target/s':>9} {'written/s':>10} {'txs':>7} {'lag p50':>8} {'p95':>7} {'max':>7}  verdict", flush=True)
             try:

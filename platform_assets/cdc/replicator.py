@@ -33,9 +33,12 @@ import functools
 import json
 import logging
 import os
+import queue
 import shutil
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -70,6 +73,7 @@ from platform_assets.cdc.units import (
     state_word,
 )
 from platform_assets.core import faults, locks, spark_io
+from resources.spark.session import sibling_sessions
 from resources.state.lease import LeaseKeeper
 from resources.state.offsets import OffsetRecord
 from resources.storage import delta_meta
@@ -87,17 +91,32 @@ log = logging.getLogger(__name__)
 SPILL_DIR = "_tidemark_spill"  # under a local warehouse: <warehouse>/_tidemark_spill/<replicator>/unit-<ns>/
 
 
-def spill_rows_setting() -> int:
-    """Changes a unit's columnar read holds in memory before it spills them to Parquet
-    (``$TIDEMARK_CDC_SPILL_ROWS``, default 1,000,000)."""
-    raw = os.environ.get("TIDEMARK_CDC_SPILL_ROWS", "1000000")
+def _whole_number(name: str, default: int, what: str) -> int:
+    """The setting ``$name`` (``default`` when unset) as a whole number of ``what`` >= 1."""
+    raw = os.environ.get(name, str(default))
     try:
         value = int(raw)
     except ValueError:
         value = 0
     if value < 1:
-        raise TidemarkError(f"TIDEMARK_CDC_SPILL_ROWS={raw!r}: expected a whole number of changes >= 1")
+        raise TidemarkError(f"{name}={raw!r}: expected a whole number of {what} >= 1")
     return value
+
+
+def spill_rows_setting() -> int:
+    """Changes a unit's columnar read holds in memory before it spills them to Parquet
+    (``$TIDEMARK_CDC_SPILL_ROWS``, default 1,000,000)."""
+    return _whole_number("TIDEMARK_CDC_SPILL_ROWS", 1_000_000, "changes")
+
+
+APPLY_THREADS_ENV = "TIDEMARK_CDC_APPLY_THREADS"
+
+
+def apply_threads_setting() -> int:
+    """How many replicas' MERGEs of one unit run at once (``$TIDEMARK_CDC_APPLY_THREADS``, default 3;
+    1: one after another). Different replicas never conflict: each is its own Delta table, with its
+    own txn id and offset record."""
+    return _whole_number(APPLY_THREADS_ENV, 3, "replicas")
 
 
 def retryable(exc: BaseException) -> bool:
@@ -136,6 +155,14 @@ class ReplicatorUnit:
         # read is held in memory.
         local = warehouse_dir(warehouse)
         self._spill_dir = None if local is None else local / SPILL_DIR / rep.spec.name
+        self._threads = apply_threads_setting()  # a bad setting fails the unit before it reads anything
+        self._local = threading.local()  # the Spark session of a thread applying a replica (_apply_tables)
+        self._lock = threading.RLock()  # the unit's result and tables, updated by those threads
+
+    @property
+    def spark(self) -> Any:
+        """The Spark session of this thread: its own when :meth:`_apply_tables` runs replicas at once."""
+        return getattr(self._local, "spark", None) or self.engine.spark
 
     # ------------------------------------------------------------------ state
     def _record(self, key: str, note: str) -> OffsetRecord:
@@ -242,7 +269,7 @@ class ReplicatorUnit:
             self.engine.store.set_state(key, self.owner, REPLICATING)
             return result
         except Exception as exc:
-            self.engine.store.set_state(key, self.owner, f"failing: {str(exc).splitlines()[0][:400]}")
+            self.engine.store.set_state(key, self.owner, f"failing: {spark_io.first_line(exc)[:400]}")
             raise
         finally:
             lease.stop()
@@ -361,7 +388,7 @@ class ReplicatorUnit:
                 except Exception as exc:
                     if retryable(exc):
                         raise
-                    self._pause(t, f"reading its parked slot {slot} failed: {str(exc).splitlines()[0][:300]}", result)
+                    self._pause(t, f"reading its parked slot {slot} failed: {spark_io.first_line(exc)[:300]}", result)
                     continue
                 upto = max(int(getattr(txs, "end", 0) or 0), txs[-1].lsn if txs else 0)
                 if txs:
@@ -428,12 +455,11 @@ class ReplicatorUnit:
             txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
         lease.check()
         if runs is not None:
-            for source_table, run in runs.items():
-                self._apply_table(source_table, [run], unit, {}, result)
+            self._apply_tables([(name, [run]) for name, run in runs.items()], unit, {}, result,
+                               together=not (cols and cols.spilled))
         else:
             seq_of = {id(n.change): n for n in number(txs or [], first)}
-            for source_table, segments in self._split(txs or []).items():
-                self._apply_table(source_table, segments, unit, seq_of, result)
+            self._apply_tables(list(self._split(txs or []).items()), unit, seq_of, result, together=True)
         store.commit(key, self.owner, seq=unit, last=rec.last, next=rec.next or rec.last, rows=result.changes,
                      note=f"unit {unit}: {transactions} transactions up to {format_lsn(upto)}")
         self._advance(upto)
@@ -499,8 +525,40 @@ class ReplicatorUnit:
         return spilled.counts
 
     def _land_columns(self, t: Table, effect: cdc_columns.ColumnEffect, commit: Commit) -> dict[str, int]:
-        cdc_apply.apply_scd1_columns(self.engine.spark, t.path, t.layout, effect, commit)
+        cdc_apply.apply_scd1_columns(self.spark, t.path, t.layout, effect, commit)
         return effect.counts
+
+    def _apply_tables(self, jobs: list[tuple[str, list[Any]]], unit: int, seq_of: dict[int, Any], result: CdcResult,
+                      *, together: bool) -> None:
+        """Every source table's runs of a unit (:meth:`_apply_table`): up to :func:`apply_threads_setting`
+        replicas at once, each thread on a Spark session of its own (a MERGE's txn settings are the
+        session's), when ``together`` and no run carries a schema change (those, and runs spilled to
+        Parquet, whose effect is a plan of the unit's session, go one after another on it). The
+        order between replicas never mattered: each lands in its own commit with its own txn id and
+        offset record, and a unit redone after a crash reads, per replica, only what it has not applied.
+        A failure of one replica is raised after the others finished."""
+        threads = min(self._threads, len(jobs))
+        if threads < 2 or not together or any(isinstance(seg, tuple) for _, segs in jobs for seg in segs):
+            for source_table, segments in jobs:
+                self._apply_table(source_table, segments, unit, seq_of, result)
+            return
+        free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for session in sibling_sessions(self.engine.spark, self.engine.settings, threads):
+            free.put(session)
+
+        def work(source_table: str, segments: list[Any]) -> None:
+            self._local.spark = free.get()
+            try:
+                self._apply_table(source_table, segments, unit, seq_of, result)
+            finally:
+                free.put(self._local.spark)
+                self._local.spark = None
+
+        with ThreadPoolExecutor(threads, thread_name_prefix=f"tidemark-cdc-{self.spec.name}") as pool:
+            futures = [pool.submit(work, name, segments) for name, segments in jobs]
+        for f in futures:
+            if (exc := f.exception()) is not None:
+                raise exc
 
     def _apply_table(self, source_table: str, segments: list[Any], unit: int, seq_of: dict[int, Any],
                      result: CdcResult) -> None:
@@ -514,14 +572,15 @@ class ReplicatorUnit:
                         break  # paused, dropped, or new: copied by the next unit's snapshot
                     continue
                 if t is None:
-                    t = self.table(self.source.tables()[source_table])
-                cdc_apply.ensure_replica(self.engine.spark, t.path, t.layout)
+                    with self._lock:
+                        t = self.table(self.source.tables()[source_table])
+                cdc_apply.ensure_replica(self.spark, t.path, t.layout)
                 run = seg if isinstance(seg, Run) else self._python_run(t, [seq_of[id(c)] for c, _tx in seg], seg[-1][1])
                 self._apply(t, unit, run, result)
         except Exception as exc:
             if t is None or retryable(exc) or isinstance(exc, OffsetError):
                 raise
-            self._pause(t, f"applying its changes failed: {str(exc).splitlines()[0][:300]}", result)
+            self._pause(t, f"applying its changes failed: {spark_io.first_line(exc)[:300]}", result)
 
     def _pause(self, t: Table, problem: str, result: CdcResult) -> None:
         """A failure that needs a fix: this replica stops (nothing after it applied or acknowledged), the
@@ -529,9 +588,10 @@ class ReplicatorUnit:
         why = f"paused: {problem}; after fixing it: tidemark cdc resume {t.replica} (or --resync to copy it again)"
         self.engine.store.set_state(t.replica, self.owner, why)
         t.rec = self.engine.store.get(t.replica) or t.rec
-        result.paused[t.replica] = why
-        counts = result.tables.setdefault(t.replica, {})
-        counts["failed"] = counts.get("failed", 0) + 1
+        with self._lock:
+            result.paused[t.replica] = why
+            counts = result.tables.setdefault(t.replica, {})
+            counts["failed"] = counts.get("failed", 0) + 1
         log.error("replicator %s: replica %s %s", self.spec.name, t.replica, why)
 
     def _advance(self, upto: int, tables: list[Table] | None = None) -> None:
@@ -563,7 +623,7 @@ class ReplicatorUnit:
         """A replica's run of changes as Python objects (:mod:`lineage.cdc.changes`'s reductions)."""
 
         def land(commit: Commit) -> dict[str, int]:
-            spark = self.engine.spark
+            spark = self.spark
             if t.layout.multiset:
                 effect = reduce_multiset(changes, t.layout.schema)
                 cdc_apply.apply_multiset(spark, t.path, t.layout, effect, commit)
@@ -595,11 +655,12 @@ class ReplicatorUnit:
         self._log(t, seq, "apply", counts, run.count, lag=lag)
         t.rec = store.commit(t.replica, self.owner, seq=seq, last=t.rec.last, next=lsn_position(lsn), rows=run.count,
                              state=REPLICATING, note=f"unit {unit}: {run.count} changes up to {format_lsn(lsn)}")
-        result.changes += run.count
-        totals = result.tables.setdefault(t.replica, {})
-        for k, v in counts.items():
-            totals[k] = totals.get(k, 0) + v
-        result.lag_s = max(result.lag_s or 0.0, lag)
+        with self._lock:
+            result.changes += run.count
+            totals = result.tables.setdefault(t.replica, {})
+            for k, v in counts.items():
+                totals[k] = totals.get(k, 0) + v
+            result.lag_s = max(result.lag_s or 0.0, lag)
 
     def _log(self, t: Table, seq: int, strategy: str, counts: dict[str, int], rows: int, *, lag: float | None) -> None:
         commit = delta_meta.find_txn_commit(t.path, f"tidemark:{t.replica}", seq)

@@ -12,6 +12,7 @@ from lineage.core.errors import TidemarkError
 from lineage.spec.model import Replicator
 from platform_assets.cdc.replicator import ReplicatorUnit, retryable
 from platform_assets.cdc.units import CdcResult, ColumnarSource
+from platform_assets.core.spark_io import first_line
 
 if TYPE_CHECKING:
     from platform_assets.core.context import UnitContext
@@ -56,7 +57,7 @@ def run_replicator(engine: UnitContext, rep: Replicator, *, until_caught_up: boo
                 if attempt >= retries or not retryable(exc):
                     raise
                 attempt += 1
-                log.warning("replicator %s: %s; retry %d of %d in %.0f s", rep.name, str(exc).splitlines()[0], attempt,
+                log.warning("replicator %s: %s; retry %d of %d in %.0f s", rep.name, first_line(exc), attempt,
                             retries, backoff_s * 2 ** (attempt - 1))
                 sleep(backoff_s * 2 ** (attempt - 1))
                 continue

@@ -429,7 +429,7 @@ def retry_conflicts(write: Callable[[], Any], attempts: int = CONFLICT_ATTEMPTS)
             if not is_conflict(exc) or attempt == attempts - 1:
                 raise
             log.warning("write lost to a concurrent commit (%s); trying again (%d of %d)",
-                        str(exc).splitlines()[0][:200], attempt + 2, attempts)
+                        first_line(exc)[:200], attempt + 2, attempts)
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from resources.core.settings import Settings
 from resources.storage.warehouse import S3Settings, StorageError, is_object_store, s3_packages
@@ -121,6 +122,30 @@ def session_started(spark: SparkSession) -> SparkSession:
                                       not Path(j).name.startswith(("org.apache.hadoop_hadoop-aws", "software.amazon."))))
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     return spark
+
+
+def sibling_sessions(spark: SparkSession, settings: Settings, count: int) -> list[SparkSession]:
+    """``count`` more sessions on ``spark``'s Spark, for work run concurrently from threads: each has
+    its own SQL settings and temporary views, so settings a statement needs (a Delta write's
+    ``txnAppId``/``txnVersion``) never leak between threads. Classic: ``spark.newSession()`` (the
+    same SparkContext and its configuration); Spark Connect: new server-side sessions built from
+    :func:`spark_config` (``settings``). Made once per session and kept while it lives."""
+    have = _siblings.setdefault(spark, [])
+    while len(have) < count:
+        if is_connect(spark):
+            from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+            builder = ConnectSession.builder
+            for k, v in spark_config(settings).items():
+                builder = builder.config(k, v)
+            have.append(cast("SparkSession", builder.create()))
+        else:
+            have.append(spark.newSession())
+    return have[:count]
+
+
+#: The sessions :func:`sibling_sessions` made, per session they serve.
+_siblings: weakref.WeakKeyDictionary[SparkSession, list[SparkSession]] = weakref.WeakKeyDictionary()
 
 
 def is_connect(spark: SparkSession) -> bool:

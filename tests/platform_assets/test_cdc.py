@@ -218,3 +218,68 @@ def test_deletion_vectors_when_opted_in_and_dropped_when_opted_out(spark, settin
     run(spark, s)
     assert "deletionVectors" not in reader_features(s)
     assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Al"), (5, "Cy"), *others]
+
+
+@pytest.mark.parametrize("path", ["columns", "python"])
+def test_the_replicas_of_a_unit_land_at_once_each_on_a_session_of_its_own(
+        spark, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """One unit's replicas land concurrently (``TIDEMARK_CDC_APPLY_THREADS``, default 3), each thread on
+    a Spark session of its own: three replicas pass a barrier only together, every replica's commits
+    carry its own txn id, and the replicas equal those of a run that applies them one after another.
+    ``columns``: keyed tables only (the columnar read); ``python``: with a table without a key."""
+    import threading
+
+    from lineage.core.errors import TidemarkError
+    from platform_assets.cdc import replicator
+
+    third = ("names", names_events()) if path == "python" else (
+        "items", [event("items", "c", 8, after={"sku": i, "qty": i}, key={"sku": i}) for i in range(6)])
+    orders = [event("orders", "c", 7, after={"oid": i, "total": i * 10}, key={"oid": i}) for i in range(5)]
+    orders.append(event("orders", "u", 9, before={"oid": 2, "total": 20}, after={"oid": 2, "total": 21}, key={"oid": 2}))
+    lines = customers_events() + orders + third[1]
+    keys = "      public.orders: {key: [oid]}\n" + ("      public.items: {key: [sku]}\n" if path == "columns" else "")
+
+    def home(name: str) -> Settings:
+        s = setup(Settings.from_env({}, home=tmp_path / name / "home", spark_master="local[2]"), tmp_path / name)
+        s.lineage.write_text(s.lineage.read_text() + keys)
+        write_events(tmp_path / name, "0001.json", lines)
+        return s
+
+    def rows(s: Settings) -> dict[str, list[tuple]]:
+        return {t: sorted(tuple(r) for r in spark.read.format("delta").load(s.table_path(f"replica.{t}"))
+                          .drop("_sequence_num", "_commit_ts").collect())
+                for t in ("customers", "orders", third[0])}
+
+    barrier = threading.Barrier(3, timeout=120)
+    sessions: list[Any] = []
+    apply = replicator.ReplicatorUnit._apply
+
+    def spy(self: Any, t: Any, unit: int, run_: Any, result: Any) -> None:
+        sessions.append(self.spark)
+        if len(sessions) <= 3:
+            barrier.wait()  # the three replicas of the first unit in their MERGE at once, or BrokenBarrierError
+        apply(self, t, unit, run_, result)
+
+    together = home("together")
+    monkeypatch.setattr(replicator.ReplicatorUnit, "_apply", spy)
+    results = run(spark, together)
+    monkeypatch.undo()
+    assert not results[0].paused and results[0].changes == len(lines), results[0]
+    assert len({id(x) for x in sessions[:3]}) == 3 and all(x is not spark for x in sessions[:3])
+    for t in ("customers", "orders", third[0]):
+        log_dir = Path(together.table_path(f"replica.{t}")) / "_delta_log"
+        apps = {json.loads(line)["txn"]["appId"] for f in sorted(log_dir.glob("*.json"))
+                for line in f.read_text().splitlines() if '"txn"' in line}
+        assert apps == {f"tidemark:replica.{t}"}, (t, apps)
+
+    monkeypatch.setenv("TIDEMARK_CDC_APPLY_THREADS", "1")
+    one_by_one = home("one_by_one")
+    run(spark, one_by_one)
+    assert rows(together) == rows(one_by_one)
+    assert rows(together)["orders"] == [(0, 0), (1, 10), (2, 21), (3, 30), (4, 40)]
+
+    monkeypatch.setenv("TIDEMARK_CDC_APPLY_THREADS", "0")
+    refused = home("refused")
+    with pytest.raises(TidemarkError, match=r"TIDEMARK_CDC_APPLY_THREADS='0': expected a whole number of replicas >= 1"):
+        run(spark, refused)
+    assert not Path(refused.table_path("replica.customers")).exists()
