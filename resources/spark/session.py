@@ -128,20 +128,29 @@ def sibling_sessions(spark: SparkSession, settings: Settings, count: int) -> lis
     """``count`` more sessions on ``spark``'s Spark, for work run concurrently from threads: each has
     its own SQL settings and temporary views, so settings a statement needs (a Delta write's
     ``txnAppId``/``txnVersion``) never leak between threads. Classic: ``spark.newSession()`` (the
-    same SparkContext and its configuration); Spark Connect: new server-side sessions built from
-    :func:`spark_config` (``settings``). Made once per session and kept while it lives."""
+    same SparkContext and its configuration); Spark Connect: new server-side sessions on the server
+    ``spark`` talks to (its address and parameters but its session id), with the session settings
+    of :func:`spark_config`. Made once per session and kept while it lives."""
     have = _siblings.setdefault(spark, [])
     while len(have) < count:
         if is_connect(spark):
             from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-            builder = ConnectSession.builder
-            for k, v in spark_config(settings).items():
+            builder = ConnectSession.builder.remote(_connect_url(spark))
+            session_conf = {k: v for k, v in LOCAL_CONF.items() if k.startswith(("spark.sql.", "spark.databricks."))}
+            for k, v in {**session_conf, **settings.spark_conf}.items():
                 builder = builder.config(k, v)
             have.append(cast("SparkSession", builder.create()))
         else:
             have.append(spark.newSession())
     return have[:count]
+
+
+def _connect_url(spark: SparkSession) -> str:
+    """The connection string of a Spark Connect session's server, without its session id."""
+    channel = spark._client._builder  # type: ignore[attr-defined]
+    params = {k: v for k, v in getattr(channel, "_params", {}).items() if k != "session_id"}
+    return f"sc://{channel.endpoint}/" + "".join(f";{k}={v}" for k, v in params.items())
 
 
 #: The sessions :func:`sibling_sessions` made, per session they serve.
