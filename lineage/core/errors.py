@@ -51,3 +51,9 @@ class UnknownTopicError(TidemarkError):
 
 class ProcessingError(TidemarkError):
     """A block could not be processed (a transform or a before/after statement failed)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its type's name when the message is empty."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

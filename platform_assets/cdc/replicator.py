@@ -110,6 +110,9 @@ def spill_rows_setting() -> int:
 
 
 APPLY_THREADS_ENV = "TIDEMARK_CDC_APPLY_THREADS"
+#: A unit read change by change lands its replicas at once up to this many changes (their MERGE
+#: sources are built at the same time); a columnar read up to ``cdc_apply.BROADCAST_BYTES`` of Arrow.
+TOGETHER_CHANGES = 1_000_000
 
 
 def apply_threads_setting() -> int:
@@ -124,7 +127,8 @@ def retryable(exc: BaseException) -> bool:
     text = str(exc)
     return isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "OperationalError" or any(
         s in text for s in ("cannot connect", "cannot open a replication connection", "is in use by process",
-                            "replication stream of slot", "Connection refused", "server closed the connection"))
+                            "replication stream of slot", "Connection refused", "server closed the connection",
+                            "INVALID_HANDLE.SESSION_CLOSED", "INVALID_HANDLE.SESSION_NOT_FOUND"))
 
 
 @dataclass(frozen=True)
@@ -455,11 +459,15 @@ class ReplicatorUnit:
             txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
         lease.check()
         if runs is not None:
+            # (a spilled effect is a plan of the unit's session; a big read's MERGE sources, built at once, add up)
             self._apply_tables([(name, [run]) for name, run in runs.items()], unit, {}, result,
-                               together=not (cols and cols.spilled))
+                               together=not (cols and cols.spilled) and cols is not None
+                               and cols.frame.nbytes + sum(p.nbytes for p in (cols.parts or {}).values())
+                               <= cdc_apply.BROADCAST_BYTES)
         else:
             seq_of = {id(n.change): n for n in number(txs or [], first)}
-            self._apply_tables(list(self._split(txs or []).items()), unit, seq_of, result, together=True)
+            self._apply_tables(list(self._split(txs or []).items()), unit, seq_of, result,
+                               together=sum(len(tx.changes) for tx in txs or []) <= TOGETHER_CHANGES)
         store.commit(key, self.owner, seq=unit, last=rec.last, next=rec.next or rec.last, rows=result.changes,
                      note=f"unit {unit}: {transactions} transactions up to {format_lsn(upto)}")
         self._advance(upto)
@@ -532,11 +540,14 @@ class ReplicatorUnit:
                       *, together: bool) -> None:
         """Every source table's runs of a unit (:meth:`_apply_table`): up to :func:`apply_threads_setting`
         replicas at once, each thread on a Spark session of its own (a MERGE's txn settings are the
-        session's), when ``together`` and no run carries a schema change (those, and runs spilled to
-        Parquet, whose effect is a plan of the unit's session, go one after another on it). The
-        order between replicas never mattered: each lands in its own commit with its own txn id and
-        offset record, and a unit redone after a crash reads, per replica, only what it has not applied.
-        A failure of one replica is raised after the others finished."""
+        session's), when ``together`` and no run carries a schema change (those, runs spilled to
+        Parquet, whose effect is a plan of the unit's session, and big reads, whose MERGE sources
+        would be built at once, go one after another on it). The order between replicas never
+        mattered: each lands in its own commit with its own txn id and offset record, and a unit
+        redone after a crash reads, per replica, only what it has not applied. Failures are raised
+        after the others finished, one that needs a fix before one that may pass by itself (each is
+        logged); an interrupt cancels the replicas not started and waits for the running ones.
+        One caller at a time per engine session (the sibling sessions are the engine's)."""
         threads = min(self._threads, len(jobs))
         if threads < 2 or not together or any(isinstance(seg, tuple) for _, segs in jobs for seg in segs):
             for source_table, segments in jobs:
@@ -554,11 +565,19 @@ class ReplicatorUnit:
                 free.put(self._local.spark)
                 self._local.spark = None
 
-        with ThreadPoolExecutor(threads, thread_name_prefix=f"tidemark-cdc-{self.spec.name}") as pool:
+        pool = ThreadPoolExecutor(threads, thread_name_prefix=f"tidemark-cdc-{self.spec.name}")
+        try:
             futures = [pool.submit(work, name, segments) for name, segments in jobs]
-        for f in futures:
-            if (exc := f.exception()) is not None:
-                raise exc
+            errors = [exc for f in futures if (exc := f.exception()) is not None]
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        if errors:
+            errors.sort(key=lambda e: retryable(e) and not isinstance(e, OffsetError))  # a fix first
+            for exc in errors[1:]:
+                log.error("replicator %s: unit %d: a replica failed too: %s", self.spec.name, unit, spark_io.first_line(exc))
+            raise errors[0]
 
     def _apply_table(self, source_table: str, segments: list[Any], unit: int, seq_of: dict[int, Any],
                      result: CdcResult) -> None:

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from lineage.cdc.changes import format_lsn
-from lineage.core.errors import TidemarkError
+from lineage.core.errors import TidemarkError, first_line
 from lineage.core.positions import Position
 from lineage.spec.model import Lineage, Replicator
 from platform_assets.cli.common import engine_from, format_table, settings_from
@@ -113,7 +113,7 @@ def _slot_line(rep: Replicator, replicas: list[str]) -> str:
         finally:
             src.close()
     except Exception as exc:  # noqa: BLE001 - status shows what it could not read
-        return f"slot: cannot read ({str(exc).splitlines()[0]})"
+        return f"slot: cannot read ({first_line(exc)})"
     lines = [f"slot {rep.spec.slot}: acknowledged {format_lsn(pos.confirmed_flush)}, WAL at {format_lsn(pos.current)}, "
              f"{pos.behind_bytes:,} bytes behind, {pos.retained_bytes:,} bytes of WAL retained"
              + (", a reader is connected" if pos.active else "")]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lineage.core.errors import ProcessingError
+from lineage.core.errors import ProcessingError, first_line
 from lineage.core.positions import to_naive_utc
 from resources.spark.session import is_connect
 
@@ -269,11 +269,6 @@ def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: Da
         raise
     except Exception as exc:
         raise ProcessingError(f"topic '{topic.name}' ({topic.where}): transform {t.ref} failed: {first_line(exc)}") from exc
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --------------------------------------------------------------------- keyed joins and MERGE (merge topics)

@@ -22,6 +22,7 @@ from typing import Any
 import dagster as dg
 
 from lineage.cdc.changes import format_lsn
+from lineage.core.errors import first_line
 from lineage.spec.model import Lineage, Replicator
 from resources.core.settings import Settings
 
@@ -178,7 +179,7 @@ def build_cdc_sensor(settings: Settings, lineage: Lineage, jobs: list[Any],
             try:
                 waiting, where = pending(settings, rep)
             except Exception as exc:  # noqa: BLE001 - a source that is down is reported, the next tick retries
-                notes.append(f"{rep.name}: cannot read the source: {str(exc).splitlines()[0]}")
+                notes.append(f"{rep.name}: cannot read the source: {first_line(exc)}")
                 continue
             notes.append(f"{rep.name}: {'changes waiting' if waiting else 'caught up'} ({where})")
             if waiting:

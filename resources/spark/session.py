@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 #: The resource key of the Spark session in Tidemark's Dagster definitions: dagster-pyspark's
 #: documented key, the one Dagster users' assets ask for (``pyspark: LazyPySparkResource``).
 PYSPARK_KEY = "pyspark"
+log = logging.getLogger(__name__)
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -128,10 +130,15 @@ def sibling_sessions(spark: SparkSession, settings: Settings, count: int) -> lis
     """``count`` more sessions on ``spark``'s Spark, for work run concurrently from threads: each has
     its own SQL settings and temporary views, so settings a statement needs (a Delta write's
     ``txnAppId``/``txnVersion``) never leak between threads. Classic: ``spark.newSession()`` (the
-    same SparkContext and its configuration); Spark Connect: new server-side sessions on the server
-    ``spark`` talks to (its address and parameters but its session id), with the session settings
-    of :func:`spark_config`. Made once per session and kept while it lives."""
-    have = _siblings.setdefault(spark, [])
+    same SparkContext); Spark Connect: new server-side sessions on the server ``spark`` talks to
+    (its address and parameters but its session id), with the session settings of
+    :func:`spark_config`. Either way the SQL settings of ``spark`` that differ (set at run time) are
+    copied at every call. Made once per session and kept while it lives (Connect ones are made again after
+    :data:`SIBLING_IDLE_S` unused, before the server closes them as idle). One caller at a time."""
+    have, used = _siblings.get(spark, ([], 0.0))
+    now = time.monotonic()
+    if is_connect(spark) and have and now - used > SIBLING_IDLE_S:
+        have = []  # (left to the server's idle timeout: stopping one may stop a local server with it)
     while len(have) < count:
         if is_connect(spark):
             from pyspark.sql.connect.session import SparkSession as ConnectSession
@@ -140,10 +147,37 @@ def sibling_sessions(spark: SparkSession, settings: Settings, count: int) -> lis
             session_conf = {k: v for k, v in LOCAL_CONF.items() if k.startswith(("spark.sql.", "spark.databricks."))}
             for k, v in {**session_conf, **settings.spark_conf}.items():
                 builder = builder.config(k, v)
-            have.append(cast("SparkSession", builder.create()))
+            sibling = cast("SparkSession", builder.create())
         else:
-            have.append(spark.newSession())
+            sibling = spark.newSession()
+        have.append(sibling)
+    _siblings[spark] = (have, now)
+    for sibling in have[:count]:
+        _copy_sql_settings(spark, sibling)
     return have[:count]
+
+
+#: Seconds a Spark Connect sibling session may stay unused before it is made again (the server
+#: closes a session idle for ``spark.connect.session.manager.defaultSessionTimeout``, 60 min).
+SIBLING_IDLE_S = 30 * 60
+
+
+def _copy_sql_settings(parent: SparkSession, child: SparkSession) -> None:
+    """The SQL settings of ``parent`` that ``child`` lacks or has otherwise (those set at run time),
+    but a Delta write's txn and commit metadata; settings a session cannot change are left."""
+    have = child.conf.getAll
+    for k, v in parent.conf.getAll.items():
+        if have.get(k) == v or not k.startswith(("spark.sql.", "spark.databricks.")) or k in WRITE_SCOPED:
+            continue
+        try:
+            child.conf.set(k, v)
+        except Exception:  # noqa: BLE001 - a static setting: the same Spark, so the same value already
+            log.debug("sibling session: %s not copied", k)
+
+
+#: Session settings a Delta write sets for itself (platform_assets.core.spark_io.run_merge).
+WRITE_SCOPED = frozenset({"spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion",
+                          "spark.databricks.delta.commitInfo.userMetadata"})
 
 
 def _connect_url(spark: SparkSession) -> str:
@@ -154,7 +188,7 @@ def _connect_url(spark: SparkSession) -> str:
 
 
 #: The sessions :func:`sibling_sessions` made, per session they serve.
-_siblings: weakref.WeakKeyDictionary[SparkSession, list[SparkSession]] = weakref.WeakKeyDictionary()
+_siblings: weakref.WeakKeyDictionary[SparkSession, tuple[list[SparkSession], float]] = weakref.WeakKeyDictionary()
 
 
 def is_connect(spark: SparkSession) -> bool:

@@ -12,6 +12,8 @@ import datetime as dt
 import getpass
 import hashlib
 import json
+import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -94,7 +96,28 @@ def log_app_id(topic: str) -> str:
 
 def write_etl_log(settings: Settings, entry: LogEntry) -> bool:
     """Append ``entry`` unless the log already holds this block (same topic and seq).
-    Returns whether a row was written."""
+    Returns whether a row was written. Appends from threads of one process go one at a time, and an
+    append that lost to another writer's commit (``etl.log`` created, or its schema merged, by two
+    writers at once: ``deltalake`` refuses the loser's commit) is tried again: the row's txn makes
+    a second try a no-op when the first landed."""
+    with _ETL_LOG_LOCK:
+        for attempt in range(ETL_LOG_ATTEMPTS):
+            try:
+                return _append_etl_log(settings, entry)
+            except Exception as exc:
+                if type(exc).__name__ != "CommitFailedError" or attempt == ETL_LOG_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+#: Appends of one process to etl.log, one at a time (a unit's replicas log from threads).
+_ETL_LOG_LOCK = threading.Lock()
+#: How often an append that lost to a concurrent commit is tried.
+ETL_LOG_ATTEMPTS = 5
+
+
+def _append_etl_log(settings: Settings, entry: LogEntry) -> bool:
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     path = settings.table_path(ETL_LOG)

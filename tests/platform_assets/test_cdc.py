@@ -230,7 +230,7 @@ def test_the_replicas_of_a_unit_land_at_once_each_on_a_session_of_its_own(
     import threading
 
     from lineage.core.errors import TidemarkError
-    from platform_assets.cdc import replicator
+    from platform_assets.core import spark_io
 
     third = ("names", names_events()) if path == "python" else (
         "items", [event("items", "c", 8, after={"sku": i, "qty": i}, key={"sku": i}) for i in range(6)])
@@ -252,16 +252,16 @@ def test_the_replicas_of_a_unit_land_at_once_each_on_a_session_of_its_own(
 
     barrier = threading.Barrier(3, timeout=120)
     sessions: list[Any] = []
-    apply = replicator.ReplicatorUnit._apply
+    merge = spark_io.run_merge
 
-    def spy(self: Any, t: Any, unit: int, run_: Any, result: Any) -> None:
-        sessions.append(self.spark)
+    def spy(session: Any, sql: str, source: Any, **kw: Any) -> None:
+        sessions.append(session)  # the session each MERGE runs on
         if len(sessions) <= 3:
             barrier.wait()  # the three replicas of the first unit in their MERGE at once, or BrokenBarrierError
-        apply(self, t, unit, run_, result)
+        merge(session, sql, source, **kw)
 
     together = home("together")
-    monkeypatch.setattr(replicator.ReplicatorUnit, "_apply", spy)
+    monkeypatch.setattr(spark_io, "run_merge", spy)
     results = run(spark, together)
     monkeypatch.undo()
     assert not results[0].paused and results[0].changes == len(lines), results[0]

@@ -236,3 +236,28 @@ def test_sql_literal_text_reads_back_as_the_same_value_in_any_session_time_zone(
             assert list(got) == values
     for unsafe in (dt.datetime(2026, 1, 1, 12), 1.5, "line\nbreak", "ünïcode", b"\x00", decimal.Decimal("NaN"), [1]):
         assert sql_literal(unsafe) is None, unsafe
+
+
+def test_sibling_sessions_keep_their_own_settings_and_copy_the_parents(spark, settings):
+    """Sessions for threads (the CDC replicas of a unit): distinct, made once, each with its own SQL
+    settings (a Delta write's txn settings stay in the session that set them), with the parent's
+    settings set at run time copied at every call, also over Spark Connect."""
+    from resources.spark.session import _connect_url, is_connect, sibling_sessions
+
+    if is_connect(spark):
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        parent = ConnectSession.builder.remote(_connect_url(spark)).create()
+    else:
+        parent = spark.newSession()
+    parent.conf.set("spark.sql.shuffle.partitions", "3")
+    sibs = sibling_sessions(parent, settings, 2)
+    assert len({id(s) for s in sibs}) == 2 and all(s is not parent for s in sibs)
+    assert [s.conf.get("spark.sql.shuffle.partitions") for s in sibs] == ["3", "3"]
+    sibs[0].conf.set("spark.databricks.delta.write.txnAppId", "tidemark:a")
+    assert sibs[1].conf.get("spark.databricks.delta.write.txnAppId", None) is None
+    assert parent.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+    parent.conf.set("spark.sql.shuffle.partitions", "5")
+    again = sibling_sessions(parent, settings, 3)
+    assert again[:2] == sibs and [s.conf.get("spark.sql.shuffle.partitions") for s in again] == ["5", "5", "5"]
+    assert [r[0] for r in again[2].sql("SELECT 1 + 1").collect()] == [2]
