@@ -256,8 +256,9 @@ def test_sigkill_mid_load_loses_no_acknowledged_event(tmp_path):
     async def load(c: Collector) -> None:
         stop = asyncio.Event()
         tasks = [asyncio.create_task(client(c.url, n, stop)) for n in range(12)]
-        while len(acked) < 3000:
-            await asyncio.sleep(0.01)
+        incoming = home / "events" / "incoming"
+        while len(acked) < 3000 or not list(incoming.glob("*.log")):  # a file is open (not just rotated)
+            await asyncio.sleep(0.002)
         c.proc.send_signal(signal.SIGKILL)  # mid-load: requests are in flight
         await asyncio.gather(*tasks)
 
