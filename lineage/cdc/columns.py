@@ -124,6 +124,11 @@ class ColumnRead:
         return (self.frame.num_rows + sum(p.num_rows for p in (self.parts or {}).values())
                 + sum(s.count for s in (self.spilled or {}).values()))
 
+    @property
+    def nbytes(self) -> int:
+        """The Arrow bytes held in memory (``frame`` and ``parts``; spilled changes are on disk)."""
+        return self.frame.nbytes + sum(p.nbytes for p in (self.parts or {}).values())
+
     def by_table(self) -> dict[str, pa.Table]:
         """Per source table its changes in source order, each with ``_tm_row``."""
         if self.parts is not None:

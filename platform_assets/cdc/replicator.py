@@ -56,7 +56,7 @@ from lineage.cdc.changes import (
     reduce_multiset,
 )
 from lineage.cdc.replicas import Scd
-from lineage.core.errors import OffsetError, TidemarkError
+from lineage.core.errors import OffsetError, TidemarkError, first_line
 from lineage.core.positions import ZERO_TS, Position
 from lineage.spec.model import Replicator
 from platform_assets.cdc import apply as cdc_apply
@@ -273,7 +273,7 @@ class ReplicatorUnit:
             self.engine.store.set_state(key, self.owner, REPLICATING)
             return result
         except Exception as exc:
-            self.engine.store.set_state(key, self.owner, f"failing: {spark_io.first_line(exc)[:400]}")
+            self.engine.store.set_state(key, self.owner, f"failing: {first_line(exc)[:400]}")
             raise
         finally:
             lease.stop()
@@ -392,7 +392,7 @@ class ReplicatorUnit:
                 except Exception as exc:
                     if retryable(exc):
                         raise
-                    self._pause(t, f"reading its parked slot {slot} failed: {spark_io.first_line(exc)[:300]}", result)
+                    self._pause(t, f"reading its parked slot {slot} failed: {first_line(exc)[:300]}", result)
                     continue
                 upto = max(int(getattr(txs, "end", 0) or 0), txs[-1].lsn if txs else 0)
                 if txs:
@@ -461,9 +461,7 @@ class ReplicatorUnit:
         if runs is not None:
             # (a spilled effect is a plan of the unit's session; a big read's MERGE sources, built at once, add up)
             self._apply_tables([(name, [run]) for name, run in runs.items()], unit, {}, result,
-                               together=not (cols and cols.spilled) and cols is not None
-                               and cols.frame.nbytes + sum(p.nbytes for p in (cols.parts or {}).values())
-                               <= cdc_apply.BROADCAST_BYTES)
+                               together=not cols.spilled and cols.nbytes <= cdc_apply.BROADCAST_BYTES)
         else:
             seq_of = {id(n.change): n for n in number(txs or [], first)}
             self._apply_tables(list(self._split(txs or []).items()), unit, seq_of, result,
@@ -576,7 +574,7 @@ class ReplicatorUnit:
         if errors:
             errors.sort(key=lambda e: retryable(e) and not isinstance(e, OffsetError))  # a fix first
             for exc in errors[1:]:
-                log.error("replicator %s: unit %d: a replica failed too: %s", self.spec.name, unit, spark_io.first_line(exc))
+                log.error("replicator %s: unit %d: a replica failed too: %s", self.spec.name, unit, first_line(exc))
             raise errors[0]
 
     def _apply_table(self, source_table: str, segments: list[Any], unit: int, seq_of: dict[int, Any],
@@ -599,7 +597,7 @@ class ReplicatorUnit:
         except Exception as exc:
             if t is None or retryable(exc) or isinstance(exc, OffsetError):
                 raise
-            self._pause(t, f"applying its changes failed: {spark_io.first_line(exc)[:300]}", result)
+            self._pause(t, f"applying its changes failed: {first_line(exc)[:300]}", result)
 
     def _pause(self, t: Table, problem: str, result: CdcResult) -> None:
         """A failure that needs a fix: this replica stops (nothing after it applied or acknowledged), the

@@ -8,11 +8,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from lineage.core.errors import TidemarkError
+from lineage.core.errors import TidemarkError, first_line
 from lineage.spec.model import Replicator
 from platform_assets.cdc.replicator import ReplicatorUnit, retryable
 from platform_assets.cdc.units import CdcResult, ColumnarSource
-from platform_assets.core.spark_io import first_line
 
 if TYPE_CHECKING:
     from platform_assets.core.context import UnitContext

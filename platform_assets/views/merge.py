@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lineage.core.errors import ProcessingError
+from lineage.core.errors import ProcessingError, first_line
 from lineage.core.positions import Block, Position
 from lineage.planning.planner import Decision
 from lineage.spec.model import AdditiveSpec, LateRows, Topic, TopicSpec
@@ -429,7 +429,7 @@ class MergeProcessor:
         """The previous version of a changed input, or its change feed, was removed (VACUUM, log
         retention): the rows' old groups are unknown, so only a recompute is exact."""
         work.strategy = Strategy(False, f"full recompute because a previous version of {', '.join(work.strategy.reverse)} "
-                                        f"cannot be read ({spark_io.first_line(exc)[:300]})", fallback=True)
+                                        f"cannot be read ({first_line(exc)[:300]})", fallback=True)
         work.affected.clear()
         work.contributions.clear()
         work.alone.clear()
@@ -524,7 +524,7 @@ class MergeProcessor:
                 raise
             # a column type that does not survive the trip to Python and back (an interval, a
             # variant): the rows stay in Spark, read twice
-            log.info("topic '%s': base rows not collected (%s)", topic.name, spark_io.first_line(exc)[:200])
+            log.info("topic '%s': base rows not collected (%s)", topic.name, first_line(exc)[:200])
             rows = None
         if rows is not None:
             moved_new, moved_old = collected, blocks.upto(collected, last)
@@ -566,7 +566,7 @@ class MergeProcessor:
         try:
             v = verify(self.engine, topic, sample=topic.spec.checks.verify_sample, show=1)
         except Exception as exc:  # noqa: BLE001 - the unit has landed; the check reports the failure
-            return {"error": spark_io.first_line(exc)[:500]}
+            return {"error": first_line(exc)[:500]}
         example = ", ".join(f"{k}={val!r}" for k, val in zip(v.key, v.examples[0][0], strict=True)) if v.examples else None
         return {"keys": v.keys_compared, "differing": v.differing, "duplicates": v.duplicates, "example": example}
 

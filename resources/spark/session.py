@@ -152,8 +152,9 @@ def sibling_sessions(spark: SparkSession, settings: Settings, count: int) -> lis
             sibling = spark.newSession()
         have.append(sibling)
     _siblings[spark] = (have, now)
+    settings_now = spark.conf.getAll
     for sibling in have[:count]:
-        _copy_sql_settings(spark, sibling)
+        _copy_sql_settings(settings_now, sibling)
     return have[:count]
 
 
@@ -162,11 +163,11 @@ def sibling_sessions(spark: SparkSession, settings: Settings, count: int) -> lis
 SIBLING_IDLE_S = 30 * 60
 
 
-def _copy_sql_settings(parent: SparkSession, child: SparkSession) -> None:
-    """The SQL settings of ``parent`` that ``child`` lacks or has otherwise (those set at run time),
-    but a Delta write's txn and commit metadata; settings a session cannot change are left."""
+def _copy_sql_settings(parent: dict[str, str], child: SparkSession) -> None:
+    """The SQL settings ``parent`` (a session's) that ``child`` lacks or has otherwise (those set at
+    run time), but a Delta write's txn and commit metadata; settings a session cannot change are left."""
     have = child.conf.getAll
-    for k, v in parent.conf.getAll.items():
+    for k, v in parent.items():
         if have.get(k) == v or not k.startswith(("spark.sql.", "spark.databricks.")) or k in WRITE_SCOPED:
             continue
         try:
