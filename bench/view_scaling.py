@@ -8,10 +8,13 @@ Two views over one orders fact ``stage.orders (pos, id, customer_id, amount)`` a
 table ``dim.customers (id, name, segment, country)`` (Change Data Feed on), both ``merge`` topics
 of one lineage (issue 18):
 
-* ``mart.orders_wide`` (keyed join): every order left-joined to its customer, key ``id``;
+* ``mart.orders_wide`` (keyed join): every order left-joined to its customer, key ``id``,
+  declared ``row_wise`` (a unit re-derives only the orders it found and appends new ones);
 * ``mart.revenue`` (aggregating): orders and revenue per day and customer country
   (``'??'`` for an order without a customer), key ``(day, country)``, declared ``additive``
-  (a unit adds the moved orders' contributions; ``--no-additive``: it re-derives whole groups).
+  (a unit adds the moved orders' contributions).
+
+``--plain`` leaves both declarations out: the units re-derive the affected keys from the full base.
 
 The reference table has ``--customers`` rows (200,000) at every size, so only the base grows.
 Orders span a year and draw their customer from 1.25x the customer ids, so ~20 % have none at
@@ -76,7 +79,7 @@ class View:
     key: tuple[str, ...]
     columns: tuple[str, ...]
     sdp: str  # the @dp.materialized_view body: a DataFrame expression over b (orders) and c (customers)
-    extra: str = ""  # the topic's YAML beyond what every view gets (unless --no-additive)
+    extra: str = ""  # the topic's YAML beyond what every view gets (unless --plain)
 
 
 KEYED = View(
@@ -86,7 +89,8 @@ FROM block b LEFT JOIN dim.customers c ON b.customer_id = c.id
 """,
     ("id",), ("pos", "id", "customer_id", "amount", "name", "segment", "country"),
     'b.join(c, F.col("b.customer_id") == F.col("c.id"), "left").select('
-    '"b.pos", "b.id", "b.customer_id", "b.amount", "c.name", "c.segment", "c.country")')
+    '"b.pos", "b.id", "b.customer_id", "b.amount", "c.name", "c.segment", "c.country")',
+    "row_wise: true\n")
 AGGREGATE = View(
     "mart.revenue",
     """SELECT CAST(b.pos AS DATE) AS day, coalesce(c.country, '??') AS country, count(*) AS orders,
@@ -251,7 +255,8 @@ class Sdp:
         return str(sdp_table_path(self.projects[view.topic][0], view.topic.split(".")[1]))
 
 
-#: Whether views keep their ``extra`` settings (``--no-additive``: the aggregate re-derives its groups)
+#: Whether views keep their ``extra`` settings (``--plain``: neither ``additive`` nor ``row_wise``, both
+#: views re-derive their affected keys from the full base)
 ADDITIVE = True
 #: Settings every view gets (``--strategy incremental``: ``full_above: 1``; ``--deletion-vectors``)
 FORCED: list[str] = []
@@ -408,11 +413,12 @@ def main(argv: list[str] | None = None) -> int:
                         "no estimate decides), to measure that path where it is not chosen")
     p.add_argument("--deletion-vectors", action="store_true",
                    help="the views with `deletion_vectors: true` (an opt-in: the deltalake reader cannot read them)")
-    p.add_argument("--no-additive", action="store_true",
-                   help="mart.revenue without `additive` (its units re-derive whole groups from the full base)")
+    p.add_argument("--plain", "--no-additive", action="store_true", dest="plain",
+                   help="the views without their declarations (mart.revenue's `additive`, mart.orders_wide's "
+                        "`row_wise`): their units re-derive the affected keys from the full base")
     args = p.parse_args(argv)
     global ADDITIVE
-    ADDITIVE = not args.no_additive
+    ADDITIVE = not args.plain
     if args.deletion_vectors:
         FORCED.append("deletion_vectors: true")
     if args.strategy == "incremental":

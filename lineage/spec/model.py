@@ -164,13 +164,18 @@ class TopicSpec(_Strict):
     refresh: Refresh = Field(Refresh.INCREMENTAL, description="merge: incremental | incremental_strict | full")
     full_above: float | None = Field(None, gt=0, le=1, description="merge: recompute the whole view instead of a "
                                                                   "reverse join when more than this share of an input's "
-                                                                  "rows changed (default 0.005; none for an additive view)")
+                                                                  "rows changed (default 0.005; none for an additive or "
+                                                                  "row_wise view)")
     late_rows: LateRows = Field(LateRows.QUARANTINE, description="quarantine | rederive (merge): base rows landing "
                                                                 "at or below last after their block committed")
     delete_missing: bool = Field(True, description="merge: remove view rows whose inputs were deleted")
     additive: AdditiveSpec | None = Field(None, description="merge: the view's non-key columns are a count(*) and sums "
                                                             "over base rows, maintained by adding the moved rows' "
                                                             "contributions")
+    row_wise: bool = Field(False, description="merge: every view row comes from one base row, and rows of different "
+                                              "base rows have different keys (no aggregation over base rows, no row "
+                                              "from another input alone): a unit re-derives only the base rows that "
+                                              "are new or joined a changed row, not the full base")
     deletion_vectors: bool = Field(False, description="merge: opt in to Delta deletion vectors on the view (a MERGE "
                                                       "marks the rows it replaces instead of rewriting their files); "
                                                       "the `deltalake` reader cannot read such a view's rows")
@@ -291,6 +296,9 @@ class TopicSpec(_Strict):
                     out.append(("additive", "an additive view needs late_rows: rederive (a late base row must be added "
                                             "to its group; quarantined, it would later be subtracted without having "
                                             "been added)"))
+            if self.row_wise and self.additive is not None:
+                out.append(("row_wise", "an additive view sums several base rows into a row, so it cannot be row_wise; "
+                                        "keep one of the two"))
             for table in self.join_keys:
                 if table == self.base:
                     out.append(("join_keys", f"{table} is the base table (read block by block by (pos, id)); join_keys "
@@ -301,7 +309,7 @@ class TopicSpec(_Strict):
         merge_only = {"key": bool(self.key), "join_keys": bool(self.join_keys),
                       "refresh": self.refresh is not Refresh.INCREMENTAL, "delete_missing": not self.delete_missing,
                       "late_rows": self.late_rows is not LateRows.QUARANTINE, "deletion_vectors": self.deletion_vectors,
-                      "additive": self.additive is not None}
+                      "additive": self.additive is not None, "row_wise": self.row_wise}
         for name, set_ in merge_only.items():
             if set_:
                 out.append((name, f"only merge topics take '{name}' (this is a {self.processor.value} topic)"))

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PART = "_tm_part"  # a row-wise unit's output rows: which part of its base rows made them
 PRESENT = "_tm_present"  # marks a re-derived row in the MERGE source (null: the key is no longer produced)
 #: Up to this many affected keys (or changed input rows) are collected and joined as a local relation.
 LOCAL_KEYS = 200_000
@@ -119,6 +120,20 @@ class MergeWork:
     types: dict[str, str] = field(default_factory=dict)
     #: An additive view's sums that may be null (``sum(x)``; not ``coalesce(sum(x), 0)``).
     nullable: frozenset[str] = frozenset()
+    #: Incremental, row-wise view: the base rows to re-derive, by where they come from (label, rows).
+    rows: list[tuple[str, DataFrame]] = field(default_factory=list)
+    #: Incremental, row-wise view: the transform's output over ``rows`` (every affected key's new row):
+    #: the MERGE's rows instead of the full view narrowed to the affected keys.
+    rederived: DataFrame | None = None
+    #: Incremental, row-wise view of new base rows only, the view holding none of them: the rows are
+    #: appended (with the unit's txn id) instead of MERGEd (:meth:`MergeProcessor._appends`).
+    append: bool = False
+    #: Incremental, row-wise view, a changed input: the keys' old rows are the transform over these
+    #: base rows (those up to ``last`` joining a changed row) with these tables (the versions applied).
+    left: tuple[str, DataFrame, dict[str, str]] | None = None
+    #: Incremental, row-wise view: the values of the view's clustering column in the view's rows of
+    #: the affected keys, when the unit knows them without reading the view (None: it reads them).
+    held: list[Any] | None = None
 
     @property
     def adds(self) -> bool:
@@ -211,6 +226,11 @@ class MergeProcessor:
             rows = delta_meta.TableSnapshot.open(self.engine.path(spec.base), planned.source_version).row_count
             return _clustered(full, spec, rows), work
         key = list(spec.key)
+        if work.rederived is not None and planned.block is not None and self._appends(topic, work, planned.block.last):
+            work.append = True
+            work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; appended: the view holds "
+                                                                      f"no row of base rows after its last")
+            return work.rederived, work
         if work.adds:
             try:
                 added = self._added(topic, work)
@@ -229,7 +249,8 @@ class MergeProcessor:
                 raise
             self._removed_fallback(topic, work, exc)
             return full, work
-        rederived = spark_io.semi_join(narrow(full, key, key_rows), keys, key).withColumn(PRESENT, F.lit(True))
+        rederived = (spark_io.semi_join(narrow(full, key, key_rows), keys, key) if work.rederived is None
+                     else work.rederived).withColumn(PRESENT, F.lit(True))
         work.prune = self._prune(topic, work, key, key_rows)
         return spark_io.rows_of_keys(keys, rederived, key), work
 
@@ -315,6 +336,8 @@ class MergeProcessor:
         col = cluster_column(topic.spec, work.columns)
         if not key_rows or len(key_rows) > NARROW_VALUES or col is None or col in key:
             return ""
+        if work.held is not None:  # a row-wise unit that only moved rows: their old rows are the view's
+            return one_of(f"t.{spark_io.quote(col)}", work.held) or ""
         view = self.engine.spark.read.format("delta").load(self.engine.path(topic.spec.destination))
         held = narrow(view, key, key_rows).select(col).distinct()
         _, rows = spark_io.small_local(self.engine.spark, held, NARROW_VALUES)
@@ -398,6 +421,8 @@ class MergeProcessor:
             """Base rows joining their groups at the new versions: their contributions (additive) or keys."""
             if spec.additive is not None:
                 work.contributions.append((label, 1, out_of(name, rows, pinned)))
+            elif spec.row_wise:
+                work.rows.append((label, rows))
             else:
                 work.affected.append((label, keys_of(name, rows, pinned)))
 
@@ -423,7 +448,89 @@ class MergeProcessor:
                 if not _removed(exc):
                     raise
                 self._removed_fallback(topic, work, exc)
+        if work.rows:
+            try:
+                self._row_wise(topic, work, everything=everything, pinned=pinned, tag=tag, out_of=out_of,
+                               moved_only=block.next <= block.last and not late.rows.num_rows)
+            except Exception as exc:
+                if not (strategy.reverse and _removed(exc)):
+                    raise
+                self._removed_fallback(topic, work, exc)
         return full, work
+
+    def _row_wise(self, topic: Topic, work: MergeWork, *, everything: DataFrame, pinned: dict[str, str], tag: str,
+                  out_of: Callable[[str, DataFrame, dict[str, str]], DataFrame], moved_only: bool) -> None:
+        """A row-wise view (``row_wise``): the affected keys' new rows are the transform's output over
+        the base rows the unit found (new, late, joining a changed row; ``work.rows``), not the full
+        base narrowed to those keys, and their old rows (the keys they leave) the transform over the
+        rows joining a changed row at the versions the view applied (``work.left``). Exact when every
+        view row comes from one base row and rows of different base rows have different keys. What
+        the unit can see of that is checked: the transform makes no row from the other inputs alone,
+        and, evaluated over the rows found split in two parts (by ``id``; the union of the parts is
+        the same rows when the view is row-wise), gives no key twice, which an aggregate or a key
+        that does not tell base rows apart would. ``checks: {verify_sample: N}`` and ``tidemark
+        verify`` compare with a recompute. All of it is one Spark job when the rows are few.
+
+        ``moved_only``: the unit has no new or late base rows, so the view's rows of the affected
+        keys are exactly the old rows (a key names its base row), and their clustering column's
+        values prune the MERGE without reading the view (``work.held``)."""
+        from pyspark.sql import functions as F
+
+        spec, spark = topic.spec, self.engine.spark
+        key = list(spec.key)
+        found = functools.reduce(lambda a, b: a.unionByName(b), [r for _, r in work.rows])
+        if len(work.rows) > 1:  # a new base row may also join a changed row
+            found = found.dropDuplicates(["pos", "id"])
+        found = self._view(spark, work, f"tm_found_{tag}", found)
+        parts = [("even", found.where("id % 2 = 0"), pinned), ("odd", found.where("id % 2 <> 0"), pinned),
+                 ("alone", everything.where("false"), pinned)]
+        if work.left is not None:
+            parts.append(("old", work.left[1], work.left[2]))
+        every = functools.reduce(lambda a, b: a.unionByName(b), [
+            out_of(f"tm_{name}", rows, tables).withColumn(PART, F.lit(name)) for name, rows, tables in parts])
+        try:
+            every, rows = spark_io.small_local(spark, every, LOCAL_ROWS)
+        except Exception as exc:
+            if _removed(exc):
+                raise
+            log.info("topic '%s': re-derived rows not collected (%s)", topic.name, first_line(exc)[:200])
+            rows = None
+        if rows is None:  # many, or a column type that does not survive the trip to Python: computed once in Spark
+            every = every.localCheckpoint(eager=True)
+        alone = (any(r[PART] == "alone" for r in rows) if rows is not None
+                 else not every.where(F.col(PART) == "alone").isEmpty())
+        if alone:
+            raise ProcessingError(
+                f"topic '{topic.name}' ({topic.where}): row_wise, but its transform makes rows from "
+                f"{', '.join(spec.depends_on[1:]) or 'its other inputs'} without any base row (e.g. an outer join "
+                f"keeping a reference row without base rows), so a view row does not always come from one base row; "
+                f"remove 'row_wise' from the topic")
+        out = every.where(F.col(PART).isin("even", "odd")).drop(PART)
+        if rows is not None:
+            seen: dict[tuple[Any, ...], int] = {}
+            for r in rows:
+                if r[PART] in ("even", "odd"):
+                    k = tuple(r[c] for c in key)
+                    seen[k] = seen.get(k, 0) + 1
+            twice = [k for k, n in seen.items() if n > 1]
+            if twice:
+                raise ProcessingError(
+                    f"topic '{topic.name}' ({topic.where}): row_wise, but over the unit's base rows taken in two "
+                    f"parts the transform gives key ({', '.join(map(repr, twice[0]))}) of {', '.join(key)} to "
+                    f"{seen[twice[0]]} rows ({len(twice)} key(s) more than once): a view row comes from several base "
+                    f"rows (an aggregate) or the key does not tell base rows apart; fix the key or remove 'row_wise' "
+                    f"from the topic")
+            col = cluster_column(spec, work.columns)
+            if moved_only and col is not None:
+                work.held = list({r[col] for r in rows if r[PART] == "old"})
+        if work.left is not None:
+            work.affected.append((work.left[0], every.where(F.col(PART) == "old").select(*key)))
+        work.rederived = out
+        work.affected.append(("; ".join(label for label, _ in work.rows) + " (re-derived alone: row_wise)",
+                              out.select(*key)))
+        n = "" if rows is None else f"{len(seen)} "
+        work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; row_wise: {n}rows re-derived "
+                                                                  f"from the base rows found, not from the full base")
 
     def _removed_fallback(self, topic: Topic, work: MergeWork, exc: BaseException) -> None:
         """The previous version of a changed input, or its change feed, was removed (VACUUM, log
@@ -433,7 +540,34 @@ class MergeProcessor:
         work.affected.clear()
         work.contributions.clear()
         work.alone.clear()
+        work.rows.clear()
+        work.left = None
         self._refuse_strict(topic, work.strategy)
+
+    def _newest_commit(self, topic: Topic, dest: str) -> delta_meta.CommitStats | None:
+        """The newest commit of ``topic`` in the view's log (None: none, or it cannot be read)."""
+        seq = protocol.recorded_seq(dest, topic.name)
+        try:
+            return delta_meta.find_txn_commit(dest, data_app_id(topic.name), seq) if seq else None
+        except delta_meta.CommitUnavailableError:
+            return None
+
+    def _appends(self, topic: Topic, work: MergeWork, last: Position) -> bool:
+        """Whether a row-wise unit of new base rows only can append its rows instead of MERGEing
+        them: its keys name base rows after ``last``, which the view holds none of when its newest
+        commit, the newest of the table, is this topic's with ``next`` at ``last`` (not a range
+        restated by ``offsets reset``, not a view another writer changed since), and the rows have
+        the view's column types (a MERGE casts, an append would not)."""
+        if work.rederived is None or work.strategy.reverse or work.late_rows:
+            return False
+        dest = self.engine.path(topic.spec.destination)
+        commit = self._newest_commit(topic, dest)
+        if (commit is None or work.view is None or commit.version != work.view.version
+                or commit.user_metadata.get("next") != last.to_text()):
+            return False
+        target = self.engine.spark.read.format("delta").load(dest).schema
+        return ({f.name: f.dataType for f in target.fields}
+                == {f.name: f.dataType for f in work.rederived.schema.fields})
 
     def _not_added(self, topic: Topic, dest: str, last: Position) -> str:
         """Why an additive view cannot take contributions now ("" when it can): it must hold exactly
@@ -441,11 +575,7 @@ class MergeProcessor:
         rows twice (a range restated by ``offsets reset``) or mix two definitions (an edited
         transform, ``additive`` declared on a view built without it). Read from the newest commit
         of the topic in the view's log (its ``next`` and :func:`additive_fingerprint`)."""
-        seq = protocol.recorded_seq(dest, topic.name)
-        try:
-            commit = delta_meta.find_txn_commit(dest, data_app_id(topic.name), seq) if seq else None
-        except delta_meta.CommitUnavailableError:
-            commit = None
+        commit = self._newest_commit(topic, dest)
         if commit is None:
             return "the view's newest commit of this topic cannot be read, so what it holds is unknown to an additive unit"
         meta = commit.user_metadata
@@ -532,6 +662,10 @@ class MergeProcessor:
             moved_old = functools.reduce(lambda a, b: a.unionByName(b),
                                          [_matching(held, changed, cols, values) for changed, cols, values in changed_rows])
         before, left, joined = self._before(topic, work, pinned, tag)
+        if spec.row_wise:  # their old and new rows are derived with the unit's other rows (_row_wise)
+            work.left = (left, moved_old, before)
+            work.rows.append((joined, moved_new))
+            return
         work.affected.append((left, keys_of("tm_left", moved_old, before)))
         work.affected.append((joined, keys_of("tm_joined", moved_new, pinned)))
         old_alone, new_alone = self._alone(topic, work, everything, tag, [before, pinned])
@@ -608,6 +742,11 @@ class MergeProcessor:
                         spark_io.add_into(eng.spark, opened.out, dest, key=list(spec.key), count=add.count, sums=add.sums,
                                           types=work.types, delete_missing=spec.delete_missing, app_id=app_id,
                                           seq=block.seq, meta=meta, target_filter=work.prune)
+                    elif work.append:
+                        out = opened.out
+                        spark_io.retry_conflicts(lambda: (
+                            out.write.format("delta").mode("append").option("txnAppId", app_id)
+                            .option("txnVersion", block.seq).option("userMetadata", meta).save(dest)))
                     elif work.strategy.incremental:
                         spark_io.merge_into(eng.spark, opened.out, dest, key=list(spec.key), columns=work.columns,
                                             present=PRESENT, delete_missing=spec.delete_missing, app_id=app_id,
@@ -751,7 +890,7 @@ def _removed(exc: BaseException) -> bool:
 
 
 #: Rows per file of a full build clustered by its join column (at most CLUSTER_FILES files).
-CLUSTER_ROWS, CLUSTER_FILES = 50_000, 128
+CLUSTER_ROWS, CLUSTER_FILES = 25_000, 1024
 #: Up to this many changed values of a single join column filter the view by a literal list, which
 #: Delta's data skipping uses (a semi join reads every file).
 IN_LIST = 1_000

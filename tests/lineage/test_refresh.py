@@ -190,3 +190,24 @@ def test_an_additive_view_has_no_default_share_cap_and_reads_no_whole_groups() -
     assert not choose(spec(**additive), built=True, base_rows=0, changes=[change(rows=10)],
                       sizes=sizes(base=100 * MiB, view=MiB, files=1, view_rows=20_000)).incremental
     assert not choose(spec(full_above=1), built=True, base_rows=0, changes=[change(rows=10)], sizes=agg).incremental
+
+
+def test_a_row_wise_view_has_no_default_share_cap_reads_the_base_once_and_appends_new_rows() -> None:
+    wide = [change(rows=300, total=1000)]
+    assert not choose(spec(), built=True, base_rows=0, changes=wide).incremental  # 0.5 % by default
+    assert choose(spec(row_wise=True), built=True, base_rows=0, changes=wide).incremental
+    assert not choose(spec(row_wise=True, full_above=0.1), built=True, base_rows=0, changes=wide).incremental
+    # a keyed view of 1,000 MiB in 100 files over a 1,000 MiB base: re-derived, the base is read
+    # twice (to find the rows, then for the keys); row-wise, once, filtered
+    view = sizes(view=1000 * MiB, files=100, view_rows=10_000_000)
+    rederived = estimate(view, base_rows=0, late_rows=0, changes=[change(rows=10)], reverse=["dim.c"])
+    rows = estimate(view, base_rows=0, late_rows=0, changes=[change(rows=10)], reverse=["dim.c"], row_wise=True)
+    assert rederived.incremental - rows.incremental == pytest.approx(1000 * MiB * (2 - FILTERED_SCAN), abs=2)
+    assert rows.files_rewritten == rederived.files_rewritten
+    # new base rows alone are appended: no view file read or rewritten
+    new = estimate(view, base_rows=10_000, late_rows=0, changes=[], reverse=[], row_wise=True)
+    merged = estimate(view, base_rows=10_000, late_rows=0, changes=[], reverse=[])
+    assert new.incremental < merged.incremental - 1000 * MiB
+    both = spec(row_wise=True, late_rows="rederive", additive={"count": "n"}).merge_problems()
+    assert ("row_wise", "an additive view sums several base rows into a row, so it cannot be row_wise; keep one of "
+                        "the two") in both

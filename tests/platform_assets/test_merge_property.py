@@ -19,6 +19,8 @@ unit); at the end every view is caught up and equal. Each example draws a few of
 * additive views (``additive: {count, sums}``): a reference change adds the moved rows'
   contributions (old groups subtracted, new ones added), a null contribution re-derives its
   groups instead;
+* row-wise views (``row_wise: true``): a unit re-derives only the base rows it found (new, late,
+  joining a changed row), an inner join and a key holding a reference expression;
 * issue 24's view declared the inexact way (``{country: country}``, a view column that is not a
   base column): every reference change must be a visible full recompute ("cannot be derived
   exactly").
@@ -140,6 +142,16 @@ VIEWS: dict[str, View] = {
         "GROUP BY coalesce(c.country, '?'), coalesce(t.tier, '-')",
         "key: [country, tier]\njoin_keys: {dim.customers: {customer_id: id}, dim.tiers: {customer_id: customer_id}}\n"
         "late_rows: rederive\nadditive: {count: n, sums: [total, big]}\n", ("dim.customers", "dim.tiers"), EXACT),
+    # row-wise views (issue 18): a unit re-derives only the base rows it found, not the full base; an
+    # inner join (rows come and go) and a key holding a reference expression (a moved row changes key)
+    "mart.wide_rw": View(
+        "SELECT b.id, b.customer_id, b.amount, c.country FROM block b JOIN dim.customers c ON b.customer_id = c.id",
+        "key: [id]\njoin_keys: {dim.customers: {customer_id: id}}\nrow_wise: true\n", _CUSTOMERS, EXACT),
+    "mart.tiered_rw": View(
+        "SELECT b.id, coalesce(c.country, '?') AS country, t.tier, b.amount FROM block b "
+        "LEFT JOIN dim.customers c ON b.customer_id = c.id LEFT JOIN dim.tiers t ON b.customer_id = t.customer_id",
+        "key: [id, country]\njoin_keys: {dim.customers: {customer_id: id}, dim.tiers: {customer_id: customer_id}}\n"
+        "late_rows: rederive\nrow_wise: true\n", ("dim.customers", "dim.tiers"), EXACT),
 }
 
 
@@ -247,11 +259,11 @@ REFERENCES = Case(
          ("run", "mart.wide", 1), ("run", "mart.by_wide_country", 1), ("run", "mart.by_tier", 1),  # propagates; (DE, silver) left
          ("delete", "dim.customers", [2]), ("insert", "dim.customers", [4], "IT"), ("run", "*", 1),  # wide loses and gains rows
          ("append", [(1, 3, 0), (5, 4, 1)])])
-# Additive views: a group emptied and deleted, one created, a null contribution (no amount above
+# Additive and row-wise views: a group emptied and deleted, one created, a null contribution (no amount above
 # 25 among customer 0's orders) re-deriving its groups, both references changed in one unit, new
 # orders and reference changes in one unit.
 ADDITIVE = Case(
-    maxstep=8, views=("mart.by_country_add", "mart.by_tier_add"),
+    maxstep=8, views=("mart.by_country_add", "mart.by_tier_add", "mart.wide_rw", "mart.tiered_rw"),
     customers={0: "DE", 1: "FR", 2: None, 6: "DE"}, tiers={0: "gold", 4: "silver"},
     orders=[(0, 5, 0), (1, 30, 1), (2, 7, 0), (3, 40, 1), (0, 9, 0), (5, 2, 0), (6, 44, 1)],
     ops=[("run", "*", 1),  # initial builds
@@ -405,6 +417,7 @@ def _record(seen: Counter[tuple[str, str]], r: Any) -> str:
     reason = str(r.stats.get("strategy_reason", ""))
     seen[(topic, strategy)] += 1
     for tag, text in (("reverse join", "reverse join"), ("full_above", "full_above"), ("additive", "; additive: "),
+                      ("row_wise", "; row_wise: "),
                       ("re-derived", "groups re-derived from the full base"),
                       ("no join_keys", "declares no join_keys"), ("inexact", "cannot be derived exactly")):
         if text in reason:
@@ -515,6 +528,7 @@ def test_every_merge_view_equals_its_transform_after_every_unit(spark: Any) -> N
     for view in (v for v, spec in VIEWS.items() if spec.kind == EXACT):
         assert seen[(view, "reverse join")] > 0, (view, seen)
     assert seen[("mart.by_country_add", "additive")] > 0 and seen[("mart.by_tier_add", "re-derived")] > 0, seen
+    assert seen[("mart.wide_rw", "row_wise")] > 0 and seen[("mart.tiered_rw", "row_wise")] > 0, seen
 
 
 CRASH_POINTS = ["planned", "transformed", "written", "logged", "committed"]

@@ -1,0 +1,135 @@
+"""Row-wise views (issue 18): ``row_wise: true`` on a view whose every row comes from one base row,
+so a unit re-derives only the base rows it found (new, late, joining a changed reference row)
+instead of the full base narrowed to the affected keys. Every unit is checked against a
+recompute; declarations that cannot hold are refused with the reason; a crash between the MERGE
+and the offset commit never applies twice. (Random interleavings: test_merge_property.py.)"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from lineage.core.errors import LineageError, ProcessingError
+from lineage.core.positions import Position
+from lineage.spec.loader import load_lineage
+from platform_assets.core import spark_io
+from platform_assets.views import operate as views
+from tests.platform_assets.test_merge import (
+    T0,
+    assert_view_equals_recompute,
+    customers,
+    dies_after_the_merge,
+    dim_sql,
+    engine,
+    orders,
+    processed,
+)
+from tests.platform_assets.test_merge_additive import write_sql
+
+# key [id, country]: a row whose customer changes country gets a new key (the old one is deleted)
+WIDE = ("SELECT b.id, coalesce(c.country, '?') AS country, b.customer_id, b.amount "
+        "FROM block b LEFT JOIN dim.customers c ON b.customer_id = c.id")
+INNER = "SELECT b.id, b.customer_id, b.amount, c.country FROM block b JOIN dim.customers c ON b.customer_id = c.id"
+OUTER = ("SELECT b.id, c.id AS cid, c.country FROM block b FULL OUTER JOIN dim.customers c ON b.customer_id = c.id")
+SUMS = ("SELECT coalesce(c.country, '?') AS country, sum(b.amount) AS revenue "
+        "FROM block b LEFT JOIN dim.customers c ON b.customer_id = c.id GROUP BY 1")
+
+
+def row_wise_topic(name: str, key: str, extra: str = "") -> str:
+    return (f"- table: {name}\n  depends_on: [stage.orders, dim.customers]\n  processor: merge\n"
+            f"  transforms: [sql/{name.split('.')[1]}.sql]\n  key: [{key}]\n"
+            f"  join_keys: {{dim.customers: {{customer_id: id}}}}\n  maxstep: 15\n  row_wise: true\n" + extra)
+
+
+@pytest.mark.spark
+def test_a_row_wise_view_re_derives_only_the_rows_found_and_equals_a_recompute(spark, settings, tmp_path, monkeypatch):
+    write_sql(tmp_path, wide_rw=WIDE, inner_rw=INNER)
+    eng = engine(spark, settings, tmp_path, row_wise_topic("mart.wide_rw", "id, country", "  late_rows: rederive\n")
+                 + row_wise_topic("mart.inner_rw", "id"))
+    customers(eng, 8)  # ids 0..7 in C0, C1, C2; orders point at 0..11: 8..11 have no customer
+    orders(eng, 1, 36, customers=12)
+    # the full base is never narrowed to the affected keys once the views are built
+    narrowed: list[int] = []
+    real_semi = spark_io.semi_join
+    monkeypatch.setattr(spark_io, "semi_join", lambda *a, **kw: narrowed.append(1) or real_semi(*a, **kw))
+    for topic in ("mart.wide_rw", "mart.inner_rw"):
+        units = processed(eng.run_until_caught_up([topic]))
+        assert [u.stats["strategy"] for u in units] == ["full", "incremental", "incremental"], topic
+        for u in units[1:]:  # new base rows into a view that holds none of them: appended, not MERGEd
+            assert "; appended: the view holds no row of base rows after its last" in u.stats["strategy_reason"], \
+                u.stats["strategy_reason"]
+        if topic == "mart.wide_rw":  # a LEFT JOIN: a row per new base row (15, then 6)
+            for u, n in zip(units[1:], (15, 6), strict=True):
+                assert f"row_wise: {n} rows re-derived from the base rows found" in u.stats["strategy_reason"], \
+                    u.stats["strategy_reason"]
+                assert (u.stats["rows_inserted"], u.stats["rows_updated"]) == (n, 0), u.stats
+    assert assert_view_equals_recompute(eng, "mart.wide_rw") == 36
+    assert assert_view_equals_recompute(eng, "mart.inner_rw") == 24
+
+    # customer 5 deleted, 9 appears, 1 changes country, 2 changes id to 10: rows move, go and come
+    dim_sql(eng, "DELETE FROM DIM WHERE id = 5")
+    dim_sql(eng, "INSERT INTO DIM VALUES (9, 'C9')")
+    dim_sql(eng, "UPDATE DIM SET country = 'C7' WHERE id = 1")
+    dim_sql(eng, "UPDATE DIM SET id = 10 WHERE id = 2")
+    orders(eng, 37, 5, customers=12)  # and new orders in the same unit (ids 37..41: one joins customer 1)
+    text = "\n".join(views.explain(eng, eng.lineage.topic("mart.wide_rw"), keys=50))
+    assert "(re-derived alone: row_wise)" in text, text
+    for topic, rows in (("mart.wide_rw", 41), ("mart.inner_rw", 27)):
+        [unit] = processed(eng.run_until_caught_up([topic]))
+        assert unit.stats["strategy"] == "incremental" and "reverse join" in unit.stats["strategy_reason"], unit.stats
+        assert "row_wise: " in unit.stats["strategy_reason"] and "appended" not in unit.stats["strategy_reason"], \
+            unit.stats["strategy_reason"]
+        assert assert_view_equals_recompute(eng, topic) == rows
+    assert not narrowed, "a row-wise unit narrowed the full base to its keys"
+
+    # a crash after the MERGE, before the offset commit: the retry never applies twice
+    dim_sql(eng, "UPDATE DIM SET country = 'C8' WHERE id IN (0, 3)")
+    merged = dies_after_the_merge(eng, "mart.wide_rw", monkeypatch)
+    [retry] = processed(eng.run_until_caught_up(["mart.wide_rw"]))
+    assert retry.recovered, retry
+    assert DeltaTable(eng.path("mart.wide_rw")).version() == merged  # the retry wrote nothing
+    assert assert_view_equals_recompute(eng, "mart.wide_rw") == 41
+
+    # a range restated by offsets reset: the view holds its rows, so they are MERGEd, never appended twice
+    eng.spark.sql(f"UPDATE delta.`{eng.path('mart.inner_rw')}` SET amount = -1 WHERE id BETWEEN 30 AND 33")
+    eng.reset_offsets(eng.lineage.topic("mart.inner_rw"), Position(T0 + dt.timedelta(seconds=29), 29), "restate 30..")
+    units = processed(eng.run_until_caught_up(["mart.inner_rw"]))
+    assert units and all("appended" not in u.stats["strategy_reason"] for u in units), [u.stats for u in units]
+    assert assert_view_equals_recompute(eng, "mart.inner_rw") == 27
+    eng.close()
+
+
+@pytest.mark.spark
+def test_a_row_wise_declaration_that_cannot_hold_is_refused_with_the_reason(spark, settings, tmp_path):
+    write_sql(tmp_path, outer=OUTER, sums=SUMS)
+    eng = engine(spark, settings, tmp_path, row_wise_topic("mart.outer", "id, cid") + row_wise_topic("mart.sums", "country"))
+    customers(eng, 4)
+    orders(eng, 1, 10, customers=6)
+    for topic in ("mart.outer", "mart.sums"):
+        eng.run_topic(topic)  # the initial build is a recompute; the first unit that re-derives shows the problem
+    orders(eng, 11, 6, customers=6)
+    with pytest.raises(ProcessingError, match=r"topic 'mart.outer' \(.*\): row_wise, but its transform makes rows from "
+                                              r"dim.customers without any base row"):
+        eng.run_topic("mart.outer")
+    with pytest.raises(ProcessingError, match=r"topic 'mart.sums' \(.*\): row_wise, but over the unit's base rows taken in "
+                                              r"two parts the transform gives key \('[^']+'\) of country to 2 rows"):
+        eng.run_topic("mart.sums")
+    eng.close()
+
+
+def test_the_lineage_refuses_row_wise_with_additive_or_off_a_merge_topic(tmp_path: Path) -> None:
+    topic = ("- table: mart.x\n  depends_on: [stage.orders]\n  processor: merge\n  transforms: [x.sql]\n"
+             "  key: [day]\n  late_rows: rederive\n  additive: {count: n}\n  row_wise: true\n"
+             "- table: fact.y\n  depends_on: [stage.orders]\n  processor: step\n  transforms: [x.sql]\n"
+             "  row_wise: true\n")
+    (tmp_path / "x.sql").write_text("SELECT CAST(pos AS DATE) AS day, count(*) AS n FROM block GROUP BY 1\n")
+    (tmp_path / "l.yaml").write_text("sources:\n  - table: stage.orders\ntopics:\n" + "".join(
+        "  " + line + "\n" for line in topic.splitlines()))
+    with pytest.raises(LineageError) as err:
+        load_lineage(tmp_path)
+    text = str(err.value)
+    assert "topic 'mart.x'" in text and "an additive view sums several base rows into a row, so it cannot be row_wise" in text
+    assert "only merge topics take 'row_wise' (this is a step topic)" in text
