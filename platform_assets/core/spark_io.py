@@ -18,7 +18,6 @@ import functools
 import importlib
 import logging
 import re
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from lineage.core.errors import ProcessingError, first_line
 from lineage.core.positions import to_naive_utc
+from lineage.core.retry import retrying
 from resources.spark.session import is_connect
 
 if TYPE_CHECKING:
@@ -417,16 +417,9 @@ def retry_conflicts(write: Callable[[], Any], attempts: int = CONFLICT_ATTEMPTS)
     """``write()``, again when it lost to a concurrent commit (e.g. ``tidemark maintain`` compacting
     the files a MERGE read: the MERGE is planned again from the newer version, with the same rows).
     Safe: the losing commit did not land, and the write is idempotent by its txn id."""
-    for attempt in range(attempts):
-        try:
-            return write()
-        except Exception as exc:
-            if not is_conflict(exc) or attempt == attempts - 1:
-                raise
-            log.warning("write lost to a concurrent commit (%s); trying again (%d of %d)",
-                        first_line(exc)[:200], attempt + 2, attempts)
-            time.sleep(0.5 * (attempt + 1))
-    raise AssertionError("unreachable")
+    return retrying(write, attempts=attempts, retryable=is_conflict, backoff_s=0.5,
+                    on_retry=lambda exc, n: log.warning("write lost to a concurrent commit (%s); trying again (%d of %d)",
+                                                        first_line(exc)[:200], n, attempts))
 
 
 def run_merge(spark: SparkSession, sql: str, source: DataFrame, *, app_id: str, seq: int, meta: str) -> None:

@@ -26,6 +26,7 @@ from urllib.parse import unquote
 import pyarrow.fs as pafs
 
 from lineage.core.errors import TidemarkError
+from lineage.core.retry import retrying
 from resources.storage import delta_meta
 from resources.storage.warehouse import arrow_filesystem, storage_options
 
@@ -237,17 +238,16 @@ def _retry(what: str, call: Any, attempts: int = 5) -> Any:
     the compaction read): the rewrite is planned again from the newer version."""
     from deltalake.exceptions import CommitFailedError
 
-    for attempt in range(attempts):
-        try:
-            return call()
-        except CommitFailedError as exc:
-            if not _CONFLICT.search(str(exc)):  # e.g. a table feature deltalake cannot write: no retry helps
-                raise MaintenanceError(f"{what}: {exc}") from exc
-            if attempt == attempts - 1:
-                raise MaintenanceError(f"{what}: the commit conflicted with concurrent writers {attempts} times "
-                                       f"({exc}); run `tidemark maintain` again") from exc
-            time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+    def conflict(exc: BaseException) -> bool:
+        return isinstance(exc, CommitFailedError) and bool(_CONFLICT.search(str(exc)))
+
+    try:
+        return retrying(call, attempts=attempts, retryable=conflict, backoff_s=0.2)
+    except CommitFailedError as exc:
+        if not conflict(exc):  # e.g. a table feature deltalake cannot write: no retry helps
+            raise MaintenanceError(f"{what}: {exc}") from exc
+        raise MaintenanceError(f"{what}: the commit conflicted with concurrent writers {attempts} times "
+                               f"({exc}); run `tidemark maintain` again") from exc
 
 
 def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool = False, dry_run: bool = False,

@@ -13,13 +13,13 @@ import getpass
 import hashlib
 import json
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from lineage.core.durations import format_duration
+from lineage.core.retry import retrying
 from lineage.spec.model import Lineage
 from resources.core.settings import Settings
 from resources.storage.delta_meta import open_table
@@ -101,14 +101,8 @@ def write_etl_log(settings: Settings, entry: LogEntry) -> bool:
     writers at once: ``deltalake`` refuses the loser's commit) is tried again: the row's txn makes
     a second try a no-op when the first landed."""
     with _ETL_LOG_LOCK:
-        for attempt in range(ETL_LOG_ATTEMPTS):
-            try:
-                return _append_etl_log(settings, entry)
-            except Exception as exc:
-                if type(exc).__name__ != "CommitFailedError" or attempt == ETL_LOG_ATTEMPTS - 1:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
-    raise AssertionError("unreachable")
+        return retrying(lambda: _append_etl_log(settings, entry), attempts=ETL_LOG_ATTEMPTS, backoff_s=0.05,
+                        retryable=lambda exc: type(exc).__name__ == "CommitFailedError")
 
 
 #: Appends of one process to etl.log, one at a time (a unit's replicas log from threads).
