@@ -133,6 +133,12 @@ class Estimate:
                 f"(~{self.files_rewritten:.0f} view files rewritten)")
 
 
+#: Rows per file of a view's build clustered by its join column (at most CLUSTER_FILES files), and
+#: the file size table maintenance keeps such a view at: a reverse join's MERGE rewrites whole
+#: files, so smaller files make it cheaper, and the build dearer (``bench/view_scaling.py``).
+CLUSTER_ROWS, CLUSTER_FILES = 25_000, 1024
+
+
 def cluster_column(spec: TopicSpec, columns: Collection[str]) -> str | None:
     """The view column a full build clusters its files by (and a MERGE of few keys is pruned by):
     the first view column of ``join_keys`` the view has."""

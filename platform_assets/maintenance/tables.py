@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 from lineage.core.durations import format_size
 from lineage.core.errors import ConfigError
 from lineage.spec.model import Processor
+from lineage.views.refresh import CLUSTER_ROWS, cluster_column
 from platform_assets.core.faults import crashpoint
 from resources.state.offsets import LogRetention, OffsetRecord, OffsetStore
-from resources.storage import maintenance
+from resources.storage import delta_meta, maintenance
 from resources.storage.maintenance import Health, Need, Report
 from resources.storage.meta_tables import META_TABLES
 from resources.storage.warehouse import delta_tables, storage_options
@@ -103,8 +104,20 @@ def jvm_free_reads(eng: TopicContext, tables: Iterable[str] | None = None) -> li
 
 
 def health_of(eng: TopicContext, table: str, needs: dict[str, list[Need]]) -> Health:
-    """``table``'s health with what the consumers (``needs``, from :func:`consumer_needs`) need of it."""
-    return maintenance.health(table, eng.path(table), needs.get(table, []), now=eng.clock())
+    """``table``'s health with what the consumers (``needs``, from :func:`consumer_needs`) need of it;
+    a view clustered by its join column is kept in files of about ``CLUSTER_ROWS`` rows."""
+    return maintenance.health(table, eng.path(table), needs.get(table, []), now=eng.clock(),
+                              rows_per_file=CLUSTER_ROWS if view_cluster_column(eng, table) else None)
+
+
+def view_cluster_column(eng: TopicContext, table: str) -> str | None:
+    """The column a view (a merge topic's table) is clustered by: the first view column of its
+    ``join_keys`` the view has (its reverse joins' MERGEs are pruned by it); None for other tables."""
+    for topic in eng.lineage.producers(table):
+        if topic.spec.processor is Processor.MERGE and topic.spec.join_keys:
+            columns = delta_meta.TableSnapshot.open(eng.path(table)).columns
+            return cluster_column(topic.spec, columns or ())
+    return None
 
 
 def healths(eng: TopicContext, tables: Iterable[str] | None = None, *, existing_only: bool = True) -> list[Health]:
@@ -143,7 +156,10 @@ def writers_idle(eng: TopicContext, table: str) -> bool:
 
 
 def cluster_columns(eng: TopicContext, table: str) -> tuple[str, ...]:
-    """A view's key (the column its MERGE matches on): the Z-order that lets MERGE skip files."""
+    """What ``--cluster`` Z-orders a view by: its join column when it has one (a reverse join's MERGE
+    is pruned by it: :func:`view_cluster_column`), else its key (the column its MERGE matches on)."""
+    if col := view_cluster_column(eng, table):
+        return (col,)
     for topic in eng.lineage.producers(table):
         if topic.spec.processor is Processor.MERGE and topic.spec.key:
             return tuple(topic.spec.key)
@@ -182,7 +198,9 @@ def run(eng: TopicContext, tables: list[str] | None, opts: Options,
             idle = opts.writers_idle or (bool(eng.lineage.producers(h.table)) and writers_idle(eng, h.table))
             r = maintenance.maintain(h, retain_hours=opts.retain_hours, writers_idle=idle, dry_run=opts.dry_run,
                                      compact=opts.compact, cleanup=opts.cleanup,
-                                     cluster_by=cluster_columns(eng, h.table) if opts.cluster else (),
+                                     # a view kept in small clustered files is clustered again when
+                                     # a file outgrew them, --cluster or not
+                                     cluster_by=cluster_columns(eng, h.table) if opts.cluster or h.kept_small else (),
                                      point=crashpoint)
         except Exception as exc:  # noqa: BLE001 - one table's failure is its line
             if on_report:

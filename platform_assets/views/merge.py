@@ -40,7 +40,7 @@ from lineage.core.errors import ProcessingError, first_line
 from lineage.core.positions import Block, Position
 from lineage.planning.planner import Decision
 from lineage.spec.model import AdditiveSpec, LateRows, Topic, TopicSpec
-from lineage.views.refresh import InputChange, Strategy, choose, cluster_column
+from lineage.views.refresh import CLUSTER_FILES, CLUSTER_ROWS, InputChange, Strategy, choose, cluster_column
 from platform_assets.core import blocks, faults, protocol, spark_io
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
 from platform_assets.views import inputs as view_inputs
@@ -889,8 +889,6 @@ def _removed(exc: BaseException) -> bool:
                                    "CHANGE_DATA_NOT_RECORDED", "DELTA_CHANGE_DATA_FILE_NOT_FOUND", "cannot time travel"))
 
 
-#: Rows per file of a full build clustered by its join column (at most CLUSTER_FILES files).
-CLUSTER_ROWS, CLUSTER_FILES = 25_000, 1024
 #: Up to this many changed values of a single join column filter the view by a literal list, which
 #: Delta's data skipping uses (a semi join reads every file).
 IN_LIST = 1_000

@@ -14,6 +14,7 @@ The caller (``platform_assets/maintenance/tables.py``) knows the consumers; this
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import re
@@ -25,6 +26,7 @@ from urllib.parse import unquote
 
 import pyarrow.fs as pafs
 
+from lineage.core.durations import format_size
 from lineage.core.errors import TidemarkError
 from lineage.core.retry import retrying
 from resources.storage import delta_meta
@@ -34,6 +36,10 @@ from resources.storage.warehouse import arrow_filesystem, storage_options
 SMALL_FILE_BYTES = 16 * 1024 * 1024
 #: Compaction's target file size.
 TARGET_FILE_BYTES = 128 * 1024 * 1024
+#: The smallest target of a table kept in files of a given number of rows (``health``'s ``rows_per_file``).
+MIN_TARGET_FILE_BYTES = 256 * 1024
+#: Such a table is clustered again (Z-order by ``cluster_by``) once a file is this many times its target.
+OVERSIZED = 4
 #: A table needs compaction from this many small files on (fewer cost less than the rewrite).
 COMPACT_FROM_SMALL_FILES = 16
 #: A table needs a checkpoint when this many commits follow the last one (Spark writes one every 10;
@@ -79,15 +85,31 @@ class Health:
     version: int | None  # None: no table at ``path``
     files: int = 0
     small_files: int = 0
+    #: a table kept in small files (``kept_small``): its files over OVERSIZED times the target (a full
+    #: recompute or a MERGE that packed the rows it rewrote into a few files)
+    oversized_files: int = 0
     bytes: int = 0
     checkpoint: int | None = None  # the newest checkpoint's version
     oldest_log: int | None = None  # the oldest version whose commit is still in the log
     needs: tuple[Need, ...] = ()
     warnings: tuple[str, ...] = ()  # the table's own retention would remove what a consumer needs
+    #: the size compaction writes files at (and half of which a file is small below, when it is
+    #: not TARGET_FILE_BYTES): a view clustered by its join column keeps small files on purpose
+    target_bytes: int = TARGET_FILE_BYTES
 
     @property
     def exists(self) -> bool:
         return self.version is not None
+
+    @property
+    def kept_small(self) -> bool:
+        """The table keeps files well under the usual target on purpose (``health``'s ``rows_per_file``)."""
+        return self.target_bytes != TARGET_FILE_BYTES
+
+    @property
+    def small_bytes(self) -> int:
+        """A data file below this size is small."""
+        return self.target_bytes // 2 if self.kept_small else SMALL_FILE_BYTES
 
     @property
     def since_checkpoint(self) -> int | None:
@@ -111,6 +133,9 @@ class Health:
         out = []
         if self.small_files >= COMPACT_FROM_SMALL_FILES:
             out.append(f"{self.small_files} small files (compaction from {COMPACT_FROM_SMALL_FILES})")
+        if self.oversized_files:
+            out.append(f"{self.oversized_files} file(s) over {OVERSIZED}x the {format_size(self.target_bytes)} this "
+                       f"view is kept in (clustered again by its join column)")
         if (self.since_checkpoint or 0) >= CHECKPOINT_AFTER_COMMITS:
             out.append(f"{self.since_checkpoint} commits since the last checkpoint (one from {CHECKPOINT_AFTER_COMMITS})")
         return out
@@ -171,9 +196,12 @@ def _log_listing(path: str) -> list[tuple[int, str, str, float]]:
 
 
 def health(table: str, path: str, needs: list[Need] | tuple[Need, ...] = (), *,
-           now: dt.datetime | None = None) -> Health:
+           now: dt.datetime | None = None, rows_per_file: int | None = None) -> Health:
     """Files, small files, bytes, checkpoint and what consumers need of the table at ``path``,
-    read from the Delta log alone."""
+    read from the Delta log alone. ``rows_per_file``: the table is kept in files of about that
+    many rows (a view clustered by its join column, whose reverse joins rewrite whole files), so
+    its target file size is that many rows' bytes (at least :data:`MIN_TARGET_FILE_BYTES`) and a
+    file is small below half of it; else files are small below :data:`SMALL_FILE_BYTES`."""
     snap = delta_meta.TableSnapshot.open(path)
     if snap.table is None:
         if any(kind == "json" or kind.startswith("checkpoint") for _, kind, _, _ in _log_listing(path)):
@@ -185,9 +213,14 @@ def health(table: str, path: str, needs: list[Need] | tuple[Need, ...] = (), *,
     checkpoints = [v for v, kind, _, _ in listing if kind.startswith("checkpoint")]
     commits = [v for v, kind, _, _ in listing if kind == "json"]
     warnings = _retention_warnings(table, path, snap.table, needs, now or dt.datetime.now(dt.UTC).replace(tzinfo=None))
-    return Health(table, path, snap.version, files=len(sizes), small_files=sum(1 for s in sizes if s < SMALL_FILE_BYTES),
-                  bytes=int(sum(sizes)), checkpoint=max(checkpoints) if checkpoints else None,
-                  oldest_log=min(commits) if commits else None, needs=tuple(needs), warnings=tuple(warnings))
+    rows = snap.row_count
+    target = (max(MIN_TARGET_FILE_BYTES, min(TARGET_FILE_BYTES - 1, int(sum(sizes) / rows * rows_per_file)))
+              if rows_per_file and rows and sizes else TARGET_FILE_BYTES)
+    h = Health(table, path, snap.version, files=len(sizes), bytes=int(sum(sizes)),
+               checkpoint=max(checkpoints) if checkpoints else None, oldest_log=min(commits) if commits else None,
+               needs=tuple(needs), warnings=tuple(warnings), target_bytes=target)
+    return dataclasses.replace(h, small_files=sum(1 for s in sizes if s < h.small_bytes),
+                               oversized_files=sum(1 for s in sizes if s > OVERSIZED * target) if h.kept_small else 0)
 
 
 def _open_error(path: str) -> str:
@@ -276,16 +309,21 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
     def table() -> Any:
         return DeltaTable(h.path, storage_options=options)
 
-    if compact and (h.small_files >= COMPACT_FROM_SMALL_FILES or (force_compact and h.small_files > 1)):
+    recluster = bool(h.kept_small and h.oversized_files and cluster_by)
+    if compact and (recluster or h.small_files >= COMPACT_FROM_SMALL_FILES or (force_compact and h.small_files > 1)):
         if dry_run:
-            report.compacted = {"numFilesRemoved": h.small_files, "planned": True}
-        elif cluster_by:
+            report.compacted = {"numFilesRemoved": h.files if recluster else h.small_files, "planned": True}
+            if recluster:
+                report.clustered_by = cluster_by
+        elif cluster_by and (recluster or not h.kept_small):  # a kept-small table's small files are binned
             report.compacted = _retry(f"{h.table}: Z-order", lambda: table().optimize.z_order(
-                list(cluster_by), target_size=TARGET_FILE_BYTES, max_concurrent_tasks=2))
+                list(cluster_by), target_size=h.target_bytes, max_concurrent_tasks=2))
             report.clustered_by = cluster_by
         else:
+            # a table kept in small files: only the files under half its target are binned (into files
+            # of up to that size), so the files a clustered build wrote stay as they are
             report.compacted = _retry(f"{h.table}: compaction", lambda: table().optimize.compact(
-                target_size=TARGET_FILE_BYTES, max_concurrent_tasks=2))
+                target_size=h.small_bytes if h.kept_small else h.target_bytes, max_concurrent_tasks=2))
     elif compact:
         report.skipped.append(f"compaction: not needed ({h.small_files} small files; compacts from {COMPACT_FROM_SMALL_FILES})")
     if report.compacted and not dry_run:

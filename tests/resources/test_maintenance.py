@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import random
 
 import pyarrow as pa
 import pytest
@@ -171,3 +172,54 @@ def test_data_version_looks_past_compactions_and_cleanups(tmp_path):
     assert data_version(path, 20, 20) == 20
     blocks(path, 1, start=50)  # v21 appends
     assert data_version(path, 21, 19) == 21
+
+
+def test_a_table_kept_in_small_files_is_compacted_only_in_its_small_files(tmp_path):
+    """A view clustered by its join column (files of ~``rows_per_file`` rows, written small on purpose:
+    its reverse joins rewrite whole files) keeps those files; only the files under half that size
+    (units' appends) are binned, and ``--cluster``'s Z-order writes files of that size again."""
+    path = str(tmp_path / "v")
+    # 24 "clustered" files of 20,000 rows, each a narrow range of ``c``, then 20 appended files of 50 rows
+    rng = random.Random(7)  # values that do not compress away: files of realistic size
+
+    def part(ids: range, c: int) -> pa.Table:
+        return pa.table({"id": pa.array(ids, pa.int64()), "c": pa.array([c] * len(ids), pa.int64()),
+                         "x": pa.array([rng.random() for _ in ids], pa.float64())})
+
+    for f in range(24):
+        write_deltalake(path, part(range(f * 20_000, (f + 1) * 20_000), f), mode="append")
+    clustered = set(DeltaTable(path).file_uris())
+    for i in range(20):
+        write_deltalake(path, part(range(10**6 + 50 * i, 10**6 + 50 * (i + 1)), i % 24), mode="append")
+    plain = m.health("mart.v", path)
+    assert (plain.small_files, plain.target_bytes, plain.kept_small) == (44, m.TARGET_FILE_BYTES, False)
+    h = m.health("mart.v", path, rows_per_file=20_000)
+    assert h.kept_small and m.MIN_TARGET_FILE_BYTES <= h.target_bytes < m.TARGET_FILE_BYTES
+    assert h.small_files == 20, "only the appended files are small"
+    before = rows_of(path)
+    report = m.maintain(h)
+    assert report.compacted and report.compacted["numFilesRemoved"] == 20
+    after = set(DeltaTable(path).file_uris())
+    assert clustered <= after, "the clustered files were rewritten"
+    assert rows_of(path) == before
+    again = m.health("mart.v", path, rows_per_file=20_000)
+    assert again.small_files < 16 and not again.oversized_files
+    assert not m.maintain(again, cluster_by=("c",)).compacted, "a healthy clustered view is left alone"
+    # a full recompute wrote the view in one big file: clustered again by the join column, into files
+    # of about 20,000 rows
+    write_deltalake(path, pa.concat_tables([part(range(f * 20_000, (f + 1) * 20_000), f) for f in range(24)]),
+                    mode="overwrite")
+    before = rows_of(path)
+    big = m.health("mart.v", path, rows_per_file=20_000)
+    assert big.oversized_files == 1 and any("clustered again by its join column" in r for r in big.reasons())
+    assert not m.maintain(big).compacted, "nothing says what to cluster by"
+    report = m.maintain(big, cluster_by=("c",))
+    assert report.compacted and report.clustered_by == ("c",)
+    after = m.health("mart.v", path, rows_per_file=20_000)
+    assert after.files >= 12 and not after.oversized_files and after.small_files < 16
+    assert rows_of(path) == before
+
+
+def rows_of(path: str) -> list[tuple[int, int]]:
+    t = DeltaTable(path).to_pyarrow_table()
+    return sorted(zip(t["id"].to_pylist(), t["c"].to_pylist(), strict=True))
