@@ -190,11 +190,12 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
         find += sizes.base_bytes * (FILTERED_SCAN if narrow else 1)
     elif base_rows and sizes.base_rows:
         find += sizes.base_bytes * min(1.0, base_rows / sizes.base_rows)  # the new block alone
+    appends = row_wise and not reverse and not late_rows  # new base rows only: appended, the view is not read
     files = max(sizes.view_files, 1)
-    rewritten = files * (1 - (1 - 1 / files) ** clusters) if clusters else 0.0
+    rewritten = files * (1 - (1 - 1 / files) ** clusters) if clusters and not appends else 0.0
     touched = sizes.view_bytes * rewritten / files
-    if row_wise and not reverse and not late_rows:  # new base rows only: appended, the view is not read
-        scan, touched = 0.0, 0.0
+    if appends:
+        scan = 0.0
     elif sizes.clustered and clusters <= PRUNED_KEYS:  # two columns of the view, then the files holding the keys
         scan = sizes.view_bytes * min(1.0, 2 / max(sizes.view_columns, 1)) + touched
     else:
@@ -204,7 +205,9 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
     rewrite = touched * (1 if sizes.deletion_vectors else 1 + WRITE_COST)
     overhead = ((ADDITIVE_OVERHEAD + ADDITIVE_PER_ROW * changed if additive else REVERSE_OVERHEAD)
                 if reverse else 0)
-    incremental = overhead + find + (0 if narrow else sizes.base_bytes) + inputs + scan + rewrite
+    # the base read again to re-derive (not by an additive view; by a row-wise one only for late rows)
+    again = 0 if additive or (row_wise and not late_rows) else sizes.base_bytes
+    incremental = overhead + find + again + inputs + scan + rewrite
     return Estimate(int(incremental), int(full), rewritten)
 
 

@@ -59,9 +59,6 @@ PART = "_tm_part"  # a row-wise unit's output rows: which part of its base rows 
 PRESENT = "_tm_present"  # marks a re-derived row in the MERGE source (null: the key is no longer produced)
 #: Up to this many affected keys (or changed input rows) are collected and joined as a local relation.
 LOCAL_KEYS = 200_000
-#: Up to this many base rows joining changed reference rows are collected (one scan of the base serves
-#: the rows' old groups and their new ones).
-LOCAL_ROWS = 50_000
 #: Up to this many distinct values of a key column narrow the re-derivation by a literal list.
 NARROW_VALUES = 5_000
 
@@ -442,7 +439,7 @@ class MergeProcessor:
                     self._moved(topic, work, held=held if ids is None else held.join(ids, "id", "left_anti"),
                                 pinned=pinned, tag=tag, out_of=out_of)
                 else:
-                    self._reverse(topic, work, held=held, last=block.last, everything=everything, pinned=pinned, tag=tag,
+                    self._reverse(topic, work, last=block.last, everything=everything, pinned=pinned, tag=tag,
                                   keys_of=keys_of)
             except Exception as exc:
                 if not _removed(exc):
@@ -469,7 +466,7 @@ class MergeProcessor:
         and, evaluated over the rows found split in two parts (by ``id``; the union of the parts is
         the same rows when the view is row-wise), gives no key twice, which an aggregate or a key
         that does not tell base rows apart would. ``checks: {verify_sample: N}`` and ``tidemark
-        verify`` compare with a recompute. All of it is one Spark job when the rows are few.
+        verify`` compare with a recompute.
 
         ``moved_only``: the unit has no new or late base rows, so the view's rows of the affected
         keys are exactly the old rows (a key names its base row), and their clustering column's
@@ -478,59 +475,46 @@ class MergeProcessor:
 
         spec, spark = topic.spec, self.engine.spark
         key = list(spec.key)
-        found = functools.reduce(lambda a, b: a.unionByName(b), [r for _, r in work.rows])
-        if len(work.rows) > 1:  # a new base row may also join a changed row
-            found = found.dropDuplicates(["pos", "id"])
+        # a base row can be found twice: new and joining a changed row, or joining changed rows of two inputs
+        found = functools.reduce(lambda a, b: a.unionByName(b), [r for _, r in work.rows]).dropDuplicates(["pos", "id"])
         found = self._view(spark, work, f"tm_found_{tag}", found)
         parts = [("even", found.where("id % 2 = 0"), pinned), ("odd", found.where("id % 2 <> 0"), pinned),
                  ("alone", everything.where("false"), pinned)]
         if work.left is not None:
             parts.append(("old", work.left[1], work.left[2]))
+        # computed once and kept in Spark: any number of rows, every column type, and no timestamp
+        # through Python's local time (the rows are written as they are)
         every = functools.reduce(lambda a, b: a.unionByName(b), [
-            out_of(f"tm_{name}", rows, tables).withColumn(PART, F.lit(name)) for name, rows, tables in parts])
-        try:
-            every, rows = spark_io.small_local(spark, every, LOCAL_ROWS)
-        except Exception as exc:
-            if _removed(exc):
-                raise
-            log.info("topic '%s': re-derived rows not collected (%s)", topic.name, first_line(exc)[:200])
-            rows = None
-        if rows is None:  # many, or a column type that does not survive the trip to Python: computed once in Spark
-            every = every.localCheckpoint(eager=True)
-        alone = (any(r[PART] == "alone" for r in rows) if rows is not None
-                 else not every.where(F.col(PART) == "alone").isEmpty())
-        if alone:
+            out_of(f"tm_{name}", rows, tables).withColumn(PART, F.lit(name))
+            for name, rows, tables in parts]).localCheckpoint(eager=True)
+        if not every.where(F.col(PART) == "alone").isEmpty():
             raise ProcessingError(
                 f"topic '{topic.name}' ({topic.where}): row_wise, but its transform makes rows from "
                 f"{', '.join(spec.depends_on[1:]) or 'its other inputs'} without any base row (e.g. an outer join "
                 f"keeping a reference row without base rows), so a view row does not always come from one base row; "
                 f"remove 'row_wise' from the topic")
         out = every.where(F.col(PART).isin("even", "odd")).drop(PART)
-        if rows is not None:
-            seen: dict[tuple[Any, ...], int] = {}
-            for r in rows:
-                if r[PART] in ("even", "odd"):
-                    k = tuple(r[c] for c in key)
-                    seen[k] = seen.get(k, 0) + 1
-            twice = [k for k, n in seen.items() if n > 1]
-            if twice:
-                raise ProcessingError(
-                    f"topic '{topic.name}' ({topic.where}): row_wise, but over the unit's base rows taken in two "
-                    f"parts the transform gives key ({', '.join(map(repr, twice[0]))}) of {', '.join(key)} to "
-                    f"{seen[twice[0]]} rows ({len(twice)} key(s) more than once): a view row comes from several base "
-                    f"rows (an aggregate) or the key does not tell base rows apart; fix the key or remove 'row_wise' "
-                    f"from the topic")
-            col = cluster_column(spec, work.columns)
-            if moved_only and col is not None:
-                work.held = list({r[col] for r in rows if r[PART] == "old"})
+        twice = out.groupBy(*[F.col(spark_io.quote(k)) for k in key]).count().where(F.col("count") > 1)
+        if first := twice.limit(1).collect():
+            raise ProcessingError(
+                f"topic '{topic.name}' ({topic.where}): row_wise, but over the unit's base rows taken in two "
+                f"parts the transform gives key ({', '.join(repr(first[0][k]) for k in key)}) of {', '.join(key)} to "
+                f"{first[0]['count']} rows ({twice.count()} key(s) more than once): a view row comes from several base "
+                f"rows (an aggregate) or the key does not tell base rows apart; fix the key or remove 'row_wise' "
+                f"from the topic")
+        col = cluster_column(spec, work.columns)
+        if moved_only and col is not None:
+            _, held = spark_io.small_local(spark, every.where(F.col(PART) == "old").select(spark_io.quote(col)).distinct(),
+                                           NARROW_VALUES)
+            work.held = None if held is None else [r[0] for r in held]
         if work.left is not None:
             work.affected.append((work.left[0], every.where(F.col(PART) == "old").select(*key)))
         work.rederived = out
         work.affected.append(("; ".join(label for label, _ in work.rows) + " (re-derived alone: row_wise)",
                               out.select(*key)))
-        n = "" if rows is None else f"{len(seen)} "
-        work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; row_wise: {n}rows re-derived "
-                                                                  f"from the base rows found, not from the full base")
+        work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; row_wise: {out.count()} rows "
+                                                                  f"re-derived from the base rows found, not from the "
+                                                                  f"full base")
 
     def _removed_fallback(self, topic: Topic, work: MergeWork, exc: BaseException) -> None:
         """The previous version of a changed input, or its change feed, was removed (VACUUM, log
@@ -636,31 +620,20 @@ class MergeProcessor:
         nothing = self._view(spark, work, f"tm_none_{tag}", base.where("false"))
         return [spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=t) for t in tables]
 
-    def _reverse(self, topic: Topic, work: MergeWork, *, held: DataFrame, last: Position, everything: DataFrame,
+    def _reverse(self, topic: Topic, work: MergeWork, *, last: Position, everything: DataFrame,
                  pinned: dict[str, str], tag: str, keys_of: Callable[[str, DataFrame, dict[str, str]], DataFrame]) -> None:
         """The affected keys of the changed inputs (see :meth:`derive`) into ``work.affected``."""
-        spark, spec = self.engine.spark, topic.spec
+        spec = topic.spec
         # Base rows joining a changed reference row: those up to ``last`` (what the view holds)
         # left their old groups; those up to ``next`` join their new ones.
         changed_rows = self._changed_rows(topic, work)
         moved_new = functools.reduce(lambda a, b: a.unionByName(b),
                                      [_matching(everything, changed, cols, values) for changed, cols, values in changed_rows])
-        # One scan of the base where there were two: when few, the rows up to ``next`` are
-        # collected once and those up to ``last`` are taken from them.
-        try:
-            collected, rows = spark_io.small_local(spark, moved_new, LOCAL_ROWS)
-        except Exception as exc:
-            if _removed(exc):
-                raise
-            # a column type that does not survive the trip to Python and back (an interval, a
-            # variant): the rows stay in Spark, read twice
-            log.info("topic '%s': base rows not collected (%s)", topic.name, first_line(exc)[:200])
-            rows = None
-        if rows is not None:
-            moved_new, moved_old = collected, blocks.upto(collected, last)
-        else:
-            moved_old = functools.reduce(lambda a, b: a.unionByName(b),
-                                         [_matching(held, changed, cols, values) for changed, cols, values in changed_rows])
+        # One scan of the base where there were two: the rows up to ``next`` are computed once and
+        # kept in Spark (any number of rows, every column type, no timestamp through Python's local
+        # time), and those up to ``last`` taken from them.
+        moved_new = moved_new.localCheckpoint(eager=True)
+        moved_old = blocks.upto(moved_new, last)
         before, left, joined = self._before(topic, work, pinned, tag)
         if spec.row_wise:  # their old and new rows are derived with the unit's other rows (_row_wise)
             work.left = (left, moved_old, before)

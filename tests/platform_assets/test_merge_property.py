@@ -272,6 +272,8 @@ ADDITIVE = Case(
          ("update", "dim.customers", [6], "FR"), ("run", "*", 1),  # DE loses its last order: the group goes
          ("update", "dim.tiers", [4], "gold"), ("insert", "dim.tiers", [1], "silver"), ("update", "dim.customers", [1], "IT"),
          ("run", "mart.by_tier_add", 1),  # both references of customer 1 in one unit: its order moves once
+         ("update", "dim.tiers", [1], "gold"), ("update", "dim.customers", [1], "DE"),
+         ("run", "mart.tiered_rw", 1),  # row-wise, both references of one customer, no new order: found once
          ("append", [(0, 1, 0), (7, 50, 1)]), ("insert", "dim.customers", [0, 7], "FR")])  # catch-up: both at once
 
 
