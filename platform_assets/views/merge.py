@@ -125,6 +125,8 @@ class MergeWork:
     #: Incremental, row-wise view of new base rows only, the view holding none of them: the rows are
     #: appended (with the unit's txn id) instead of MERGEd (:meth:`MergeProcessor._appends`).
     append: bool = False
+    #: Incremental: the view's column types as the unit found them (name -> Spark type).
+    view_types: dict[str, Any] = field(default_factory=dict)
     #: Incremental, row-wise view, a changed input: the keys' old rows are the transform over these
     #: base rows (those up to ``last`` joining a changed row) with these tables (the versions applied).
     left: tuple[str, DataFrame, dict[str, str]] | None = None
@@ -394,6 +396,7 @@ class MergeProcessor:
         if not strategy.incremental:
             return full, work
         target = spark.read.format("delta").load(dest)
+        work.view_types = {f.name: f.dataType for f in target.schema.fields}
         added = [c for c in full.columns if c not in target.columns]
         gone = [c for c in target.columns if c not in full.columns]
         if added or gone:  # the transform's columns changed: every row must be recomputed
@@ -549,9 +552,7 @@ class MergeProcessor:
         if (commit is None or work.view is None or commit.version != work.view.version
                 or commit.user_metadata.get("next") != last.to_text()):
             return False
-        target = self.engine.spark.read.format("delta").load(dest).schema
-        return ({f.name: f.dataType for f in target.fields}
-                == {f.name: f.dataType for f in work.rederived.schema.fields})
+        return work.view_types == {f.name: f.dataType for f in work.rederived.schema.fields}
 
     def _not_added(self, topic: Topic, dest: str, last: Position) -> str:
         """Why an additive view cannot take contributions now ("" when it can): it must hold exactly

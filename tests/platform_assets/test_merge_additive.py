@@ -159,14 +159,20 @@ def test_the_lineage_refuses_an_additive_view_that_cannot_be_kept_by_adding(tmp_
              "  key: [day]\n  additive: {count: day, sums: [n, n]}\n  delete_missing: false\n"
              "- table: fact.y\n  depends_on: [stage.orders]\n  processor: step\n  transforms: [x.sql]\n"
              "  additive: {count: n}\n")
-    (tmp_path / "x.sql").write_text("SELECT CAST(pos AS DATE) AS day, count(*) AS n FROM block GROUP BY 1\n")
-    (tmp_path / "l.yaml").write_text("sources:\n  - table: stage.orders\ntopics:\n" + "".join(
-        "  " + line + "\n" for line in topic.splitlines()))
-    with pytest.raises(LineageError) as err:
-        load_lineage(tmp_path)
-    text = str(err.value)
+    text = lineage_refusal(tmp_path, topic)
     assert "topic 'mart.x'" in text and "day cannot be both a key column and an additive column" in text
     assert "a column is named twice in count and sums (day, n, n)" in text
     assert "an additive view needs late_rows: rederive" in text
     assert "delete_missing: false cannot be kept with it" in text
     assert "only merge topics take 'additive' (this is a step topic)" in text
+
+
+def lineage_refusal(root: Path, topics: str) -> str:
+    """The loader's refusal of a lineage of ``topics`` (YAML, one topic per ``- table:``) over
+    ``stage.orders``, each reading ``x.sql`` (a count per day)."""
+    (root / "x.sql").write_text("SELECT CAST(pos AS DATE) AS day, count(*) AS n FROM block GROUP BY 1\n")
+    (root / "l.yaml").write_text("sources:\n  - table: stage.orders\ntopics:\n" + "".join(
+        "  " + line + "\n" for line in topics.splitlines()))
+    with pytest.raises(LineageError) as err:
+        load_lineage(root)
+    return str(err.value)

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lineage.core.errors import LineageError, ProcessingError
+from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
-from lineage.spec.loader import load_lineage
 from platform_assets.core import spark_io
 from platform_assets.views import operate as views
 from tests.platform_assets.test_merge import (
@@ -27,7 +26,7 @@ from tests.platform_assets.test_merge import (
     orders,
     processed,
 )
-from tests.platform_assets.test_merge_additive import write_sql
+from tests.platform_assets.test_merge_additive import lineage_refusal, write_sql
 
 # key [id, country]: a row whose customer changes country gets a new key (the old one is deleted)
 WIDE = ("SELECT b.id, coalesce(c.country, '?') AS country, b.customer_id, b.amount "
@@ -125,11 +124,6 @@ def test_the_lineage_refuses_row_wise_with_additive_or_off_a_merge_topic(tmp_pat
              "  key: [day]\n  late_rows: rederive\n  additive: {count: n}\n  row_wise: true\n"
              "- table: fact.y\n  depends_on: [stage.orders]\n  processor: step\n  transforms: [x.sql]\n"
              "  row_wise: true\n")
-    (tmp_path / "x.sql").write_text("SELECT CAST(pos AS DATE) AS day, count(*) AS n FROM block GROUP BY 1\n")
-    (tmp_path / "l.yaml").write_text("sources:\n  - table: stage.orders\ntopics:\n" + "".join(
-        "  " + line + "\n" for line in topic.splitlines()))
-    with pytest.raises(LineageError) as err:
-        load_lineage(tmp_path)
-    text = str(err.value)
+    text = lineage_refusal(tmp_path, topic)
     assert "topic 'mart.x'" in text and "an additive view sums several base rows into a row, so it cannot be row_wise" in text
     assert "only merge topics take 'row_wise' (this is a step topic)" in text
