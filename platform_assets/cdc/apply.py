@@ -183,7 +183,7 @@ def write_snapshot(spark: SparkSession, path: str, layout: Layout, batches: Iter
             for k, v in layout.properties().items():  # the table's properties, as ensure_replica sets them
                 w = w.option(k, v)
         if last:
-            w = w.option("txnAppId", commit.app_id).option("txnVersion", commit.version).option("userMetadata", commit.meta)
+            w = spark_io.as_unit(w, app_id=commit.app_id, seq=commit.version, meta=commit.meta)
         w.save(path)
         first = False
         pending.clear()

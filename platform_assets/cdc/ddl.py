@@ -19,6 +19,7 @@ from dataclasses import replace
 from lineage.cdc.changes import DdlChange, DdlKind, TableSchema, format_lsn, lsn_position
 from platform_assets.cdc import apply as cdc_apply
 from platform_assets.cdc.units import CdcResult, ReplicaHost, Table
+from platform_assets.core import spark_io
 from platform_assets.core.spark_io import quote
 from resources.storage import warehouse as storage
 
@@ -97,9 +98,9 @@ def apply(unit: ReplicaHost, t: Table | None, ddl: DdlChange, tx_lsn: int, resul
         pos = lsn_position(tx_lsn)
         new.rec = store.plan(new.replica, owner, last=new.rec.last, next=pos, seq=seq, source_version=None)
         df = spark.read.format("delta").load(t.path)
-        (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-         .option("txnAppId", f"tidemark:{new.replica}").option("txnVersion", seq)
-         .option("userMetadata", unit.commit_meta(result.unit, tx_lsn, kind="rename", renamed_from=t.replica)).save(new.path))
+        spark_io.as_unit(df.write.format("delta").mode("overwrite").option("overwriteSchema", "true"),
+                         app_id=f"tidemark:{new.replica}", seq=seq,
+                         meta=unit.commit_meta(result.unit, tx_lsn, kind="rename", renamed_from=t.replica)).save(new.path)
         new.rec = store.commit(new.replica, owner, seq=seq, last=new.rec.last, next=pos, rows=0, state="replicating",
                                note=f"renamed from {t.source} at {format_lsn(tx_lsn)}")
         remove_table(t.path)

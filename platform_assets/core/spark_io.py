@@ -29,7 +29,7 @@ from lineage.core.retry import retrying
 from resources.spark.session import is_connect
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
 
     from lineage.spec.model import Topic, Transform
     from resources.storage.delta_meta import TableSnapshot
@@ -420,6 +420,14 @@ def retry_conflicts(write: Callable[[], Any], attempts: int = CONFLICT_ATTEMPTS)
     return retrying(write, attempts=attempts, retryable=is_conflict, backoff_s=0.5,
                     on_retry=lambda exc, n: log.warning("write lost to a concurrent commit (%s); trying again (%d of %d)",
                                                         first_line(exc)[:200], n, attempts))
+
+
+def as_unit(writer: DataFrameWriter, *, app_id: str, seq: int, meta: str) -> DataFrameWriter:
+    """``writer`` (a Delta write) as the commit of one unit: carrying ``txnAppId=app_id``/
+    ``txnVersion=seq`` (Delta skips the write when it recorded that version of the app already:
+    a replay lands nothing twice) and ``meta`` as its ``userMetadata`` (where the next unit starts).
+    A ``MERGE`` sets the same through session settings: :func:`run_merge`."""
+    return writer.option("txnAppId", app_id).option("txnVersion", seq).option("userMetadata", meta)
 
 
 def run_merge(spark: SparkSession, sql: str, source: DataFrame, *, app_id: str, seq: int, meta: str) -> None:

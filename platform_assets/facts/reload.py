@@ -66,8 +66,8 @@ class ReloadProcessor:
         with eng.phases.timed("write"):
             out, observed = spark_io.observe_output(opened.out)
             spark_io.retry_conflicts(lambda: (  # a concurrent compaction removed the files it replaces
-                out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-                .option("txnAppId", app_id).option("txnVersion", seq).option("userMetadata", meta).save(dest)))
+                spark_io.as_unit(out.write.format("delta").mode("overwrite").option("overwriteSchema", "true"),
+                                 app_id=app_id, seq=seq, meta=meta).save(dest)))
             eng.register(topic.spec.destination)
             committed = delta_meta.find_txn_commit(dest, app_id, seq)
         if committed is None:

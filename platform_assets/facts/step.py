@@ -150,10 +150,8 @@ class StepProcessor:
                                             source_version=planned.source_version, run_id=eng.run_id, owner=eng.owner)
             with eng.phases.timed("write"):
                 out, observed = spark_io.observe_output(opened.out)
-                (out.write.format("delta").mode("append")
-                 .option("txnAppId", app_id).option("txnVersion", block.seq)
-                 .option("mergeSchema", "true").option("userMetadata", meta)
-                 .save(dest))
+                spark_io.as_unit(out.write.format("delta").mode("append").option("mergeSchema", "true"),
+                                 app_id=app_id, seq=block.seq, meta=meta).save(dest)
                 eng.register(spec.destination)
                 landed = delta_meta.find_txn_commit(dest, app_id, block.seq)
             if landed is None:

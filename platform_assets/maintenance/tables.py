@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import TYPE_CHECKING
 
 from lineage.core.durations import format_size
@@ -103,11 +104,15 @@ def jvm_free_reads(eng: TopicContext, tables: Iterable[str] | None = None) -> li
     return out
 
 
-def health_of(eng: TopicContext, table: str, needs: dict[str, list[Need]]) -> Health:
+def health_of(eng: TopicContext, table: str, needs: dict[str, list[Need]],
+              view_column: str | None | EllipsisType = ...) -> Health:
     """``table``'s health with what the consumers (``needs``, from :func:`consumer_needs`) need of it;
-    a view clustered by its join column is kept in files of about ``CLUSTER_ROWS`` rows."""
+    a view clustered by its join column is kept in files of about ``CLUSTER_ROWS`` rows.
+    ``view_column``: that column when the caller looked it up already (:func:`view_cluster_column`)."""
+    if view_column is ...:
+        view_column = view_cluster_column(eng, table)
     return maintenance.health(table, eng.path(table), needs.get(table, []), now=eng.clock(),
-                              rows_per_file=CLUSTER_ROWS if view_cluster_column(eng, table) else None)
+                              rows_per_file=CLUSTER_ROWS if view_column else None)
 
 
 def view_cluster_column(eng: TopicContext, table: str) -> str | None:
@@ -155,11 +160,12 @@ def writers_idle(eng: TopicContext, table: str) -> bool:
     return True
 
 
-def cluster_columns(eng: TopicContext, table: str) -> tuple[str, ...]:
-    """What ``--cluster`` Z-orders a view by: its join column when it has one (a reverse join's MERGE
-    is pruned by it: :func:`view_cluster_column`), else its key (the column its MERGE matches on)."""
-    if col := view_cluster_column(eng, table):
-        return (col,)
+def cluster_columns(eng: TopicContext, table: str, view_column: str | None) -> tuple[str, ...]:
+    """What ``--cluster`` Z-orders a view by: its join column when it has one (``view_column``: a
+    reverse join's MERGE is pruned by it, :func:`view_cluster_column`), else its key (the column its
+    MERGE matches on)."""
+    if view_column:
+        return (view_column,)
     for topic in eng.lineage.producers(table):
         if topic.spec.processor is Processor.MERGE and topic.spec.key:
             return tuple(topic.spec.key)
@@ -192,7 +198,8 @@ def run(eng: TopicContext, tables: list[str] | None, opts: Options,
         try:
             # Read inside the try: a table whose log cannot be read (an object store error, a file
             # deltalake cannot parse) fails alone, like one whose maintenance fails.
-            h = health_of(eng, table, needs)
+            column = view_cluster_column(eng, table)  # (the view's log opened once for both uses)
+            h = health_of(eng, table, needs, column)
             if not h.exists:
                 continue
             idle = opts.writers_idle or (bool(eng.lineage.producers(h.table)) and writers_idle(eng, h.table))
@@ -200,7 +207,7 @@ def run(eng: TopicContext, tables: list[str] | None, opts: Options,
                                      compact=opts.compact, cleanup=opts.cleanup,
                                      # a view kept in small clustered files is clustered again when
                                      # a file outgrew them, --cluster or not
-                                     cluster_by=cluster_columns(eng, h.table) if opts.cluster or h.kept_small else (),
+                                     cluster_by=cluster_columns(eng, h.table, column) if opts.cluster or h.kept_small else (),
                                      point=crashpoint)
         except Exception as exc:  # noqa: BLE001 - one table's failure is its line
             if on_report:
