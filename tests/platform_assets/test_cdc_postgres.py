@@ -129,14 +129,14 @@ def test_new_table_appears_and_an_incompatible_type_change_pauses_then_resumes(s
                    "copied to a replica of its new name, but the old replica is left REPLICATING: the unit's tables "
                    "come from the source's catalog, where the old name is gone, so the rename finds no table to move")
 def test_a_table_renamed_between_runs_moves_its_replica(spark, settings: Settings, tmp_path: Path, pg: str) -> None:
-    sql(pg, "CREATE SCHEMA s7", "CREATE TABLE s7.a (id int PRIMARY KEY, v int)", "INSERT INTO s7.a VALUES (1, 10)")
-    s = setup(settings, tmp_path, pg, "s7")
-    run(spark, s, "s7")
-    sql(pg, "ALTER TABLE s7.a RENAME TO b", "INSERT INTO s7.b VALUES (2, 20)")
-    run(spark, s, "s7")
-    assert replica(spark, s, "r_s7.s7__b", "id,v") == [(1, 10), (2, 20)]
+    sql(pg, "CREATE SCHEMA rn", "CREATE TABLE rn.a (id int PRIMARY KEY, v int)", "INSERT INTO rn.a VALUES (1, 10)")
+    s = setup(settings, tmp_path, pg, "rn")
+    run(spark, s, "rn")
+    sql(pg, "ALTER TABLE rn.a RENAME TO b", "INSERT INTO rn.b VALUES (2, 20)")
+    run(spark, s, "rn")
+    assert replica(spark, s, "r_rn.rn__b", "id,v") == [(1, 10), (2, 20)]
     status = tidemark(s, "cdc", "status", env={"TM_TEST_DSN": pg})
-    old = [line for line in status.stdout.splitlines() if line.startswith("r_s7.s7__a ")]
+    old = [line for line in status.stdout.splitlines() if line.startswith("r_rn.rn__a ")]
     assert old and "DROPPED" in old[0], status.stdout
 
 
