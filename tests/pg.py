@@ -15,7 +15,8 @@ from resources.state import local_pg
 from resources.state.local_pg import INSTALL_HINT, find_bindir, free_port  # noqa: F401 - the tests' names
 from resources.state.local_pg import LocalPostgresError as PostgresUnavailable
 
-TEST_OPTIONS = {"wal_level": "logical", "fsync": "off"}
+#: every CDC test's replicator keeps a slot (parked replicas one more) on the one server a worker shares
+TEST_OPTIONS = {"wal_level": "logical", "fsync": "off", "max_replication_slots": "40", "max_wal_senders": "40"}
 
 
 @contextlib.contextmanager

@@ -8,7 +8,10 @@
   change cannot be applied: the table is **paused** with the reason and the fix, nothing after it
   is applied or acknowledged, and ``tidemark cdc resume`` continues from there.
 * DROP: the replica is kept (``on_drop: keep``, the default) or removed; no more changes.
-* RENAME: the replica follows (copied to the new name's replica, the old one removed).
+* RENAME: the replica follows (copied to the new name's replica, the old one removed). Renamed
+  between two units, the new name is copied from a snapshot and the old replica is removed.
+  A table that left the source's catalog between units (renamed or dropped) is found by its
+  replica's record, and the stream is read from that replica's position for its rename or drop.
 """
 
 from __future__ import annotations
@@ -45,9 +48,13 @@ def widens(old: str, new: str) -> bool:
 
 
 def remove_table(path: str) -> None:
-    """Delete a replica's files (``on_drop: drop``, the old name of a renamed table)."""
+    """Delete a replica's files (``on_drop: drop``, the old name of a renamed table); already gone
+    (a unit redone after a crash): nothing to do."""
     fs, where = storage.arrow_filesystem(path)
-    fs.delete_dir(where)
+    try:
+        fs.delete_dir(where)
+    except FileNotFoundError:
+        pass
 
 
 def apply(unit: ReplicaHost, t: Table | None, ddl: DdlChange, tx_lsn: int, result: CdcResult) -> Table | None:
@@ -93,18 +100,26 @@ def apply(unit: ReplicaHost, t: Table | None, ddl: DdlChange, tx_lsn: int, resul
     if ddl.kind is DdlKind.RENAME and ddl.new_table:
         if not unit.spec.selects(ddl.new_table):
             return apply(unit, t, DdlChange(ddl.table, DdlKind.DROP, statement=ddl.statement), tx_lsn, result)
-        new = unit.table(TableSchema(ddl.new_table, t.layout.schema.columns, t.layout.schema.key))
-        seq = new.rec.seq + 1
-        pos = lsn_position(tx_lsn)
-        new.rec = store.plan(new.replica, owner, last=new.rec.last, next=pos, seq=seq, source_version=None)
-        df = spark.read.format("delta").load(t.path)
-        spark_io.as_unit(df.write.format("delta").mode("overwrite").option("overwriteSchema", "true"),
-                         app_id=f"tidemark:{new.replica}", seq=seq,
-                         meta=unit.commit_meta(result.unit, tx_lsn, kind="rename", renamed_from=t.replica)).save(new.path)
-        new.rec = store.commit(new.replica, owner, seq=seq, last=new.rec.last, next=pos, rows=0, state="replicating",
-                               note=f"renamed from {t.source} at {format_lsn(tx_lsn)}")
+        new = unit.tables.get(ddl.new_table) or unit.table(TableSchema(ddl.new_table, t.layout.schema.columns,
+                                                                      t.layout.schema.key))
+        how = ""
+        if new.applied is not None and new.applied >= tx_lsn:
+            # renamed between units: the new name's replica was copied from a snapshot taken after the
+            # rename and holds every row; a copy of the old one would take back what it has
+            how = f"; {new.replica} was copied from a snapshot at {format_lsn(new.applied)}"
+        else:
+            seq = new.rec.seq + 1
+            pos = lsn_position(tx_lsn)
+            new.rec = store.plan(new.replica, owner, last=new.rec.last, next=pos, seq=seq, source_version=None)
+            df = spark.read.format("delta").load(t.path)
+            spark_io.as_unit(df.write.format("delta").mode("overwrite").option("overwriteSchema", "true"),
+                             app_id=f"tidemark:{new.replica}", seq=seq,
+                             meta=unit.commit_meta(result.unit, tx_lsn, kind="rename", renamed_from=t.replica)).save(new.path)
+            new.rec = store.commit(new.replica, owner, seq=seq, last=new.rec.last, next=pos, rows=0, state="replicating",
+                                   note=f"renamed from {t.source} at {format_lsn(tx_lsn)}")
         remove_table(t.path)
-        store.set_state(t.replica, owner, f"dropped: renamed to {ddl.new_table} ({new.replica}) at {format_lsn(tx_lsn)}")
+        store.set_state(t.replica, owner, f"dropped: renamed to {ddl.new_table} ({new.replica}) at {format_lsn(tx_lsn)}"
+                                          + how)
         t.rec = store.get(t.replica) or t.rec
         counts["ddl"] = counts.get("ddl", 0) + 1
         return new

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, cast
 from lineage.cdc import columns as cdc_columns
 from lineage.cdc.changes import (
     BatchError,
+    Column,
     DdlChange,
     Numbered,
     TableSchema,
@@ -63,6 +64,7 @@ from platform_assets.cdc import apply as cdc_apply
 from platform_assets.cdc import ddl as cdc_ddl
 from platform_assets.cdc.apply import Commit, Layout
 from platform_assets.cdc.units import (
+    ACTIVE_STATES,
     DROPPED,
     PAUSED,
     REPLICATING,
@@ -70,6 +72,7 @@ from platform_assets.cdc.units import (
     ChangeSource,
     ColumnarSource,
     Table,
+    applied_lsn,
     state_word,
 )
 from platform_assets.core import faults, locks, spark_io
@@ -153,6 +156,10 @@ class ReplicatorUnit:
         self.owner = engine.owner
         self.tables: dict[str, Table] = {}
         self.paused: dict[str, str] = {}  # replicas paused while the unit looked at the source's schemas
+        #: replica -> record: replicas following the main slot whose source table is no longer in the
+        #: source's catalog (renamed or dropped since the last unit): :meth:`_find_gone`
+        self.gone: dict[str, OffsetRecord] = {}
+        self._stream_schemas: dict[str, TableSchema] = {}  # the tables' schemas as the unit's read saw them
         warehouse = engine.settings.warehouse
         # where a read too big to hold spills: beside the tables, where Spark reads (also a remote Spark on a
         # shared mount); not a table (no _delta_log). A local path or file: URI; elsewhere (an object store) a
@@ -262,6 +269,7 @@ class ReplicatorUnit:
             self.source.ensure_setup()
             for schema in self.source.tables().values():
                 self.table(schema)
+            self._find_gone()
             result = CdcResult(self.spec.name, rec.seq, "caught up", paused=dict(self.paused))
             self._park()
             self._snapshots(result, lease)
@@ -277,8 +285,8 @@ class ReplicatorUnit:
             raise
         finally:
             lease.stop()
-            for t in self.tables.values():
-                self.engine.store.release(t.replica, self.owner)
+            for replica in {t.replica for t in self.tables.values()} | set(self.gone):
+                self.engine.store.release(replica, self.owner)
             self.engine.store.release(key, self.owner)
 
     def _snapshots(self, result: CdcResult, lease: LeaseKeeper) -> None:
@@ -309,8 +317,67 @@ class ReplicatorUnit:
     def _wanted(self, table: str, lsn: int) -> bool:
         t = self.tables.get(table)
         if t is None:
+            gone = self.gone.get(self.spec.replica(table))
+            if gone is not None:  # left the catalog: its changes up to its rename or drop
+                return lsn > (applied_lsn(gone) or 0)
             return self.spec.selects(table)  # a table new to the replicator: all its changes
         return t.active and not t.parked and t.applied is not None and lsn > t.applied
+
+    # ------------------------------------------------------------------ replicas whose table left
+    def _find_gone(self) -> None:
+        """Replicas of this replicator that follow the main slot but whose source table the catalog no
+        longer lists: renamed or dropped since the last unit (or no longer selected). Their rename or
+        drop is in the stream after their position, so the unit reads from there (:meth:`_stream_unit`)
+        and applies it to them (:meth:`_apply_table`); one whose stream holds neither is retired by
+        :meth:`_settle_gone`. A source without snapshots (Debezium) lists every table it has seen."""
+        if not self.source.snapshots:
+            return
+        have = {t.replica for t in self.tables.values()}
+        prefix = f"{self.spec.schema_}.".lower()
+        for rec in self.engine.store.list():
+            if (rec.processor == PROCESSOR and rec.topic.startswith(prefix) and rec.topic not in have
+                    and state_word(rec) in ACTIVE_STATES and applied_lsn(rec) is not None):
+                self.gone[rec.topic] = self._record(rec.topic, "replica of a table that left the source's catalog")
+
+    def _gone_table(self, source_table: str, first: Any) -> Table | None:
+        """The unit's table for a replica in :attr:`gone` whose source table ``source_table`` has
+        changes or a schema change (``first``, its first run) in this unit's read; None: not one."""
+        replica = self.spec.replica(source_table)
+        if replica not in self.gone:
+            return None
+        ddl = first[0] if isinstance(first, tuple) else None
+        schema = self._stream_schemas.get(source_table)
+        if schema is None and ddl is not None and ddl.schema is not None:  # a rename: the new name's columns
+            schema = TableSchema(source_table, ddl.schema.columns, ddl.schema.key)
+        if schema is None:  # a drop and nothing before it: the replica's columns will do
+            cols = cdc_apply.replica_columns(self.engine.settings.table_path(replica))
+            schema = TableSchema(source_table, tuple(Column(n, typ) for n, typ in cols.items()))
+            opts = self.spec.table_options(source_table)
+            layout = Layout(schema, (), Scd.TYPE1, opts.deletes, opts.change_feed, opts.deletion_vectors)
+            t = self.tables[source_table] = Table(source_table, replica, self.engine.settings.table_path(replica), layout,
+                                                  self.gone.pop(replica))
+            return t
+        del self.gone[replica]
+        return self.table(schema)
+
+    def _settle_gone(self, upto: int, caught_up: bool) -> None:
+        """After a unit's read up to ``upto``: replicas in :attr:`gone` whose rename or drop it did not
+        hold. Read to the server's end (``caught_up``), there is none to wait for: retired, kept as they
+        are; else moved to ``upto`` (they had nothing before it), to look further next unit."""
+        store = self.engine.store
+        for replica, rec in list(self.gone.items()):
+            if caught_up:
+                why = (f"dropped: its source table is no longer in the source's catalog or selection, and no rename or "
+                       f"drop of it was seen after {format_lsn(applied_lsn(rec) or 0)}; the replica is kept as it was "
+                       f"(to follow a table again: tidemark cdc resume {replica} --resync)")
+                store.set_state(replica, self.owner, why)
+                log.warning("replicator %s: replica %s %s", self.spec.name, replica, why)
+                del self.gone[replica]
+            elif (applied_lsn(rec) or 0) < upto and not rec.pending:
+                rec = store.plan(replica, self.owner, last=rec.last, next=lsn_position(upto), seq=rec.seq + 1,
+                                 source_version=None)
+                self.gone[replica] = store.commit(replica, self.owner, seq=rec.seq, last=rec.last, next=lsn_position(upto),
+                                                  rows=0, state=REPLICATING, note="no changes")
 
     # ------------------------------------------------------------------ parked replicas
     def _park(self) -> None:
@@ -425,6 +492,7 @@ class ReplicatorUnit:
         store = self.engine.store
         key = self.spec.state_key
         active = [t.applied for t in self.tables.values() if t.applied is not None and t.active and not t.parked]
+        active += [applied_lsn(r) or 0 for r in self.gone.values()]  # their rename or drop is after there
         after = min(active) if active else 0  # paused replicas hold the acknowledgement back, not the reading
         txs: list[Transaction] | None = None
         if rec.pending:  # a unit planned before a crash: exactly its transactions again, numbered alike
@@ -445,6 +513,7 @@ class ReplicatorUnit:
             else:
                 upto, transactions, rows = cols.lsn, cols.transactions, cols.rows
             if not transactions:
+                self._settle_gone(upto, bool(getattr(txs, "caught_up", False)))
                 self._advance(upto)
                 result.acked = self._ack(upto)
                 return
@@ -457,6 +526,7 @@ class ReplicatorUnit:
         runs = self._column_runs(cols, first) if cols is not None else None
         if runs is None and txs is None:  # the columns hold what only the Python path reduces: the same transactions
             txs = self.source.read(after, upto=upto, max_changes=10**12, wanted=self._wanted)
+        self._stream_schemas = dict(getattr(txs, "schemas", None) or {})
         lease.check()
         if runs is not None:
             # (a spilled effect is a plan of the unit's session; a big read's MERGE sources, built at once, add up)
@@ -468,6 +538,7 @@ class ReplicatorUnit:
                                together=sum(len(tx.changes) for tx in txs or []) <= TOGETHER_CHANGES)
         store.commit(key, self.owner, seq=unit, last=rec.last, next=rec.next or rec.last, rows=result.changes,
                      note=f"unit {unit}: {transactions} transactions up to {format_lsn(upto)}")
+        self._settle_gone(upto, not result.redone and bool(getattr(txs, "caught_up", False)))
         self._advance(upto)
         faults.crashpoint("cdc-committed")
         result.acked = self._ack(upto)
@@ -478,8 +549,8 @@ class ReplicatorUnit:
         """The source's columnar read (``read_columns``) when it has one and every replica reading
         changes is a keyed SCD1 replica (the layout :mod:`lineage.cdc.columns` reduces); None: the
         Python path (:meth:`ChangeSource.read`) reads this unit."""
-        if getattr(self.source, "read_columns", None) is None:  # (a bench sets it to None: the Python path)
-            return None
+        if getattr(self.source, "read_columns", None) is None or self.gone:  # (a bench sets it to None: the Python
+            return None  # path; a replica whose table left the catalog takes its rename or drop on that path too)
         read = cast(ColumnarSource, self.source).read_columns
         wanted_after: dict[str, int | None] = {}
         for t in self.tables.values():  # :meth:`_wanted` as positions
@@ -584,13 +655,21 @@ class ReplicatorUnit:
         try:
             for seg in segments:
                 if isinstance(seg, tuple):
+                    if t is None:
+                        with self._lock:
+                            t = self._gone_table(source_table, seg)
                     t = cdc_ddl.apply(self, t, seg[0], seg[1].lsn, result)
                     if t is None or not t.active or t.applied is None:
                         break  # paused, dropped, or new: copied by the next unit's snapshot
                     continue
                 if t is None:
                     with self._lock:
-                        t = self.table(self.source.tables()[source_table])
+                        schema = self.source.tables().get(source_table)
+                        t = self.table(schema) if schema is not None else self._gone_table(source_table, seg)
+                    if t is None:  # left the catalog, without a replica to bring up to its drop: nothing to keep
+                        log.info("replicator %s: %s is no longer in the source; its changes in unit %d are skipped",
+                                 self.spec.name, source_table, unit)
+                        break
                 cdc_apply.ensure_replica(self.spark, t.path, t.layout)
                 run = seg if isinstance(seg, Run) else self._python_run(t, [seq_of[id(c)] for c, _tx in seg], seg[-1][1])
                 self._apply(t, unit, run, result)
@@ -694,6 +773,7 @@ class ReplicatorUnit:
         copy. Every replica parked: up to ``upto``, where the read ended."""
         kept = [t for t in self.tables.values() if t.applied is not None and state_word(t.rec) != DROPPED]
         held = [t.applied for t in kept if not t.parked and t.applied is not None]
+        held += [applied_lsn(r) or 0 for r in self.gone.values()]  # their rename or drop not read yet
         if not kept or any(t.applied is None and t.active for t in self.tables.values()):
             return None
         lsn = min(held) if held else upto

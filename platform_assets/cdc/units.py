@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from resources.state.offsets import OffsetStore
 
 SNAPSHOTTING, REPLICATING, PAUSED, DROPPED = "snapshotting", "replicating", "paused", "dropped"
+#: the state words of a replica that follows its source (any other: paused, dropped)
+ACTIVE_STATES = (SNAPSHOTTING, REPLICATING, "committed", "planned", "new")
 
 
 class Snapshot(Protocol):
@@ -87,7 +89,7 @@ class Table:
 
     @property
     def active(self) -> bool:
-        return state_word(self.rec) in (SNAPSHOTTING, REPLICATING, "committed", "planned", "new")
+        return state_word(self.rec) in ACTIVE_STATES
 
 
 @dataclass
@@ -130,6 +132,10 @@ class ReplicaHost(Protocol):
     def spec(self) -> ReplicatorSpec: ...
     @property
     def source(self) -> ChangeSource: ...
+    @property
+    def tables(self) -> dict[str, Table]:
+        """The unit's tables by source table."""
+        ...
 
     def table(self, schema: TableSchema) -> Table:
         """The unit's table for a source table's schema (its replica created, reconciled, columns added)."""

@@ -268,10 +268,18 @@ class Decoder:
                  wanted: Callable[[str, int], bool] | None = None) -> None:
         self.selected, self.ddl_table, self.wanted = selected, ddl_table, wanted
         self.relations: dict[int, Relation] = {}
+        self.described: dict[str, Relation] = {}  # by table name: a renamed table's old name stays
         self.open: _Open | None = None
 
     def _keep(self, table: str) -> bool:
         return self.selected(table) and self._keep_ddl(table)
+
+    def schemas(self) -> dict[str, TableSchema]:
+        """The tables' schemas as the stream's Relation messages last described them (the key: the
+        replica identity's columns)."""
+        return {rel.table: TableSchema(rel.table, tuple(rel.columns),
+                                       tuple(c.name for c, k in zip(rel.columns, rel.key_flags, strict=True) if k))
+                for rel in self.described.values()}
 
     def feed(self, msg: bytes) -> Transaction | None:
         r = _Reader(msg)
@@ -296,7 +304,7 @@ class Decoder:
                 typid, typmod = r.unpack("!Ii")
                 cols.append(column_of(name, typid, typmod))
                 keys.append(bool(flags & 1))
-            self.relations[relid] = Relation(relid, table, cols, keys)
+            self.relations[relid] = self.described[table] = Relation(relid, table, cols, keys)
         elif tag in ("I", "U", "D"):
             self._row(tag, r)
         elif tag == "T":

@@ -75,6 +75,9 @@ class ReadResult(list[Any]):
     def __init__(self, txs: Sequence[Any], end: int, caught_up: bool) -> None:
         super().__init__(txs)
         self.end, self.caught_up = end, caught_up
+        #: the schemas of the tables whose changes the read met, as the stream described them (a table
+        #: renamed or dropped since is no longer in the catalog)
+        self.schemas: dict[str, TableSchema] = {}
 
 
 _NATIVE = ("smallint", "int", "bigint", "boolean", "double")  # psycopg's text loaders parse these as parse_text does
@@ -355,7 +358,9 @@ class PostgresSource:
                 limit = target if upto is None else min(upto, target)
                 self._command(repl, f"START_REPLICATION SLOT {slot} LOGICAL {format_lsn(after + 1 if after else 0)} "
                                     f"(proto_version '1', publication_names '{self.publication}')")
-                return self._stream(repl, after, limit, target, max_changes, decoder)
+                result = self._stream(repl, after, limit, target, max_changes, decoder)
+                result.schemas = decoder.schemas()
+                return result
             finally:
                 repl.finish()
                 self._wait_inactive(conn, slot=slot)

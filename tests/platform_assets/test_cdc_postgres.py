@@ -125,6 +125,41 @@ def test_new_table_appears_and_an_incompatible_type_change_pauses_then_resumes(s
     assert replica(spark, s, "r_s2.s2__a", "id,v") == [(1, "ten"), (2, "two")]
 
 
+def test_tables_renamed_or_dropped_between_runs_retire_their_replicas(spark, settings: Settings, tmp_path: Path,
+                                                                      pg: str) -> None:
+    """Under Dagster a table is renamed or dropped between two units, so the catalog the next unit
+    reads no longer lists it: its replica is still found (by its record), the stream is read from
+    its position, changes before the rename or drop land, and the rename or drop retires it."""
+    sql(pg, "CREATE SCHEMA rn", "CREATE TABLE rn.a (id int PRIMARY KEY, v int)", "CREATE TABLE rn.c (id int PRIMARY KEY, v int)",
+        "CREATE TABLE rn.d (id int PRIMARY KEY, v int)", "CREATE TABLE rn.e (id int PRIMARY KEY, v int)",
+        "INSERT INTO rn.a VALUES (1, 10)", "INSERT INTO rn.c VALUES (1, 10)", "INSERT INTO rn.d VALUES (1, 10)",
+        "INSERT INTO rn.e VALUES (1, 10)")
+    s = setup(settings, tmp_path, pg, "rn")
+    try:
+        run(spark, s, "rn")
+        sql(pg, "INSERT INTO rn.a VALUES (2, 20)", "ALTER TABLE rn.a RENAME TO b", "INSERT INTO rn.b VALUES (3, 30)",
+            "UPDATE rn.c SET v = 11 WHERE id = 1", "INSERT INTO rn.c VALUES (2, 20)", "DROP TABLE rn.c",
+            "INSERT INTO rn.d VALUES (2, 20)", "DROP TABLE rn.e")
+        run(spark, s, "rn")
+        assert replica(spark, s, "r_rn.rn__b", "id,v") == [(1, 10), (2, 20), (3, 30)]
+        assert replica(spark, s, "r_rn.rn__c", "id,v") == [(1, 11), (2, 20)]  # kept (on_drop: keep) as it was dropped
+        assert replica(spark, s, "r_rn.rn__d", "id,v") == [(1, 10), (2, 20)]
+        assert DeltaTable.is_deltatable(s.table_path("r_rn.rn__d"))
+        assert not DeltaTable.is_deltatable(s.table_path("r_rn.rn__a"))  # the old name's replica removed
+        status = tidemark(s, "cdc", "status", env={"TM_TEST_DSN": pg})
+        lines = {line.split()[0]: line for line in status.stdout.splitlines() if line.startswith("r_rn.")}
+        assert all("DROPPED" in lines[f"r_rn.rn__{t}"] for t in "ace"), status.stdout
+        assert replica(spark, s, "r_rn.rn__e", "id,v") == [(1, 10)]
+        assert "DROPPED" not in lines["r_rn.rn__b"] + lines["r_rn.rn__d"], status.stdout
+        sql(pg, "UPDATE rn.b SET v = 31 WHERE id = 3", "INSERT INTO rn.d VALUES (3, 30)")
+        run(spark, s, "rn")
+        assert replica(spark, s, "r_rn.rn__b", "id,v") == [(1, 10), (2, 20), (3, 31)]
+        assert replica(spark, s, "r_rn.rn__d", "id,v") == [(1, 10), (2, 20), (3, 30)]
+        assert replica(spark, s, "r_rn.rn__c", "id,v") == [(1, 11), (2, 20)]
+    finally:
+        sql(pg, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'tidemark_rn%'")
+
+
 def _slots(pg: str, like: str) -> dict[str, tuple[int, int]]:
     """slot name -> (confirmed_flush, restart) LSNs as numbers."""
     rows = query(pg, "SELECT slot_name, confirmed_flush_lsn - '0/0', restart_lsn - '0/0' FROM pg_replication_slots "
