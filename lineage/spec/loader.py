@@ -216,12 +216,12 @@ def load_lineage(path: str | Path) -> Lineage:
     produced = {t.spec.destination for t in topics.values()}
     replica_schemas: dict[str, Replicator] = {}
     for r in replicators.values():
-        other = replica_schemas.setdefault(r.spec.schema_, r)
+        other = replica_schemas.setdefault(r.spec.schema_.lower(), r)  # replica names are lower case
         if other is not r:
             problems.append(f"{_where(r.file, r.line)}: replicator '{r.name}': schema '{r.spec.schema_}' is also the "
                             f"replicas' schema of replicator '{other.name}' ({other.where}); give each its own schema")
         for table in produced | set(sources):
-            if table.partition(".")[0] == r.spec.schema_:
+            if table.partition(".")[0].lower() == r.spec.schema_.lower():
                 problems.append(f"{_where(r.file, r.line)}: replicator '{r.name}': schema '{r.spec.schema_}' holds its "
                                 f"replicas, but '{table}' is also declared there by a topic or source")
     with_dvs = {t.spec.destination: t for t in topics.values() if t.spec.deletion_vectors}

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from lineage.cdc.changes import DdlChange, DdlKind, TableSchema, format_lsn, lsn_position
 from platform_assets.cdc import apply as cdc_apply
-from platform_assets.cdc.units import CdcResult, ReplicaHost, Table
+from platform_assets.cdc.units import CdcResult, ReplicaHost, Table, state_word
 from platform_assets.core import spark_io
 from platform_assets.core.spark_io import quote
 from resources.storage import warehouse as storage
@@ -102,11 +102,16 @@ def apply(unit: ReplicaHost, t: Table | None, ddl: DdlChange, tx_lsn: int, resul
             return apply(unit, t, DdlChange(ddl.table, DdlKind.DROP, statement=ddl.statement), tx_lsn, result)
         new = unit.tables.get(ddl.new_table) or unit.table(TableSchema(ddl.new_table, t.layout.schema.columns,
                                                                       t.layout.schema.key))
+        if new.replica == t.replica:  # a new name of the same replica ("Foo" -> foo): nothing moves
+            counts["ddl"] = counts.get("ddl", 0) + 1
+            return new
         how = ""
         if new.applied is not None and new.applied >= tx_lsn:
             # renamed between units: the new name's replica was copied from a snapshot taken after the
             # rename and holds every row; a copy of the old one would take back what it has
             how = f"; {new.replica} was copied from a snapshot at {format_lsn(new.applied)}"
+        elif not new.active:  # paused (its snapshot failed): it says why; a copy would hide that
+            how = f"; {new.replica} is {state_word(new.rec)}, not copied from the old replica"
         else:
             seq = new.rec.seq + 1
             pos = lsn_position(tx_lsn)
@@ -114,7 +119,8 @@ def apply(unit: ReplicaHost, t: Table | None, ddl: DdlChange, tx_lsn: int, resul
             df = spark.read.format("delta").load(t.path)
             spark_io.as_unit(df.write.format("delta").mode("overwrite").option("overwriteSchema", "true"),
                              app_id=f"tidemark:{new.replica}", seq=seq,
-                             meta=unit.commit_meta(result.unit, tx_lsn, kind="rename", renamed_from=t.replica)).save(new.path)
+                             meta=unit.commit_meta(result.unit, tx_lsn, kind="rename", renamed_from=t.replica,
+                                                   key=list(new.layout.key))).save(new.path)
             new.rec = store.commit(new.replica, owner, seq=seq, last=new.rec.last, next=pos, rows=0, state="replicating",
                                    note=f"renamed from {t.source} at {format_lsn(tx_lsn)}")
         remove_table(t.path)

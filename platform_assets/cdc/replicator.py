@@ -47,6 +47,7 @@ from lineage.cdc.changes import (
     BatchError,
     Column,
     DdlChange,
+    DdlKind,
     Numbered,
     TableSchema,
     Transaction,
@@ -68,6 +69,7 @@ from platform_assets.cdc.units import (
     DROPPED,
     PAUSED,
     REPLICATING,
+    SNAPSHOTTING,
     CdcResult,
     ChangeSource,
     ColumnarSource,
@@ -160,6 +162,8 @@ class ReplicatorUnit:
         #: source's catalog (renamed or dropped since the last unit): :meth:`_find_gone`
         self.gone: dict[str, OffsetRecord] = {}
         self._stream_schemas: dict[str, TableSchema] = {}  # the tables' schemas as the unit's read saw them
+        self._horizon: int | None = None  # the WAL insert position when the gone replicas were found
+        self._held: set[str] = set()  # records this unit locked besides its tables' (released at its end)
         warehouse = engine.settings.warehouse
         # where a read too big to hold spills: beside the tables, where Spark reads (also a remote Spark on a
         # shared mount); not a table (no _delta_log). A local path or file: URI; elsewhere (an object store) a
@@ -200,6 +204,16 @@ class ReplicatorUnit:
                                 f"to replica {replica}; exclude one of them")
         path = self.engine.settings.table_path(replica)
         rec = self._reconcile(replica, path, self._record(replica, f"replica of {schema.table}"))
+        if state_word(rec) == DROPPED and self.source.snapshots:
+            # its table was dropped (renamed away, left the selection) and is in the source again: the
+            # replica follows the table there now, copied from a snapshot (overwritten: its Delta history
+            # keeps what it held). (Debezium lists every table it has seen, dropped ones too.)
+            rec = self.engine.store.reset(replica, Position.zero(), who=self.owner,
+                                          reason=f"{schema.table} is in the source again: copied again")
+            self.engine.store.set_state(replica, self.owner, SNAPSHOTTING)
+            rec = self.engine.store.get(replica) or rec
+            log.info("replicator %s: %s is in the source again; replica %s will be copied again", self.spec.name,
+                     schema.table, replica)
         table = self.tables[schema.table] = Table(schema.table, replica, path, self.layout(schema), rec,
                                                   from_start=not self.source.snapshots)
         snap = delta_meta.TableSnapshot.open(path) if table.applied is not None else None
@@ -285,7 +299,7 @@ class ReplicatorUnit:
             raise
         finally:
             lease.stop()
-            for replica in {t.replica for t in self.tables.values()} | set(self.gone):
+            for replica in {t.replica for t in self.tables.values()} | self._held:
                 self.engine.store.release(replica, self.owner)
             self.engine.store.release(key, self.owner)
 
@@ -304,7 +318,8 @@ class ReplicatorUnit:
                 lease.check()
                 try:
                     rows = cdc_apply.write_snapshot(spark, t.path, t.layout, snap.rows(t.source),
-                                                    Commit(f"tidemark:{t.replica}", seq, self.commit_meta(seq, snap.lsn, kind="snapshot")))
+                                                    Commit(f"tidemark:{t.replica}", seq,
+                                                           self.commit_meta(seq, snap.lsn, kind="snapshot", key=list(t.layout.key))))
                 except BatchError as exc:  # a value its replica cannot hold: this replica waits, the others go on
                     self._pause(t, f"copying it failed: {exc}", result)
                     continue
@@ -329,15 +344,24 @@ class ReplicatorUnit:
         longer lists: renamed or dropped since the last unit (or no longer selected). Their rename or
         drop is in the stream after their position, so the unit reads from there (:meth:`_stream_unit`)
         and applies it to them (:meth:`_apply_table`); one whose stream holds neither is retired by
-        :meth:`_settle_gone`. A source without snapshots (Debezium) lists every table it has seen."""
+        :meth:`_settle_gone`. Parked replicas are :meth:`_park`'s. A source without snapshots
+        (Debezium) lists every table it has seen."""
         if not self.source.snapshots:
             return
+        src: Any = self.source
         have = {t.replica for t in self.tables.values()}
+        parked = set(src.parked()) if hasattr(src, "parked") else set()
         prefix = f"{self.spec.schema_}.".lower()
         for rec in self.engine.store.list():
             if (rec.processor == PROCESSOR and rec.topic.startswith(prefix) and rec.topic not in have
-                    and state_word(rec) in ACTIVE_STATES and applied_lsn(rec) is not None):
+                    and state_word(rec) in ACTIVE_STATES and applied_lsn(rec) is not None
+                    and not (parked and src.parked_slot(rec.topic) in parked)):
                 self.gone[rec.topic] = self._record(rec.topic, "replica of a table that left the source's catalog")
+                self._held.add(rec.topic)
+        if self.gone and hasattr(src, "wal_insert_lsn"):
+            # a rename or drop the catalog no longer shows is in the WAL before here, flushed or not yet
+            # (synchronous_commit off): a read that ends before it has not seen them all
+            self._horizon = src.wal_insert_lsn()
 
     def _gone_table(self, source_table: str, first: Any) -> Table | None:
         """The unit's table for a replica in :attr:`gone` whose source table ``source_table`` has
@@ -345,20 +369,43 @@ class ReplicatorUnit:
         replica = self.spec.replica(source_table)
         if replica not in self.gone:
             return None
+        path = self.engine.settings.table_path(replica)
         ddl = first[0] if isinstance(first, tuple) else None
         schema = self._stream_schemas.get(source_table)
         if schema is None and ddl is not None and ddl.schema is not None:  # a rename: the new name's columns
             schema = TableSchema(source_table, ddl.schema.columns, ddl.schema.key)
         if schema is None:  # a drop and nothing before it: the replica's columns will do
-            cols = cdc_apply.replica_columns(self.engine.settings.table_path(replica))
+            cols = cdc_apply.replica_columns(path)
             schema = TableSchema(source_table, tuple(Column(n, typ) for n, typ in cols.items()))
             opts = self.spec.table_options(source_table)
             layout = Layout(schema, (), Scd.TYPE1, opts.deletes, opts.change_feed, opts.deletion_vectors)
-            t = self.tables[source_table] = Table(source_table, replica, self.engine.settings.table_path(replica), layout,
-                                                  self.gone.pop(replica))
+            t = self.tables[source_table] = Table(source_table, replica, path, layout, self.gone.pop(replica))
             return t
+        key = self._recorded_key(replica, path)
+        if key is None and not schema.key and not self.spec.table_options(source_table).key:
+            # replica identity FULL (the stream flags every column) and a replica written before its
+            # commits recorded the key: a multiset has its copy column; a keyed replica's key is not known
+            if cdc_apply.COPY not in cdc_apply.replica_columns(path):
+                raise TidemarkError(
+                    f"replicator '{self.spec.name}': {source_table} left the source's catalog (renamed or dropped) and "
+                    f"the key of its replica {replica} cannot be told: its replica identity is FULL and the replica's "
+                    f"commits do not record it (written before Tidemark recorded keys there); set it in the "
+                    f"replicator's options ({source_table}: {{key: [...]}}) and run again")
+            key = ()
+        schema = TableSchema(source_table, schema.columns, schema.key if key is None else key)
         del self.gone[replica]
         return self.table(schema)
+
+    def _recorded_key(self, replica: str, path: str) -> tuple[str, ...] | None:
+        """The key the replica's last commit records (``key`` in its ``userMetadata``); None: none."""
+        app = f"tidemark:{replica}"
+        seq = delta_meta.recorded_txn(path, app)
+        try:
+            commit = delta_meta.find_txn_commit(path, app, seq) if seq else None
+        except delta_meta.CommitUnavailableError:
+            return None
+        key = (commit.user_metadata if commit else {}).get("key")
+        return tuple(key) if isinstance(key, list) else None
 
     def _settle_gone(self, upto: int, caught_up: bool) -> None:
         """After a unit's read up to ``upto``: replicas in :attr:`gone` whose rename or drop it did not
@@ -366,10 +413,10 @@ class ReplicatorUnit:
         are; else moved to ``upto`` (they had nothing before it), to look further next unit."""
         store = self.engine.store
         for replica, rec in list(self.gone.items()):
-            if caught_up:
+            if caught_up and (self._horizon is None or upto >= self._horizon):
                 why = (f"dropped: its source table is no longer in the source's catalog or selection, and no rename or "
                        f"drop of it was seen after {format_lsn(applied_lsn(rec) or 0)}; the replica is kept as it was "
-                       f"(to follow a table again: tidemark cdc resume {replica} --resync)")
+                       f"(copied again if its table comes back)")
                 store.set_state(replica, self.owner, why)
                 log.warning("replicator %s: replica %s %s", self.spec.name, replica, why)
                 del self.gone[replica]
@@ -659,13 +706,18 @@ class ReplicatorUnit:
                         with self._lock:
                             t = self._gone_table(source_table, seg)
                     t = cdc_ddl.apply(self, t, seg[0], seg[1].lsn, result)
-                    if t is None or not t.active or t.applied is None:
-                        break  # paused, dropped, or new: copied by the next unit's snapshot
+                    if t is None or not t.active or t.applied is None or seg[0].kind is DdlKind.RENAME:
+                        # paused, dropped, or new: copied by the next unit's snapshot; renamed: later changes
+                        # under this name are another table's (one renamed into it: the next unit copies it)
+                        break
                     continue
                 if t is None:
                     with self._lock:
                         schema = self.source.tables().get(source_table)
                         t = self.table(schema) if schema is not None else self._gone_table(source_table, seg)
+                        same = self.spec.replica(source_table)
+                        if t is None:  # renamed to a name of the same replica ("Foo" -> foo): its changes go there
+                            t = next((t2 for t2 in self.tables.values() if t2.replica == same), None)
                     if t is None:  # left the catalog, without a replica to bring up to its drop: nothing to keep
                         log.info("replicator %s: %s is no longer in the source; its changes in unit %d are skipped",
                                  self.spec.name, source_table, unit)
@@ -741,7 +793,8 @@ class ReplicatorUnit:
             seq = t.rec.seq + 1
             t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(lsn), seq=seq, source_version=None,
                                inputs_next={"changes": run.last})
-        commit = Commit(f"tidemark:{t.replica}", seq, self.commit_meta(unit, lsn, changes=[run.first, run.last]))
+        commit = Commit(f"tidemark:{t.replica}", seq, self.commit_meta(unit, lsn, changes=[run.first, run.last],
+                                                                      key=list(t.layout.key)))
         try:
             counts = run.land(commit)
         except BatchError as exc:

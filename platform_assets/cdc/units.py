@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 SNAPSHOTTING, REPLICATING, PAUSED, DROPPED = "snapshotting", "replicating", "paused", "dropped"
 #: the state words of a replica that follows its source (any other: paused, dropped)
-ACTIVE_STATES = (SNAPSHOTTING, REPLICATING, "committed", "planned", "new")
+ACTIVE_STATES = (SNAPSHOTTING, REPLICATING, "committed", "planned", "new", "reset")  # (reset: a crash left it between
+# the offset store's reset and the state that follows it; its position says what comes next)
 
 
 class Snapshot(Protocol):

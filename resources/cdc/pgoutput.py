@@ -235,6 +235,7 @@ class Relation:
     table: str
     columns: list[Column]
     key_flags: list[bool]  # part of the replica identity
+    identity: str = "d"  # REPLICA IDENTITY: d(efault), n(othing), f(ull), i(ndex)
 
 
 @dataclass
@@ -276,8 +277,8 @@ class Decoder:
 
     def schemas(self) -> dict[str, TableSchema]:
         """The tables' schemas as the stream's Relation messages last described them (the key: the
-        replica identity's columns)."""
-        return {rel.table: TableSchema(rel.table, tuple(rel.columns),
+        replica identity's columns; none for identity FULL, which flags every column)."""
+        return {rel.table: TableSchema(rel.table, tuple(rel.columns), () if rel.identity == "f" else
                                        tuple(c.name for c, k in zip(rel.columns, rel.key_flags, strict=True) if k))
                 for rel in self.described.values()}
 
@@ -296,7 +297,7 @@ class Decoder:
         elif tag == "R":
             (relid,) = r.unpack("!I")
             table = f"{r.string() or 'pg_catalog'}.{r.string()}"
-            _identity, ncols = r.unpack("!BH")
+            identity, ncols = r.unpack("!BH")
             cols, keys = [], []
             for _ in range(ncols):
                 (flags,) = r.unpack("!B")
@@ -304,7 +305,7 @@ class Decoder:
                 typid, typmod = r.unpack("!Ii")
                 cols.append(column_of(name, typid, typmod))
                 keys.append(bool(flags & 1))
-            self.relations[relid] = self.described[table] = Relation(relid, table, cols, keys)
+            self.relations[relid] = self.described[table] = Relation(relid, table, cols, keys, chr(identity))
         elif tag in ("I", "U", "D"):
             self._row(tag, r)
         elif tag == "T":

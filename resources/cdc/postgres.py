@@ -224,6 +224,12 @@ class PostgresSource:
                         f"let paused replicas park)")
             return None
 
+    def wal_insert_lsn(self) -> int:
+        """The server's WAL insert position now (past every transaction committed, flushed or not)."""
+        with self._sql() as conn:
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        return parse_lsn(row[0]) if row else 0
+
     def parked(self) -> dict[str, SlotPosition]:
         """Every parked slot of this source (by slot name) and where it stands."""
         with self._sql() as conn:

@@ -1091,3 +1091,19 @@ cdc:
     assert f"{f}:2: replicator 'Shop': field 'name'" in text and "lower-case" in text
     assert f"{f}:3: replicator 'Shop': field 'tables'" in text and "expected schema.table" in text
     assert f"{f}:4: replicator 'Shop': field 'colour': unknown field" in text
+
+
+def test_two_replicators_may_not_share_a_replicas_schema_whatever_its_case(lin: Path) -> None:
+    write(lin / "cdc.yaml", """
+cdc:
+  - name: a
+    dsn_env: A_DSN
+    tables: [public.x]
+    schema: rep
+  - name: b
+    dsn_env: B_DSN
+    tables: [public.y]
+    schema: Rep
+""")
+    text = "\n".join(load_error(lin).problems)
+    assert "replicator 'b': schema 'Rep' is also the replicas' schema of replicator 'a'" in text, text

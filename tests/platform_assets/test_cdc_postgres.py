@@ -132,14 +132,18 @@ def test_tables_renamed_or_dropped_between_runs_retire_their_replicas(spark, set
     its position, changes before the rename or drop land, and the rename or drop retires it."""
     sql(pg, "CREATE SCHEMA rn", "CREATE TABLE rn.a (id int PRIMARY KEY, v int)", "CREATE TABLE rn.c (id int PRIMARY KEY, v int)",
         "CREATE TABLE rn.d (id int PRIMARY KEY, v int)", "CREATE TABLE rn.e (id int PRIMARY KEY, v int)",
+        "CREATE TABLE rn.m (x int)", "ALTER TABLE rn.m REPLICA IDENTITY FULL", "CREATE TABLE rn.x (id int PRIMARY KEY)",
         "INSERT INTO rn.a VALUES (1, 10)", "INSERT INTO rn.c VALUES (1, 10)", "INSERT INTO rn.d VALUES (1, 10)",
-        "INSERT INTO rn.e VALUES (1, 10)")
+        "INSERT INTO rn.e VALUES (1, 10)", "INSERT INTO rn.m VALUES (1), (1)", "INSERT INTO rn.x VALUES (1)")
     s = setup(settings, tmp_path, pg, "rn")
     try:
         run(spark, s, "rn")
         sql(pg, "INSERT INTO rn.a VALUES (2, 20)", "ALTER TABLE rn.a RENAME TO b", "INSERT INTO rn.b VALUES (3, 30)",
             "UPDATE rn.c SET v = 11 WHERE id = 1", "INSERT INTO rn.c VALUES (2, 20)", "DROP TABLE rn.c",
-            "INSERT INTO rn.d VALUES (2, 20)", "DROP TABLE rn.e")
+            "INSERT INTO rn.d VALUES (2, 20)", "DROP TABLE rn.e", "INSERT INTO rn.m VALUES (1), (2)",
+            "DELETE FROM rn.m WHERE ctid = (SELECT min(ctid) FROM rn.m WHERE x = 1)", "DROP TABLE rn.m")
+        selected = s.lineage.read_text()
+        s.lineage.write_text(selected + "    exclude: [rn.x]\n")  # rn.x leaves the selection: no rename or drop of it
         run(spark, s, "rn")
         assert replica(spark, s, "r_rn.rn__b", "id,v") == [(1, 10), (2, 20), (3, 30)]
         assert replica(spark, s, "r_rn.rn__c", "id,v") == [(1, 11), (2, 20)]  # kept (on_drop: keep) as it was dropped
@@ -150,14 +154,59 @@ def test_tables_renamed_or_dropped_between_runs_retire_their_replicas(spark, set
         lines = {line.split()[0]: line for line in status.stdout.splitlines() if line.startswith("r_rn.")}
         assert all("DROPPED" in lines[f"r_rn.rn__{t}"] for t in "ace"), status.stdout
         assert replica(spark, s, "r_rn.rn__e", "id,v") == [(1, 10)]
+        assert replica(spark, s, "r_rn.rn__m", "x") == [(1,), (1,), (2,)]  # a multiset: one of three 1s deleted
+        assert "DROPPED" in lines["r_rn.rn__x"] and "no longer in the source's catalog or selection" in lines["r_rn.rn__x"], status.stdout
         assert "DROPPED" not in lines["r_rn.rn__b"] + lines["r_rn.rn__d"], status.stdout
         sql(pg, "UPDATE rn.b SET v = 31 WHERE id = 3", "INSERT INTO rn.d VALUES (3, 30)")
         run(spark, s, "rn")
         assert replica(spark, s, "r_rn.rn__b", "id,v") == [(1, 10), (2, 20), (3, 31)]
         assert replica(spark, s, "r_rn.rn__d", "id,v") == [(1, 10), (2, 20), (3, 30)]
         assert replica(spark, s, "r_rn.rn__c", "id,v") == [(1, 11), (2, 20)]
+        # a dropped table created again (other columns), one dropped and created again between two runs, a
+        # table renamed back to its old name: each replica follows the table there now
+        sql(pg, "CREATE TABLE rn.c (id int PRIMARY KEY, w text)", "INSERT INTO rn.c VALUES (5, 'x')",
+            "INSERT INTO rn.d VALUES (4, 40)", "DROP TABLE rn.d", "CREATE TABLE rn.d (id int PRIMARY KEY, v int)",
+            "INSERT INTO rn.d VALUES (9, 90)", "ALTER TABLE rn.b RENAME TO a", "INSERT INTO rn.x VALUES (2)")
+        s.lineage.write_text(selected)  # rn.x back in the selection
+        run(spark, s, "rn")
+        assert replica(spark, s, "r_rn.rn__c", "id,w") == [(5, "x")]
+        assert replica(spark, s, "r_rn.rn__d", "id,v") == [(9, 90)]
+        assert replica(spark, s, "r_rn.rn__a", "id,v") == [(1, 10), (2, 20), (3, 31)]
+        status = tidemark(s, "cdc", "status", env={"TM_TEST_DSN": pg})
+        lines = {line.split()[0]: line for line in status.stdout.splitlines() if line.startswith("r_rn.")}
+        assert replica(spark, s, "r_rn.rn__x", "id") == [(1,), (2,)]
+        assert all("DROPPED" not in lines[f"r_rn.rn__{t}"] for t in "acdx"), status.stdout
+        assert "DROPPED" in lines["r_rn.rn__b"] and "DROPPED" in lines["r_rn.rn__e"], status.stdout
     finally:
         sql(pg, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'tidemark_rn%'")
+
+
+def test_a_table_swap_and_a_case_only_rename_between_runs(spark, settings: Settings, tmp_path: Path, pg: str) -> None:
+    """``a -> a_old; a_new -> a`` between two runs (a blue/green swap): each replica ends with its
+    table's rows, none of the new ``a`` in ``a_old``'s; ``"Foo" -> foo`` keeps its one replica."""
+    sql(pg, "CREATE SCHEMA sw", "CREATE TABLE sw.a (id int PRIMARY KEY, v int)", "CREATE TABLE sw.a_new (id int PRIMARY KEY, v int)",
+        'CREATE TABLE sw."Foo" (id int PRIMARY KEY, v int)', "INSERT INTO sw.a VALUES (1, 10)",
+        "INSERT INTO sw.a_new VALUES (5, 50)", 'INSERT INTO sw."Foo" VALUES (1, 1)')
+    s = setup(settings, tmp_path, pg, "sw")
+    try:
+        run(spark, s, "sw")
+        sql(pg, "INSERT INTO sw.a VALUES (2, 20)", "INSERT INTO sw.a_new VALUES (6, 60)", "ALTER TABLE sw.a RENAME TO a_old",
+            "ALTER TABLE sw.a_new RENAME TO a", "INSERT INTO sw.a VALUES (7, 70)", "UPDATE sw.a_old SET v = 11 WHERE id = 1",
+            'INSERT INTO sw."Foo" VALUES (2, 2)', 'ALTER TABLE sw."Foo" RENAME TO foo', "INSERT INTO sw.foo VALUES (3, 3)")
+        run(spark, s, "sw")
+        assert replica(spark, s, "r_sw.sw__a_old", "id,v") == [(1, 11), (2, 20)]
+        assert replica(spark, s, "r_sw.sw__a", "id,v") == [(5, 50), (6, 60), (7, 70)]
+        assert replica(spark, s, "r_sw.sw__foo", "id,v") == [(1, 1), (2, 2), (3, 3)]
+        status = tidemark(s, "cdc", "status", env={"TM_TEST_DSN": pg})
+        lines = {line.split()[0]: line for line in status.stdout.splitlines() if line.startswith("r_sw.")}
+        assert "DROPPED" in lines["r_sw.sw__a_new"], status.stdout
+        assert all("DROPPED" not in lines[f"r_sw.sw__{t}"] for t in ("a", "a_old", "foo")), status.stdout
+        sql(pg, "INSERT INTO sw.a VALUES (8, 80)", "INSERT INTO sw.a_old VALUES (3, 30)")
+        run(spark, s, "sw")
+        assert replica(spark, s, "r_sw.sw__a_old", "id,v") == [(1, 11), (2, 20), (3, 30)]
+        assert replica(spark, s, "r_sw.sw__a", "id,v") == [(5, 50), (6, 60), (7, 70), (8, 80)]
+    finally:
+        sql(pg, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'tidemark_sw%'")
 
 
 def _slots(pg: str, like: str) -> dict[str, tuple[int, int]]:
