@@ -51,8 +51,9 @@ def known_replicas(settings: Settings, rep: Replicator) -> list[str]:
     return sorted(names)
 
 
-def _compute(rep: Replicator, keys: set[dg.AssetKey]) -> Any:
+def _compute(rep: Replicator, replicas: list[str]) -> Any:
     spec = rep.spec
+    keys = {replica_key(r) for r in replicas}
 
     def compute(context):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202 - Dagster inspects the signature
         from platform_assets.cdc.run import run_replicator
@@ -78,6 +79,12 @@ def _compute(rep: Replicator, keys: set[dg.AssetKey]) -> Any:
                     context.log_event(dg.AssetMaterialization(asset_key=replica_key(replica), metadata=meta))
         if not reported:
             context.log.info(f"{rep.name}: no replica changed")
+        for replica in sorted(r for r in replicas if r not in reported):
+            # a replica this run did not touch (nothing changed, e.g. a run started by WAL outside the
+            # selection) still has its checks evaluated, on its state now: a run with nothing to apply
+            # succeeds, and a paused replica keeps its failed check
+            rec = engine.store.get(replica)
+            yield from _checks(rep, replica, rec.state if rec else "", None)
 
     compute.__name__ = f"cdc_{spec.name}"
     return compute
@@ -117,7 +124,7 @@ def build_cdc(settings: Settings, lineage: Lineage) -> tuple[list[Any], list[Any
         check_specs = [dg.AssetCheckSpec(c, asset=replica_key(r), description=f"replica {c}") for r in replicas for c in CHECKS]
         assets.append(dg.multi_asset(name=f"cdc_{rep.name}", specs=specs, check_specs=check_specs, can_subset=False,
                                      required_resource_keys={IO_MANAGER_KEY}, pool=f"tidemark/cdc/{rep.name}")(
-            _compute(rep, keys)))
+            _compute(rep, replicas)))
         jobs.append(dg.define_asset_job(f"tidemark__cdc__{rep.name}", selection=dg.AssetSelection.assets(*keys)))
     sensors = [build_cdc_sensor(settings, lineage, jobs)] if jobs else []
     return assets, jobs, sensors
