@@ -28,7 +28,7 @@ class RunSummary:
     partition: str | None
     success: bool
     metadata: dict[str, Any] = field(default_factory=dict)
-    checks: dict[str, bool] = field(default_factory=dict)  # check name -> passed
+    checks: dict[str, bool] = field(default_factory=dict)  # check name -> passed (for every asset of the run)
     error: str = ""
 
 
@@ -37,7 +37,9 @@ def _summary(job: str, partition: str | None, result: dg.ExecuteInProcessResult)
     for event in result.get_asset_materialization_events():
         mat = event.step_materialization_data.materialization
         metadata = {k: v.value for k, v in mat.metadata.items()}
-    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    checks: dict[str, bool] = {}
+    for e in result.get_asset_check_evaluations():  # a check of several assets (a replicator's): passed by all
+        checks[e.check_name] = checks.get(e.check_name, True) and e.passed
     error = ""
     if not result.success:
         failure = next((e for e in result.all_events if e.is_step_failure), None)

@@ -464,7 +464,8 @@ def test_replicas_are_dagster_assets_run_by_the_slot_sensor_with_metadata_and_ch
     from platform_assets.dagster.definitions import build_definitions
     from platform_assets.dagster.local_daemon import run_until_idle
 
-    sql(pg, "CREATE SCHEMA s5", "CREATE TABLE s5.t (id int PRIMARY KEY, v int)", "INSERT INTO s5.t VALUES (1, 1)")
+    sql(pg, "CREATE SCHEMA s5", "CREATE TABLE s5.t (id int PRIMARY KEY, v int)", "INSERT INTO s5.t VALUES (1, 1)",
+        "CREATE TABLE s5.u (id int PRIMARY KEY)")  # (untouched below: its checks are still reported)
     s = setup(settings, tmp_path, pg, "s5")
     run(spark, s, "s5")  # the first copy (its replica is then known to the code location)
     with dg.instance_for_test(overrides=dagster_storage) as instance:
