@@ -145,6 +145,10 @@ class ReplicatorSpec(_Strict):
         return any(fnmatch.fnmatchcase(table, p) for p in self.tables) and not any(
             fnmatch.fnmatchcase(table, p) for p in self.exclude)
 
+    def holds(self, table: str) -> bool:
+        """Whether warehouse table ``table`` is in this replicator's schema (replica names are lower case)."""
+        return table.partition(".")[0].lower() == self.schema_.lower()
+
     def replica(self, table: str) -> str:
         """The warehouse table of source table ``schema.table``: ``<schema_>.<table>`` for the
         default schema ``public``, ``<schema_>.<schema>__<table>`` otherwise (lower case)."""

@@ -457,8 +457,7 @@ class Lineage:
 
     def replicator_of(self, table: str) -> Replicator | None:
         """The replicator whose replicas' schema holds ``table`` (``replica.customers``)."""
-        schema = table.partition(".")[0].lower()  # replica names are lower case
-        return next((r for r in self.replicators.values() if r.spec.schema_.lower() == schema), None)
+        return next((r for r in self.replicators.values() if r.spec.holds(table)), None)
 
     def tables(self) -> list[str]:
         """Every table the lineage names: sources first, then destinations."""

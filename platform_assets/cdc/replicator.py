@@ -351,9 +351,8 @@ class ReplicatorUnit:
         src: Any = self.source
         have = {t.replica for t in self.tables.values()}
         parked = set(src.parked()) if hasattr(src, "parked") else set()
-        prefix = f"{self.spec.schema_}.".lower()
         for rec in self.engine.store.list():
-            if (rec.processor == PROCESSOR and rec.topic.startswith(prefix) and rec.topic not in have
+            if (rec.processor == PROCESSOR and self.spec.holds(rec.topic) and rec.topic not in have
                     and state_word(rec) in ACTIVE_STATES and applied_lsn(rec) is not None
                     and not (parked and src.parked_slot(rec.topic) in parked)):
                 self.gone[rec.topic] = self._record(rec.topic, "replica of a table that left the source's catalog")
@@ -421,10 +420,12 @@ class ReplicatorUnit:
                 log.warning("replicator %s: replica %s %s", self.spec.name, replica, why)
                 del self.gone[replica]
             elif (applied_lsn(rec) or 0) < upto and not rec.pending:
-                rec = store.plan(replica, self.owner, last=rec.last, next=lsn_position(upto), seq=rec.seq + 1,
-                                 source_version=None)
-                self.gone[replica] = store.commit(replica, self.owner, seq=rec.seq, last=rec.last, next=lsn_position(upto),
-                                                  rows=0, state=REPLICATING, note="no changes")
+                self.gone[replica] = self._no_changes(replica, rec, upto)
+
+    @property
+    def _gone_positions(self) -> list[int]:
+        """Where the replicas in :attr:`gone` stand (their rename or drop comes after)."""
+        return [applied_lsn(r) or 0 for r in self.gone.values()]
 
     # ------------------------------------------------------------------ parked replicas
     def _park(self) -> None:
@@ -539,7 +540,7 @@ class ReplicatorUnit:
         store = self.engine.store
         key = self.spec.state_key
         active = [t.applied for t in self.tables.values() if t.applied is not None and t.active and not t.parked]
-        active += [applied_lsn(r) or 0 for r in self.gone.values()]  # their rename or drop is after there
+        active += self._gone_positions  # their rename or drop is after there
         after = min(active) if active else 0  # paused replicas hold the acknowledgement back, not the reading
         txs: list[Transaction] | None = None
         if rec.pending:  # a unit planned before a crash: exactly its transactions again, numbered alike
@@ -715,8 +716,8 @@ class ReplicatorUnit:
                     with self._lock:
                         schema = self.source.tables().get(source_table)
                         t = self.table(schema) if schema is not None else self._gone_table(source_table, seg)
-                        same = self.spec.replica(source_table)
                         if t is None:  # renamed to a name of the same replica ("Foo" -> foo): its changes go there
+                            same = self.spec.replica(source_table)
                             t = next((t2 for t2 in self.tables.values() if t2.replica == same), None)
                     if t is None:  # left the catalog, without a replica to bring up to its drop: nothing to keep
                         log.info("replicator %s: %s is no longer in the source; its changes in unit %d are skipped",
@@ -745,13 +746,16 @@ class ReplicatorUnit:
     def _advance(self, upto: int, tables: list[Table] | None = None) -> None:
         """Replicas with nothing more up to ``upto`` are there: their records move without a write
         (default: every replica following the main slot)."""
-        store = self.engine.store
         for t in tables if tables is not None else [t for t in self.tables.values() if not t.parked]:
             if t.active and t.applied is not None and t.applied < upto and not t.rec.pending:
-                t.rec = store.plan(t.replica, self.owner, last=t.rec.last, next=lsn_position(upto), seq=t.rec.seq + 1,
-                                   source_version=None)
-                t.rec = store.commit(t.replica, self.owner, seq=t.rec.seq, last=t.rec.last, next=lsn_position(upto), rows=0,
-                                     state=REPLICATING, note="no changes")
+                t.rec = self._no_changes(t.replica, t.rec, upto)
+
+    def _no_changes(self, replica: str, rec: OffsetRecord, upto: int) -> OffsetRecord:
+        """``replica``'s record (``rec``) moved to ``upto`` without a write: it had nothing before it."""
+        store = self.engine.store
+        rec = store.plan(replica, self.owner, last=rec.last, next=lsn_position(upto), seq=rec.seq + 1, source_version=None)
+        return store.commit(replica, self.owner, seq=rec.seq, last=rec.last, next=lsn_position(upto), rows=0,
+                            state=REPLICATING, note="no changes")
 
     def _split(self, txs: list[Transaction]) -> dict[str, list[Any]]:
         """Per source table, in order: runs of ``(RowChange, Transaction)`` separated by its DDL changes."""
@@ -826,7 +830,7 @@ class ReplicatorUnit:
         copy. Every replica parked: up to ``upto``, where the read ended."""
         kept = [t for t in self.tables.values() if t.applied is not None and state_word(t.rec) != DROPPED]
         held = [t.applied for t in kept if not t.parked and t.applied is not None]
-        held += [applied_lsn(r) or 0 for r in self.gone.values()]  # their rename or drop not read yet
+        held += self._gone_positions  # their rename or drop not read yet
         if not kept or any(t.applied is None and t.active for t in self.tables.values()):
             return None
         lsn = min(held) if held else upto

@@ -63,7 +63,7 @@ def status_rows(store: Any, rep: Replicator) -> list[tuple[Any, ...]]:
     failing = own.state.partition(":")[2].strip() if own is not None and own.state.startswith("failing") else ""
     rows = []
     for rec in store.list():
-        if rec.processor != "cdc" or rec.topic == rep.spec.state_key or rec.topic.partition(".")[0] != rep.spec.schema_.lower():
+        if rec.processor != "cdc" or rec.topic == rep.spec.state_key or not rep.spec.holds(rec.topic):
             continue
         word, _, why = rec.state.partition(":")
         state = {"committed": "REPLICATING", "new": "SNAPSHOTTING", "planned": "REPLICATING"}.get(word.strip(), word.strip().upper())

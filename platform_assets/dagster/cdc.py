@@ -43,7 +43,7 @@ def known_replicas(settings: Settings, rep: Replicator) -> list[str]:
 
         store = open_settings_store(settings)
         try:
-            names |= {r.topic for r in store.list() if r.processor == "cdc" and r.topic.partition(".")[0] == rep.spec.schema_}
+            names |= {r.topic for r in store.list() if r.processor == "cdc" and rep.spec.holds(r.topic)}
         finally:
             store.close()
     except Exception:  # noqa: BLE001 - an unreachable store must not break loading the code location
@@ -157,7 +157,7 @@ def _following(settings: Settings, rep: Replicator) -> list[Any]:
 
     store = open_settings_store(settings)
     try:
-        return [r for r in store.list() if r.processor == "cdc" and r.topic.partition(".")[0] == rep.spec.schema_
+        return [r for r in store.list() if r.processor == "cdc" and rep.spec.holds(r.topic)
                 and r.state.split(":")[0] not in ("paused", "dropped")]
     finally:
         store.close()
