@@ -320,9 +320,10 @@ class Engine:
             raise
         self._release(topic, None)
 
-    def _acquire(self, topic: Topic) -> OffsetRecord:
-        """Take the topic's lock, then catch the record up with the Delta log under it."""
-        if self.store.get(topic.name) is None:
+    def _acquire(self, topic: Topic, *, known: bool = False) -> OffsetRecord:
+        """Take the topic's lock, then catch the record up with the Delta log under it.
+        ``known``: the caller has seen the topic's record (no need to look whether one exists)."""
+        if not known and self.store.get(topic.name) is None:
             self.ensure_offsets(topic)
         rec = self.store.acquire(topic.name, self.owner)
         try:
@@ -407,8 +408,15 @@ class Engine:
             look = self.step.look(topic, rec)
             if not look.decision.ready:
                 return Planned(None, look.decision.reason)
-        with self.locked(topic, record_failure=False) as locked_rec:
-            return self.step.plan_locked(topic, locked_rec, look)
+        locked_rec = self._acquire(topic, known=True)
+        try:
+            planned = self.step.plan_locked(topic, locked_rec, look, release=True)
+        except BaseException:
+            self._release(topic, None)
+            raise
+        if planned.block is None or planned.retry:  # a new block was planned with the lock released at once
+            self._release(topic, None)
+        return planned
 
     def run_block(self, name: str, seq: int) -> StepResult:
         """Process block ``seq`` of topic ``name``: the pending block, exactly as planned. A block

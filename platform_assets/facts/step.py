@@ -69,10 +69,11 @@ class StepProcessor:
         decision, _ = self.engine.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
         return Look(rec, decision, base)
 
-    def plan_locked(self, topic: Topic, rec: OffsetRecord, look: Look | None = None) -> Planned:
+    def plan_locked(self, topic: Topic, rec: OffsetRecord, look: Look | None = None, *, release: bool = False) -> Planned:
         """With the topic's lock held: the pending block, or plan the next one (JVM-free) on one
         snapshot of the base table, which the block then reads. ``look``: what was seen just
-        before taking the lock, reused if the record is unchanged."""
+        before taking the lock, reused if the record is unchanged. ``release``: a new block is
+        planned with the lock released in the same transaction (the caller releases it otherwise)."""
         eng = self.engine
         if rec.pending:
             return pending(rec)
@@ -86,7 +87,8 @@ class StepProcessor:
         if found.end is None:
             return Planned(None, decision.limit, bad_rows=bad_rows, warnings=warnings)
         seq = protocol.next_seq(rec, eng.path(topic.spec.destination), topic.name)
-        rec = eng.store.plan(topic.name, eng.owner, last=rec.last, next=found.end, seq=seq, source_version=found.version)
+        rec = eng.store.plan(topic.name, eng.owner, last=rec.last, next=found.end, seq=seq, source_version=found.version,
+                             release=release)
         return Planned(Block(topic.name, seq, rec.last, found.end), f"block {seq}", base_rows=found.rows,
                        bad_rows=bad_rows, source_version=found.version, warnings=warnings)
 

@@ -386,7 +386,8 @@ class SqlOffsetStore(OffsetStore):
             return rec.owner
 
     def plan(self, topic: str, owner: str, *, last: Position, next: Position, seq: int,
-             source_version: int | None, inputs_next: Mapping[str, int] | None = None) -> OffsetRecord:
+             source_version: int | None, inputs_next: Mapping[str, int] | None = None,
+             release: bool = False) -> OffsetRecord:
         if not (last < next or (inputs_next is not None and last == next)):
             raise OffsetError(f"topic '{topic}': cannot plan block {seq}: next {next} is not after last {last}")
         with self._tx(write=True):
@@ -407,7 +408,8 @@ class SqlOffsetStore(OffsetStore):
             ins = "" if not inputs_next else " inputs " + ", ".join(f"{k}@{v}" for k, v in sorted(inputs_next.items()))
             return self._save(rec, ("plan", owner, f"block {seq} ({last}, {next}]{ins}"), next=next, seq=seq,
                               state=STATE_PLANNED, source_version=source_version,
-                              inputs_next=None if inputs_next is None else dict(inputs_next))
+                              inputs_next=None if inputs_next is None else dict(inputs_next),
+                              **({"owner": "", "owner_since": None, "lease_until": None} if release else {}))
 
     def commit(self, topic: str, owner: str, *, seq: int, last: Position, next: Position, rows: int,
                state: str = STATE_COMMITTED, note: str = "", delta_version: int | None = None,

@@ -171,12 +171,14 @@ class OffsetStore(abc.ABC):
 
     @abc.abstractmethod
     def plan(self, topic: str, owner: str, *, last: Position, next: Position, seq: int,
-             source_version: int | None, inputs_next: Mapping[str, int] | None = None) -> OffsetRecord:
+             source_version: int | None, inputs_next: Mapping[str, int] | None = None,
+             release: bool = False) -> OffsetRecord:
         """Fix the next block before any data is written: set ``next``, ``seq`` and
         ``state='planned'``. Compare-and-set on (owner holds the lock, ``last`` unchanged, no
         block pending, ``seq`` greater than the stored one, ``next > last``). A merge unit also
         fixes ``inputs_next`` (no input below its committed version); with it ``next`` may equal
-        ``last`` (only other inputs changed)."""
+        ``last`` (only other inputs changed). ``release``: release the lock in the same
+        transaction (a planner that only plans; its run takes the lock again)."""
 
     @abc.abstractmethod
     def commit(self, topic: str, owner: str, *, seq: int, last: Position, next: Position, rows: int,

@@ -188,13 +188,22 @@ def storage_options(uri: str) -> dict[str, str] | None:
     return current().storage_options() if is_object_store(uri) else None
 
 
+@functools.cache
+def _local_fs() -> Any:
+    """One local ``pyarrow`` file system for the process (it holds no state; making one per call
+    cost a planner tick ~0.05 s for 200 topics)."""
+    import pyarrow.fs as pafs
+
+    return pafs.LocalFileSystem()
+
+
 def arrow_filesystem(uri: str) -> tuple[Any, str]:
     """A ``pyarrow`` file system and the path inside it for ``uri`` (a local path, ``s3://``,
     ``s3a://``, or any other URI pyarrow knows)."""
     import pyarrow.fs as pafs
 
     if "://" not in uri:
-        return pafs.LocalFileSystem(), uri
+        return _local_fs(), uri
     parts = urlsplit(uri)
     if parts.scheme.lower() in S3_SCHEMES:
         return _arrow_s3(current()), (parts.netloc + parts.path).rstrip("/")

@@ -136,6 +136,86 @@ def test_a_commit_removed_by_log_retention_is_reported_not_guessed(tmp_path: Pat
     assert late_detection_warning("stage.x", ()) == ""
 
 
+def test_late_rows_read_only_the_files_whose_parquet_statistics_allow_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "base"
+    _append(path, [(i, i) for i in range(1, 11)])
+    last = _at(10, 10)
+    tie = (T0 + dt.timedelta(seconds=10, microseconds=500)).replace(tzinfo=dt.UTC)  # same millisecond as last
+    write_deltalake(str(path), pa.table({"pos": pa.array([tie], pa.timestamp("us", tz="UTC")), "id": pa.array([5], pa.int64())}),
+                    mode="append")  # after last by 500 us, though its id is lower: not late
+    _append(path, [(10, 11), (12, 12)])  # at last's position with a higher id, and after: not late
+    _append(path, [(10, 10), (30, 14)])  # last's own position and id: late
+    _append(path, [(9, 15)])  # before: late
+    read: list[str] = []
+    real = delta_meta._read_files
+    monkeypatch.setattr(delta_meta, "_read_files", lambda p, rels, *a, **k: read.extend(rels) or real(p, rels, *a, **k))
+    found = late_rows(TableSnapshot.open(str(path)), 0, last)
+    assert sorted(found.rows["id"].to_pylist()) == [10, 15]
+    added = [a.path for a in delta_meta._History.read(str(path), 0, 4).added]
+    assert sorted(read) == sorted(added[2:])  # the two files without a late row were never read
+
+
+@pytest.mark.parametrize(("unit", "int96"), [("ms", False), ("us", False), ("ns", False), ("us", True)])
+def test_a_parquet_footer_rules_a_file_out_only_when_its_exact_statistics_do(tmp_path: Path, unit: str, int96: bool) -> None:
+    import pyarrow.parquet as pq
+
+    fs = pa.fs.LocalFileSystem()
+    last = Position(T0 + dt.timedelta(seconds=10, milliseconds=7), 10)
+
+    def may_hold(rows: list[tuple[dt.timedelta | None, int | None]], group: int = 10) -> bool:
+        f = str(tmp_path / f"f{len(list(tmp_path.iterdir()))}.parquet")
+        pos = pa.array([None if d is None else T0 + dt.timedelta(seconds=10, milliseconds=7) + d for d, _ in rows], pa.timestamp(unit))
+        pq.write_table(pa.table({"pos": pos, "id": pa.array([i for _, i in rows], pa.int64())}), f, row_group_size=group,
+                       use_deprecated_int96_timestamps=int96)
+        return delta_meta._may_hold_late(fs, f, last)
+
+    step = dt.timedelta(milliseconds=1)
+    if int96:  # Spark's legacy timestamps: no ordered statistics, the file is read
+        assert may_hold([(step, 1)])
+        return
+    assert not may_hold([(step, 1), (2 * step, 2)])  # after last, whatever the ids
+    assert not may_hold([(dt.timedelta(0), 11), (step, 12)])  # at last's position with a higher id
+    assert may_hold([(dt.timedelta(0), 11), (step, 3)])  # not late, but a group's minima cannot tell
+    assert may_hold([(dt.timedelta(0), 10)])  # last itself
+    assert may_hold([(-step, 30)])  # before
+    assert may_hold([(step, 1), (step, 2), (-step, 3)], group=2)  # the second row group holds a late row
+    assert not may_hold([(None, 1), (step, 2)], group=1)  # a row group of null positions: bad rows, not late ones
+    assert may_hold([(dt.timedelta(0), None), (dt.timedelta(0), None)])  # ids that cannot tell
+    if unit == "ns":
+        assert not may_hold([(dt.timedelta(microseconds=1), 1)])
+
+
+def test_positions_read_as_plain_parquet_equal_those_read_through_deltalake(tmp_path: Path) -> None:
+    import pyarrow.compute as pc
+
+    path = tmp_path / "base"
+    write_deltalake(str(path), pa.table({"pos": pa.array([(T0 + dt.timedelta(seconds=s)).replace(tzinfo=dt.UTC) for s in (1, 2)],
+                                                         pa.timestamp("us", tz="UTC"))}), mode="append")  # no id column yet
+    write_deltalake(str(path), pa.table({"pos": pa.array([(T0 + dt.timedelta(seconds=3)).replace(tzinfo=dt.UTC)], pa.timestamp("us", tz="UTC")),
+                                         "id": pa.array([7], pa.int64())}), mode="append", schema_mode="merge")
+    _append(path, [(4, 8), (5, 9), (None, 10)])
+    snap = TableSnapshot.open(str(path))
+    assert snap.plain
+    wanted = pc.field("pos").is_valid() & (pc.field("pos") >= pa.scalar(T0 + dt.timedelta(seconds=2), snap.position_schema.field("pos").type))
+    plain = delta_meta._positions(snap, wanted)  # the file without an id does not read as the schema says: the dataset reads
+    snap.__dict__["plain"] = False
+    assert plain.sort_by("id") == delta_meta._positions(snap, wanted).sort_by("id")
+    assert sorted(plain["id"].to_pylist(), key=str) == [7, 8, 9, None]
+    # A table whose files each read as its schema says: read file by file, pruned by statistics.
+    new = tmp_path / "new"
+    _append(new, [(1, 1), (2, 2)])
+    _append(new, [(3, 3), (4, 4)])
+    snap = TableSnapshot.open(str(new))
+    assert snap.plain and table_mark(snap).max_position == _at(4, 4)
+    assert find_block_end(snap, _at(2, 2), FAR, 1) == BlockEnd(_at(3, 3), 1, 1)
+    # Deletion vectors are not plain: their rows are read through deltalake (which refuses them).
+    dv = tmp_path / "dv"
+    write_deltalake(str(dv), pa.table({"pos": pa.array([T0.replace(tzinfo=dt.UTC)], pa.timestamp("us", tz="UTC")),
+                                       "id": pa.array([1], pa.int64())}),
+                    configuration={"delta.enableDeletionVectors": "true"})
+    assert not TableSnapshot.open(str(dv)).plain
+
+
 # -- someone else cleans up: OPTIMIZE (compaction), VACUUM, log retention -----------------------
 
 

@@ -229,6 +229,15 @@ def test_plan_requires_the_lock(store: OffsetStore) -> None:
         store.plan(T, A, last=P(0), next=P(1), seq=1, source_version=None)
 
 
+def test_plan_can_release_the_lock_in_the_same_transaction(store: OffsetStore) -> None:
+    rec = locked(store).plan(T, A, last=P(0), next=P(1), seq=1, source_version=3, release=True)
+    assert current(store) == rec
+    assert (rec.next, rec.seq, rec.state, rec.owner, rec.owner_since, rec.lease_until) == (P(1), 1, STATE_PLANNED, "", None, None)
+    assert [e.action for e in store.history(T)][:1] == ["plan"]
+    assert store.acquire(T, B).owner == B  # the block's run takes the lock and finds it pending
+    assert current(store).pending and current(store).seq == 1
+
+
 def test_plan_while_pending_is_refused(store: OffsetStore) -> None:
     planned(store)
     with pytest.raises(OffsetError, match="planned and not committed"):
