@@ -300,7 +300,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                         else:
                             wait(name, decision.reason)
                         continue
-                    planned = engine.plan_block(name)
+                    planned = engine.plan_block(name, durable=False)  # one wait for the disk, below
                 except TopicLockedError as exc:
                     waits.append(f"{name}: running ({exc.holder})")
                     continue
@@ -326,6 +326,8 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                 if not present:
                     adds.setdefault(pname, []).append(pkey)
                 blocks.append((name, table, seq, pkey))
+            if blocks:  # the plans are durable before their runs are requested
+                engine.store.sync()
         finally:
             held_open.close()
             engine.close()

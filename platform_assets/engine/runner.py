@@ -391,9 +391,10 @@ class Engine:
                         break
         return results
 
-    def plan_block(self, name: str) -> Planned:
+    def plan_block(self, name: str, *, durable: bool = True) -> Planned:
         """Fix the next block of step topic ``name`` in the offset store without processing it
-        (or return the block already pending). Never starts Spark."""
+        (or return the block already pending). Never starts Spark. ``durable=False``: the plan
+        does not wait for the disk; call ``store.sync()`` before anything acts on it."""
         topic = self.lineage.topic(name)
         if topic.spec.processor is not Processor.STEP:
             raise ProcessingError(f"topic '{name}' is a {topic.spec.processor.value} topic: only step topics have blocks")
@@ -410,7 +411,7 @@ class Engine:
                 return Planned(None, look.decision.reason)
         locked_rec = self._acquire(topic, known=True)
         try:
-            planned = self.step.plan_locked(topic, locked_rec, look, release=True)
+            planned = self.step.plan_locked(topic, locked_rec, look, release=True, flush=durable)
         except BaseException:
             self._release(topic, None)
             raise

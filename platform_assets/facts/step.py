@@ -69,11 +69,13 @@ class StepProcessor:
         decision, _ = self.engine.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
         return Look(rec, decision, base)
 
-    def plan_locked(self, topic: Topic, rec: OffsetRecord, look: Look | None = None, *, release: bool = False) -> Planned:
+    def plan_locked(self, topic: Topic, rec: OffsetRecord, look: Look | None = None, *, release: bool = False,
+                    flush: bool = True) -> Planned:
         """With the topic's lock held: the pending block, or plan the next one (JVM-free) on one
         snapshot of the base table, which the block then reads. ``look``: what was seen just
         before taking the lock, reused if the record is unchanged. ``release``: a new block is
-        planned with the lock released in the same transaction (the caller releases it otherwise)."""
+        planned with the lock released in the same transaction (the caller releases it otherwise).
+        ``flush=False``: the plan does not wait for the disk (see :meth:`OffsetStore.plan`)."""
         eng = self.engine
         if rec.pending:
             return pending(rec)
@@ -88,7 +90,7 @@ class StepProcessor:
             return Planned(None, decision.limit, bad_rows=bad_rows, warnings=warnings)
         seq = protocol.next_seq(rec, eng.path(topic.spec.destination), topic.name)
         rec = eng.store.plan(topic.name, eng.owner, last=rec.last, next=found.end, seq=seq, source_version=found.version,
-                             release=release)
+                             release=release, flush=flush)
         return Planned(Block(topic.name, seq, rec.last, found.end), f"block {seq}", base_rows=found.rows,
                        bad_rows=bad_rows, source_version=found.version, warnings=warnings)
 

@@ -172,13 +172,16 @@ class OffsetStore(abc.ABC):
     @abc.abstractmethod
     def plan(self, topic: str, owner: str, *, last: Position, next: Position, seq: int,
              source_version: int | None, inputs_next: Mapping[str, int] | None = None,
-             release: bool = False) -> OffsetRecord:
+             release: bool = False, flush: bool = True) -> OffsetRecord:
         """Fix the next block before any data is written: set ``next``, ``seq`` and
         ``state='planned'``. Compare-and-set on (owner holds the lock, ``last`` unchanged, no
         block pending, ``seq`` greater than the stored one, ``next > last``). A merge unit also
         fixes ``inputs_next`` (no input below its committed version); with it ``next`` may equal
         ``last`` (only other inputs changed). ``release``: release the lock in the same
-        transaction (a planner that only plans; its run takes the lock again)."""
+        transaction (a planner that only plans; its run takes the lock again). ``flush=False``:
+        the plan need not wait for the disk where the store allows it; the caller then calls
+        :meth:`sync` before anything acts on the plan (a planner that plans many topics at once
+        waits for the disk once)."""
 
     @abc.abstractmethod
     def commit(self, topic: str, owner: str, *, seq: int, last: Position, next: Position, rows: int,
@@ -246,6 +249,11 @@ class OffsetStore(abc.ABC):
         newest ``keep`` (at least 1, so :meth:`log_head` never goes back); the number deleted, or
         with ``dry_run`` the number that would be. Records (``tidemark_offsets``) are never touched:
         the log is history for people, nothing plans from its old entries."""
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """Make every earlier write of this store durable (a power cut keeps it), after writes
+        made with ``flush=False``. A store whose every write waits for the disk has nothing to do."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

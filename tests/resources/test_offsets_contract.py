@@ -238,6 +238,20 @@ def test_plan_can_release_the_lock_in_the_same_transaction(store: OffsetStore) -
     assert current(store).pending and current(store).seq == 1
 
 
+def test_a_plan_that_does_not_wait_for_the_disk_is_synced_by_sync(open_store: Callable[[], OffsetStore], store_url: str) -> None:
+    store = open_store()
+    rec = locked(store).plan(T, A, last=P(0), next=P(1), seq=1, source_version=None, release=True, flush=False)
+    assert current(open_store()) == rec  # committed: another connection sees it
+    store.sync()
+    store.sync()
+    assert current(store) == rec and [e.action for e in store.history(T)][:1] == ["plan"]  # sync logs nothing
+    if store_url.startswith("sqlite:///"):  # the waiting commit must write a page, else it does not sync the WAL
+        wal = Path(store_url.removeprefix("sqlite:///") + "-wal")
+        size = wal.stat().st_size
+        store.sync()
+        assert wal.stat().st_size > size
+
+
 def test_plan_while_pending_is_refused(store: OffsetStore) -> None:
     planned(store)
     with pytest.raises(OffsetError, match="planned and not committed"):
