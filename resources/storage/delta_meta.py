@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import functools
 import json
+import re
 import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -30,7 +31,7 @@ from lineage.core.positions import Position, to_naive_utc
 from lineage.planning.planner import TableMark
 from lineage.spec.model import TopicSpec
 from lineage.views.refresh import InputChange, Sizes, cluster_column
-from resources.storage.warehouse import arrow_filesystem, storage_options
+from resources.storage.warehouse import arrow_filesystem, is_object_store, storage_options
 
 #: Delta truncates timestamp statistics to milliseconds; widen pruning ranges by this much.
 STATS_SLACK = dt.timedelta(milliseconds=2)
@@ -98,7 +99,7 @@ class TableSnapshot:
         """Whether this version's rows are its data files read whole as plain Parquet: no deletion
         vectors, column mapping or partition columns, every file named by a plain path under the
         table. (Then ``pos``/``id`` are read file by file, without deltalake's dataset.)"""
-        if self.table is None:
+        if self.table is None or not _native_path(self.path):
             return False
         proto = self.table.protocol()
         if not (proto.min_reader_version == 1
@@ -238,6 +239,13 @@ def _ts(value: Any) -> dt.datetime | None:
     return None
 
 
+def _native_path(path: str) -> bool:
+    """Whether ``pyarrow``'s own file systems take the table location ``path`` as
+    :func:`arrow_filesystem` gives it: a local path without a scheme, or object storage (not e.g.
+    ``file:/x`` or ``file://localhost/x``, on which ``SubTreeFileSystem`` aborts the process)."""
+    return is_object_store(path) or re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", path) is None
+
+
 def _dataset(snap: TableSnapshot, pruning: Any = None) -> Any:
     """``snap``'s table as a ``pyarrow`` dataset (``pruning``: deltalake's file pruning predicate),
     its files read through ``pyarrow``'s own file system rooted at the table instead of
@@ -245,7 +253,8 @@ def _dataset(snap: TableSnapshot, pruning: Any = None) -> Any:
     planner tick). A table whose log names files by absolute path keeps the default."""
     table: Any = snap.table  # (callers have looked: there is a table)
     files = snap.files
-    if files.num_rows == 0 or pc.any(pc.or_(pc.match_substring(files["path"], "://"), pc.starts_with(files["path"], "/"))).as_py():
+    if (not _native_path(snap.path) or files.num_rows == 0
+            or pc.any(pc.or_(pc.match_substring(files["path"], "://"), pc.starts_with(files["path"], "/"))).as_py()):
         return table.to_pyarrow_dataset(file_pruning_predicate=pruning)
     fs, root = arrow_filesystem(snap.path)
     return table.to_pyarrow_dataset(file_pruning_predicate=pruning, filesystem=pafs.SubTreeFileSystem(root, fs))

@@ -208,6 +208,10 @@ def test_positions_read_as_plain_parquet_equal_those_read_through_deltalake(tmp_
     snap = TableSnapshot.open(str(new))
     assert snap.plain and table_mark(snap).max_position == _at(4, 4)
     assert find_block_end(snap, _at(2, 2), FAR, 1) == BlockEnd(_at(3, 3), 1, 1)
+    # A location pyarrow's own file systems do not take as it is (file:/x) reads through deltalake.
+    uri = TableSnapshot.open(f"file:{new}")
+    assert not uri.plain and table_mark(uri) == table_mark(snap)
+    assert find_block_end(uri, _at(2, 2), FAR, 1) == find_block_end(snap, _at(2, 2), FAR, 1)
     # Deletion vectors are not plain: their rows are read through deltalake (which refuses them).
     dv = tmp_path / "dv"
     write_deltalake(str(dv), pa.table({"pos": pa.array([T0.replace(tzinfo=dt.UTC)], pa.timestamp("us", tz="UTC")),
