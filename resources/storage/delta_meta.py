@@ -95,11 +95,20 @@ class TableSnapshot:
         return int(pc.sum(files[column]).as_py() or 0)
 
     @functools.cached_property
+    def native(self) -> bool:
+        """Whether ``pyarrow``'s own file systems reach this version's data files: a table at a
+        local path or in object storage (see :func:`_native_path`) whose log names its files
+        relative to it."""
+        return self.table is not None and _native_path(self.path) and (
+            self.files.num_rows == 0 or not pc.any(pc.match_substring_regex(self.files["path"], r"://|^/")).as_py())
+
+    @functools.cached_property
     def plain(self) -> bool:
         """Whether this version's rows are its data files read whole as plain Parquet: no deletion
-        vectors, column mapping or partition columns, every file named by a plain path under the
-        table. (Then ``pos``/``id`` are read file by file, without deltalake's dataset.)"""
-        if self.table is None or not _native_path(self.path):
+        vectors, column mapping or partition columns, every file reached natively (:attr:`native`)
+        by a path that needs no decoding. (Then ``pos``/``id`` are read file by file, without
+        deltalake's dataset.)"""
+        if self.table is None or not self.native:
             return False
         proto = self.table.protocol()
         if not (proto.min_reader_version == 1
@@ -108,7 +117,7 @@ class TableSnapshot:
         meta = self.table.metadata()
         if meta.partition_columns or (meta.configuration or {}).get("delta.columnMapping.mode", "none") != "none":
             return False
-        return self.files.num_rows == 0 or not pc.any(pc.match_substring_regex(self.files["path"], r"://|^/|%")).as_py()
+        return self.files.num_rows == 0 or not pc.any(pc.match_substring(self.files["path"], "%")).as_py()
 
     @functools.cached_property
     def position_schema(self) -> pa.Schema:
@@ -250,11 +259,10 @@ def _dataset(snap: TableSnapshot, pruning: Any = None) -> Any:
     """``snap``'s table as a ``pyarrow`` dataset (``pruning``: deltalake's file pruning predicate),
     its files read through ``pyarrow``'s own file system rooted at the table instead of
     deltalake's default one, which calls back into Python for every read (~2 ms a table in a
-    planner tick). A table whose log names files by absolute path keeps the default."""
+    planner tick). A table whose files pyarrow does not reach that way (:attr:`TableSnapshot.native`)
+    keeps the default."""
     table: Any = snap.table  # (callers have looked: there is a table)
-    files = snap.files
-    if (not _native_path(snap.path) or files.num_rows == 0
-            or pc.any(pc.or_(pc.match_substring(files["path"], "://"), pc.starts_with(files["path"], "/"))).as_py()):
+    if not snap.native or snap.files.num_rows == 0:
         return table.to_pyarrow_dataset(file_pruning_predicate=pruning)
     fs, root = arrow_filesystem(snap.path)
     return table.to_pyarrow_dataset(file_pruning_predicate=pruning, filesystem=pafs.SubTreeFileSystem(root, fs))
@@ -264,9 +272,10 @@ def _positions(snap: TableSnapshot, wanted: pc.Expression, low: dt.datetime | No
                high: dt.datetime | None = None) -> pa.Table:
     """``pos``/``id`` of ``snap``'s rows that match ``wanted``, read only from the files whose
     statistics allow a ``pos`` in ``[low, high]`` (None: unbounded; callers widen the bounds by
-    :data:`STATS_SLACK` where they come from rows, not statistics). A plain table's files are read one by one as Parquet (~0.5 ms a small file
-    against ~2.5 ms through deltalake's dataset, which a planner tick pays per table); any other
-    table, or a file that does not read as its schema says, through deltalake's dataset."""
+    :data:`STATS_SLACK` where they come from rows, not statistics). A plain table's files are read
+    one by one as Parquet (~0.5 ms a small file against ~2.5 ms through deltalake's dataset, which
+    a planner tick pays per table); any other table, or a file that does not read as its schema
+    says, through deltalake's dataset."""
     if snap.plain:
         try:
             return _plain_positions(snap, wanted, low, high)
@@ -285,10 +294,10 @@ def _plain_positions(snap: TableSnapshot, wanted: pc.Expression, low: dt.datetim
         keep = pc.and_(keep, pc.invert(pc.fill_null(pc.less(files["max.pos"], pa.scalar(low, files["max.pos"].type)), False)))
     if high is not None and "min.pos" in files.column_names:
         keep = pc.and_(keep, pc.invert(pc.fill_null(pc.greater(files["min.pos"], pa.scalar(high, files["min.pos"].type)), False)))
-    fs, root = arrow_filesystem(snap.path)
+    fs = arrow_filesystem(snap.path)[0]
     parts = []
     for rel in files.filter(keep)["path"].to_pylist():
-        part = pq.ParquetFile(f"{root.rstrip('/')}/{rel}", filesystem=fs, coerce_int96_timestamp_unit="us").read(
+        part = pq.ParquetFile(_join(snap.path, rel), filesystem=fs, coerce_int96_timestamp_unit="us").read(
             columns=["pos", "id"], use_threads=False)
         if part.column_names != ["pos", "id"]:
             raise _NotPlainError(rel)  # (a column added to the table after the file was written)
