@@ -213,6 +213,8 @@ class SqlOffsetStore(OffsetStore):
         self._conn = conn
         self._d = dialect
         self._mutex = threading.RLock()
+        #: The ``no_flush`` statement in force on the connection (a new one waits for the disk).
+        self._mode = dialect.no_flush[1] if dialect.no_flush else None
         self.where = where  # for messages; never holds a password
         with self._tx(write=True):
             if dialect.ddl_lock:
@@ -252,22 +254,20 @@ class SqlOffsetStore(OffsetStore):
         """One transaction: committed when the block succeeds, rolled back when it raises.
         ``flush=False``: a write whose loss in a power cut is harmless need not wait for the
         disk (where the dialect allows it)."""
-        no_flush = None if flush else self._d.no_flush
         with self._mutex:
-            if no_flush:
-                self._sql(no_flush[0])
+            if self._d.no_flush:  # (switched only when it changes: a planner tick runs hundreds in a row)
+                mode = self._d.no_flush[1] if flush else self._d.no_flush[0]
+                if mode != self._mode:
+                    self._sql(mode)
+                    self._mode = mode
+            if write and self._d.begin_write:
+                self._sql(self._d.begin_write)
             try:
-                if write and self._d.begin_write:
-                    self._sql(self._d.begin_write)
-                try:
-                    yield
-                except BaseException:
-                    self._conn.rollback()
-                    raise
-                self._conn.commit()
-            finally:
-                if no_flush:
-                    self._sql(no_flush[1])
+                yield
+            except BaseException:
+                self._conn.rollback()
+                raise
+            self._conn.commit()
 
     def _add_missing_columns(self, table: str, columns: Sequence[tuple[str, str]]) -> None:
         """Migrate a store written by an older Tidemark: add the ``columns`` ``table`` lacks.

@@ -268,9 +268,47 @@ def _dataset(snap: TableSnapshot, pruning: Any = None) -> Any:
     return table.to_pyarrow_dataset(file_pruning_predicate=pruning, filesystem=pafs.SubTreeFileSystem(root, fs))
 
 
-def _positions(snap: TableSnapshot, wanted: pc.Expression, low: dt.datetime | None = None,
+@dataclass(frozen=True)
+class _Wanted:
+    """Which positioned rows (``pos`` and ``id`` both set) to read: ``pos >= since``, ``(pos, id)``
+    after ``after``, ``pos <= upto`` (None: unbounded). As an expression for a dataset scan, and as
+    compute kernels on a table read whole (a filter by expression plans an Acero query: ~4x the
+    cost on the few thousand rows of a planner tick's file)."""
+
+    since: dt.datetime | None = None
+    after: Position | None = None
+    upto: dt.datetime | None = None
+
+    def expression(self, pos_type: pa.DataType) -> pc.Expression:
+        pos, ids = pc.field("pos"), pc.field("id")
+        cond = pos.is_valid() & ids.is_valid()
+        if self.since is not None:
+            cond = cond & (pos >= pa.scalar(self.since, pos_type))
+        if self.after is not None:
+            lp = pa.scalar(self.after.pos, pos_type)
+            cond = cond & ((pos > lp) | ((pos == lp) & (ids > pa.scalar(self.after.id, pa.int64()))))
+        if self.upto is not None:
+            cond = cond & (pos <= pa.scalar(self.upto, pos_type))
+        return cond
+
+    def rows(self, table: pa.Table) -> pa.Table:
+        """The rows of ``table`` (columns ``pos`` and ``id``) that are wanted."""
+        pos, ids = table["pos"], table["id"]
+        mask = pc.and_(pc.is_valid(pos), pc.is_valid(ids))
+        if self.since is not None:
+            mask = pc.and_(mask, pc.greater_equal(pos, pa.scalar(self.since, pos.type)))
+        if self.after is not None:
+            lp = pa.scalar(self.after.pos, pos.type)
+            mask = pc.and_(mask, pc.or_(pc.greater(pos, lp), pc.and_(
+                pc.equal(pos, lp), pc.greater(ids, pa.scalar(self.after.id, ids.type)))))
+        if self.upto is not None:
+            mask = pc.and_(mask, pc.less_equal(pos, pa.scalar(self.upto, pos.type)))
+        return table.filter(mask)  # (null only where pos or id is null: dropped)
+
+
+def _positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | None = None,
                high: dt.datetime | None = None) -> pa.Table:
-    """``pos``/``id`` of ``snap``'s rows that match ``wanted``, read only from the files whose
+    """``pos``/``id`` of ``snap``'s rows that are ``wanted``, read only from the files whose
     statistics allow a ``pos`` in ``[low, high]`` (None: unbounded; callers widen the bounds by
     :data:`STATS_SLACK` where they come from rows, not statistics). A plain table's files are read
     one by one as Parquet (~0.5 ms a small file against ~2.5 ms through deltalake's dataset, which
@@ -282,10 +320,14 @@ def _positions(snap: TableSnapshot, wanted: pc.Expression, low: dt.datetime | No
         except (_NotPlainError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             pass  # e.g. a file without an id column: the dataset fills it with nulls
     pruning = [*([("pos", ">=", _utc(low))] if low else []), *([("pos", "<=", _utc(high))] if high else [])]
-    return _dataset(snap, pruning or None).to_table(columns=["pos", "id"], filter=wanted)
+    # The expression prunes; the kernels decide. deltalake's dataset gives a file written before the
+    # table had an ``id`` column the guarantee ``id >= null``, which lets ``is_valid(id)`` keep its
+    # rows (deltalake 1.x, pyarrow 26).
+    return wanted.rows(_dataset(snap, pruning or None).to_table(
+        columns=["pos", "id"], filter=wanted.expression(snap.position_schema.field("pos").type)))
 
 
-def _plain_positions(snap: TableSnapshot, wanted: pc.Expression, low: dt.datetime | None, high: dt.datetime | None) -> pa.Table:
+def _plain_positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | None, high: dt.datetime | None) -> pa.Table:
     import pyarrow.parquet as pq
 
     files, target = snap.files, snap.position_schema
@@ -296,12 +338,12 @@ def _plain_positions(snap: TableSnapshot, wanted: pc.Expression, low: dt.datetim
         keep = pc.and_(keep, pc.invert(pc.fill_null(pc.greater(files["min.pos"], pa.scalar(high, files["min.pos"].type)), False)))
     fs = arrow_filesystem(snap.path)[0]
     parts = []
-    for rel in files.filter(keep)["path"].to_pylist():
+    for rel in pc.filter(files["path"], keep).to_pylist():
         part = pq.ParquetFile(_join(snap.path, rel), filesystem=fs, coerce_int96_timestamp_unit="us").read(
             columns=["pos", "id"], use_threads=False)
         if part.column_names != ["pos", "id"]:
             raise _NotPlainError(rel)  # (a column added to the table after the file was written)
-        parts.append(part.cast(target).filter(wanted))
+        parts.append(wanted.rows(part if part.schema.equals(target) else part.cast(target)))
     return pa.concat_tables(parts) if parts else target.empty_table()
 
 
@@ -335,11 +377,9 @@ def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_tha
     if newer_than is not None and floor > newer_than.pos and _ids_known_from(files, floor):
         return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
     # Read the few rows at or after floor to find the exact newest (pos, id).
-    positioned = pc.field("pos").is_valid() & pc.field("id").is_valid()
-    at_floor = pc.field("pos") >= pa.scalar(floor, snap.position_schema.field("pos").type)
-    rows = _positions(snap, positioned & at_floor, low=floor)
+    rows = _positions(snap, _Wanted(since=floor), low=floor)
     if rows.num_rows == 0:  # the newest rows have no id (bad rows): the newest valid row is older
-        rows = _positions(snap, positioned)
+        rows = _positions(snap, _Wanted())
     if rows.num_rows == 0:
         return TableMark(None, version)
     rows = rows.sort_by([("pos", "descending"), ("id", "descending")])
@@ -368,8 +408,8 @@ def _ids_known_from(files: pa.Table, floor: dt.datetime) -> bool:
     ``floor`` (a row with a null id has no position, so it cannot be the newest)."""
     if "null_count.id" not in files.column_names:
         return False
-    newest = files.filter(pc.greater_equal(files["max.pos"], pa.scalar(floor, files["max.pos"].type)))
-    return newest.num_rows > 0 and pc.max(pc.fill_null(newest["null_count.id"], 1)).as_py() == 0
+    nulls = pc.filter(files["null_count.id"], pc.greater_equal(files["max.pos"], pa.scalar(floor, files["max.pos"].type)))
+    return len(nulls) > 0 and pc.max(pc.fill_null(nulls, 1)).as_py() == 0
 
 
 def _rows_from(files: pa.Table, last: Position) -> float:
@@ -379,9 +419,9 @@ def _rows_from(files: pa.Table, last: Position) -> float:
         return 0
     if "max.pos" not in files.column_names or "num_records" not in files.column_names:
         return float("inf")
-    maybe = files.filter(pc.invert(pc.fill_null(pc.less(files["max.pos"], pa.scalar(
+    maybe = pc.filter(files["num_records"], pc.invert(pc.fill_null(pc.less(files["max.pos"], pa.scalar(
         _minus(last.pos, STATS_SLACK), files["max.pos"].type)), False)))
-    return float(pc.sum(pc.fill_null(maybe["num_records"], 2**62)).as_py() or 0)
+    return float(pc.sum(pc.fill_null(maybe, 2**62)).as_py() or 0)
 
 
 def _rows_after(snap: TableSnapshot, last: Position, cutoff: dt.datetime | None) -> pa.Table | None:
@@ -395,14 +435,8 @@ def _rows_after(snap: TableSnapshot, last: Position, cutoff: dt.datetime | None)
     ahead = snap.after.get(last)
     if ahead is not None:
         return ahead if cutoff is None else ahead.filter(pc.less_equal(ahead["pos"], pa.scalar(cutoff, ahead["pos"].type)))
-    pos_type = snap.position_schema.field("pos").type
-    lp = pa.scalar(last.pos, pos_type)
-    after_last = (pc.field("pos") > lp) | ((pc.field("pos") == lp) & (pc.field("id") > pa.scalar(last.id, pa.int64())))
     # A row without an id has no position: it is quarantined, never part of a block.
-    wanted = after_last & pc.field("id").is_valid()
-    if cutoff is not None:
-        wanted = wanted & (pc.field("pos") <= pa.scalar(cutoff, pos_type))
-    rows = _positions(snap, wanted, low=_minus(last.pos, STATS_SLACK), high=None if cutoff is None else _plus(cutoff, STATS_SLACK))
+    rows = _positions(snap, _Wanted(after=last, upto=cutoff), low=_minus(last.pos, STATS_SLACK), high=None if cutoff is None else _plus(cutoff, STATS_SLACK))
     return rows.sort_by([("pos", "ascending"), ("id", "ascending")])
 
 
@@ -1229,9 +1263,42 @@ def recorded_txn(path: str, app_id: str) -> int:
     newest ``txn`` action of an app is its version, so the newest commits after the last
     checkpoint are read first, JVM-free, a file each (a topic's own commit is usually the newest):
     only when none of them names ``app_id`` is the table's whole snapshot opened. Raises when the
-    log shows commits but cannot be read."""
+    log shows commits but cannot be read.
+
+    The answer is kept with the newest commit it was read at; asked again while that commit is
+    still the newest and the same file (a look for the next one and at its size and time), it is
+    given without reading the log: a unit reads it under its lock and once more just before it
+    plans or writes."""
     fs, log = _log_fs(path)
+    key = (path, app_id)
+    with _TXN_READ_LOCK:
+        seen = _TXN_READ.get(key)
+    if seen is not None:
+        newest, mark, txn_version = seen
+        if (fs.get_file_info(f"{log}/{newest + 1:020d}.json").type == pafs.FileType.NotFound
+                and _commit_mark(path, newest) == mark):
+            return txn_version
     commits, checkpoint = _commits_since_checkpoint(fs, log)
+    txn_version = _read_txn(path, app_id, fs, log, commits, checkpoint)
+    mark = _commit_mark(path, commits[0]) if commits else None
+    with _TXN_READ_LOCK:
+        if len(_TXN_READ) >= TXN_READ_ENTRIES:
+            _TXN_READ.clear()
+        if mark is not None:
+            _TXN_READ[key] = (commits[0], mark, txn_version)
+        else:
+            _TXN_READ.pop(key, None)
+    return txn_version
+
+
+#: What :func:`recorded_txn` read last, per (table, app): the newest commit then, its mark
+#: (:func:`_commit_mark`) and the version found; at most this many.
+TXN_READ_ENTRIES = 4096
+_TXN_READ: dict[tuple[str, str], tuple[int, tuple[str, int, int], int]] = {}
+_TXN_READ_LOCK = threading.Lock()
+
+
+def _read_txn(path: str, app_id: str, fs: pafs.FileSystem, log: str, commits: list[int], checkpoint: int | None) -> int:
     for version in commits[:RECENT_COMMITS]:
         try:
             actions = _read_commit(fs, log, version)

@@ -185,9 +185,28 @@ def test_a_parquet_footer_rules_a_file_out_only_when_its_exact_statistics_do(tmp
         assert not may_hold([(dt.timedelta(microseconds=1), 1)])
 
 
-def test_positions_read_as_plain_parquet_equal_those_read_through_deltalake(tmp_path: Path) -> None:
-    import pyarrow.compute as pc
+def test_wanted_rows_by_kernels_equal_those_by_expression() -> None:
+    """The plain read filters with compute kernels, the dataset with an expression: same rows,
+    with ties at the bound, null positions and null ids, and bounds of every kind."""
+    import random
 
+    rng = random.Random(7)
+    pos = [None if rng.random() < 0.1 else T0 + dt.timedelta(seconds=rng.randrange(6)) for _ in range(400)]
+    ids = [None if rng.random() < 0.1 else rng.randrange(8) for _ in range(400)]
+    for unit, tz in (("us", "UTC"), ("ns", None), ("ms", None)):
+        pos_type = pa.timestamp(unit, tz=tz)
+        table = pa.table({"pos": pa.array([p and (p.replace(tzinfo=dt.UTC) if tz else p) for p in pos], pos_type),
+                          "id": pa.array(ids, pa.int64())})
+        for since in (None, T0 + dt.timedelta(seconds=2)):
+            for after in (None, _at(3, 4), _at(-1, 0)):
+                for upto in (None, T0 + dt.timedelta(seconds=4), T0):
+                    wanted = delta_meta._Wanted(since=since, after=after, upto=upto)
+                    by_kernels = wanted.rows(table)
+                    assert by_kernels == table.filter(wanted.expression(pos_type)), (unit, since, after, upto)
+                    assert by_kernels["pos"].null_count == by_kernels["id"].null_count == 0
+
+
+def test_positions_read_as_plain_parquet_equal_those_read_through_deltalake(tmp_path: Path) -> None:
     path = tmp_path / "base"
     write_deltalake(str(path), pa.table({"pos": pa.array([(T0 + dt.timedelta(seconds=s)).replace(tzinfo=dt.UTC) for s in (1, 2)],
                                                          pa.timestamp("us", tz="UTC"))}), mode="append")  # no id column yet
@@ -196,11 +215,11 @@ def test_positions_read_as_plain_parquet_equal_those_read_through_deltalake(tmp_
     _append(path, [(4, 8), (5, 9), (None, 10)])
     snap = TableSnapshot.open(str(path))
     assert snap.plain
-    wanted = pc.field("pos").is_valid() & (pc.field("pos") >= pa.scalar(T0 + dt.timedelta(seconds=2), snap.position_schema.field("pos").type))
+    wanted = delta_meta._Wanted(since=T0 + dt.timedelta(seconds=2))
     plain = delta_meta._positions(snap, wanted)  # the file without an id does not read as the schema says: the dataset reads
     snap.__dict__["plain"] = False
     assert plain.sort_by("id") == delta_meta._positions(snap, wanted).sort_by("id")
-    assert sorted(plain["id"].to_pylist(), key=str) == [7, 8, 9, None]
+    assert sorted(plain["id"].to_pylist()) == [7, 8, 9]  # (the rows without an id have no position)
     # A table whose files each read as its schema says: read file by file, pruned by statistics.
     new = tmp_path / "new"
     _append(new, [(1, 1), (2, 2)])
@@ -443,6 +462,32 @@ def test_recorded_txn_reads_the_newest_commits_and_falls_back_to_the_snapshot(tm
     (broken / "_delta_log" / f"{0:020d}.json").write_text("not json\n")
     with pytest.raises(ProcessingError, match="cannot be read now"):  # never taken for "none recorded"
         delta_meta.recorded_txn(str(broken), "tidemark:a")
+
+
+def test_recorded_txn_asked_again_reads_the_log_only_when_it_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Asked again with no new commit, the version is given without reading a commit; a new commit,
+    or the table dropped and written anew to the same version, is read."""
+    import shutil
+
+    path = str(tmp_path / "t")
+    reads: list[int] = []
+    real = delta_meta._read_commit
+    monkeypatch.setattr(delta_meta, "_read_commit", lambda fs, log, v: reads.append(v) or real(fs, log, v))
+
+    def write(app: str, version: int, rows: int = 1) -> None:
+        write_deltalake(path, pa.table({"v": list(range(rows))}), mode="append",
+                        commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app, version=version)]))
+
+    write("tidemark:a", 1)
+    write("tidemark:b", 5)
+    assert delta_meta.recorded_txn(path, "tidemark:a") == 1 and reads == [1, 0]
+    assert delta_meta.recorded_txn(path, "tidemark:a") == 1 and reads == [1, 0]  # nothing new: nothing read
+    write("tidemark:a", 2)
+    assert delta_meta.recorded_txn(path, "tidemark:a") == 2 and reads == [1, 0, 2]
+    shutil.rmtree(path)  # dropped, and written anew up to the same version by other writers
+    for n in range(3):
+        write(f"other:{n}", 1, rows=n + 2)
+    assert delta_meta.recorded_txn(path, "tidemark:a") == 0
 
 
 def test_prefetched_snapshots_are_the_ones_open_returns_inside_the_block(tmp_path: Path):

@@ -472,16 +472,24 @@ def test_open_sqlite_in_a_missing_folder_is_a_config_error_naming_it(tmp_path: P
 
 def test_sqlite_waits_for_the_disk_on_every_write_but_init_and_the_lock(tmp_path: Path) -> None:
     """plan/commit/reset must survive a power cut; init/acquire/release need not (see
-    resources.state.offset_sql), and a refused one must not leave the connection relaxed."""
+    resources.state.offset_sql). The mode each COMMIT ran under, as SQLite saw the statements; the
+    mode is switched only when it changes, so a write after a refused or relaxed one still waits."""
     store = SqlOffsetStore.sqlite(tmp_path / "offsets.db")
-    relaxed: list[str] = []
-    store._conn.set_trace_callback(lambda sql: relaxed.append(sql) if sql == "PRAGMA synchronous=NORMAL" else None)
+    mode, commits = ["FULL"], []
+
+    def trace(sql: str) -> None:
+        if sql.startswith("PRAGMA synchronous="):
+            mode[0] = sql.split("=", 1)[1]
+        elif sql == "COMMIT":
+            commits.append(mode[0])
+
+    store._conn.set_trace_callback(trace)
 
     def relaxes(call: Callable[[], object]) -> bool:
-        relaxed.clear()
+        commits.clear()
         call()
-        assert store._conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL again
-        return bool(relaxed)
+        assert len(set(commits)) <= 1, commits
+        return commits == ["NORMAL"] * len(commits) and bool(commits)
 
     def refused_acquire() -> None:
         with pytest.raises(TopicLockedError):
@@ -490,13 +498,18 @@ def test_sqlite_waits_for_the_disk_on_every_write_but_init_and_the_lock(tmp_path
     try:
         assert relaxes(lambda: store.init(T, P(0), "step", who="test"))
         assert relaxes(lambda: store.acquire(T, A))
-        assert relaxes(refused_acquire)
-        assert not relaxes(lambda: store.plan(T, A, last=P(0), next=P(1), seq=1, source_version=None))
+        commits.clear()
+        refused_acquire()
+        assert commits == []  # (rolled back)
+        assert commits == [] and not relaxes(lambda: store.plan(T, A, last=P(0), next=P(1), seq=1, source_version=None))
+        assert commits == ["FULL"]
         assert not relaxes(lambda: store.commit(T, A, seq=1, last=P(0), next=P(1), rows=0))
         assert not relaxes(lambda: store.set_state(T, A, "x"))
         assert relaxes(lambda: store.release(T, A))
         assert not relaxes(lambda: store.reset(T, P(0), who="test", reason="test"))
+        assert store._conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL, as the reset left it
         assert not relaxes(lambda: store.unlock(T, who="test"))
+        assert commits == ["FULL"]
     finally:
         store.close()
 
