@@ -502,11 +502,16 @@ def bad_position_rows(source: str | TableSnapshot) -> pa.Table:
     files = snap.files
     if files.num_rows == 0 or "null_count.pos" not in files.column_names:
         return pa.table({})
-    nulls = pc.add(pc.fill_null(files["null_count.pos"], 0), pc.fill_null(files["null_count.id"], 0))
-    if (pc.max(nulls).as_py() or 0) == 0:
+    # A count the statistics do not give (a file written before the table had the column, or
+    # without statistics for it) may be any: the file is read.
+    counts = [files[c] if c in files.column_names else pa.nulls(files.num_rows, pa.int64()) for c in ("null_count.pos", "null_count.id")]
+    if (pc.max(pc.add(pc.fill_null(counts[0], 1), pc.fill_null(counts[1], 1))).as_py() or 0) == 0:
         return pa.table({})
-    ds = _dataset(snap, "pos IS NULL OR id IS NULL")
-    return ds.to_table(filter=pc.field("pos").is_null() | pc.field("id").is_null())
+    # Filtered by kernels, not by an expression: deltalake's dataset gives a file without an ``id``
+    # column the guarantee ``id >= null``, under which ``is_null(id)`` drops its rows.
+    bad = [b for b in (b.filter(pc.or_(pc.is_null(b["pos"]), pc.is_null(b["id"])))
+                       for b in _dataset(snap, "pos IS NULL OR id IS NULL").to_batches()) if b.num_rows]
+    return pa.Table.from_batches(bad) if bad else pa.table({})
 
 
 @dataclass(frozen=True)
@@ -1280,12 +1285,12 @@ def recorded_txn(path: str, app_id: str) -> int:
             return txn_version
     commits, checkpoint = _commits_since_checkpoint(fs, log)
     txn_version = _read_txn(path, app_id, fs, log, commits, checkpoint)
-    mark = _commit_mark(path, commits[0]) if commits else None
+    newest_mark = _commit_mark(path, commits[0]) if commits else None
     with _TXN_READ_LOCK:
         if len(_TXN_READ) >= TXN_READ_ENTRIES:
             _TXN_READ.clear()
-        if mark is not None:
-            _TXN_READ[key] = (commits[0], mark, txn_version)
+        if newest_mark is not None:
+            _TXN_READ[key] = (commits[0], newest_mark, txn_version)
         else:
             _TXN_READ.pop(key, None)
     return txn_version
