@@ -683,12 +683,22 @@ def _position_filter(schema: pa.Schema, last: Position | None = None, *, after: 
 
 
 def _read_files(path: str, rels: list[str], last: Position, *, above_id: int | None = None) -> pa.Table:
-    """Rows of the table's data files ``rels`` at or before ``last`` (and with an id above ``above_id``)."""
+    """Rows of the table's data files ``rels`` at or before ``last`` (and with an id above
+    ``above_id``), with every column each file has: read file by file, since one dataset over them
+    would take the first file's columns and drop a column that a later file added (a late row
+    quarantined without its values could not be replayed as it was). A file without ``pos`` or
+    ``id`` holds no positioned row (its rows are bad rows, see :func:`bad_position_rows`)."""
     import pyarrow.dataset as pads
 
     fs = arrow_filesystem(path)[0]
-    ds = pads.dataset([_join(path, r) for r in rels], format="parquet", filesystem=fs if "://" in path else None)
-    return ds.to_table(filter=_position_filter(ds.schema, last, above_id=above_id))
+    parts = []
+    for rel in rels:
+        ds = pads.dataset(_join(path, rel), format="parquet", filesystem=fs if "://" in path else None)
+        if "pos" in ds.schema.names and "id" in ds.schema.names:
+            parts.append(ds.to_table(filter=_position_filter(ds.schema, last, above_id=above_id)))
+    if not parts:
+        return pa.table({})
+    return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
 
 
 _NS_PER = {"milliseconds": 1_000_000, "microseconds": 1_000, "nanoseconds": 1}
@@ -816,9 +826,10 @@ def _late_rows_by_id(snap: TableSnapshot, history: _History, added: list[_Added]
     parts = [_read_files(path, kept, last)] if kept else []
     if scan:
         parts.append(_read_files(path, scan, last, above_id=ceiling))
+    parts = [p for p in parts if p.num_columns]  # (none of the files had positions)
     if not parts:
         return pa.table({})
-    return pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+    return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
 
 
 @dataclass(frozen=True)

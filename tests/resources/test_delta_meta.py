@@ -291,6 +291,22 @@ def test_late_rows_are_found_exactly_after_optimize_and_vacuum(tmp_path: Path) -
     assert missing_files(str(path), ["nothing.parquet", snap.files["path"][0].as_py()]) == ["nothing.parquet"]
 
 
+def test_late_rows_keep_every_column_their_files_have(tmp_path: Path) -> None:
+    """A late row in a file that added a column keeps its value (it is quarantined to be replayed
+    as it was), though an earlier late file lacks the column."""
+    path = tmp_path / "base"
+    _append(path, [(10, 1), (20, 2)])
+    _append(path, [(5, 3)])  # late, without v
+
+    def late_file(table: pa.Table) -> None:
+        write_deltalake(str(path), table, mode="append", schema_mode="merge")
+
+    stamp = pa.array([(T0 + dt.timedelta(seconds=6)).replace(tzinfo=dt.UTC)], pa.timestamp("us", tz="UTC"))
+    late_file(pa.table({"pos": stamp, "id": pa.array([4], pa.int64()), "v": pa.array(["x"])}))
+    got = late_rows(TableSnapshot.open(str(path)), 0, _at(20, 2)).rows.sort_by("id").to_pylist()
+    assert [(r["id"], r.get("v")) for r in got] == [(3, None), (4, "x")]
+
+
 def test_late_rows_whose_ids_do_not_tell_stop_with_the_file_and_the_cause(tmp_path: Path) -> None:
     from resources.storage.delta_meta import RemovedDataError
 
