@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import functools
 import json
+import os
 import re
 import threading
 import time
@@ -145,9 +146,10 @@ PREFETCH_ROWS = 20_000
 
 
 @contextlib.contextmanager
-def prefetched(paths: Iterable[str], threads: int = 4, after: Mapping[str, Collection[Position]] | None = None) -> Iterator[None]:
+def prefetched(paths: Iterable[str], threads: int | None = None, after: Mapping[str, Collection[Position]] | None = None) -> Iterator[None]:
     """Open the newest snapshot of each of ``paths`` (its log and file list) in ``threads`` threads
-    at once, deltalake reading without Python's lock, and let :meth:`TableSnapshot.open` return
+    (default :func:`prefetch_threads`) at once, deltalake reading without Python's lock, and let
+    :meth:`TableSnapshot.open` return
     those inside the block (waiting for the one it asks for, not for all: a caller that takes the
     tables in the order of ``paths`` works while the later ones are read). For a caller that looks
     at many tables in a row and takes each as it was when its read began: the planner's tick,
@@ -169,7 +171,7 @@ def prefetched(paths: Iterable[str], threads: int = 4, after: Mapping[str, Colle
             return None
         return snap
 
-    pool = concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(unique) or 1)))
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, min(threads or prefetch_threads(), len(unique) or 1)))
     ready = {p: pool.submit(fetch, p) for p in unique}
     token = _PREFETCHED.set(ready)
     try:
@@ -188,6 +190,17 @@ def prefetched(paths: Iterable[str], threads: int = 4, after: Mapping[str, Colle
                     _KEPT[path] = (snap.table, mark, now)
             for path in [p for p, (_, _, used) in _KEPT.items() if now - used > KEPT_SECONDS]:
                 del _KEPT[path]
+
+
+def prefetch_threads() -> int:
+    """Threads for :func:`prefetched`: one per core this process may use, at most 4. Beside the
+    planning thread, more threads than cores only contend for the cores and Python's lock: on 2
+    cores a tick of 200 topics took 0.85 s with 2 threads against 0.95 s with 4 (and more CPU)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
 
 
 #: The tables :func:`prefetched` opened, kept for the next time in this process (a code server
