@@ -292,14 +292,12 @@ class _Wanted:
     after: Position | None = None
     upto: dt.datetime | None = None
 
-    def expression(self, pos_type: pa.DataType) -> pc.Expression:
-        pos, ids = pc.field("pos"), pc.field("id")
-        cond = pos.is_valid() & ids.is_valid()
+    def expression(self, schema: pa.Schema) -> pc.Expression:
+        """The same rows as an expression over a table of ``schema`` (see :func:`_position_filter`)."""
+        pos, pos_type = pc.field("pos"), schema.field("pos").type
+        cond = pos.is_valid() & _position_filter(schema, after=self.after)
         if self.since is not None:
             cond = cond & (pos >= pa.scalar(self.since, pos_type))
-        if self.after is not None:
-            lp = pa.scalar(self.after.pos, pos_type)
-            cond = cond & ((pos > lp) | ((pos == lp) & (ids > pa.scalar(self.after.id, pa.int64()))))
         if self.upto is not None:
             cond = cond & (pos <= pa.scalar(self.upto, pos_type))
         return cond
@@ -337,7 +335,7 @@ def _positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | None = N
     # table had an ``id`` column the guarantee ``id >= null``, which lets ``is_valid(id)`` keep its
     # rows (deltalake 1.x, pyarrow 26).
     return wanted.rows(_dataset(snap, pruning or None).to_table(
-        columns=["pos", "id"], filter=wanted.expression(snap.position_schema.field("pos").type)))
+        columns=["pos", "id"], filter=wanted.expression(snap.position_schema)))
 
 
 def _plain_positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | None, high: dt.datetime | None) -> pa.Table:
@@ -709,6 +707,13 @@ def _read_files(path: str, rels: list[str], last: Position, *, above_id: int | N
         ds = pads.dataset(_join(path, rel), format="parquet", filesystem=fs if "://" in path else None)
         if "pos" in ds.schema.names and "id" in ds.schema.names:
             parts.append(ds.to_table(filter=_position_filter(ds.schema, last, above_id=above_id)))
+    return _unified(parts)
+
+
+def _unified(parts: list[pa.Table]) -> pa.Table:
+    """``parts`` as one table with every column any of them has (an empty table without columns:
+    none had rows to read)."""
+    parts = [p for p in parts if p.num_columns]
     if not parts:
         return pa.table({})
     return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
@@ -839,10 +844,7 @@ def _late_rows_by_id(snap: TableSnapshot, history: _History, added: list[_Added]
     parts = [_read_files(path, kept, last)] if kept else []
     if scan:
         parts.append(_read_files(path, scan, last, above_id=ceiling))
-    parts = [p for p in parts if p.num_columns]  # (none of the files had positions)
-    if not parts:
-        return pa.table({})
-    return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
+    return _unified(parts)
 
 
 @dataclass(frozen=True)

@@ -202,7 +202,7 @@ def test_wanted_rows_by_kernels_equal_those_by_expression() -> None:
                 for upto in (None, T0 + dt.timedelta(seconds=4), T0):
                     wanted = delta_meta._Wanted(since=since, after=after, upto=upto)
                     by_kernels = wanted.rows(table)
-                    assert by_kernels == table.filter(wanted.expression(pos_type)), (unit, since, after, upto)
+                    assert by_kernels == table.filter(wanted.expression(table.schema)), (unit, since, after, upto)
                     assert by_kernels["pos"].null_count == by_kernels["id"].null_count == 0
 
 
