@@ -90,6 +90,16 @@ def test_workers_write_what_a_single_pass_writes(tmp_path: Path, monkeypatch):
         return stale[-1]
 
     monkeypatch.setattr(event_workers.ParallelTyper, "_stale", stale_spy)
+    real_prefetch = event_workers.ParallelTyper.prefetch
+
+    def prefetch_done(self, files):  # noqa: ANN001, ANN202
+        # The file typed ahead is typed before the unit it was prefetched beside is written, as
+        # on a busy machine: without this wait, a worker that starts late sees the new columns.
+        real_prefetch(self, files)
+        for future in self.ahead.get(tuple(p for p, _ in files), ((), ()))[1]:
+            future.result()
+
+    monkeypatch.setattr(event_workers.ParallelTyper, "prefetch", prefetch_done)
     homes = {}
     for mode in ("single", "workers"):
         settings = Settings.from_env({}, home=tmp_path / mode / "home", lineage=tmp_path / "lineage")
