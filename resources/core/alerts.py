@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
-from urllib import error as urlerror
-from urllib import request as urlrequest
 from urllib.parse import urlsplit
 
 from resources.core.settings import Settings
@@ -309,6 +307,9 @@ class AlertNotifier:
     # -- internals ----------------------------------------------------------------------------
 
     def _post(self, url: str, payload: Mapping[str, Any]) -> None:
+        # imported on a post only: a run without alerts starts faster
+        from urllib import request as urlrequest
+
         body = json.dumps(payload).encode("utf-8")
         req = urlrequest.Request(url, data=body, method="POST", headers={
             "Content-Type": "application/json", "User-Agent": "tidemark-alerts/1"})
@@ -442,6 +443,8 @@ def _check_url(url: str, env_name: str) -> str | None:
 
 
 def _describe_error(exc: BaseException, timeout_s: float) -> str:
+    from urllib import error as urlerror
+
     if isinstance(exc, urlerror.HTTPError):
         return f"HTTP {exc.code} {exc.reason}"
     if isinstance(exc, urlerror.URLError):
