@@ -12,12 +12,16 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import decimal
 import functools
 import importlib
 import logging
+import os
 import re
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -428,6 +432,97 @@ def as_unit(writer: DataFrameWriter, *, app_id: str, seq: int, meta: str) -> Dat
     a replay lands nothing twice) and ``meta`` as its ``userMetadata`` (where the next unit starts).
     A ``MERGE`` sets the same through session settings: :func:`run_merge`."""
     return writer.option("txnAppId", app_id).option("txnVersion", seq).option("userMetadata", meta)
+
+
+#: How long a process that is ending waits for the txn-state look-aheads it started (:func:`look_ahead_txn_state`).
+LOOK_AHEAD_EXIT_WAIT_S = 20.0
+_look_aheads: list[threading.Thread] = []  # look-aheads and deferred session stops an ending process waits for
+_look_aheads_awaited: list[bool] = []  # the exit handler registered
+_look_ahead_guard = threading.Lock()
+
+
+class LookAhead(threading.Thread):
+    """A background ``DESCRIBE DETAIL`` of one Delta table on ``session`` (:func:`look_ahead_txn_state`).
+
+    It lets go of ``session`` when it ends (``session`` is then ``None``): a finished look-ahead
+    must not keep a session, nor the sibling sessions made for it (:func:`sibling_sessions`), from
+    being collected. An uncollected Spark Connect session's client stays open, and pyspark's exit
+    handler then calls its server, retrying for minutes when the server is gone."""
+
+    def __init__(self, session: SparkSession, dest: str) -> None:
+        super().__init__(name=f"tidemark-txn-look-ahead-{dest.rsplit('/', 1)[-1]}", daemon=True)
+        self.session: SparkSession | None = session
+        self.dest = dest
+
+    def run(self) -> None:
+        session = self.session
+        try:
+            if session is not None:
+                session.sql(f"DESCRIBE DETAIL delta.`{self.dest}`").collect()
+        except Exception as exc:  # noqa: BLE001 - a look-ahead; the next write computes the state itself
+            log.debug("txn state look-ahead of %s failed: %s", self.dest, first_line(exc))
+        finally:
+            self.session = None
+
+
+def look_ahead_txn_state(spark: SparkSession, dest: str) -> LookAhead | None:
+    """After a unit's commit to the Delta table at ``dest`` through a Spark Connect server: have
+    the server compute the table's state at its newest version now, in a background thread, so
+    that the next unit's write does not.
+
+    A write carrying ``txnAppId``/``txnVersion`` (:func:`as_unit`, :func:`run_merge`) makes Delta
+    look the application's version up in the table's full state (``Snapshot.setTransactions``), a
+    Spark job over the log that the server caches with the snapshot. The snapshot a commit leaves
+    has no such state yet, so every next unit paid for it inside its write (1.0-1.5 s on a warm
+    server with a new session per unit; 0.3-0.4 s once computed). ``DESCRIBE DETAIL`` computes it
+    and writes nothing (a missing table stays missing). The server outlives the process (each
+    Dagster run is one), hence Connect only: a classic session's JVM ends with its process. An
+    ending process waits up to :data:`LOOK_AHEAD_EXIT_WAIT_S` for these threads (after its run
+    reported its result). A failure only costs the next write the lookup; it is logged at debug
+    level. ``TIDEMARK_TXN_LOOK_AHEAD=0`` turns this off."""
+    if not is_connect(spark) or os.environ.get("TIDEMARK_TXN_LOOK_AHEAD", "1") == "0":
+        return None
+    thread = LookAhead(spark, dest)
+    _start_tracked(thread)
+    return thread
+
+
+def stop_session(spark: SparkSession) -> None:
+    """Stop ``spark`` (a session Tidemark started) once the look-aheads it runs have ended
+    (:func:`look_ahead_txn_state`): at once when none runs, else from a background thread the
+    ending process waits for. Stopping a Connect session releases it on the server, which cancels
+    what it still runs."""
+    with _look_ahead_guard:
+        running = [t for t in _look_aheads if isinstance(t, LookAhead) and t.session is spark and t.is_alive()]
+    if not running:
+        spark.stop()
+        return
+
+    def stop_later() -> None:
+        for t in running:
+            t.join(LOOK_AHEAD_EXIT_WAIT_S)
+        spark.stop()
+
+    _start_tracked(threading.Thread(target=stop_later, name="tidemark-session-stop", daemon=True))
+
+
+def _start_tracked(thread: threading.Thread) -> None:
+    with _look_ahead_guard:
+        if not _look_aheads_awaited:
+            atexit.register(_await_look_aheads)
+            _look_aheads_awaited.append(True)
+        _look_aheads[:] = [t for t in _look_aheads if t.is_alive()]
+        _look_aheads.append(thread)
+    thread.start()
+
+
+def _await_look_aheads(timeout: float | None = None) -> None:
+    """Wait for the look-aheads and deferred stops started so far, at most ``timeout`` seconds in all."""
+    deadline = time.monotonic() + (LOOK_AHEAD_EXIT_WAIT_S if timeout is None else timeout)
+    with _look_ahead_guard:
+        threads = list(_look_aheads)
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def run_merge(spark: SparkSession, sql: str, source: DataFrame, *, app_id: str, seq: int, meta: str) -> None:

@@ -89,6 +89,7 @@ class Engine:
         self.store = store or open_settings_store(settings)
         self._spark = spark
         self._owns_spark = spark is None
+        self._look_ahead: list[str] = []  # destinations committed to since the last look-ahead
         self._spark_factory = spark_factory
         self.owner = owner or make_owner()
         self.clock = clock
@@ -126,8 +127,9 @@ class Engine:
         the two), stop the SparkSession if this engine started it, close the offset store."""
         for opened in list(self._open.values()):
             self.abandon(opened)
+        self._start_look_aheads()
         if self._spark is not None and self._owns_spark:
-            self._spark.stop()
+            spark_io.stop_session(self._spark)
             self._spark = None
         self.store.close()
 
@@ -431,6 +433,7 @@ class Engine:
         or a rebuild (reload). Returns a :class:`StepResult` (lock released) when there is nothing
         to do, else an :class:`OpenBlock` that still holds the lock: pass it to :meth:`finish`
         (or :meth:`abandon`)."""
+        self._start_look_aheads()
         topic = self.lineage.topic(name)
         self.phases = protocol.Phases()
         with self.phases.timed("lock"):
@@ -457,11 +460,24 @@ class Engine:
         except BaseException as exc:
             self._release(opened.topic, exc)
             raise
+        if result.delta_version is not None and not result.recovered:
+            self._look_ahead.append(self.path(opened.topic.spec.destination))
         with self.phases.timed("commit"):
             self._release(opened.topic, None)
         result.stats["phases_s"] = self.phases.rounded()
         opened.result = result
         return result
+
+    def _start_look_aheads(self) -> None:
+        """Have the Spark Connect server compute, in the background, the Delta state that the next
+        write to each table committed to since the last call will look its txn up in
+        (:func:`spark_io.look_ahead_txn_state`). Started when the next unit opens or the engine
+        closes, not at the commit: the rest of the unit (its log, its metadata, Dagster's events)
+        then does not share the cores with it (a Dagster run's engine closes when the run ends)."""
+        dests, self._look_ahead = list(dict.fromkeys(self._look_ahead)), []
+        if self._spark is not None:
+            for dest in dests:
+                spark_io.look_ahead_txn_state(self._spark, dest)
 
     def abandon(self, opened: OpenBlock, failure: BaseException | None = None) -> None:
         """Release an opened block's lock without writing (its offsets stay planned: a retry

@@ -4,6 +4,8 @@ Spark + Delta, the session-scoped ``spark``)."""
 from __future__ import annotations
 
 import datetime as dt
+import gc
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -261,3 +263,91 @@ def test_sibling_sessions_keep_their_own_settings_and_copy_the_parents(spark, se
     again = sibling_sessions(parent, settings, 3)
     assert again[:2] == sibs and [s.conf.get("spark.sql.shuffle.partitions") for s in again] == ["5", "5", "5"]
     assert [r[0] for r in again[2].sql("SELECT 1 + 1").collect()] == [2]
+
+
+def test_a_commit_through_spark_connect_has_the_server_compute_the_next_writes_txn_lookup(cli_spark_server, tmp_path):
+    """After a unit's commit over Spark Connect, a background ``DESCRIBE DETAIL`` has the server
+    compute the table's state (the next write's ``txnAppId`` lookup) without writing anything; a
+    look-ahead of a missing table creates nothing; a session stopped while one runs stops after it."""
+    from deltalake import DeltaTable
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from platform_assets.core import spark_io
+
+    session = ConnectSession.builder.remote(cli_spark_server).create()
+    path = str(tmp_path / "t")
+    spark_io.as_unit(session.range(5).write.format("delta"), app_id="tidemark:t", seq=1, meta="{}").save(path)
+    thread = spark_io.look_ahead_txn_state(session, path)
+    assert thread is not None
+    thread.join(120)
+    assert not thread.is_alive()
+    assert DeltaTable(path).version() == 0 and len(DeltaTable(path).history()) == 1
+    missing = tmp_path / "missing"
+    lost = spark_io.look_ahead_txn_state(session, str(missing))
+    assert lost is not None
+    lost.join(120)
+    assert not lost.is_alive() and not missing.exists()
+    running = spark_io.look_ahead_txn_state(session, path)
+    assert running is not None
+    spark_io.stop_session(session)
+    spark_io._await_look_aheads(120)
+    assert not running.is_alive() and session.is_stopped
+    # finished look-aheads hold no session: an uncollected Connect session keeps its client open, and
+    # pyspark's exit handler then retries calls to its server for minutes once the server is gone
+    assert thread.session is None and lost.session is None and running.session is None
+    gone = weakref.ref(session)
+    del session
+    gc.collect()
+    assert gone() is None
+    # the next unit's write, from a new session, lands after the look-ahead as before
+    again = ConnectSession.builder.remote(cli_spark_server).create()
+    try:
+        spark_io.as_unit(again.range(3).write.format("delta").mode("append"), app_id="tidemark:t", seq=2, meta="{}").save(path)
+        spark_io.as_unit(again.range(3).write.format("delta").mode("append"), app_id="tidemark:t", seq=2, meta="{}").save(path)
+        assert DeltaTable(path).version() == 1 and DeltaTable(path).to_pyarrow_table().num_rows == 8
+    finally:
+        again.stop()
+
+
+def test_a_classic_session_looks_nothing_ahead(spark, tmp_path):
+    """A classic session's JVM ends with its process: nothing to compute ahead for a next process."""
+    from platform_assets.core import spark_io
+    from resources.spark.session import is_connect
+
+    assert (spark_io.look_ahead_txn_state(spark, str(tmp_path / "t")) is None) == (not is_connect(spark))
+
+
+def test_the_engine_looks_a_committed_tables_txn_state_ahead_when_its_next_unit_opens_or_it_closes(spark, settings, tmp_path,
+                                                                                                  monkeypatch):
+    """Over Spark Connect, each table a unit committed to is looked ahead once, when the engine's next
+    unit opens (a loop) or the engine closes (a Dagster run), never at the commit itself; a classic
+    session never."""
+    from platform_assets.core import spark_io
+    from resources.spark.session import is_connect
+
+    started: list[str] = []
+    threads: list[spark_io.LookAhead] = []
+    real = spark_io.look_ahead_txn_state
+
+    def spy(session, dest):
+        started.append(dest)
+        thread = real(session, dest)
+        threads.extend([thread] if thread is not None else [])
+        return thread
+
+    monkeypatch.setattr(spark_io, "look_ahead_txn_state", spy)
+    eng = _shop_engine(spark, settings, tmp_path, maxstep=50)
+    write_users(eng.settings)
+    write_rows(eng.settings, "stage.events", make_events(120, distinct_pos=120, seed=5))
+    dest = eng.path("fact.events")
+    try:
+        first = eng.run_topic("fact.events")
+        assert first.delta_version is not None and started == []  # not at the commit
+        second = eng.run_topic("fact.events")  # its open starts the look-ahead of the first's commit
+        assert second.delta_version is not None and started == [dest]
+    finally:
+        eng.close()  # the second's
+    assert started == [dest, dest]
+    spark_io._await_look_aheads(120)
+    assert all(not t.is_alive() and t.session is None for t in threads)
+    assert bool(threads) == is_connect(spark)
