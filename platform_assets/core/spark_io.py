@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from lineage.core.errors import ProcessingError, first_line
 from lineage.core.positions import to_naive_utc
 from lineage.core.retry import retrying
-from resources.spark.session import is_connect
+from resources.spark.session import is_connect, stop_siblings
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
@@ -491,16 +491,19 @@ def stop_session(spark: SparkSession) -> None:
     """Stop ``spark`` (a session Tidemark started) once the look-aheads it runs have ended
     (:func:`look_ahead_txn_state`): at once when none runs, else from a background thread the
     ending process waits for. Stopping a Connect session releases it on the server, which cancels
-    what it still runs."""
+    what it still runs. The sibling sessions made for it (:func:`sibling_sessions`) are closed with
+    it (:func:`stop_siblings`)."""
     with _look_ahead_guard:
         running = [t for t in _look_aheads if isinstance(t, LookAhead) and t.session is spark and t.is_alive()]
     if not running:
+        stop_siblings(spark)
         spark.stop()
         return
 
     def stop_later() -> None:
         for t in running:
             t.join(LOOK_AHEAD_EXIT_WAIT_S)
+        stop_siblings(spark)
         spark.stop()
 
     _start_tracked(threading.Thread(target=stop_later, name="tidemark-session-stop", daemon=True))

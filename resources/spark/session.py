@@ -158,6 +158,26 @@ def sibling_sessions(spark: SparkSession, settings: Settings, count: int) -> lis
     return have[:count]
 
 
+def stop_siblings(spark: SparkSession) -> None:
+    """Release and close the Spark Connect sibling sessions :func:`sibling_sessions` made for
+    ``spark`` (when Tidemark stops ``spark``). A Connect client left open makes pyspark's exit
+    handler call its server as the process ends, retrying for about 10 minutes when that server is
+    gone; a collected session closes its client, but a stopped parent can stay referenced (pyspark
+    keeps the session a thread last made active). Only the clients are closed: a sibling's
+    ``stop()`` would also stop a ``remote("local")`` server. Classic siblings share the stopped
+    SparkContext: nothing to do."""
+    have, _ = _siblings.pop(spark, ([], 0.0))
+    for sibling in have:
+        client = getattr(sibling, "_client", None)
+        if client is None or client.is_closed:
+            continue
+        for step in (client.release_session, client.close):
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - best effort, as pyspark's own stop()
+                log.debug("closing a sibling Spark Connect session: %s", exc)
+
+
 #: Seconds a Spark Connect sibling session may stay unused before it is made again (the server
 #: closes a session idle for ``spark.connect.session.manager.defaultSessionTimeout``, 60 min).
 SIBLING_IDLE_S = 30 * 60

@@ -4,8 +4,6 @@ Spark + Delta, the session-scoped ``spark``)."""
 from __future__ import annotations
 
 import datetime as dt
-import gc
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -265,14 +263,16 @@ def test_sibling_sessions_keep_their_own_settings_and_copy_the_parents(spark, se
     assert [r[0] for r in again[2].sql("SELECT 1 + 1").collect()] == [2]
 
 
-def test_a_commit_through_spark_connect_has_the_server_compute_the_next_writes_txn_lookup(cli_spark_server, tmp_path):
+def test_a_commit_through_spark_connect_has_the_server_compute_the_next_writes_txn_lookup(cli_spark_server, settings, tmp_path):
     """After a unit's commit over Spark Connect, a background ``DESCRIBE DETAIL`` has the server
     compute the table's state (the next write's ``txnAppId`` lookup) without writing anything; a
-    look-ahead of a missing table creates nothing; a session stopped while one runs stops after it."""
+    look-ahead of a missing table creates nothing; a session stopped while one runs stops after it,
+    its sibling sessions with it."""
     from deltalake import DeltaTable
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     from platform_assets.core import spark_io
+    from resources.spark.session import sibling_sessions
 
     session = ConnectSession.builder.remote(cli_spark_server).create()
     path = str(tmp_path / "t")
@@ -287,18 +287,16 @@ def test_a_commit_through_spark_connect_has_the_server_compute_the_next_writes_t
     assert lost is not None
     lost.join(120)
     assert not lost.is_alive() and not missing.exists()
+    siblings = sibling_sessions(session, settings, 2)  # what a CDC unit makes on the engine's session
     running = spark_io.look_ahead_txn_state(session, path)
     assert running is not None
     spark_io.stop_session(session)
     spark_io._await_look_aheads(120)
     assert not running.is_alive() and session.is_stopped
-    # finished look-aheads hold no session: an uncollected Connect session keeps its client open, and
-    # pyspark's exit handler then retries calls to its server for minutes once the server is gone
+    # no client left open, and finished look-aheads hold no session: pyspark's exit handler calls the
+    # server of every open Connect client, retrying for minutes once that server is gone
+    assert session.client.is_closed and all(s.client.is_closed for s in siblings)
     assert thread.session is None and lost.session is None and running.session is None
-    gone = weakref.ref(session)
-    del session
-    gc.collect()
-    assert gone() is None
     # the next unit's write, from a new session, lands after the look-ahead as before
     again = ConnectSession.builder.remote(cli_spark_server).create()
     try:
