@@ -145,6 +145,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class DevExited(SystemExit):
+    """``dev.sh`` ended before the measurement's time was up (its log's end in the message)."""
+
+
 def run_dev(home: Path, seconds: float, warmup_s: float) -> None:
     """``./scripts/dev.sh`` (Dagster, its daemon, a warm Spark Connect server, the feeder) on a
     fresh state dir and free ports for ``seconds``, then stopped as Ctrl-C stops it. Its output
@@ -169,7 +173,10 @@ def run_dev(home: Path, seconds: float, warmup_s: float) -> None:
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 if proc.poll() is not None:
-                    raise SystemExit(f"dev.sh exited with {proc.returncode} early; see {home / 'dev.log'}")
+                    log.flush()
+                    tail = (home / "dev.log").read_text(errors="replace").splitlines()[-30:]
+                    raise DevExited(f"dev.sh exited with {proc.returncode} early; the end of {home / 'dev.log'} "
+                                    f"(the state dir is kept):\n" + "\n".join(f"  | {line}" for line in tail))
                 time.sleep(2)
         finally:
             if proc.poll() is None:
@@ -217,7 +224,11 @@ def main() -> int:
             warmup = min(180.0, seconds / 2)
             home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="tidemark-freshness-"))
             temporary = None if args.home else home
-            run_dev(home, seconds, warmup)
+            try:
+                run_dev(home, seconds, warmup)
+            except DevExited:
+                temporary = None  # the state and dev.log stay for a look at what went wrong
+                raise
             args.home, args.since = str(home), f"{int(seconds - warmup)}s"
         measure(args)
     finally:
