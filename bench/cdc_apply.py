@@ -100,9 +100,10 @@ def base_values_sql() -> list[str]:
     return ["id", "concat('n', id) AS name", "CAST(id AS DOUBLE) * 0.5 AS amount", "id % 1000 AS v"]
 
 
-def make_events(rows: int, n: int, seed: int) -> Events:
+def make_events(rows: int, n: int, seed: int, hot: float = 0.0) -> Events:
     """``n`` events over keys ``1..rows``: updates and deletes of a random live key, inserts of new
-    keys; grouped in transactions of 1-9 events."""
+    keys; grouped in transactions of 1-9 events. ``hot`` (0 < hot < 1): updates and deletes take
+    a live key among the newest ``hot`` share of the keys (recent rows change, old ones rest)."""
     rng = np.random.default_rng(seed)
     ops = rng.choice(3, size=n, p=MIX).astype(np.int8)
     picks = rng.random(n)
@@ -120,6 +121,13 @@ def make_events(rows: int, n: int, seed: int) -> Events:
             count += 1
         else:
             i = int(picks[j] * count)
+            if hot:  # a live key among the newest: drawn until one is live (most are)
+                span = max(1, int(hot * (next_id - 1)))
+                while True:
+                    cand = int(next_id - 1 - rng.integers(0, span))
+                    if cand >= 1 and where[cand] < count and live[where[cand]] == cand:
+                        i = int(where[cand])
+                        break
             key = int(live[i])
             if op == DEL:  # swap-remove
                 last = live[count - 1]
@@ -168,7 +176,7 @@ def write_change_table(ev: Events, path: str) -> None:
 
 
 def write_replica(spark: SparkSession, settings: Settings, rows: int, change_feed: bool,
-                  deletion_vectors: bool = False) -> str:
+                  deletion_vectors: bool = False, files: int = 0) -> str:
     """The replica of ``rows`` starting rows, written directly in the processor's layout (source
     columns, ``_sequence_num`` 0, ``_commit_ts`` null, replica properties), in one commit carrying
     what a snapshot commit carries: ``txnAppId tidemark:<replica>``/``txnVersion 1`` and the source
@@ -183,8 +191,8 @@ def write_replica(spark: SparkSession, settings: Settings, rows: int, change_fee
     ensure_replica(spark, path, Layout(schema, ("id",), change_feed=change_feed, deletion_vectors=deletion_vectors))
     meta = json.dumps({"replicator": REPLICATOR, "processor": "cdc", "unit": 1, "lsn": 0, "lsn_text": "0/0",
                        "kind": "snapshot", "owner": "bench"})
-    (spark.range(1, rows + 1).selectExpr(*base_values_sql(), "CAST(0 AS BIGINT) AS _sequence_num",
-                                         "CAST(NULL AS TIMESTAMP) AS _commit_ts")
+    (starting_rows(spark, rows, files).selectExpr(*base_values_sql(), "CAST(0 AS BIGINT) AS _sequence_num",
+                                                  "CAST(NULL AS TIMESTAMP) AS _commit_ts")
      .write.format("delta").mode("append").option("txnAppId", f"tidemark:{REPLICA}").option("txnVersion", 1)
      .option("userMetadata", meta).save(path))
     return path
@@ -243,9 +251,16 @@ def run_cdc(spark: SparkSession, settings: Settings, reader: str) -> tuple[float
 # ------------------------------------------------------------------ side 2: AUTO CDC's algorithm on Delta
 
 
-def write_autocdc_target(spark: SparkSession, path: str, rows: int, deletion_vectors: bool = False) -> None:
+def starting_rows(spark: SparkSession, rows: int, files: int) -> Any:
+    """Keys ``1..rows``, in ``files`` files of consecutive keys (0: Spark's default split, 4 here)."""
+    ids = spark.range(1, rows + 1)
+    return ids.repartitionByRange(files, "id") if files else ids
+
+
+def write_autocdc_target(spark: SparkSession, path: str, rows: int, deletion_vectors: bool = False,
+                         files: int = 0) -> None:
     """The same starting rows, with the sequence column AUTO CDC keeps per row."""
-    (spark.range(1, rows + 1).selectExpr(*base_values_sql(), "CAST(0 AS BIGINT) AS seq").write.format("delta")
+    (starting_rows(spark, rows, files).selectExpr(*base_values_sql(), "CAST(0 AS BIGINT) AS seq").write.format("delta")
      .option("delta.enableDeletionVectors", str(deletion_vectors).lower()).save(path))
 
 
@@ -471,6 +486,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deletion-vectors", choices=["off", "replica", "both"], default="off",
                    help="Delta deletion vectors on the replica (`deletion_vectors: true`, an opt-in) or on both "
                         "sides' tables (AUTO CDC's target too)")
+    p.add_argument("--hot", type=float, default=0.0, metavar="SHARE",
+                   help="updates and deletes change only the newest SHARE of the keys (e.g. 0.02; default: any key)")
+    p.add_argument("--files", type=int, default=0, help="starting files of both tables, each of consecutive keys "
+                                                         "(default 0: Spark's split, 4 files; a snapshot writes ~50k rows per file)")
     p.add_argument("--seed", type=int, default=10)
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
     args = p.parse_args(argv)
@@ -526,7 +545,7 @@ def throughput(spark: SparkSession, settings: Settings, base: Path, args: argpar
     events_dir = base / "events"
     events_dir.mkdir()
     t = time.monotonic()
-    ev = make_events(args.rows, args.events, args.seed)
+    ev = make_events(args.rows, args.events, args.seed, args.hot)
     write_debezium(ev, events_dir / "0001.json")
     changes = str(base / "changes")
     write_change_table(ev, changes)
@@ -534,9 +553,9 @@ def throughput(spark: SparkSession, settings: Settings, base: Path, args: argpar
     print(f"events: {args.events:,} ({mix}) in {int(ev.tx[-1]) + 1:,} transactions; generated in "
           f"{time.monotonic() - t:.1f} s (untimed)", flush=True)
     t = time.monotonic()
-    replica = write_replica(spark, settings, args.rows, args.change_feed, args.deletion_vectors != "off")
+    replica = write_replica(spark, settings, args.rows, args.change_feed, args.deletion_vectors != "off", args.files)
     target = str(base / "autocdc" / "items")
-    write_autocdc_target(spark, target, args.rows, args.deletion_vectors == "both")
+    write_autocdc_target(spark, target, args.rows, args.deletion_vectors == "both", args.files)
     print(f"starting tables written in {time.monotonic() - t:.1f} s (untimed)", flush=True)
 
     # Whichever side goes first pays the first query's costs (JIT, caches): AUTO CDC's goes first.

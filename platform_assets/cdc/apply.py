@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lineage.cdc import columns as cdc_columns
 from lineage.cdc.changes import UNKNOWN, BatchEffect, MultisetEffect, TableSchema, key_identity
@@ -256,8 +257,8 @@ def apply_scd1(spark: SparkSession, path: str, layout: Layout, effect: BatchEffe
     tbl = arrow_table(cols + key_types, [r[:-1] for r in rows]).append_column(
         UNKNOWN_COLS, pa.array([r[-1] for r in rows], type=pa.list_(pa.string())))
     source = _origin_fill(spark, merge_source(spark, tbl), path, layout, unknown_any, current_only=False)
-    spark_io.run_merge(spark, _scd1_sql(path, layout, effect.truncated_at), source, app_id=commit.app_id,
-                       seq=commit.version, meta=commit.meta)
+    spark_io.run_merge(spark, _scd1_sql(path, layout, effect.truncated_at, key_ranges(layout, tbl)), source,
+                       app_id=commit.app_id, seq=commit.version, meta=commit.meta)
 
 
 def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: cdc_columns.ColumnEffect, commit: Commit) -> None:
@@ -267,8 +268,8 @@ def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: c
     source = pa.table({**{c.name: rows[c.name].cast(arrow_type(c.type)) for c in layout.schema.columns},
                        SEQ: rows[cdc_columns.SEQ], COMMIT_TS: rows[cdc_columns.TIME].cast(arrow_type("timestamp")),
                        PRESENT: rows[cdc_columns.PRESENT]})
-    spark_io.run_merge(spark, _scd1_sql(path, layout, None), merge_source(spark, source), app_id=commit.app_id,
-                       seq=commit.version, meta=commit.meta)
+    spark_io.run_merge(spark, _scd1_sql(path, layout, None, key_ranges(layout, source)), merge_source(spark, source),
+                       app_id=commit.app_id, seq=commit.version, meta=commit.meta)
 
 
 def spilled_effect(spark: SparkSession, spilled: cdc_columns.Spilled, layout: Layout, first: int, *, table: str) -> DataFrame:
@@ -322,12 +323,33 @@ def apply_scd1_spilled(spark: SparkSession, path: str, layout: Layout, effect: D
                        meta=commit.meta)
 
 
-def _scd1_sql(path: str, layout: Layout, truncated_at: int | None) -> str:
+def key_ranges(layout: Layout, source: pa.Table) -> list[tuple[str, str, str]]:
+    """``(column, lowest, highest)`` of each key column of a MERGE's source, as exact SQL literal text
+    (:func:`spark_io.sql_literal`: integers, decimals, dates, printable strings; a column of another type is
+    left out). Every replica row a source row matches has its key in these ranges, so adding them to
+    the MERGE's condition changes no match, and Delta skips by the files' statistics every replica
+    file whose keys lie outside: a unit that changes recent keys (new rows, fresh rows updated)
+    reads and rewrites only the files holding them, not the whole replica."""
+    out: list[tuple[str, str, str]] = []
+    if source.num_rows == 0:
+        return out
+    for k in layout.key:
+        bounds = pc.min_max(source.column(k))
+        lo, hi = spark_io.sql_literal(bounds["min"].as_py()), spark_io.sql_literal(bounds["max"].as_py())
+        if lo is not None and hi is not None:
+            out.append((k, lo, hi))
+    return out
+
+
+def _scd1_sql(path: str, layout: Layout, truncated_at: int | None, ranges: Sequence[tuple[str, str, str]] = ()) -> str:
     """The MERGE of an SCD1 effect (source ``s``: the source's columns, ``_sequence_num``, ``_commit_ts``
     and ``_tm_present``): a key's newer state replaces the replica's, an absent one deletes it
-    (``deletes: soft``: marks it), a TRUNCATE removes every row it saw."""
+    (``deletes: soft``: marks it), a TRUNCATE removes every row it saw. ``ranges``
+    (:func:`key_ranges`) join the condition, except with a TRUNCATE (its clause is about the rows
+    no source row matches, wherever they are)."""
     names = [c.name for c in layout.schema.columns]
-    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in layout.key)
+    on = " AND ".join([f"t.{quote(k)} = s.{quote(k)}" for k in layout.key]
+                      + ([f"t.{quote(k)} BETWEEN {lo} AND {hi}" for k, lo, hi in ranges] if truncated_at is None else []))
     soft = layout.deletes is Deletes.SOFT
     non_key = [c for c in names if c not in layout.key]
     sets = ", ".join([f"t.{quote(c)} = s.{quote(c)}" for c in non_key] + [f"t.{SEQ} = s.{SEQ}", f"t.{COMMIT_TS} = s.{COMMIT_TS}"]

@@ -176,19 +176,20 @@ class DebeziumFileSource:
     def _events(self, after: int) -> Iterator[tuple[int, str, dict[str, Any], Any]]:
         """``(position, table, payload, key)`` of every selected event after ``after``."""
         start_file = after >> 32
+        loads, selected_of, learn = orjson.loads, self._selected.get, self._learn
         for i, path in enumerate(self.files()):
             if i < start_file:
                 continue
             skip = after & 0xFFFFFFFF if i == start_file else 0  # the lines up to ``after``, not decoded
+            file_pos = position(i, 0)
             with path.open("rb") as fh:
                 for n, line in enumerate(itertools.islice(fh, skip, None), skip + 1):
-                    pos = position(i, n)
                     if not line.strip():
                         continue
                     if not line.endswith(b"\n"):
                         break  # a line still being written: read it next time
                     try:
-                        doc = orjson.loads(line)
+                        doc = loads(line)
                     except json.JSONDecodeError as exc:
                         raise DebeziumFormatError(f"{path}:{n}: not JSON ({exc.msg} at column {exc.colno})") from None
                     value, key = (doc.get("value"), doc.get("key")) if isinstance(doc, dict) and "value" in doc else (doc, None)
@@ -200,26 +201,39 @@ class DebeziumFileSource:
                                                   f"c/r/u/d/t)")
                     src = payload.get("source") or {}
                     table = f"{src.get('schema') or src.get('db') or 'public'}.{src.get('table')}"
-                    selected = self._selected.get(table)
+                    selected = selected_of(table)
                     if selected is None:
                         selected = self._selected[table] = self.selects(table)
                     if not selected:
                         continue
-                    self._learn(table, value if isinstance(value, dict) else {}, payload, key, pos)
+                    pos = file_pos | n
+                    learn(table, value, payload, key, pos)
                     yield pos, table, payload, key
 
     def _learn(self, table: str, value: dict[str, Any], payload: dict[str, Any], key: Any, pos: int) -> None:
         """The table's schema from the envelope's ``schema`` (or the values), its key from the record key;
         ``_partial`` kept (see ``__init__``)."""
-        columns = len(self._names.get(table, ()))
-        self._learn_schema(table, value, payload, key)
-        if len(self._names[table]) > columns and table in self._updated:
-            self._partial[table] = pos  # a column added after UPDATEs that lack it
+        names = self._names.get(table)
+        row = payload.get("after") or payload.get("before") or {}
+        if names is None or "schema" in value or not row.keys() <= names or (key and not self._same_key(table, key, row)):
+            columns = len(names or ())  # something may be new (the common case above needs no call)
+            self._learn_schema(table, value, payload, key)
+            names = self._names[table]
+            if len(names) > columns and table in self._updated:
+                self._partial[table] = pos  # a column added after UPDATEs that lack it
         if payload.get("op") == "u":
             self._updated.add(table)
             after = payload.get("after")
-            if isinstance(after, dict) and len(after) < len(self._names[table]):
+            if isinstance(after, dict) and len(after) < len(names):
                 self._partial[table] = pos
+
+    def _same_key(self, table: str, key: Any, row: dict[str, Any]) -> bool:
+        """Whether the record key names the table's known key (its fields found in ``row``)."""
+        key_fields = key.get("payload", key) if isinstance(key, dict) else {}
+        known = self._schemas[table].key
+        if tuple(key_fields) == known and row.keys() >= set(known):
+            return True  # the common case: the same fields, all in the row
+        return tuple(k for k in key_fields if k in row) == known
 
     def _learn_schema(self, table: str, value: dict[str, Any], payload: dict[str, Any], key: Any) -> None:
         cols: dict[str, str] = {}
@@ -231,8 +245,8 @@ class DebeziumFileSource:
         old = self._schemas.get(table)
         key_fields = key.get("payload", key) if isinstance(key, dict) else {}
         if (old is not None and not cols and row.keys() <= self._names[table]
-                and (not key or tuple(k for k in key_fields if k in row) == old.key)):
-            return  # nothing new (the common case, checked without building the schema again)
+                and (not key or self._same_key(table, key, row))):
+            return  # nothing new (checked without building the schema again)
         known = {c.name: c.type for c in old.columns} if old else {}
         for name, v in row.items():
             cols.setdefault(name, known.get(name) or _infer(v))

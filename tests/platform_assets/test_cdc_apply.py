@@ -199,3 +199,50 @@ def test_nan_float_keys_are_one_key_in_the_merge_the_spilled_reduction_and_multi
     apply(spark, path, layout, [tx(2, ch(Op.DELETE, "s.g", before={"x": nan(), "v": "a"}))], 3, 2)
     got = rows(spark, path, "x", "v", "_copy")
     assert len(got) == 1 and math.isnan(got[0][0]) and got[0][1:] == ("a", 1)
+
+
+@pytest.mark.fast
+def test_key_ranges_are_exact_literals_of_the_sources_lowest_and_highest_keys() -> None:
+    def ranges(key: tuple[str, ...], **cols: pa.Array) -> list[tuple[str, str, str]]:
+        schema = TableSchema("s.t", tuple(Column(n, "string") for n in cols), key=key)
+        return cdc_apply.key_ranges(Layout(schema, key), pa.table(cols))
+
+    assert ranges(("id",), id=pa.array([7, 3, None, 12])) == [("id", "3", "12")]
+    assert ranges(("a", "b"), a=pa.array(["m", "b'x", "z"]), b=pa.array([dt.date(2026, 1, 2), dt.date(2025, 5, 1), None])) == [
+        ("a", "'b\\'x'", "'z'"), ("b", "DATE'2025-05-01'", "DATE'2026-01-02'")]
+    # no exact literal text (floats, timestamps, non-printable strings): the column is left out
+    assert ranges(("f", "t", "s"), f=pa.array([1.5, 2.5]), t=pa.array([T0, T0]), s=pa.array(["a\n", "b"])) == []
+    assert ranges(("id",), id=pa.array([], pa.int64())) == []
+
+
+def test_a_merge_reads_only_the_replica_files_of_its_key_range(spark, tmp_path: Path) -> None:
+    """Recent keys changed: the replica's files of older keys are not even opened (they are moved
+    away while the MERGE runs: a read of one would fail it), and no match is missed."""
+    import shutil
+    from urllib.parse import unquote, urlparse
+
+    from pyspark.sql import functions as F  # noqa: N812
+
+    path = str(tmp_path / "customers")
+    layout = Layout(CUSTOMERS, ("id",))
+    cdc_apply.ensure_replica(spark, path, layout)
+    for unit in range(4):  # four units of 25 new keys each: files of consecutive keys
+        apply(spark, path, layout, [tx(unit, *[ch(Op.INSERT, id=i, name=f"n{i}") for i in range(unit * 25 + 1, unit * 25 + 26)])],
+              unit * 25 + 1, unit + 1)
+    old = spark.read.format("delta").load(path).where("id <= 75").select(F.input_file_name()).distinct().collect()
+    files = [Path(unquote(urlparse(r[0]).path)) for r in old]
+    assert files and all(f.is_file() for f in files)
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for f in files:
+        shutil.move(f, aside / f.name)
+    try:
+        apply(spark, path, layout, [tx(9, ch(Op.UPDATE, id=90, name="changed"), ch(Op.DELETE, before={"id": 95}),
+                                       ch(Op.UPDATE, before={"id": 80}, id=101, name="moved"))], 200, 5)
+    finally:
+        for f in files:
+            shutil.move(aside / f.name, f)
+    expected = {i: f"n{i}" for i in range(1, 101) if i not in (80, 95)} | {90: "changed", 101: "moved"}
+    assert dict(rows(spark, path, "id", "name")) == expected
+    predicate = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["operationParameters"]["predicate"]
+    assert ">= 80) AND" in predicate and "<= 101)" in predicate, predicate
