@@ -256,6 +256,9 @@ def apply_scd1(spark: SparkSession, path: str, layout: Layout, effect: BatchEffe
                      eff.present, *(eff.origin if unknown and eff.origin else [None] * len(layout.key)), unknown))
     tbl = arrow_table(cols + key_types, [r[:-1] for r in rows]).append_column(
         UNKNOWN_COLS, pa.array([r[-1] for r in rows], type=pa.list_(pa.string())))
+    if effect.truncated_at is None and not unknown_any and new_keys_only(path, layout, tbl):
+        append_new_keys(spark, path, layout, tbl, commit)
+        return
     source = _origin_fill(spark, merge_source(spark, tbl), path, layout, unknown_any, current_only=False)
     spark_io.run_merge(spark, _scd1_sql(path, layout, effect.truncated_at, key_ranges(layout, tbl)), source,
                        app_id=commit.app_id, seq=commit.version, meta=commit.meta)
@@ -268,6 +271,9 @@ def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: c
     source = pa.table({**{c.name: rows[c.name].cast(arrow_type(c.type)) for c in layout.schema.columns},
                        SEQ: rows[cdc_columns.SEQ], COMMIT_TS: rows[cdc_columns.TIME].cast(arrow_type("timestamp")),
                        PRESENT: rows[cdc_columns.PRESENT]})
+    if new_keys_only(path, layout, source):
+        append_new_keys(spark, path, layout, source, commit)
+        return
     spark_io.run_merge(spark, _scd1_sql(path, layout, None, key_ranges(layout, source)), merge_source(spark, source),
                        app_id=commit.app_id, seq=commit.version, meta=commit.meta)
 
@@ -321,6 +327,50 @@ def apply_scd1_spilled(spark: SparkSession, path: str, layout: Layout, effect: D
                            F.col(PRESENT))
     spark_io.run_merge(spark, _scd1_sql(path, layout, None), source, app_id=commit.app_id, seq=commit.version,
                        meta=commit.meta)
+
+
+#: Key column types whose values the Delta log's file statistics hold exactly (see :func:`new_keys_only`).
+INTEGER_TYPES = frozenset({"tinyint", "smallint", "int", "bigint"})
+
+
+def new_keys_only(path: str, layout: Layout, source: pa.Table) -> bool:
+    """Whether no row of the replica at ``path`` can share a key with a row of ``source`` (an SCD1
+    MERGE's source, :data:`PRESENT` per row): its first key column is an integer whose lowest value in
+    ``source`` is above the highest of every replica file, by the Delta log's statistics (read
+    without a JVM; a file without them, or any doubt, answers False). The MERGE of such a source
+    would only insert its present rows: serial keys of new rows (an orders or history table), the
+    common case of OLTP tables. With deletion vectors or soft deletes the statistics still count
+    the rows marked, so the answer stays safe."""
+    from resources.storage.delta_meta import TableSnapshot
+
+    first = layout.schema.column(layout.key[0]) if layout.key else None
+    if first is None or source.num_rows == 0 or first.type not in INTEGER_TYPES:
+        return False
+    low = pc.min(source.column(layout.key[0])).as_py()
+    snap = TableSnapshot.open(path)
+    if low is None or snap.table is None:
+        return False
+    files = snap.files
+    if files.num_rows == 0:
+        return True
+    high = f"max.{layout.key[0]}"
+    if high not in files.column_names or files[high].null_count:
+        return False
+    top = pc.max(files[high]).as_py()
+    return isinstance(top, int) and low > top
+
+
+def append_new_keys(spark: SparkSession, path: str, layout: Layout, source: pa.Table, commit: Commit) -> None:
+    """What the SCD1 MERGE does with a source :func:`new_keys_only` vouches for, as one append (no
+    scan of the replica): its present rows, in the replica's columns and types, in one commit
+    carrying the unit's txn id and metadata as the MERGE's would (a replay lands nothing twice)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    rows = source.filter(pc.fill_null(source.column(PRESENT), False))
+    frame = local_frame(spark, rows.select([n for n, _ in layout.columns() if n != DELETED]))
+    cols = [(F.lit(False) if n == DELETED else F.col(quote(n))).cast(t).alias(n) for n, t in layout.columns()]
+    spark_io.as_unit(frame.select(*cols).write.format("delta").mode("append"), app_id=commit.app_id,
+                     seq=commit.version, meta=commit.meta).save(path)
 
 
 def key_ranges(layout: Layout, source: pa.Table) -> list[tuple[str, str, str]]:

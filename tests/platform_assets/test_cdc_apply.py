@@ -246,3 +246,22 @@ def test_a_merge_reads_only_the_replica_files_of_its_key_range(spark, tmp_path: 
     assert dict(rows(spark, path, "id", "name")) == expected
     predicate = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["operationParameters"]["predicate"]
     assert ">= 80) AND" in predicate and "<= 101)" in predicate, predicate
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_a_unit_of_new_keys_only_is_appended_not_merged(spark, tmp_path: Path, soft: bool) -> None:
+    path = str(tmp_path / "customers")
+    layout = Layout(CUSTOMERS, ("id",), deletes=Deletes.SOFT if soft else Deletes.HARD)
+    cdc_apply.ensure_replica(spark, path, layout)
+    apply(spark, path, layout, [tx(1, ch(Op.INSERT, id=1, name="a"), ch(Op.INSERT, id=2, name="b"))], 1, 1)
+    unit2 = [tx(2, ch(Op.INSERT, id=3, name="c"), ch(Op.INSERT, id=4, name="d")), tx(3, ch(Op.DELETE, before={"id": 4}))]
+    apply(spark, path, layout, unit2, 3, 2)
+    apply(spark, path, layout, unit2, 3, 2)  # replayed: Delta skips it by its txn version
+    apply(spark, path, layout, [tx(4, ch(Op.UPDATE, id=2, name="B"), ch(Op.INSERT, id=5, name="e"))], 6, 3)
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
+    assert [h["operation"] for h in history][1:] == ["WRITE", "WRITE", "MERGE"]
+    assert [h["userMetadata"] for h in history][1:] == ['{"unit": 1}', '{"unit": 2}', '{"unit": 3}']
+    cols = ("id", "name", "_sequence_num", "_deleted") if soft else ("id", "name", "_sequence_num")
+    got = rows(spark, path, *cols)
+    expected = [(1, "a", 1), (2, "B", 6), (3, "c", 3), (5, "e", 7)]
+    assert got == ([(*r, False) for r in expected] if soft else expected)
