@@ -230,6 +230,7 @@ def test_the_replicas_of_a_unit_land_at_once_each_on_a_session_of_its_own(
     import threading
 
     from lineage.core.errors import TidemarkError
+    from platform_assets.cdc import apply as cdc_apply
     from platform_assets.core import spark_io
 
     third = ("names", names_events()) if path == "python" else (
@@ -252,16 +253,18 @@ def test_the_replicas_of_a_unit_land_at_once_each_on_a_session_of_its_own(
 
     barrier = threading.Barrier(3, timeout=120)
     sessions: list[Any] = []
-    merge = spark_io.run_merge
 
-    def spy(session: Any, sql: str, source: Any, **kw: Any) -> None:
-        sessions.append(session)  # the session each MERGE runs on
-        if len(sessions) <= 3:
-            barrier.wait()  # the three replicas of the first unit in their MERGE at once, or BrokenBarrierError
-        merge(session, sql, source, **kw)
+    def spy(land: Any) -> Any:  # a replica's commit: its MERGE, or the append of a unit of new keys only
+        def landing(session: Any, *args: Any, **kw: Any) -> None:
+            sessions.append(session)  # the session each replica lands on
+            if len(sessions) <= 3:
+                barrier.wait()  # the three replicas of the first unit land at once, or BrokenBarrierError
+            land(session, *args, **kw)
+        return landing
 
     together = home("together")
-    monkeypatch.setattr(spark_io, "run_merge", spy)
+    monkeypatch.setattr(spark_io, "run_merge", spy(spark_io.run_merge))
+    monkeypatch.setattr(cdc_apply, "append_new_keys", spy(cdc_apply.append_new_keys))
     results = run(spark, together)
     monkeypatch.undo()
     assert not results[0].paused and results[0].changes == len(lines), results[0]
