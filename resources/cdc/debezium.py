@@ -236,6 +236,9 @@ class DebeziumFileSource:
         return tuple(k for k in key_fields if k in row) == known
 
     def _learn_schema(self, table: str, value: dict[str, Any], payload: dict[str, Any], key: Any) -> None:
+        """The schema and key of :meth:`_learn`, for an event its quick check could not vouch for (the
+        table new, a ``schema`` envelope, a column or key field not seen yet): rebuilt, and replaced
+        only when it differs."""
         cols: dict[str, str] = {}
         for field in (value.get("schema") or {}).get("fields") or []:
             if field.get("field") in ("after", "before"):
@@ -244,9 +247,6 @@ class DebeziumFileSource:
         row = payload.get("after") or payload.get("before") or {}
         old = self._schemas.get(table)
         key_fields = key.get("payload", key) if isinstance(key, dict) else {}
-        if (old is not None and not cols and row.keys() <= self._names[table]
-                and (not key or self._same_key(table, key, row))):
-            return  # nothing new (checked without building the schema again)
         known = {c.name: c.type for c in old.columns} if old else {}
         for name, v in row.items():
             cols.setdefault(name, known.get(name) or _infer(v))
