@@ -133,6 +133,10 @@ class MergeWork:
     #: Incremental, row-wise view: the values of the view's clustering column in the view's rows of
     #: the affected keys, when the unit knows them without reading the view (None: it reads them).
     held: list[Any] | None = None
+    #: Incremental, row-wise view, a changed input: the view's rows whose base columns joined a
+    #: changed row, when the unit found them in the view instead of scanning the base (see
+    #: :meth:`MergeProcessor._in_view`); checked against the transform over their own base columns.
+    found: DataFrame | None = None
 
     @property
     def adds(self) -> bool:
@@ -435,6 +439,16 @@ class MergeProcessor:
             ids = spark.createDataFrame([(int(i),) for i in late.rows.column("id").to_pylist()], "id bigint")
             late_df = self._base(spark, topic, planned, upto=True, last_only=True).join(ids, "id", "left_semi")
             joining(f"{late.rows.num_rows} late base rows", "tm_late", late_df)
+        found_rows, found_keys = list(work.rows), list(work.affected)  # before the reverse join adds to them
+
+        def reverse(base_snapshot: delta_meta.TableSnapshot | None) -> None:
+            self._reverse(topic, work, last=block.last, everything=everything, pinned=pinned, tag=tag, keys_of=keys_of,
+                          base=base_snapshot)
+
+        def row_wise() -> None:
+            self._row_wise(topic, work, everything=everything, pinned=pinned, tag=tag, out_of=out_of,
+                           moved_only=block.next <= block.last and not late.rows.num_rows)
+
         if strategy.reverse:
             try:
                 held = self._base(spark, topic, planned, upto=True, last_only=True)
@@ -442,16 +456,22 @@ class MergeProcessor:
                     self._moved(topic, work, held=held if ids is None else held.join(ids, "id", "left_anti"),
                                 pinned=pinned, tag=tag, out_of=out_of)
                 else:
-                    self._reverse(topic, work, last=block.last, everything=everything, pinned=pinned, tag=tag,
-                                  keys_of=keys_of)
+                    reverse(base)
             except Exception as exc:
                 if not _removed(exc):
                     raise
                 self._removed_fallback(topic, work, exc)
         if work.rows:
             try:
-                self._row_wise(topic, work, everything=everything, pinned=pinned, tag=tag, out_of=out_of,
-                               moved_only=block.next <= block.last and not late.rows.num_rows)
+                try:
+                    row_wise()
+                except NotInViewError as why:  # the rows found in the view are not what the base would give
+                    log.info("topic %s: %s", topic.name, why)
+                    work.rows, work.affected, work.left, work.found, work.held = list(found_rows), list(found_keys), \
+                        None, None, None
+                    work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; {why}")
+                    reverse(None)
+                    row_wise()
             except Exception as exc:
                 if not (strategy.reverse and _removed(exc)):
                     raise
@@ -496,6 +516,8 @@ class MergeProcessor:
                 f"{', '.join(spec.depends_on[1:]) or 'its other inputs'} without any base row (e.g. an outer join "
                 f"keeping a reference row without base rows), so a view row does not always come from one base row; "
                 f"remove 'row_wise' from the topic")
+        if work.found is not None:
+            self._check_found(work, every.where(F.col(PART) == "old").drop(PART))
         out = every.where(F.col(PART).isin("even", "odd")).drop(PART)
         twice = out.groupBy(*[F.col(spark_io.quote(k)) for k in key]).count().where(F.col("count") > 1)
         if first := twice.limit(1).collect():
@@ -622,12 +644,26 @@ class MergeProcessor:
         return [spark_io.transform(spark, topic, nothing, view=work.views[-1], tables=t) for t in tables]
 
     def _reverse(self, topic: Topic, work: MergeWork, *, last: Position, everything: DataFrame,
-                 pinned: dict[str, str], tag: str, keys_of: Callable[[str, DataFrame, dict[str, str]], DataFrame]) -> None:
-        """The affected keys of the changed inputs (see :meth:`derive`) into ``work.affected``."""
+                 pinned: dict[str, str], tag: str, keys_of: Callable[[str, DataFrame, dict[str, str]], DataFrame],
+                 base: delta_meta.TableSnapshot | None) -> None:
+        """The affected keys of the changed inputs (see :meth:`derive`) into ``work.affected``.
+        ``base``: the base table as planned, when a row-wise unit may look for the base rows joining
+        a changed row in the view (:meth:`_in_view`); None: scan the base."""
+        from pyspark.sql import functions as F
+
         spec = topic.spec
         # Base rows joining a changed reference row: those up to ``last`` (what the view holds)
         # left their old groups; those up to ``next`` join their new ones.
         changed_rows = self._changed_rows(topic, work)
+        if spec.row_wise and base is not None and (found := self._in_view(topic, work, last, everything, base,
+                                                                         changed_rows)) is not None:
+            # the rows up to ``next`` are those and the block's, which the unit re-derives anyway
+            moved_old = found.select(*[F.col(spark_io.quote(c)) for c in everything.columns])
+            before, left, joined = self._before(topic, work, pinned, tag)
+            work.found = found
+            work.left = (f"{left}, found in the view", moved_old, before)
+            work.rows.append((f"{joined}, found in the view", moved_old))
+            return
         moved_new = functools.reduce(lambda a, b: a.unionByName(b),
                                      [_matching(everything, changed, cols, values) for changed, cols, values in changed_rows])
         # One scan of the base where there were two: the rows up to ``next`` are computed once and
@@ -645,6 +681,63 @@ class MergeProcessor:
         old_alone, new_alone = self._alone(topic, work, everything, tag, [before, pinned])
         work.affected.append(("rows of the changed inputs alone (no base row)",
                               new_alone.exceptAll(old_alone).unionByName(old_alone.exceptAll(new_alone)).select(*spec.key)))
+
+    def _in_view(self, topic: Topic, work: MergeWork, last: Position, everything: DataFrame,
+                 base: delta_meta.TableSnapshot, changed_rows: list[tuple[DataFrame, list[str], list[Any] | None]]
+                 ) -> DataFrame | None:
+        """A row-wise view that holds every base column under its own name and type, and a row of
+        every base row up to ``last``, has the base rows joining a changed row in its own rows: read
+        there, a filter on the view's clustering column skips by the files' statistics every file
+        that holds none, where the base (ordered by position, not by join value) is read whole.
+        Returns the view's rows that match (every column; computed once, kept in Spark), or None
+        when the view cannot stand in for the base or would be read whole: a changed input does not
+        join on the view's clustering column; it has deletion vectors, another column type,
+        or a column type without equality; the unit has late rows; the view's newest commit is not
+        this topic's unit up to ``last`` (another writer, a restated range); its row count, from
+        the Delta log, differs from the base's rows up to ``last`` (an inner join or a filter
+        dropped rows). What the log cannot show, the unit checks over the rows it found
+        (:meth:`_check_found`): the transform over their base columns, at the versions the view
+        applied, gives back exactly those rows (a column the transform computes rather than
+        copies, a transform edited since, a base row with two view rows all fail it)."""
+        from pyspark.sql.types import MapType
+
+        spec, view = topic.spec, work.view
+        if spec.deletion_vectors or work.late_rows or view is None or view.table is None:
+            return None
+        col = cluster_column(spec, work.columns)  # what the view's files are clustered by
+        if col is None or any(col not in cols for _, cols, _ in changed_rows):  # it would read the view whole
+            return None
+        if any(work.view_types.get(f.name) != f.dataType for f in everything.schema.fields) or any(
+                isinstance(t, MapType) for t in work.view_types.values()):
+            return None
+        dest = self.engine.path(spec.destination)
+        commit = self._newest_commit(topic, dest)
+        if commit is None or commit.version != view.version or commit.user_metadata.get("next") != last.to_text():
+            return None
+        held = view.row_count
+        if held is None or held != delta_meta.count_upto(base, last):
+            return None
+        rows = self.engine.spark.read.format("delta").option("versionAsOf", view.version).load(dest)
+        return _matching_any(rows, changed_rows).localCheckpoint(eager=True)
+
+    def _check_found(self, work: MergeWork, old: DataFrame) -> None:
+        """The rows :meth:`_in_view` found against ``old``, the transform over their base columns at
+        the versions the view applied, in the view's column types: the same rows, each as often, or
+        :class:`NotInViewError` (the unit then scans the base as for any view)."""
+        from pyspark.sql import functions as F
+
+        found = work.found
+        if found is None:
+            return
+        again = old.select(*[F.col(spark_io.quote(c)).cast(work.view_types[c]).alias(c) for c in found.columns])
+        differ = again.exceptAll(found).unionByName(found.exceptAll(again))
+        if not differ.isEmpty():
+            raise NotInViewError(
+                f"the base rows joining a changed row were looked up in the view, but the transform over its rows' base "
+                f"columns does not give those rows back ({differ.count()} row(s) differ), so they were read from the base")
+        work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; the base rows joining a "
+                                                                  f"changed row found in the view, not by a scan of "
+                                                                  f"the base")
 
     def _pin(self, work: MergeWork, topic: Topic, versions: dict[str, int], prefix: str) -> dict[str, str]:
         """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
@@ -852,6 +945,10 @@ def one_of(column: str, values: Collection[Any]) -> str | None:
     conds = ([f"{column} IN ({', '.join(t for t in texts if t is not None)})"] if texts else []) \
         + ([f"{column} IS NULL"] if None in values else [])
     return " OR ".join(conds) or "FALSE"
+
+
+class NotInViewError(Exception):
+    """The rows a row-wise unit found in the view are not the transform over their base columns."""
 
 
 def _removed(exc: BaseException) -> bool:

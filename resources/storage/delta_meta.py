@@ -504,6 +504,17 @@ def count_block(path: str, last: Position, next_: Position, version: int | None 
     return rows.num_rows - int(pc.sum(at_end).as_py() or 0)
 
 
+def count_upto(snap: TableSnapshot, last: Position) -> int | None:
+    """Rows of ``snap`` with a position at most ``last``: its rows by the files' statistics, less
+    those after ``last`` (read from the files that may hold them) and those without a position (a
+    null ``pos`` or ``id``). None when there is no table or the statistics do not count rows."""
+    total = snap.row_count
+    if total is None or snap.table is None:
+        return None
+    after = _rows_after(snap, last, None)
+    return total - (0 if after is None else after.num_rows) - bad_position_rows(snap).num_rows
+
+
 def bad_position_rows(source: str | TableSnapshot) -> pa.Table:
     """Rows whose ``pos`` or ``id`` is null. Reads only files whose statistics count nulls."""
     snap = _snapshot(source)

@@ -15,6 +15,7 @@ from deltalake import DeltaTable
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
 from platform_assets.core import spark_io
+from platform_assets.views import merge as merge_mod
 from platform_assets.views import operate as views
 from tests.platform_assets.test_merge import (
     T0,
@@ -98,6 +99,80 @@ def test_a_row_wise_view_re_derives_only_the_rows_found_and_equals_a_recompute(s
     units = processed(eng.run_until_caught_up(["mart.inner_rw"]))
     assert units and all("appended" not in u.stats["strategy_reason"] for u in units), [u.stats for u in units]
     assert assert_view_equals_recompute(eng, "mart.inner_rw") == 27
+    eng.close()
+
+
+# every base column (pos, id, customer_id, amount) under its own name: the view stands in for the base
+HOLDS = "SELECT b.*, c.country FROM block b LEFT JOIN dim.customers c ON b.customer_id = c.id"
+# the same columns, but amount computed: the view's rows do not give back the base's
+DOUBLED = ("SELECT b.pos, b.id, b.customer_id, b.amount * 2 AS amount, c.country "
+           "FROM block b LEFT JOIN dim.customers c ON b.customer_id = c.id")
+# every base column, but an inner join: orders without a customer have no view row
+HOLDS_INNER = "SELECT b.*, c.country FROM block b JOIN dim.customers c ON b.customer_id = c.id"
+IN_VIEW = "the base rows joining a changed row found in the view, not by a scan of the base"
+
+
+@pytest.mark.spark
+def test_a_row_wise_view_holding_the_base_columns_finds_the_rows_of_a_changed_row_in_itself(
+        spark, settings, tmp_path, monkeypatch):
+    """Δ(A⋈B) with A's side read from the view: a unit whose reference rows changed looks up the
+    orders joining them in the view, not in the base, only when the view can stand in for the base,
+    and the view equals a recompute either way."""
+    write_sql(tmp_path, holds=HOLDS, doubled=DOUBLED, holds_inner=HOLDS_INNER)
+    eng = engine(spark, settings, tmp_path, row_wise_topic("mart.holds", "id") + row_wise_topic("mart.doubled", "id")
+                 + row_wise_topic("mart.holds_inner", "id"))
+    customers(eng, 8)
+    orders(eng, 1, 30, customers=12)  # customers 8..11 do not exist: the inner join drops their orders
+    topics = ("mart.holds", "mart.doubled", "mart.holds_inner")
+    for topic in topics:
+        processed(eng.run_until_caught_up([topic]))
+    base_reads: list[str] = []
+    real_matching = merge_mod._matching
+    monkeypatch.setattr(merge_mod, "_matching", lambda view, *a: base_reads.append(
+        "view" if "country" in view.columns else "base") or real_matching(view, *a))
+
+    def unit(topic: str) -> str:
+        base_reads.clear()
+        [u] = processed(eng.run_until_caught_up([topic]))
+        assert u.stats["strategy"] == "incremental" and "reverse join" in u.stats["strategy_reason"], u.stats
+        return str(u.stats["strategy_reason"])
+
+    # a deleted customer, one that appears (orders already point at it), a moved one, a changed id
+    dim_sql(eng, "DELETE FROM DIM WHERE id = 5")
+    dim_sql(eng, "INSERT INTO DIM VALUES (9, 'C9')")
+    dim_sql(eng, "UPDATE DIM SET country = 'C7' WHERE id = 1")
+    dim_sql(eng, "UPDATE DIM SET id = 10 WHERE id = 2")
+    why = unit("mart.holds")
+    assert IN_VIEW in why and base_reads == ["view"], (why, base_reads)
+    assert assert_view_equals_recompute(eng, "mart.holds") == 30
+    why = unit("mart.doubled")  # its amount is not the base's: the rows found there are refused, the base scanned
+    assert "does not give those rows back" in why and IN_VIEW not in why and base_reads == ["view", "base"], \
+        (why, base_reads)
+    assert assert_view_equals_recompute(eng, "mart.doubled") == 30
+    why = unit("mart.holds_inner")  # fewer view rows than base rows: never looked up in the view
+    assert IN_VIEW not in why and base_reads == ["base"], (why, base_reads)
+    assert assert_view_equals_recompute(eng, "mart.holds_inner") > 0
+
+    # new orders and a changed customer in one unit: the new orders are re-derived with the rows found
+    orders(eng, 31, 6, customers=12)
+    dim_sql(eng, "UPDATE DIM SET country = 'C6' WHERE id IN (0, 3)")
+    assert IN_VIEW in unit("mart.holds")
+    assert assert_view_equals_recompute(eng, "mart.holds") == 36
+
+    # another writer changed the view: what it holds is unknown, so the base is scanned
+    eng.spark.sql(f"UPDATE delta.`{eng.path('mart.holds')}` SET amount = -1 WHERE id = 3")
+    dim_sql(eng, "UPDATE DIM SET country = 'C5' WHERE id = 3")
+    why = unit("mart.holds")
+    assert IN_VIEW not in why and base_reads == ["base"], (why, base_reads)
+    assert assert_view_equals_recompute(eng, "mart.holds") == 36
+
+    # a crash after the MERGE of a unit that found its rows in the view: the retry never applies twice
+    dim_sql(eng, "UPDATE DIM SET country = 'C4' WHERE id = 4")
+    merged = dies_after_the_merge(eng, "mart.holds", monkeypatch)
+    [retry] = processed(eng.run_until_caught_up(["mart.holds"]))
+    assert retry.recovered, retry
+    assert DeltaTable(eng.path("mart.holds")).version() == merged
+    assert assert_view_equals_recompute(eng, "mart.holds") == 36
     eng.close()
 
 
