@@ -27,9 +27,12 @@ Re-deriving a key from the full inputs makes a unit idempotent: a retry, a resta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import io
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Collection
@@ -656,7 +659,7 @@ class MergeProcessor:
         # left their old groups; those up to ``next`` join their new ones.
         changed_rows = self._changed_rows(topic, work)
         if spec.row_wise and base is not None and (found := self._in_view(topic, work, last, everything, base,
-                                                                         changed_rows)) is not None:
+                                                                         changed_rows, pinned, tag)) is not None:
             # the rows up to ``next`` are those and the block's, which the unit re-derives anyway
             moved_old = found.select(*[F.col(spark_io.quote(c)) for c in everything.columns])
             before, left, joined = self._before(topic, work, pinned, tag)
@@ -683,19 +686,22 @@ class MergeProcessor:
                               new_alone.exceptAll(old_alone).unionByName(old_alone.exceptAll(new_alone)).select(*spec.key)))
 
     def _in_view(self, topic: Topic, work: MergeWork, last: Position, everything: DataFrame,
-                 base: delta_meta.TableSnapshot, changed_rows: list[tuple[DataFrame, list[str], list[Any] | None]]
-                 ) -> DataFrame | None:
+                 base: delta_meta.TableSnapshot, changed_rows: list[tuple[DataFrame, list[str], list[Any] | None]],
+                 pinned: dict[str, str], tag: str) -> DataFrame | None:
         """A row-wise view that holds every base column under its own name and type, and a row of
         every base row up to ``last``, has the base rows joining a changed row in its own rows: read
         there, a filter on the view's clustering column skips by the files' statistics every file
         that holds none, where the base (ordered by position, not by join value) is read whole.
         Returns the view's rows that match (every column; computed once, kept in Spark), or None
         when the view cannot stand in for the base or would be read whole: a changed input does not
-        join on the view's clustering column; it has deletion vectors, another column type,
+        join on the view's clustering column; it or the base has deletion vectors; its key is not
+        made of base columns (a base row could have two view rows); it has another column type,
         or a column type without equality; the unit has late rows; the view's newest commit is not
         this topic's unit up to ``last`` (another writer, a restated range); its row count, from
         the Delta log, differs from the base's rows up to ``last`` (an inner join or a filter
-        dropped rows). What the log cannot show, the unit checks over the rows it found
+        dropped rows); the transform does not copy every base column as it is (:func:`copies_base`:
+        a view column computed from it would hold other values, and a row whose join column was
+        computed would not be found). What the log cannot show, the unit checks over the rows it found
         (:meth:`_check_found`): the transform over their base columns, at the versions the view
         applied, gives back exactly those rows (a column the transform computes rather than
         copies, a transform edited since, a base row with two view rows all fail it)."""
@@ -714,8 +720,12 @@ class MergeProcessor:
         commit = self._newest_commit(topic, dest)
         if commit is None or commit.version != view.version or commit.user_metadata.get("next") != last.to_text():
             return None
+        if not set(spec.key) <= set(everything.columns):  # a key of base columns: a view row per base row at most
+            return None
         held = view.row_count
-        if held is None or held != delta_meta.count_upto(base, last):
+        if held is None or delta_meta.has_deletion_vectors(view) or held != delta_meta.count_upto(base, last):
+            return None
+        if not copies_base(self.engine.spark, topic, everything, pinned, f"tm_probe_{tag}", work.views):
             return None
         rows = self.engine.spark.read.format("delta").option("versionAsOf", view.version).load(dest)
         return _matching_any(rows, changed_rows).localCheckpoint(eager=True)
@@ -945,6 +955,35 @@ def one_of(column: str, values: Collection[Any]) -> str | None:
     conds = ([f"{column} IN ({', '.join(t for t in texts if t is not None)})"] if texts else []) \
         + ([f"{column} IS NULL"] if None in values else [])
     return " OR ".join(conds) or "FALSE"
+
+
+#: Column metadata that marks a base column, to see which view columns the transform copies from it.
+BASE_COLUMN = "tidemark_base_column"
+
+
+def copies_base(spark: SparkSession, topic: Topic, base: DataFrame, tables: dict[str, str], name: str,
+                views: list[str]) -> bool:
+    """Whether ``topic``'s transform puts every column of ``base`` into its output under its own
+    name, as it is: Spark's analysis of the transform over ``base`` with each column marked (column
+    metadata) keeps a column's mark only where the output column is that column itself (selected,
+    ``b.*``, renamed to itself, through joins); an expression over it (``b.amount * 2 AS amount``,
+    a ``CAST``, a ``CASE``) drops the mark. A plan with a ``UNION`` is refused (its output keeps the
+    first branch's marks). Planning only: no Spark job. ``name``: the temporary view of the marked
+    rows (added to ``views``, dropped with the unit's)."""
+    from pyspark.sql import functions as F
+
+    marked = base.select(*[F.col(spark_io.quote(c)).alias(c, metadata={BASE_COLUMN: c}) for c in base.columns])
+    marked.createOrReplaceTempView(name)
+    views.append(name)
+    out = spark_io.transform(spark, topic, marked, view=name, tables=tables)
+    marks = {f.name: f.metadata.get(BASE_COLUMN) for f in out.schema.fields}
+    if not all(marks.get(c, None) == c for c in base.columns):
+        return False
+    # a UNION's columns carry the marks of its first branch only, whatever the others compute
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        out.explain(mode="extended")
+    return re.search(r"^[\s:+|\-]*Union\b", text.getvalue(), re.M) is None
 
 
 class NotInViewError(Exception):
