@@ -701,14 +701,14 @@ class MergeProcessor:
         the Delta log, differs from the base's rows up to ``last`` (an inner join or a filter
         dropped rows); the transform does not copy every base column as it is (:func:`copies_base`:
         a view column computed from it would hold other values, and a row whose join column was
-        computed would not be found). What the log cannot show, the unit checks over the rows it found
+        computed would not be found). What neither can show, the unit checks over the rows it found
         (:meth:`_check_found`): the transform over their base columns, at the versions the view
-        applied, gives back exactly those rows (a column the transform computes rather than
-        copies, a transform edited since, a base row with two view rows all fail it)."""
+        applied, gives back exactly those rows (a transform edited since the rows were written
+        fails it)."""
         from pyspark.sql.types import MapType
 
         spec, view = topic.spec, work.view
-        if spec.deletion_vectors or work.late_rows or view is None or view.table is None:
+        if work.late_rows or view is None or view.table is None:
             return None
         col = cluster_column(spec, work.columns)  # what the view's files are clustered by
         if col is None or any(col not in cols for _, cols, _ in changed_rows):  # it would read the view whole
@@ -723,7 +723,7 @@ class MergeProcessor:
         if not set(spec.key) <= set(everything.columns):  # a key of base columns: a view row per base row at most
             return None
         held = view.row_count
-        if held is None or delta_meta.has_deletion_vectors(view) or held != delta_meta.count_upto(base, last):
+        if held is None or delta_meta.deletion_vectors(view).feature or held != delta_meta.count_upto(base, last):
             return None
         if not copies_base(self.engine.spark, topic, everything, pinned, f"tm_probe_{tag}", work.views):
             return None

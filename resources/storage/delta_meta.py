@@ -504,20 +504,13 @@ def count_block(path: str, last: Position, next_: Position, version: int | None 
     return rows.num_rows - int(pc.sum(at_end).as_py() or 0)
 
 
-def has_deletion_vectors(snap: TableSnapshot) -> bool:
-    """Whether ``snap``'s table may hold deletion vectors (the table feature is on: its rows'
-    count in the files' statistics may include deleted rows)."""
-    if snap.table is None:
-        return False
-    return "deletionVectors" in set(snap.table.protocol().reader_features or ())
-
-
 def count_upto(snap: TableSnapshot, last: Position) -> int | None:
     """Rows of ``snap`` with a position at most ``last``: its rows by the files' statistics, less
     those after ``last`` (read from the files that may hold them) and those without a position (a
-    null ``pos`` or ``id``). None when there is no table or the statistics do not count rows."""
+    null ``pos`` or ``id``). None when there is no table, a file's statistics do not count its
+    rows, or the table may hold deletion vectors."""
     total = snap.row_count
-    if total is None or snap.table is None or has_deletion_vectors(snap) or snap.files["num_records"].null_count:
+    if total is None or snap.table is None or deletion_vectors(snap).feature or snap.files["num_records"].null_count:
         return None  # rows a vector deletes are still in the count; a file without statistics counts 0
     after = _rows_after(snap, last, None)
     return total - (0 if after is None else after.num_rows) - bad_position_rows(snap).num_rows
