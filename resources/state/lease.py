@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from lineage.core.errors import OffsetError
+from lineage.core.errors import OffsetError, UnknownTopicError
 from resources.state.offsets import OffsetStore
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,12 @@ class LeaseKeeper:
             except OffsetError as exc:  # taken over or unlocked: stop, the engine reports it
                 self.lost = exc
                 log.error("topic '%s': lock lost by %s: %s", self.topic, self.owner, exc)
+                return
+            except UnknownTopicError as exc:  # the record is gone (the store lost or replaced under the run):
+                # the lock with it, so another run may hold the topic now; stop like a takeover (issue 57)
+                self.lost = OffsetError(f"topic '{self.topic}': lock lost by {self.owner}: its record is no longer in "
+                                        f"the offset store (store lost or replaced while the unit ran): {exc}")
+                log.error("%s", self.lost)
                 return
             except Exception as exc:  # e.g. the database is briefly unreachable: retry next beat
                 log.warning("topic '%s': lease heartbeat failed (retrying in %.1fs): %s",

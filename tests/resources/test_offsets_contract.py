@@ -862,6 +862,22 @@ def test_lease_keeper_notices_a_takeover(open_store: Callable[[], OffsetStore]) 
         keeper.check()
 
 
+def test_lease_keeper_notices_its_record_gone(open_store: Callable[[], OffsetStore]) -> None:
+    """The store lost or replaced under a running unit: the lock went with the record, so the unit
+    must stop like after a takeover (a heartbeat that finds no record is not a passing failure)."""
+    store, other = open_store(), open_store()
+    locked(store)
+    keeper = LeaseKeeper(store, T, A, interval_s=0.05).start()
+    other.unlock(T, who="admin")
+    other.forget(T, who="admin", reason="the store lost")
+    deadline = time.monotonic() + 10
+    while keeper.lost is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not keeper.stop()
+    with pytest.raises(OffsetError, match="no longer in the offset store"):
+        keeper.check()
+
+
 # -- per-input offsets (merge topics) ---------------------------------------------------------------
 
 
