@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -201,16 +201,28 @@ def landed(topic: Topic, dest: str, rec: OffsetRecord | None) -> Landed:
     return Landed(seq, commit)
 
 
-def reconcile(store: OffsetStore, topic: Topic, dest: str, rec: OffsetRecord, *, who: str) -> OffsetRecord:
+def reconcile(store: OffsetStore, topic: Topic, dest: str, rec: OffsetRecord, *, who: str,
+              logged: Callable[[], int] | None = None) -> OffsetRecord:
     """``rec`` caught up with the destination's Delta log: unchanged when the store knows the
     newest landed unit (or is ahead: a block planned and not landed), else ``recover``ed from that
-    unit's commit. Never plans from a stale ``last``."""
+    unit's commit. Never plans from a stale ``last``.
+
+    ``logged``: the newest unit of the topic ``etl.log`` records. A newest landed unit it does not
+    record was cut short between its write and its statistics (then its ``after`` SQL did not run
+    either): a store that lost it then gets it back as the pending unit, with the bounds its commit
+    records, and the unit finishes as after any crash (:func:`_unfinished`)."""
     found = landed(topic, dest, rec)
     if found.commit is None:
         return rec
     commit = found.commit
     meta = commit.user_metadata
     step = topic.spec.processor in (Processor.STEP, Processor.MERGE)  # both move a (pos, id) ``last``
+    if step and logged is not None and meta.get("last") and meta.get("next") and logged() < found.seq:
+        if rec.owner != who:
+            return rec  # left to the run that takes the lock: it finishes the unit
+        unfinished = _unfinished(store, topic, rec, found, who=who)
+        if unfinished is not None:
+            return unfinished
     if step and not meta.get("next"):
         raise _retention_refusal(topic, dest, found.seq, rec)
     last = Position.parse(meta["next"]) if meta.get("next") else rec.last
@@ -235,6 +247,32 @@ def reconcile(store: OffsetStore, topic: Topic, dest: str, rec: OffsetRecord, *,
         if fresh is not None and fresh.seq >= found.seq:  # another process caught it up first
             return fresh
         raise
+
+
+def _unfinished(store: OffsetStore, topic: Topic, rec: OffsetRecord, found: Landed, *, who: str) -> OffsetRecord | None:
+    """The store behind a unit that landed and was not finished (no ``etl.log`` row): the record at
+    the unit before it, with that unit planned again exactly as its commit records (``last``, ``next``,
+    the base version, a merge unit's inputs), so the redo finds it landed and writes its statistics,
+    runs its ``after`` SQL and commits. Only under the topic's lock (None otherwise, or where the
+    store's ``last`` is past the commit's: the plain recovery applies)."""
+    if found.commit is None:
+        return None
+    meta = found.commit.user_metadata
+    last, nxt = Position.parse(meta["last"]), Position.parse(meta["next"])
+    sv = meta.get("source_version")
+    source_version = int(sv) if sv is not None else None
+    inputs = {str(k): int(v) for k, v in (meta.get("inputs") or {}).items()} or None
+    if rec.last > last or rec.pending:
+        return None
+    note = (f"unit {found.seq} landed in {topic.spec.destination} version {found.commit.version} and was not finished "
+            f"(no etl.log row): planned again from its commit to finish it")
+    if rec.seq < found.seq - 1:
+        rec = store.recover(topic.name, who=who, expected_seq=rec.seq, seq=found.seq - 1, last=last, rows=0, run=None,
+                            state=STATE_COMMITTED, source_version=source_version, delta_version=found.commit.version, note=note)
+    if rec.seq != found.seq - 1 or rec.last != last:
+        return None
+    return store.plan(topic.name, who, last=last, next=nxt, seq=found.seq, source_version=source_version,
+                      inputs_next=inputs if topic.spec.processor is Processor.MERGE else None)
 
 
 def start_for_new_topic(topic: Topic, dest: str) -> tuple[Position, int, str]:

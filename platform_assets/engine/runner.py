@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,7 +31,7 @@ from resources.core.settings import Settings
 from resources.state.lease import LeaseKeeper
 from resources.state.offset_sql import make_owner, open_settings_store
 from resources.state.offsets import STATE_FAILED, OffsetRecord, OffsetStore
-from resources.storage import delta_meta
+from resources.storage import delta_meta, meta_tables
 from resources.storage.meta_tables import (
     META_TABLES,
     publish_lineage,
@@ -198,9 +199,14 @@ class Engine:
         """``rec`` caught up with the destination's Delta log (see :func:`protocol.reconcile`). A
         topic locked by another run is left to that run, which reconciles under its lock."""
         try:
-            return protocol.reconcile(self.store, topic, self.path(topic.spec.destination), rec, who=self.owner)
+            return protocol.reconcile(self.store, topic, self.path(topic.spec.destination), rec, who=self.owner,
+                                      logged=self._logged(topic))
         except TopicLockedError:
             return rec
+
+    def _logged(self, topic: Topic) -> Callable[[], int]:
+        """The newest unit of ``topic`` that ``etl.log`` records, asked only when the store is behind."""
+        return functools.partial(meta_tables.logged_seq, self.settings, topic.name)
 
     def reset_offsets(self, topic: Topic, to: Position, reason: str, *, late_from_now: bool = False) -> OffsetRecord:
         """Move the topic's ``last`` to ``to`` (the one explicit, logged way backwards); block
@@ -329,7 +335,8 @@ class Engine:
             self.ensure_offsets(topic)
         rec = self.store.acquire(topic.name, self.owner)
         try:
-            return protocol.reconcile(self.store, topic, self.path(topic.spec.destination), rec, who=self.owner)
+            return protocol.reconcile(self.store, topic, self.path(topic.spec.destination), rec, who=self.owner,
+                                      logged=self._logged(topic))
         except BaseException as exc:
             self._release(topic, exc)  # the refusal shows in the topic's state (tidemark lag)
             raise

@@ -14,15 +14,18 @@ log entry only: cleanup keeps that commit, not the data files of that version.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import EllipsisType
 from typing import TYPE_CHECKING
 
 from lineage.core.durations import format_size
-from lineage.core.errors import ConfigError
+from lineage.core.errors import ConfigError, OffsetError
+from lineage.core.positions import Position
 from lineage.spec.model import Processor
 from lineage.views.refresh import CLUSTER_ROWS, cluster_column
+from platform_assets.core import protocol
 from platform_assets.core.faults import crashpoint
 from resources.state.offsets import LogRetention, OffsetRecord, OffsetStore
 from resources.storage import delta_meta, maintenance
@@ -31,6 +34,7 @@ from resources.storage.meta_tables import META_TABLES
 from resources.storage.warehouse import delta_tables, storage_options
 
 if TYPE_CHECKING:
+    from lineage.spec.model import Topic
     from platform_assets.core.context import TopicContext
 
 
@@ -51,7 +55,7 @@ def consumer_needs(eng: TopicContext, records: dict[str, OffsetRecord] | None = 
         needs.append(Need(int(version), who, why, files))
 
     for topic in eng.lineage.topics.values():
-        rec = recs.get(topic.name)
+        rec = _as_delta_records(eng, topic, recs.get(topic.name))
         if rec is None:
             continue
         spec = topic.spec
@@ -70,6 +74,33 @@ def consumer_needs(eng: TopicContext, records: dict[str, OffsetRecord] | None = 
         need(spec.destination, rec.delta_version, topic.name, "the commit of its last unit (offset recovery reads it)",
              files=False)
     return out
+
+
+def _as_delta_records(eng: TopicContext, topic: Topic, rec: OffsetRecord | None) -> OffsetRecord | None:
+    """``rec`` (None: no record) as the topic's destination log has it when the store is behind or lost
+    (issue 57: a lost or restored store must not let maintenance remove what a topic still needs).
+    Nothing is written: the topic's own next unit recovers its record under its lock. A log whose
+    newest commit of the topic is gone (retention) leaves ``rec`` as it is: that topic is refused
+    when it runs, saying what to do."""
+    found = None
+    try:
+        found = protocol.landed(topic, eng.path(topic.spec.destination), rec)
+    except OffsetError:
+        pass
+    if found is None or found.commit is None:
+        return rec
+    meta = found.commit.user_metadata
+    sv = meta.get("source_version")
+    inputs = {str(k): int(v) for k, v in (meta.get("inputs") or {}).items()}
+    if rec is None:
+        now = eng.clock()
+        return OffsetRecord(topic.name, Position.zero(), None, found.commit.rows, found.seq, found.commit.timestamp,
+                            topic.spec.processor.value, "committed", "", None, int(sv) if sv is not None else None, now,
+                            delta_version=found.commit.version, inputs=inputs)
+    merged = {**rec.inputs, **{k: max(v, rec.inputs.get(k, v)) for k, v in inputs.items()}}
+    return dataclasses.replace(rec, seq=found.seq, next=None, inputs_next=None, inputs=merged,
+                               source_version=int(sv) if sv is not None else rec.source_version,
+                               delta_version=found.commit.version)
 
 
 def warehouse_tables(eng: TopicContext) -> list[str]:

@@ -136,6 +136,12 @@ def _append_etl_log(settings: Settings, entry: LogEntry) -> bool:
     return True
 
 
+def logged_seq(settings: Settings, topic: str) -> int:
+    """The newest unit of ``topic`` that ``etl.log`` records (0: none)."""
+    table = open_table(settings.table_path(ETL_LOG))
+    return int((table.transaction_version(log_app_id(topic)) or 0) if table is not None else 0)
+
+
 def read_etl_log(settings: Settings, topic: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
     """The newest ``limit`` rows of etl.log (all topics, or one), newest first."""
     table = open_table(settings.table_path(ETL_LOG))

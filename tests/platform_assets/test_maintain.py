@@ -59,6 +59,10 @@ def test_maintain_keeps_what_a_lagging_view_needs_and_every_topic_goes_on_exactl
     assert maintenance.Need(wide_rec.inputs["dim.customers"], "mart.wide",
                             "input offset (the reverse join reads the rows up to it and the change feed after it)") \
         in needs["dim.customers"]
+    # a lost store (no records): the same needs, from the destinations' Delta logs (issue 57)
+    lost = maintain.consumer_needs(eng, records={})
+    assert ({t: sorted((n.version, n.who) for n in ns) for t, ns in lost.items()}
+            == {t: sorted((n.version, n.who) for n in ns) for t, ns in needs.items()})
     code, out = cli(args, capsys, "tables")
     assert code == 0 and "stage.orders" in out and "40 small files (compaction from 16)" in out
 
