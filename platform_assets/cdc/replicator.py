@@ -32,7 +32,6 @@ import datetime as dt
 import functools
 import json
 import logging
-import os
 import queue
 import shutil
 import threading
@@ -64,6 +63,7 @@ from lineage.spec.model import Replicator
 from platform_assets.cdc import apply as cdc_apply
 from platform_assets.cdc import ddl as cdc_ddl
 from platform_assets.cdc.apply import Commit, Layout
+from platform_assets.cdc.positions import Positions
 from platform_assets.cdc.units import (
     ACTIVE_STATES,
     DROPPED,
@@ -78,10 +78,11 @@ from platform_assets.cdc.units import (
     state_word,
 )
 from platform_assets.core import faults, locks, spark_io
+from resources.core.settings import whole_number_setting
 from resources.spark.session import sibling_sessions
 from resources.state.lease import LeaseKeeper
 from resources.state.offsets import OffsetRecord
-from resources.storage import delta_meta
+from resources.storage import cdc_positions, delta_meta
 from resources.storage.meta_tables import LogEntry, write_etl_log
 from resources.storage.warehouse import local_dir as warehouse_dir
 
@@ -96,22 +97,10 @@ log = logging.getLogger(__name__)
 SPILL_DIR = "_tidemark_spill"  # under a local warehouse: <warehouse>/_tidemark_spill/<replicator>/unit-<ns>/
 
 
-def _whole_number(name: str, default: int, what: str) -> int:
-    """The setting ``$name`` (``default`` when unset) as a whole number of ``what`` >= 1."""
-    raw = os.environ.get(name, str(default))
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise TidemarkError(f"{name}={raw!r}: expected a whole number of {what} >= 1")
-    return value
-
-
 def spill_rows_setting() -> int:
     """Changes a unit's columnar read holds in memory before it spills them to Parquet
     (``$TIDEMARK_CDC_SPILL_ROWS``, default 1,000,000)."""
-    return _whole_number("TIDEMARK_CDC_SPILL_ROWS", 1_000_000, "changes")
+    return whole_number_setting("TIDEMARK_CDC_SPILL_ROWS", 1_000_000, "changes")
 
 
 APPLY_THREADS_ENV = "TIDEMARK_CDC_APPLY_THREADS"
@@ -124,13 +113,18 @@ def apply_threads_setting() -> int:
     """How many replicas' MERGEs of one unit run at once (``$TIDEMARK_CDC_APPLY_THREADS``, default 3;
     1: one after another). Different replicas never conflict: each is its own Delta table, with its
     own txn id and offset record."""
-    return _whole_number(APPLY_THREADS_ENV, 3, "replicas")
+    return whole_number_setting(APPLY_THREADS_ENV, 3, "replicas")
+
+
+class StaleReplicaError(TidemarkError):
+    """A replica's Delta log moved under the unit (another writer's commit took the txn version it
+    planned, or came after what it reconciled): the unit is run again from what the log records."""
 
 
 def retryable(exc: BaseException) -> bool:
     """A failure that may pass by itself (the source is down or busy), as opposed to one that needs a fix."""
     text = str(exc)
-    return isinstance(exc, ConnectionError | TimeoutError) or type(exc).__name__ == "OperationalError" or any(
+    return isinstance(exc, ConnectionError | TimeoutError | StaleReplicaError) or type(exc).__name__ == "OperationalError" or any(
         s in text for s in ("cannot connect", "cannot open a replication connection", "is in use by process",
                             "replication stream of slot", "Connection refused", "server closed the connection",
                             "INVALID_HANDLE.SESSION_CLOSED", "INVALID_HANDLE.SESSION_NOT_FOUND"))
@@ -153,7 +147,7 @@ class ReplicatorUnit:
     """Runs units of one replicator in a unit context (:class:`~platform_assets.core.context.UnitContext`,
     which the Engine satisfies)."""
 
-    def __init__(self, engine: UnitContext, rep: Replicator, source: ChangeSource) -> None:
+    def __init__(self, engine: UnitContext, rep: Replicator, source: ChangeSource, *, positions_every_s: float = 0.0) -> None:
         self.engine, self.rep, self.spec, self.source = engine, rep, rep.spec, source
         self.owner = engine.owner
         self.tables: dict[str, Table] = {}
@@ -171,6 +165,8 @@ class ReplicatorUnit:
         local = warehouse_dir(warehouse)
         self._spill_dir = None if local is None else local / SPILL_DIR / rep.spec.name
         self._threads = apply_threads_setting()  # a bad setting fails the unit before it reads anything
+        #: what Delta records of the replicas beyond their commits (``etl.cdc_positions__<name>``)
+        self.positions = Positions(engine.settings, rep.spec.name, positions_every_s)
         self._local = threading.local()  # the Spark session of a thread applying a replica (_apply_tables)
         self._lock = threading.RLock()  # the unit's result and tables, updated by those threads
 
@@ -246,7 +242,34 @@ class ReplicatorUnit:
                      str(t.layout.deletion_vectors).lower())
 
     def _reconcile(self, replica: str, path: str, rec: OffsetRecord) -> OffsetRecord:
-        """The record caught up with what the replica's Delta log records (the log is the truth)."""
+        """The record caught up with what Delta records: the replica's log, then the replicator's
+        positions table (a position past its newest commit, reached with nothing to write, and a
+        paused or dropped state), both the truth where the store is behind (lost or restored)."""
+        caught = self._reconcile_log(replica, path, rec)
+        behind = caught is not rec or rec.seq == 0
+        return self._reconcile_positions(replica, caught, behind=behind)
+
+    def _reconcile_positions(self, replica: str, rec: OffsetRecord, *, behind: bool) -> OffsetRecord:
+        """``rec`` moved to the position the positions table records for ``replica``, when it is past the
+        record's (the replica had nothing before it: the slot may be acknowledged past its newest commit);
+        with the recorded state (paused, dropped) where the store was behind. A replica to be copied
+        (no position) or with a unit pending is left as it is."""
+        got = self.positions.recorded
+        recorded, applied = got.lsn.get(replica), applied_lsn(rec)
+        if recorded is None or applied is None or rec.pending or recorded < applied:
+            return rec
+        if recorded > applied:
+            behind = True
+            rec = self._no_changes(replica, rec, recorded,
+                                   note=f"caught up from {self.positions.table}: complete up to {format_lsn(recorded)}")
+        state = got.state.get(replica, "")
+        if behind and state and state.split(":", 1)[0].strip() not in ACTIVE_STATES and rec.state != state:
+            self.engine.store.set_state(replica, self.owner, state)
+            rec = self.engine.store.get(replica) or rec
+        return rec
+
+    def _reconcile_log(self, replica: str, path: str, rec: OffsetRecord) -> OffsetRecord:
+        """The record caught up with what the replica's Delta log records."""
         store, app = self.engine.store, f"tidemark:{replica}"
         seq = delta_meta.recorded_txn(path, app)
         if seq <= rec.seq and not (rec.pending and seq == rec.seq):
@@ -256,6 +279,8 @@ class ReplicatorUnit:
         except delta_meta.CommitUnavailableError:  # removed by log retention: refused below, saying what to run
             commit = None
         meta = commit.user_metadata if commit else {}
+        if commit is not None and "lsn" in meta:
+            self.positions.committed(replica, int(meta["lsn"]))
         if commit is None or "lsn" not in meta:
             raise OffsetError(f"replica {replica} ({path}): its Delta log records unit {seq} but not the source position "
                               f"it applied (commit removed by log retention?); re-copy it: tidemark cdc resume {replica} "
@@ -280,6 +305,7 @@ class ReplicatorUnit:
         rec = self._record(key, f"replicator {self.spec.name}")
         lease = LeaseKeeper(self.engine.store, key, self.owner).start()
         try:
+            rec = self._recover_own(rec, self.positions.load())
             self.source.ensure_setup()
             for schema in self.source.tables().values():
                 self.table(schema)
@@ -324,6 +350,7 @@ class ReplicatorUnit:
                     self._pause(t, f"copying it failed: {exc}", result)
                     continue
                 faults.crashpoint("cdc-written")
+                self.positions.committed(t.replica, snap.lsn)
                 self._log(t, seq, "snapshot", {"rows": rows}, rows, lag=None)
                 t.rec = store.commit(t.replica, self.owner, seq=seq, last=t.rec.last, next=lsn_position(snap.lsn), rows=rows,
                                      state=REPLICATING, note=f"snapshot at {format_lsn(snap.lsn)}: {rows} rows")
@@ -351,7 +378,14 @@ class ReplicatorUnit:
         src: Any = self.source
         have = {t.replica for t in self.tables.values()}
         parked = set(src.parked()) if hasattr(src, "parked") else set()
-        for rec in self.engine.store.list():
+        records = self.engine.store.list()
+        known = {rec.topic for rec in records}
+        for replica in sorted(set(self.positions.recorded.lsn) - known - have):  # a lost store: the positions table lists it
+            path = self.engine.settings.table_path(replica)
+            records.append(self._reconcile(replica, path, self._record(replica, "replica of a table that left the "
+                                                                                "source's catalog")))
+            self._held.add(replica)
+        for rec in records:
             if (rec.processor == PROCESSOR and self.spec.holds(rec.topic) and rec.topic not in have
                     and state_word(rec) in ACTIVE_STATES and applied_lsn(rec) is not None
                     and not (parked and src.parked_slot(rec.topic) in parked)):
@@ -520,8 +554,9 @@ class ReplicatorUnit:
                 if not t.active or t.applied is None:
                     continue  # paused again, or to be copied again
                 self._advance(upto, [t])
-                src.ack(t.applied, slot=slot)
-            if t.applied >= target:
+                if self._durable(idle=not txs):
+                    src.ack(t.applied, slot=slot)
+            if t.applied >= target and self._durable(idle=False):  # (then the main slot is acknowledged past it)
                 src.unpark(t.replica)
                 t.parked = False
                 log.info("replicator %s: replica %s caught up from its parked slot; follows the main slot again",
@@ -563,7 +598,7 @@ class ReplicatorUnit:
             if not transactions:
                 self._settle_gone(upto, bool(getattr(txs, "caught_up", False)))
                 self._advance(upto)
-                result.acked = self._ack(upto)
+                result.acked = self._ack(upto, idle=True)
                 return
             unit = rec.seq + 1
             first = max([rec.inputs.get("changes", 0)] + [t.rec.inputs.get("changes", 0) for t in self.tables.values()]) + 1
@@ -589,7 +624,7 @@ class ReplicatorUnit:
         self._settle_gone(upto, not result.redone and bool(getattr(txs, "caught_up", False)))
         self._advance(upto)
         faults.crashpoint("cdc-committed")
-        result.acked = self._ack(upto)
+        result.acked = self._ack(upto, idle=False)
         result.reason = f"unit {unit}: {transactions} transactions, {result.changes} changes up to {format_lsn(upto)}"
 
     # ------------------------------------------------------------------ changes as columns
@@ -750,12 +785,12 @@ class ReplicatorUnit:
             if t.active and t.applied is not None and t.applied < upto and not t.rec.pending:
                 t.rec = self._no_changes(t.replica, t.rec, upto)
 
-    def _no_changes(self, replica: str, rec: OffsetRecord, upto: int) -> OffsetRecord:
+    def _no_changes(self, replica: str, rec: OffsetRecord, upto: int, *, note: str = "no changes") -> OffsetRecord:
         """``replica``'s record (``rec``) moved to ``upto`` without a write: it had nothing before it."""
         store = self.engine.store
         rec = store.plan(replica, self.owner, last=rec.last, next=lsn_position(upto), seq=rec.seq + 1, source_version=None)
         return store.commit(replica, self.owner, seq=rec.seq, last=rec.last, next=lsn_position(upto), rows=0,
-                            state=REPLICATING, note="no changes")
+                            state=REPLICATING, note=note)
 
     def _split(self, txs: list[Transaction]) -> dict[str, list[Any]]:
         """Per source table, in order: runs of ``(RowChange, Transaction)`` separated by its DDL changes."""
@@ -791,7 +826,8 @@ class ReplicatorUnit:
         lsn = run.lsn
         if t.rec.pending and t.rec.next != lsn_position(lsn):  # planned with other bounds and never landed
             t.rec = store.reset(t.replica, t.rec.last, who=self.owner, reason="unit re-planned after a crash")
-        if t.rec.pending:  # planned before a crash and not landed: exactly it again
+        redo = t.rec.pending
+        if redo:  # planned before a crash and not landed: exactly it again
             seq = t.rec.seq
         else:
             seq = t.rec.seq + 1
@@ -799,13 +835,19 @@ class ReplicatorUnit:
                                inputs_next={"changes": run.last})
         commit = Commit(f"tidemark:{t.replica}", seq, self.commit_meta(unit, lsn, changes=[run.first, run.last],
                                                                       key=list(t.layout.key)))
+        if not redo and delta_meta.recorded_txn(t.path, commit.app_id) >= seq:
+            raise self._stale(t, seq, lsn, "before its write")
         try:
             counts = run.land(commit)
         except BatchError as exc:
             raise TidemarkError(f"replica {t.replica}: {exc}") from None
         faults.crashpoint("cdc-written")
+        landed = delta_meta.find_txn_commit(t.path, commit.app_id, seq)
+        if landed is None or int(landed.user_metadata.get("lsn", -1)) != lsn:  # Delta skipped it: the version was taken
+            raise self._stale(t, seq, lsn, "after its write")
+        self.positions.committed(t.replica, lsn)
         lag = (dt.datetime.now(dt.UTC).replace(tzinfo=None) - run.oldest).total_seconds()
-        self._log(t, seq, "apply", counts, run.count, lag=lag)
+        self._log(t, seq, "apply", counts, run.count, lag=lag, commit=landed)
         t.rec = store.commit(t.replica, self.owner, seq=seq, last=t.rec.last, next=lsn_position(lsn), rows=run.count,
                              state=REPLICATING, note=f"unit {unit}: {run.count} changes up to {format_lsn(lsn)}")
         with self._lock:
@@ -815,8 +857,21 @@ class ReplicatorUnit:
                 totals[k] = totals.get(k, 0) + v
             result.lag_s = max(result.lag_s or 0.0, lag)
 
-    def _log(self, t: Table, seq: int, strategy: str, counts: dict[str, int], rows: int, *, lag: float | None) -> None:
-        commit = delta_meta.find_txn_commit(t.path, f"tidemark:{t.replica}", seq)
+    def _stale(self, t: Table, seq: int, lsn: int, when: str) -> StaleReplicaError:
+        """The replica's log records txn version ``seq`` (or a later one) for another write than this
+        unit's up to ``lsn``: a writer the unit did not reconcile with (a killed unit's MERGE that still
+        ran on a Spark Connect server, with the offset store lost meanwhile). Nothing of this unit counts
+        for the replica; the next unit reconciles with the log and reads what it lacks."""
+        got = delta_meta.find_txn_commit(t.path, f"tidemark:{t.replica}", delta_meta.recorded_txn(t.path, f"tidemark:{t.replica}"))
+        theirs = (got.user_metadata if got else {}).get("lsn_text", "?")
+        return StaleReplicaError(f"replica {t.replica}: {when}, its Delta log records txn version "
+                                 f"{delta_meta.recorded_txn(t.path, f'tidemark:{t.replica}')} (up to {theirs}) of another "
+                                 f"writer, not this unit's version {seq} up to {format_lsn(lsn)}; the unit runs again "
+                                 f"from what the log records")
+
+    def _log(self, t: Table, seq: int, strategy: str, counts: dict[str, int], rows: int, *, lag: float | None,
+             commit: delta_meta.CommitStats | None = None) -> None:
+        commit = commit or delta_meta.find_txn_commit(t.path, f"tidemark:{t.replica}", seq)
         now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         write_etl_log(self.engine.settings, LogEntry(
             topic=t.replica, ts=now, rows=rows, max_id=None, min_ts=None, max_ts=None, nulls={}, run_id=self.engine.run_id,
@@ -824,15 +879,54 @@ class ReplicatorUnit:
             base_rows=rows, bad_rows=0, delta_version=commit.version if commit else None, duration_s=0.0, max_lag=lag,
             strategy=strategy, detail=f"replicator {self.spec.name}, source table {t.source}", changes=dict(counts)))
 
-    def _ack(self, upto: int) -> int | None:
+    def _ack(self, upto: int, *, idle: bool) -> int | None:
         """Acknowledge the source up to the lowest position every kept replica (paused ones too,
         unless parked on a slot of their own) applied; nothing while a replica waits for its first
-        copy. Every replica parked: up to ``upto``, where the read ended."""
+        copy. Every replica parked: up to ``upto``, where the read ended. Only once Delta records
+        every such position (:meth:`_durable`); an ``idle`` unit within the positions table's
+        interval acknowledges nothing."""
         kept = [t for t in self.tables.values() if t.applied is not None and state_word(t.rec) != DROPPED]
         held = [t.applied for t in kept if not t.parked and t.applied is not None]
         held += self._gone_positions  # their rename or drop not read yet
         if not kept or any(t.applied is None and t.active for t in self.tables.values()):
             return None
+        if not self._durable(idle=idle):
+            return None
         lsn = min(held) if held else upto
         self.source.ack(lsn)
+        faults.crashpoint("cdc-acked")
         return lsn
+
+    # ------------------------------------------------------------------ positions in Delta
+    def _recover_own(self, rec: OffsetRecord, got: cdc_positions.Recorded) -> OffsetRecord:
+        """The replicator's record caught up with its unit number and change counter as the positions
+        table records them (a lost or restored store would number units and changes again)."""
+        if rec.pending or got.unit <= rec.seq:
+            return rec
+        return self.engine.store.recover(
+            self.spec.state_key, who=self.owner, expected_seq=rec.seq, seq=got.unit, last=Position(ZERO_TS, got.unit),
+            rows=0, run=None, state=REPLICATING, source_version=None, delta_version=got.version,
+            inputs={"changes": got.changes},
+            note=f"caught up from {self.positions.table}: unit {got.unit}")
+
+    def _positions(self) -> dict[str, tuple[int, str]]:
+        """Per replica the position up to which it is complete and its state, as this unit leaves them
+        (replicas it did not look at keep what the table held)."""
+        got = self.positions.recorded
+        out = {r: (lsn, got.state.get(r, "")) for r, lsn in got.lsn.items()}
+        for replica, rec in [(t.replica, t.rec) for t in self.tables.values()] + list(self.gone.items()):
+            lsn = applied_lsn(rec)
+            if lsn is None:
+                out.pop(replica, None)  # to be copied (again): nothing to recover
+            else:  # (the state of a replica that follows its source is not kept: only a pause or a drop)
+                out[replica] = (lsn, REPLICATING if state_word(rec) in ACTIVE_STATES else rec.state)
+        return out
+
+    def _durable(self, *, idle: bool) -> bool:
+        """Whether Delta records, for every replica, the position its record says it is complete up to,
+        so the slot may be acknowledged up to there (:meth:`Positions.durable`: writes the positions
+        table when it must; an ``idle`` unit at most every few seconds)."""
+        own = self.engine.store.get(self.spec.state_key)
+        changes = max([own.inputs.get("changes", 0) if own else 0]
+                      + [t.rec.inputs.get("changes", 0) for t in self.tables.values()])
+        return self.positions.durable(self._positions(), idle=idle, unit=own.seq if own else 0, changes=changes)

@@ -41,17 +41,20 @@ def open_source(rep: Replicator) -> ColumnarSource:
 
 
 def run_replicator(engine: UnitContext, rep: Replicator, *, until_caught_up: bool = False, retries: int = 4,
-                   backoff_s: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> Iterator[CdcResult]:
+                   backoff_s: float = 2.0, sleep: Callable[[float], None] = time.sleep,
+                   positions_every_s: float = 0.0) -> Iterator[CdcResult]:
     """Units of one replicator: one, or until a unit finds nothing to do (a unit redone after a crash
     does not count as finding nothing). A retryable failure (the
     source unreachable) is retried ``retries`` times with exponential backoff (2, 4, 8, 16 s); the
-    replicator's state says ``failing: ...`` meanwhile, and the last failure is raised."""
+    replicator's state says ``failing: ...`` meanwhile, and the last failure is raised.
+    ``positions_every_s``: idle units write the replicator's positions table at most this often
+    (:class:`platform_assets.cdc.positions.Positions`; 0: whenever they must)."""
     source = open_source(rep)
     try:
         attempt = 0
         while True:
             try:
-                result = ReplicatorUnit(engine, rep, source).run_once()
+                result = ReplicatorUnit(engine, rep, source, positions_every_s=positions_every_s).run_once()
             except Exception as exc:
                 if attempt >= retries or not retryable(exc):
                     raise

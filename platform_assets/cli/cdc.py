@@ -13,6 +13,8 @@ from lineage.core.positions import Position
 from lineage.spec.model import Lineage, Replicator
 from platform_assets.cli.common import engine_from, format_table, settings_from
 
+#: ``tidemark cdc run --until-caught-up``'s exit status when a replica is paused (it is not caught up)
+EXIT_PAUSED = 3
 STATES = ("SNAPSHOTTING", "REPLICATING", "PAUSED", "FAILING", "DROPPED")
 
 
@@ -44,7 +46,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from platform_assets.cdc.run import run_replicator
 
     eng = engine_from(args)
+    not_caught_up = 0
     for rep in _replicators(eng.lineage, args.names):
+        told: set[str] = set()
         for result in run_replicator(eng, rep, until_caught_up=args.until_caught_up):
             counts = "; ".join(f"{t} " + ",".join(f"{k}={v}" for k, v in c.items()) for t, c in result.tables.items())
             snaps = "; ".join(f"{t} snapshot {n} rows" for t, n in result.snapshots.items())
@@ -53,7 +57,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                   + (f" lag {result.lag_s:.1f}s" if result.lag_s is not None else "") + f" ({result.duration_s:.1f}s)")
             for replica, why in result.paused.items():
                 print(f"{rep.name}: PAUSED {replica}: {why}", file=sys.stderr)
-    return 0
+                told.add(replica)
+        paused = {r[0]: r[5] for r in status_rows(eng.store, rep) if r[1] == "PAUSED"}
+        for replica, why in paused.items():
+            if replica not in told:
+                print(f"{rep.name}: PAUSED {replica}: {why}", file=sys.stderr)
+        if paused:
+            not_caught_up += 1
+            print(f"{rep.name}: NOT caught up: {len(paused)} replica(s) paused ({', '.join(sorted(paused))}); each "
+                  f"line above says why and what to run (tidemark cdc status {rep.name})", file=sys.stderr)
+    return EXIT_PAUSED if not_caught_up and args.until_caught_up else 0
 
 
 def status_rows(store: Any, rep: Replicator) -> list[tuple[Any, ...]]:
@@ -156,9 +169,11 @@ def _table_lock(args: argparse.Namespace) -> tuple[Any, Any, Replicator]:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    store, owner, _ = _table_lock(args)
+    store, owner, rep = _table_lock(args)
     try:
-        store.set_state(args.replica, owner, f"paused: by the user: {args.reason or 'no reason given'}")
+        why = f"paused: by the user: {args.reason or 'no reason given'}"
+        store.set_state(args.replica, owner, why)
+        _record_state(args, rep, args.replica, why)
     finally:
         store.release(args.replica, owner)
         store.close()
@@ -180,6 +195,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 cdc_ddl.remove_table(path)
             store.reset(args.replica, Position.zero(), who=owner, reason="cdc resume --resync: copied again")
         store.set_state(args.replica, owner, "replicating" if not args.resync else "snapshotting")
+        _record_state(args, rep, args.replica, None if args.resync else "replicating")
     finally:
         store.release(args.replica, owner)
         store.close()
@@ -188,10 +204,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _record_state(args: argparse.Namespace, rep: Replicator, replica: str, state: str | None) -> None:
+    """The replicator's positions table (``etl.cdc_positions__<name>``) told of a pause or resume by
+    the user, so a lost offset store recovers it; ``None``: the replica is copied again (forgotten there)."""
+    from resources.storage import cdc_positions
+
+    settings, _ = _lineage(args)
+    if state is None:
+        cdc_positions.drop(settings, rep.name, [replica])
+    else:
+        cdc_positions.set_state(settings, rep.name, replica, state)
+
+
 def cmd_delete(args: argparse.Namespace) -> int:
     from platform_assets.cdc import ddl as cdc_ddl
     from platform_assets.cdc.run import open_source
     from resources.state.offset_sql import open_settings_store
+    from resources.storage import cdc_positions
 
     settings, lineage = _lineage(args)
     rep = _replicators(lineage, [args.name])[0]
@@ -213,6 +242,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
                     cdc_ddl.remove_table(path)
             store.forget(replica, who="tidemark cdc delete", reason=f"replicator {rep.name} deleted")
         store.forget(rep.spec.state_key, who="tidemark cdc delete", reason=f"replicator {rep.name} deleted")
+        cdc_positions.drop(settings, rep.name)
     finally:
         store.close()
     print(f"replicator {rep.name}: deleted (source slot/publication dropped; replicas "
@@ -225,7 +255,8 @@ def register(sub: Any) -> None:
         dest="action", required=True)
     run = cdc.add_parser("run", help="apply the sources' changes to the replicas (one unit each, or until caught up)")
     run.add_argument("names", nargs="*", help="replicators (default: all)")
-    run.add_argument("--until-caught-up", action="store_true")
+    run.add_argument("--until-caught-up", action="store_true",
+                     help=f"run units until nothing is left; exits {EXIT_PAUSED} when a replica is paused (not caught up)")
     run.set_defaults(func=cmd_run)
     st = cdc.add_parser("status", help="per replica: state (SNAPSHOTTING, REPLICATING, PAUSED, FAILING, DROPPED), "
                                        "applied position, last error; the slot's backlog")

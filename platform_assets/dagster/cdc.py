@@ -36,7 +36,8 @@ def replica_key(replica: str) -> dg.AssetKey:
 
 
 def known_replicas(settings: Settings, rep: Replicator) -> list[str]:
-    """The replicator's replicas: named in the lineage, or recorded in the offset store."""
+    """The replicator's replicas: named in the lineage, recorded in the offset store, or in the
+    replicator's positions table (``etl.cdc_positions__<name>``: a lost store still lists them)."""
     names = set(rep.spec.explicit_replicas())
     try:
         from resources.state.offset_sql import open_settings_store
@@ -47,6 +48,12 @@ def known_replicas(settings: Settings, rep: Replicator) -> list[str]:
         finally:
             store.close()
     except Exception:  # noqa: BLE001 - an unreachable store must not break loading the code location
+        pass
+    try:
+        from resources.storage import cdc_positions
+
+        names |= set(cdc_positions.read(settings, rep.name).lsn)
+    except Exception:  # noqa: BLE001 - nor an unreadable table
         pass
     return sorted(names)
 

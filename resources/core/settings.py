@@ -139,3 +139,16 @@ def parse_spark_conf(text: str) -> dict[str, str]:
             raise ConfigError(f"TIDEMARK_SPARK_CONF: {part!r} is not key=value (pairs are separated by ';')")
         out[key.strip()] = value.strip()
     return out
+
+
+def whole_number_setting(name: str, default: int, what: str, env: Mapping[str, str] | None = None) -> int:
+    """The setting ``$name`` (``default`` when unset or empty) as a whole number of ``what`` >= 1;
+    anything else is refused, naming the variable and its value."""
+    raw = (os.environ if env is None else env).get(name, "").strip() or str(default)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{name}={raw!r}: expected a whole number of {what} >= 1")
+    return value
