@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/freshness.py [--home .tidemark] [--since 10m] [--pair stage.orders:fact.orders ...]
     .venv/bin/python bench/freshness.py --dev 10m     # starts dev.sh itself, measures, stops it
+    .venv/bin/python bench/freshness.py --dev 10m --mode follow   # tidemark follow and the feeder instead
 
 Run it beside ``./scripts/dev.sh`` (the feeder appends ``FEED_ORDERS`` orders every
 ``FEED_INTERVAL`` seconds and Dagster's planner sensor turns them into blocks). It reads the
@@ -188,6 +189,50 @@ def run_dev(home: Path, seconds: float, warmup_s: float) -> None:
                     proc.wait()
 
 
+def run_follow(home: Path, seconds: float, warmup_s: float) -> None:
+    """Continuous mode: the demo's sources seeded, the feeder, and ``tidemark follow`` (one resident
+    process and Spark session running every unit as it becomes due; local Spark, or
+    ``TIDEMARK_SPARK_MASTER``) on a fresh state dir for ``seconds``, then stopped (SIGTERM). Their
+    output goes to ``<home>/follow.log``."""
+    import signal
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEMARK_", "DAGSTER_"))
+           or k in ("TIDEMARK_SPARK_MASTER", "TIDEMARK_FOLLOW_THREADS")}
+    env["TIDEMARK_HOME"] = str(home)
+    home.mkdir(parents=True, exist_ok=True)
+    py = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
+    subprocess.run([py, "-m", "platform_assets.demo.feeder", "--seed", os.environ.get("SEED_ORDERS", "3000"),
+                    "--iterations", "0"], cwd=ROOT, env=env, check=True, capture_output=True)
+    with open(home / "follow.log", "wb") as log:
+        procs = [subprocess.Popen([py, "-m", "platform_assets.cli", "follow"], cwd=ROOT, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True),
+                 subprocess.Popen([py, "-m", "platform_assets.demo.feeder", "--interval", os.environ.get("FEED_INTERVAL", "5"),
+                                   "--orders", os.environ.get("FEED_ORDERS", "20")], cwd=ROOT, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)]
+        try:
+            print(f"tidemark follow and the feeder running (state in {home}, log {home / 'follow.log'}); measuring "
+                  f"after {warmup_s:.0f}s, stopping after {seconds:.0f}s", flush=True)
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                if any(p.poll() is not None for p in procs):
+                    log.flush()
+                    tail = (home / "follow.log").read_text(errors="replace").splitlines()[-30:]
+                    raise DevExited("tidemark follow or the feeder exited early; the end of "
+                                    f"{home / 'follow.log'} (the state dir is kept):\n" + "\n".join(f"  | {x}" for x in tail))
+                time.sleep(2)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+
+
 def _row(label: str, lat: list[float], waiting: list[float], goal: float) -> str:
     if not lat:
         return f"{label:52} {0:>6} {len(waiting):>7}  nothing reached the destination in the window"
@@ -212,8 +257,11 @@ def main() -> int:
     p.add_argument("--chain", help="table,table,...: per row of the first table (a step hop by id first, then "
                                    "hops by version) to the last")
     p.add_argument("--dev", metavar="DURATION",
-                   help="start ./scripts/dev.sh on a fresh state dir (under --home, default a temporary one, "
+                   help="start the pipeline on a fresh state dir (under --home, default a temporary one, "
                         "removed after) for DURATION (e.g. 10m), then measure its rows after the first 3 minutes")
+    p.add_argument("--mode", choices=("runs", "follow"), default="runs",
+                   help="with --dev: runs (./scripts/dev.sh: Dagster's planner sensor, a run per unit; default) or "
+                        "follow (tidemark follow: one resident process runs every unit, and the feeder)")
     args = p.parse_args()
     temporary = None
     try:
@@ -225,7 +273,7 @@ def main() -> int:
             home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="tidemark-freshness-"))
             temporary = None if args.home else home
             try:
-                run_dev(home, seconds, warmup)
+                (run_follow if args.mode == "follow" else run_dev)(home, seconds, warmup)
             except DevExited:
                 temporary = None  # the state and dev.log stay for a look at what went wrong
                 raise

@@ -84,9 +84,11 @@ ALLOWED = {
     "platform_assets.intake": {"core"},
     "platform_assets.maintenance": {"core"},
     "platform_assets.engine": {"core", "facts", "views"},
-    "platform_assets.dagster": {"core", "facts", "views", "cdc", "intake", "maintenance", "engine"},
+    "platform_assets.follow": {"core", "engine", "cdc"},
+    "platform_assets.dagster": {"core", "facts", "views", "cdc", "intake", "maintenance", "engine", "follow"},
     "platform_assets.demo": {"core", "facts", "views", "cdc", "intake", "maintenance", "engine", "dagster"},
-    "platform_assets.cli": {"core", "facts", "views", "cdc", "intake", "maintenance", "engine", "dagster", "demo"},
+    "platform_assets.cli": {"core", "facts", "views", "cdc", "intake", "maintenance", "engine", "dagster", "demo",
+                            "follow"},
 }
 
 #: rooms that may import the Dagster library (besides these, a module that does is in the wrong room)

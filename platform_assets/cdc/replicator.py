@@ -79,7 +79,7 @@ from platform_assets.cdc.units import (
 )
 from platform_assets.core import faults, locks, spark_io
 from resources.core.settings import whole_number_setting
-from resources.spark.session import sibling_sessions
+from resources.spark.session import make_active, sibling_sessions
 from resources.state.lease import LeaseKeeper
 from resources.state.offsets import OffsetRecord
 from resources.storage import cdc_positions, delta_meta
@@ -711,6 +711,7 @@ class ReplicatorUnit:
 
         def work(source_table: str, segments: list[Any]) -> None:
             self._local.spark = free.get()
+            make_active(self._local.spark)
             try:
                 self._apply_table(source_table, segments, unit, seq_of, result)
             finally:

@@ -750,6 +750,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     events_cli.register(sub)
 
+    from platform_assets.cli import follow as follow_cli
+
+    follow_cli.register(sub)
+
     demo = sub.add_parser("demo", help="generate the demo shop data and run the demo lineage twice")
     demo.add_argument("--orders", type=int, default=3000)
     demo.add_argument("--keep", action="store_true", help="keep existing demo state instead of starting fresh")

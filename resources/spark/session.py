@@ -126,6 +126,16 @@ def session_started(spark: SparkSession) -> SparkSession:
     return spark
 
 
+def make_active(spark: SparkSession) -> None:
+    """``spark`` the active session of this thread. Spark Connect's client binds what a command
+    returns to the thread's active session: a ``localCheckpoint`` made on a sibling session
+    (:func:`sibling_sessions`) in a thread where another session is active would name a cached
+    relation the server keeps in the sibling, in a DataFrame of the other session, which then
+    fails with ``DATAFRAME_NOT_FOUND``. Classic sessions bind results to themselves: nothing to do."""
+    if is_connect(spark):
+        type(spark)._active_session.session = spark  # type: ignore[attr-defined]  # (thread-local in pyspark)
+
+
 def sibling_sessions(spark: SparkSession, settings: Settings, count: int) -> list[SparkSession]:
     """``count`` more sessions on ``spark``'s Spark, for work run concurrently from threads: each has
     its own SQL settings and temporary views, so settings a statement needs (a Delta write's

@@ -1,0 +1,130 @@
+"""``tidemark follow`` (issue 55): one resident process runs every unit the moment it is due, on real
+Spark + Delta, through the same commit protocol and lease lock as ``tidemark run``: rows appended
+while it follows land once, views equal their recompute, a reload follows its base; two followers,
+or a follower and a run, share the topics; SIGKILLed at random moments and restarted, nothing is
+lost or doubled."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from lineage.spec.loader import load_lineage
+from platform_assets.follow.loop import Event, Follower
+from resources.core.settings import Settings
+from tests.platform_assets.shop import tidemark
+from tests.platform_assets.test_cleanup import (
+    COUNTRIES,
+    DAILY,
+    FACT,
+    WIDE,
+    assert_equals_recompute,
+    customers,
+    make_engine,
+    orders,
+)
+
+pytestmark = pytest.mark.spark
+
+TOPICS = ("fact.orders", "mart.wide", "mart.daily")
+
+
+def _exact(eng, total: int) -> None:  # noqa: ANN001
+    assert assert_equals_recompute(eng, "fact.orders") == total
+    assert assert_equals_recompute(eng, "mart.wide") == total
+    assert assert_equals_recompute(eng, "mart.daily") == 5
+    countries = sorted((r["country"], r["n"]) for r in DeltaTable(eng.path("dim.countries")).to_pyarrow_table().to_pylist())
+    assert countries == [("C0", 2), ("C1", 2), ("XX", 1)]
+
+
+@pytest.mark.fast
+def test_a_follower_runs_every_unit_as_rows_arrive_and_ends_exact(spark, settings: Settings, tmp_path: Path) -> None:
+    eng, _ = make_engine(spark, settings, tmp_path, FACT + WIDE + DAILY + COUNTRIES)
+    customers(eng)
+    orders(eng, [(i, i) for i in range(1, 21)])
+    events: list[Event] = []
+    follower = Follower(eng.settings, eng.lineage, spark=spark, report=events.append)
+    stop = threading.Event()
+    done: list[int] = []
+    runner = threading.Thread(target=lambda: done.append(follower.run(stop, until_idle_s=5, max_seconds=240)))
+    runner.start()
+    try:
+        for batch in range(3):  # rows and a customer change arrive while it follows
+            time.sleep(1.5)
+            orders(eng, [(i, i) for i in range(21 + 10 * batch, 31 + 10 * batch)])
+        DeltaTable(eng.path("dim.customers")).update(predicate="id = 2", updates={"country": "'XX'"})
+        runner.join(timeout=300)
+    finally:
+        stop.set()
+        runner.join()
+        follower.close()
+    assert done and done[0] >= 5, [(e.work, e.wait, e.error) for e in events]
+    assert not [e for e in events if e.error is not None], [(e.work, e.error) for e in events if e.error]
+    worked = {e.work for e in events if e.result is not None}
+    assert worked >= {"fact.orders", "mart.wide", "mart.daily", "dim.countries"}
+    _exact(eng, 50)
+    eng.close()
+
+
+def _follow(s: Settings, *extra: str) -> subprocess.Popen:
+    return tidemark(s, "follow", "--interval", "0.3", *extra, wait=False)
+
+
+@pytest.mark.slow
+def test_sigkilled_at_random_moments_beside_a_second_follower_and_a_run_nothing_is_lost_or_doubled(
+        spark, settings: Settings, tmp_path: Path, cli_spark) -> None:
+    eng, _ = make_engine(spark, settings, tmp_path, FACT + WIDE + DAILY + COUNTRIES)
+    s = eng.settings
+    customers(eng)
+    orders(eng, [(i, i) for i in range(1, 11)])
+    rnd = random.Random(55)
+    procs: list[subprocess.Popen] = []
+    try:
+        other = _follow(s)  # a second follower on the same store the whole time
+        procs.append(other)
+        next_id = 11
+        for kill in range(5):
+            p = _follow(s)
+            procs.append(p)
+            for _ in range(2):
+                time.sleep(rnd.uniform(0.5, 3.0))
+                orders(eng, [(i, i) for i in range(next_id, next_id + 5)])
+                next_id += 5
+            if kill == 2:  # a run beside them: it runs what it can take, names what another holds
+                run = tidemark(s, "run", "--until-caught-up")
+                assert run.returncode == 0 or "is being processed by" in run.stderr, (run.stdout, run.stderr[-2000:])
+            p.send_signal(signal.SIGKILL)
+            p.wait(timeout=30)
+        DeltaTable(eng.path("dim.customers")).update(predicate="id = 2", updates={"country": "'XX'"})
+        other.send_signal(signal.SIGTERM)  # stops after the units running now
+        out, err = other.communicate(timeout=120)
+        assert other.returncode == 0, err[-3000:]
+        assert "stopped after" in out, out[-2000:]
+        last = tidemark(s, "follow", "--until-idle", "8", "--max-seconds", "240")
+        assert last.returncode == 0, last.stderr[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    _exact(eng, next_id - 1)
+    eng.close()
+
+
+def test_follow_names_an_unknown_topic_before_anything_runs(settings: Settings, tmp_path: Path) -> None:
+    from lineage.core.errors import TidemarkError
+
+    lineage = tmp_path / "lineage.yaml"
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "fact.sql").write_text("SELECT * FROM block\n")
+    lineage.write_text("sources:\n  - table: stage.orders\ntopics:\n  - table: fact.orders\n    depends_on: [stage.orders]\n"
+                       "    transforms: [sql/fact.sql]\n")
+    with pytest.raises(TidemarkError, match="unknown topic or replicator fact.ordrs"):
+        Follower(settings.with_(lineage=lineage), load_lineage(lineage), names=["fact.ordrs"])
