@@ -62,7 +62,7 @@ def main() -> int:
         timer = threading.Timer(args.seconds, stop.set)
         timer.start()
         t1 = time.monotonic()
-        idle_units = follower.run(stop)
+        idle_units = follower.run(stop) - units  # (run returns the units of the follower so far)
         elapsed = time.monotonic() - t1
         cpu = cpu_seconds(os.getpid()) + cpu_seconds(jvm) - cpu_before
         jobs = len(sc.statusTracker().getJobIdsForGroup(None)) - jobs_before
