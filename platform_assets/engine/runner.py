@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -180,6 +181,7 @@ class Engine:
         rec = self.store.get(topic.name)
         dest = self.path(topic.spec.destination)
         if rec is None:
+            explicit = start is not None
             if start is not None:
                 seq = protocol.recorded_seq(dest, topic.name)
                 note = "explicit start" + (f"; block numbers continue above {seq}, recorded in the Delta log" if seq else "")
@@ -193,6 +195,9 @@ class Engine:
                 if existing is None:
                     raise
                 rec = existing
+            else:
+                rec = self.reconcile(topic, rec)
+                return rec if explicit else self._reset_again(topic, rec)
         return self.reconcile(topic, rec)
 
     def reconcile(self, topic: Topic, rec: OffsetRecord) -> OffsetRecord:
@@ -222,7 +227,24 @@ class Engine:
             if base is None:
                 raise ProcessingError(f"topic '{topic.name}': base {topic.spec.base} does not exist at {self.path(topic.spec.base)}")
             late_from = {topic.spec.base: int(base.version())}
-        return self.store.reset(topic.name, to, who=self.owner, reason=reason, seq=seq, late_from=late_from)
+        rec = self.store.reset(topic.name, to, who=self.owner, reason=reason, seq=seq, late_from=late_from)
+        # in Delta too: a store lost before the topic's next unit gets the reset back (:meth:`_reset_again`)
+        meta_tables.record_reset(self.settings, topic.name, to.to_text(), seq, late_from, self.owner, reason, self.clock())
+        return rec
+
+    def _reset_again(self, topic: Topic, rec: OffsetRecord) -> OffsetRecord:
+        """A record rebuilt from the Delta log (the store lost) with the topic's newest reset applied
+        again when no unit landed since (``etl.offset_resets``): the log alone would undo it."""
+        reset = meta_tables.last_reset(self.settings, topic.name)
+        if reset is None or rec.pending or int(reset["seq"]) < rec.seq:
+            return rec
+        to = Position.parse(reset["last"])
+        if to == rec.last:
+            return rec
+        late_from = json.loads(reset["late_from"]) if reset["late_from"] else None
+        return self.store.reset(topic.name, to, who=self.owner, seq=int(reset["seq"]), late_from=late_from,
+                                reason=f"the reset of {reset['ts']:%Y-%m-%d %H:%M:%S} by {reset['who']} applied again "
+                                       f"(etl.offset_resets; the offset store had lost it): {reset['reason']}")
 
     def freshness(self, table: str) -> dt.datetime | None:
         """The position ``table`` is fresh up to: the least ``last`` of the topics producing it

@@ -3,7 +3,9 @@
 * ``etl.log`` — per-block statistics (the seed's ``ETL.Log``), one row per block, written
   idempotently: a topic's rows carry the Delta transaction ``(tidemark-log:<topic>, seq)``;
 * ``sch.lineage`` — the validated lineage, with who published it and when;
-* ``etl.quarantine`` — base-table rows that cannot be placed (null ``pos``/``id``), as JSON.
+* ``etl.quarantine`` — base-table rows that cannot be placed (null ``pos``/``id``), as JSON;
+* ``etl.offset_resets`` — every ``tidemark offsets reset``: the one move of an offset the Delta
+  log of the destination cannot show, so a store lost before the topic's next unit gets it back.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from resources.storage.warehouse import storage_options
 ETL_LOG = "etl.log"
 LINEAGE = "sch.lineage"
 QUARANTINE = "etl.quarantine"
-META_TABLES = (ETL_LOG, LINEAGE, QUARANTINE)
+OFFSET_RESETS = "etl.offset_resets"
+META_TABLES = (ETL_LOG, LINEAGE, QUARANTINE, OFFSET_RESETS)
+
+OFFSET_RESETS_SCHEMA = pa.schema([
+    ("topic", pa.string()), ("last", pa.string()), ("seq", pa.int64()), ("late_from", pa.string()),
+    ("who", pa.string()), ("reason", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
+])
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -265,3 +273,25 @@ def quarantine_rows(settings: Settings, topic: str, source: str, bad: pa.Table, 
         write_deltalake(path, data, mode="overwrite", predicate=_quarantine_key(topic, after_version), schema_mode="merge",
                         storage_options=storage_options(path))
     return bad.num_rows - before
+
+
+def record_reset(settings: Settings, topic: str, last: str, seq: int, late_from: dict[str, int] | None, who: str,
+                 reason: str, now: dt.datetime) -> None:
+    """Append a reset of ``topic`` to ``last`` (``seq``: the newest unit the destination's log
+    recorded then) to ``etl.offset_resets``."""
+    from deltalake import write_deltalake
+
+    path = settings.table_path(OFFSET_RESETS)
+    row = {"topic": topic, "last": last, "seq": seq, "late_from": json.dumps(late_from) if late_from else None,
+           "who": who, "reason": reason, "ts": now.replace(tzinfo=dt.UTC)}
+    write_deltalake(path, pa.Table.from_pylist([row], schema=OFFSET_RESETS_SCHEMA), mode="append",
+                    storage_options=storage_options(path))
+
+
+def last_reset(settings: Settings, topic: str) -> dict[str, Any] | None:
+    """The newest row of ``etl.offset_resets`` for ``topic`` (None: never reset)."""
+    table = open_table(settings.table_path(OFFSET_RESETS))
+    if table is None:
+        return None
+    rows = [r for r in table.to_pyarrow_table().to_pylist() if r["topic"] == topic]
+    return max(rows, key=lambda r: r["ts"]) if rows else None

@@ -20,7 +20,8 @@ from lineage.core.positions import Position
 from lineage.spec.loader import load_lineage
 from platform_assets.engine.runner import Engine, data_app_id
 from resources.core.settings import Settings
-from resources.storage.meta_tables import read_etl_log
+from resources.state.offsets import utcnow
+from resources.storage.meta_tables import read_etl_log, record_reset
 from tests.platform_assets.shop import (
     TRANSFORM_SQL,
     full_recompute,
@@ -212,6 +213,34 @@ def test_lost_store_rebuilds_every_field_and_keeps_detecting_late_rows(spark, s)
     assert _late_ids(spark, eng) == {r["id"] for r in late}
     got = _rows(spark, eng.path("fact.events"))
     assert got == _full_recompute(spark, eng, exclude_ids={r["id"] for r in late})
+
+
+def test_a_reset_the_store_lost_before_the_next_block_is_applied_again_from_delta(spark, s):
+    """``tidemark offsets reset`` moves an offset where the destination's log cannot show it: a store
+    lost before the topic's next block would silently undo it. It is kept in ``etl.offset_resets``
+    and applied again to the record rebuilt from the log; once a block landed after it, no more."""
+    eng = _engine(spark, s)
+    eng.run_until_caught_up()
+    topic = eng.lineage.topic("fact.events")
+    kept = eng.store.get("fact.events")
+    back = Position(kept.last.pos - dt.timedelta(minutes=20), 0)
+    eng.reset_offsets(topic, back, "re-process the last 20 minutes")
+    eng.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{_db(s)}{suffix}").unlink(missing_ok=True)
+    eng = _engine(spark, s)
+    rec = eng.ensure_offsets(topic)
+    assert rec.last == back and rec.seq == kept.seq, rec
+    assert "applied again" in eng.store.history("fact.events")[0].note
+    # a newer reset row from before the newest block landed (its seq below the log's): not applied
+    record_reset(s, "fact.events", Position.zero().to_text(), kept.seq - 1, None, "test", "older than a block", utcnow())
+    eng.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{_db(s)}{suffix}").unlink(missing_ok=True)
+    eng = _engine(spark, s)
+    rec = eng.ensure_offsets(topic)
+    assert (rec.last, rec.seq) == (kept.last, kept.seq), rec
+    eng.close()
 
 
 def test_lost_store_of_a_reload_topic_keeps_its_sequence(spark, settings, tmp_path):
