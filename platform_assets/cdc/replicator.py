@@ -863,10 +863,12 @@ class ReplicatorUnit:
         unit's up to ``lsn``: a writer the unit did not reconcile with (a killed unit's MERGE that still
         ran on a Spark Connect server, with the offset store lost meanwhile). Nothing of this unit counts
         for the replica; the next unit reconciles with the log and reads what it lacks."""
-        got = delta_meta.find_txn_commit(t.path, f"tidemark:{t.replica}", delta_meta.recorded_txn(t.path, f"tidemark:{t.replica}"))
+        app = f"tidemark:{t.replica}"
+        recorded = delta_meta.recorded_txn(t.path, app)
+        got = delta_meta.find_txn_commit(t.path, app, recorded)
         theirs = (got.user_metadata if got else {}).get("lsn_text", "?")
         return StaleReplicaError(f"replica {t.replica}: {when}, its Delta log records txn version "
-                                 f"{delta_meta.recorded_txn(t.path, f'tidemark:{t.replica}')} (up to {theirs}) of another "
+                                 f"{recorded} (up to {theirs}) of another "
                                  f"writer, not this unit's version {seq} up to {format_lsn(lsn)}; the unit runs again "
                                  f"from what the log records")
 
