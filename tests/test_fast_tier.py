@@ -26,6 +26,10 @@ OUTSIDE = {
                                                   "tier checks the columnar reduction and read in tests/lineage and "
                                                   "tests/resources",
     "tests/platform_assets/test_cleanup.py": "rounds of OPTIMIZE and VACUUM of bases under running topics (30 s or more each)",
+    "tests/platform_assets/test_cdc_lost_store.py": "whole replicators with PostgreSQL, the offset store lost between "
+                                                    "units (40 s or more each)",
+    "tests/platform_assets/test_lost_store_units.py": "cuts units short after their Delta write, then loses the store "
+                                                      "(about a minute)",
     "tests/bench/test_cdc_apply_bench.py": "runs the benchmark script in its own process (a JVM and PostgreSQL)",
     "tests/bench/test_cdc_big_tx_bench.py": "runs the benchmark script in its own processes (JVMs and PostgreSQL)",
     "tests/bench/test_maintenance_bench.py": "runs the benchmark script in its own process (a JVM)",

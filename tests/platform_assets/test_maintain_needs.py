@@ -47,7 +47,9 @@ def needs_of(tmp_path, records: list[OffsetRecord]) -> dict[str, list[Need]]:  #
     for name, sql in {"fact": "SELECT * FROM block", "countries": "SELECT DISTINCT country FROM block",
                       "wide": "SELECT b.id, c.country FROM block b JOIN dim.customers c ON b.customer_id = c.id"}.items():
         (tmp_path / f"{name}.sql").write_text(sql + "\n")
-    eng = SimpleNamespace(lineage=load_lineage(tmp_path / "lineage.yaml"))
+    # no destination table exists: the needs come from the records alone (test_maintain covers the log)
+    eng = SimpleNamespace(lineage=load_lineage(tmp_path / "lineage.yaml"), path=lambda t: str(tmp_path / "wh" / t),
+                          clock=lambda: T)
     return consumer_needs(eng, {r.topic: r for r in records})  # type: ignore[arg-type]
 
 
