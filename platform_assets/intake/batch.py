@@ -327,6 +327,7 @@ class EventProcessor:
             entry = status["destinations"][dest]["tables"][table]
             ids = pa.array([ordinal << 32 | line for line in pair.lines], pa.int64())
             if pair.lines:
+                entry["max_id"] = ordinal << 32 | pair.lines[-1]  # (a plan kept from an ordinal drawn anew)
                 store.write_stage(self.settings.table_path(table), pair.data, pos, ids, stage_app_id(dest, table),
                                   entry["version"], {"unit": unit, "destination": dest, "table": table,
                                                      "lines": entry["lines"], "rows": len(ids), **meta_files})

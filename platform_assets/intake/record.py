@@ -12,8 +12,10 @@ like a CDC replicator's unit, the unit is:
 Row ids are ``ordinal << 32 | line``, and the ordinal comes from one counter of the store,
 :data:`~platform_assets.core.locks.INTAKE_ORDINALS`. Every host and loop writing through that
 store draws from it, so row ids are unique across them all, not only within an events folder.
-The folder's own counter (``processor.json``) stays a floor: a store restored from a backup does
-not give out a number the folder used.
+Two floors keep a lost store, or one restored from a backup, from giving out a number again: the
+greatest ordinal the stage tables hold (their Delta statistics: what any host landed), and the
+folder's own counter (``processor.json``: what this folder planned and may not have landed yet).
+A plan whose ordinal the record does not know (the store lost or went back past it) draws anew.
 
 What a unit holds in detail stays in its status file beside its files:
 - its files;
@@ -45,8 +47,9 @@ import contextlib
 import hashlib
 import os
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lineage.core.errors import OffsetError
 from lineage.core.positions import ZERO_TS, Position
@@ -56,6 +59,12 @@ from resources.intake.event_queue import DONE
 from resources.state.lease import LeaseKeeper
 from resources.state.offset_sql import owner_host
 from resources.state.offsets import STATE_PLANNED, OffsetRecord, OffsetStore
+from resources.storage import delta_meta
+from resources.storage.warehouse import delta_tables
+
+if TYPE_CHECKING:
+    from lineage.intake.destinations import DestinationSpec
+    from resources.core.settings import Settings
 
 
 def folder_tag(events_dir: Path) -> str:
@@ -100,9 +109,12 @@ def _checked_tag(path: Path, tag: str) -> str:
 class UnitRecord:
     """The record a processor of the intake holds (its lock's keeper), and the units it plans there."""
 
-    def __init__(self, keeper: LeaseKeeper, events_dir: Path) -> None:
+    def __init__(self, keeper: LeaseKeeper, events_dir: Path, stage_tables: Callable[[], Sequence[str]]) -> None:
+        """``stage_tables()``: the paths of the stage tables whose row ids floor the ordinals (every
+        destination's of the intake config, :func:`stage_table_paths`)."""
         self.keeper = keeper
         self.events_dir = events_dir
+        self.stage_tables = stage_tables
         self.where = f"{owner_host()}:{events_dir}"
 
     def begin(self, unit: str, ordinal: int | None, save: Callable[[int], None]) -> int:
@@ -119,9 +131,9 @@ class UnitRecord:
                          note=f"unit {rec.seq} ({rec.state}) did not finish; superseded by {unit} ({self.where}). "
                               "When its processor runs it again, it plans it anew from what the tables hold")
             rec = self._record()
-        if ordinal is None or ordinal <= rec.seq:
+        if ordinal is None or ordinal != rec.seq:  # (a record behind the plan: the store lost or restored it)
             ordinal = event_store.next_ordinal(
-                self.events_dir, at_least=rec.seq,
+                self.events_dir, at_least=max(rec.seq, self._landed_ordinal()),
                 take=lambda floor: store.take_number(INTAKE_ORDINALS, who=owner, at_least=floor, processor="intake"))
             save(ordinal)
         store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, ordinal), seq=ordinal, source_version=None)
@@ -137,11 +149,26 @@ class UnitRecord:
         store.commit(key, owner, seq=ordinal, last=rec.last, next=Position(ZERO_TS, ordinal), rows=rows,
                      note=f"{unit}: {rows} rows")
 
+    def _landed_ordinal(self) -> int:
+        """The greatest ordinal the stage tables hold (row ids are ``ordinal << 32 | line``), from
+        their Delta statistics: the floor of the next one even when the store's counter was lost
+        or restored from a backup, and other hosts' folders drew numbers this one never saw (the
+        Delta log is the truth, DESIGN.md). A table is read incrementally once opened."""
+        high = delta_meta.max_id(self.stage_tables())
+        return 0 if high is None else high >> 32
+
     def _state(self, unit: str) -> str:
         return f"planned: {unit} ({self.where})"
 
     def _record(self) -> OffsetRecord:
         return held_record(self.keeper)
+
+
+def stage_table_paths(settings: Settings, destinations: Iterable[DestinationSpec]) -> Callable[[], list[str]]:
+    """The paths of every stage table of ``destinations`` as the warehouse lists them when called
+    (a unit may add a table)."""
+    schemas = sorted({d.schema_ for d in destinations})
+    return lambda: [settings.table_path(t) for t in delta_tables(settings.warehouse, schemas)]
 
 
 def held_record(keeper: LeaseKeeper) -> OffsetRecord:

@@ -40,7 +40,7 @@ from lineage.intake.destinations import DestinationMode
 from platform_assets.core import locks
 from platform_assets.core.faults import crashpoint
 from platform_assets.intake.batch import EventProcessor, UnitResult, stage_app_id
-from platform_assets.intake.record import UnitRecord, folder_tag, held_record, streamed_by
+from platform_assets.intake.record import UnitRecord, folder_tag, held_record, stage_table_paths, streamed_by
 from resources.core.settings import Settings
 from resources.intake import event_queue as q
 from resources.intake import event_store
@@ -48,6 +48,10 @@ from resources.intake.incoming_log import parse_name, ready_dir
 from resources.state.lease import LeaseKeeper
 from resources.state.offsets import STATE_COMMITTED, OffsetRecord
 from resources.storage.warehouse import delta_tables
+
+#: In a destination's queue folder from its first micro-batch on: the folder streamed (what
+#: :meth:`StreamLoop._recover` needs to know when neither the store nor a Delta log says where).
+STREAMED = "streamed"
 
 
 @dataclass
@@ -85,6 +89,7 @@ class StreamLoop:
         self.all_stream_ids = [d.id for d in intake.spec.destinations if d.mode is DestinationMode.STREAM]
         self.has_batch = any(d.mode is DestinationMode.BATCH for d in intake.spec.destinations)
         self.procs = {s.id: EventProcessor(settings, [s], modes=(DestinationMode.STREAM,)) for s in specs}
+        self.stage_tables = stage_table_paths(settings, intake.spec.destinations)
         self.queues: dict[str, LeaseKeeper] = {}  # per destination, its queue record's lock
         self.stopping = False
 
@@ -106,6 +111,8 @@ class StreamLoop:
             rec = queue.store.plan(queue.topic, queue.owner, last=rec.last, next=Position(ZERO_TS, rec.seq + 1),
                                    seq=rec.seq + 1, source_version=None, inputs_next=q.positions(ranges, done))
             crashpoint("stream_planned")
+        if ranges and not (folder / STREAMED).exists():
+            event_store.write_json_atomic(folder / STREAMED, {"first_micro_batch": rec.seq, "tag": self.tag})
         result = self._land(dest, rec, ranges) if ranges else None
         queue.store.commit(queue.topic, queue.owner, seq=rec.seq, last=rec.last, next=rec.next or rec.last,
                            rows=result.written if result else 0, forget=self._gone(rec),
@@ -167,6 +174,7 @@ class StreamLoop:
         rec = held_record(queue)
         found = self._newest_landed(dest)
         if found is None:
+            self._refuse_lost_positions(dest, rec)
             return
         plan, where, version = found
         seq = int(plan["seq"])
@@ -192,6 +200,25 @@ class StreamLoop:
         store.plan(key, owner, last=rec.last, next=Position(ZERO_TS, seq), seq=seq, source_version=None,
                    inputs_next={k: int(v) for k, v in plan["next"].items()})
         print(f"stream {dest}: {why}; micro-batch {seq} planned again as it was, from the log", file=sys.stderr, flush=True)
+
+    def _refuse_lost_positions(self, dest: str, rec: OffsetRecord) -> None:
+        """Refuse to read this folder's incoming files from their start when the store holds no
+        position of the queue (lost) and no table's log holds a micro-batch of it any more (log
+        retention, a dropped table), though the folder streamed before (:data:`STREAMED`): where
+        the queue stood is then known nowhere, and its events would land again."""
+        marker = q.queue_dir(self.events_dir, dest) / STREAMED
+        if rec.seq or rec.inputs or not marker.exists():
+            return  # the record's positions stand; or the folder never streamed: its start is right
+        ranges, done = q.next_ranges(self.events_dir, q.state_of(0, {}), 1)
+        if not ranges and not done:
+            return  # no incoming file is left to read again
+        raise TidemarkError(
+            f"stream {dest}: the offset store holds no read position of {self.events_dir} "
+            f"(record {self.queues[dest].topic}), and no table's Delta log holds one of its micro-batches any "
+            f"more (log retention, or a dropped table), though it streamed before ({marker}). Reading its "
+            f"incoming files from their start would land again events that landed. Restore the offset store "
+            f"from a backup that holds the record; or, to read them from their start anyway (events that landed "
+            f"land twice), remove {marker}")
 
     def _newest_landed(self, dest: str) -> tuple[dict[str, Any], str, int] | None:
         """The plan of the newest micro-batch of ``dest`` from this events folder that a table
@@ -284,7 +311,7 @@ class StreamLoop:
                     keeper = held.enter_context(locks.holding_in(
                         self.settings, locks.intake_stream_key(s.id), processor="intake",
                         note=f"the stream loop of destination {s.id}"))
-                    self.procs[s.id].record = UnitRecord(keeper, self.events_dir)
+                    self.procs[s.id].record = UnitRecord(keeper, self.events_dir, self.stage_tables)
                     self.queues[s.id] = held.enter_context(locks.holding(
                         keeper.store, locks.intake_queue_key(s.id, self.tag), keeper.owner, processor="intake",
                         note=f"the read positions of destination {s.id} in {self.events_dir}"))

@@ -35,7 +35,7 @@ from platform_assets.intake.batch import (
     unit_bytes_setting,
     unit_members,
 )
-from platform_assets.intake.record import UnitRecord, folder_tag
+from platform_assets.intake.record import UnitRecord, folder_tag, stage_table_paths
 from resources.core.settings import Settings
 from resources.intake import event_store as store
 from resources.intake.event_queue import batch_done
@@ -83,7 +83,7 @@ def process_ready(settings: Settings, intake: Intake, *, until_empty: bool = Fal
         return (store.read_json(sp) or {}) if sp.exists() else None
 
     with batch_lock(settings, owner) as keeper, _worker_pool(), contextlib.closing(_Archived(proc)):
-        proc.record = UnitRecord(keeper, proc.events_dir)
+        proc.record = UnitRecord(keeper, proc.events_dir, stage_table_paths(settings, intake.spec.destinations))
         while True:
             # a file processed earlier that a stream destination has not read to its end yet stays
             # in ready/ (the stream loop archives it): it is only looked at once per call
@@ -164,7 +164,7 @@ def replay(settings: Settings, intake: Intake, dest: str | None = None,
                 store.write_json_atomic(plan_path, plan)
             failures: list[dict[str, Any]] = plan["failures"]
             proc = EventProcessor(settings, [spec], modes=tuple(DestinationMode))
-            proc.record = UnitRecord(keeper, events_dir)
+            proc.record = UnitRecord(keeper, events_dir, stage_table_paths(settings, intake.spec.destinations))
 
             def events(failures: list[dict[str, Any]] = failures) -> Any:
                 return ((i, loads_exact(f["event"])) for i, f in enumerate(failures, start=1))

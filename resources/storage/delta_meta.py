@@ -672,19 +672,41 @@ def _ids_at(path: str, version: int) -> tuple[int | None, set[str]]:
         raise RemovedDataError(f"{path}: version {version} is no longer in its Delta log (removed by log retention)")
     files = pa.table(old.get_add_actions(flatten=True))
     paths = set(files["path"].to_pylist()) if files.num_rows else set()
+    return _max_id(files, f"{path} (version {version})"), paths
+
+
+def max_id(paths: Iterable[str]) -> int | None:
+    """The greatest ``id`` any of the tables at ``paths`` holds now (None: no row has one; a path
+    without a table holds none), from their Delta logs' statistics alone: no data file is read,
+    and a table read before in this process is brought up to date incrementally. Raises
+    :class:`RemovedDataError` when a file's statistics cannot say."""
+    wanted = list(paths)
+    best: int | None = None
+    with prefetched(wanted):
+        for path in wanted:
+            snap = TableSnapshot.open(path)
+            if snap.table is None or "id" not in snap.columns:
+                continue
+            high = _max_id(snap.files, f"{path} (version {snap.version})")
+            best = high if best is None or (high is not None and high > best) else best
+    return best
+
+
+def _max_id(files: pa.Table, where: str) -> int | None:
+    """The greatest ``id`` in the data files ``files`` (add actions with flattened statistics)."""
     if files.num_rows == 0:
-        return None, paths
+        return None
     if "max.id" not in files.column_names or "num_records" not in files.column_names:
-        raise RemovedDataError(f"{path}: the Delta log keeps no id statistics for version {version}")
+        raise RemovedDataError(f"{where}: the Delta log keeps no id statistics")
     nulls = files["null_count.id"].to_pylist() if "null_count.id" in files.column_names else [None] * files.num_rows
     best: int | None = None
     for high, rows, null in zip(files["max.id"].to_pylist(), files["num_records"].to_pylist(), nulls, strict=True):
         if high is None:
             if rows and null != rows:  # rows with an id, and no statistic saying how high
-                raise RemovedDataError(f"{path}: the Delta log keeps no id statistics for a file of version {version}")
+                raise RemovedDataError(f"{where}: the Delta log keeps no id statistics for one of its files")
             continue
         best = int(high) if best is None else max(best, int(high))
-    return best, paths
+    return best
 
 
 def _position_filter(schema: pa.Schema, last: Position | None = None, *, after: Position | None = None,
