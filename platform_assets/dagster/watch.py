@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lineage.core.errors import ConfigError
+from lineage.planning import look
+from lineage.planning.look import is_quiet  # noqa: F401 - the sensor's name for it
 
 #: How far below the offset log's head a planning looks for entries it has not seen: on a server,
 #: a transaction that took an id first may commit after one that took a later id.
@@ -123,17 +125,8 @@ def delays_started(topics: Iterable[tuple[Iterable[str], float]], changed: set[s
 
 
 def changed_tables(last: Look | None, versions: Mapping[str, int | None]) -> set[str]:
-    """The tables whose version differs from ``last``; on a first look, all of them (when their
-    rows landed is unknown, so every delay starts now)."""
-    if last is None:
-        return set(versions)
-    return {t for t, v in versions.items() if last.versions.get(t, -1) != v}
-
-
-def is_quiet(reason: str) -> bool:
-    """A wait that only a change of the topic's tables or offsets can end (no clock in it). Rows
-    dated after now wait for the clock: the planner says so in other words."""
-    return reason.startswith("no new rows") or " does not exist at " in reason
+    """The tables whose version differs from ``last``; on a first look, all of them."""
+    return look.changed_tables(None if last is None else last.versions, versions)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lineage.core.errors import TidemarkError, TopicLockedError, first_line
+from lineage.planning.look import changed_tables, is_quiet
 from lineage.spec.model import Lineage
 
 if TYPE_CHECKING:
@@ -83,11 +84,6 @@ def threads_setting(works: int) -> int:
     from resources.core.settings import whole_number_setting
 
     return whole_number_setting(THREADS_ENV, max(1, min(4, works)), "threads")
-
-
-def is_quiet(reason: str) -> bool:
-    """A wait only a change of the topic's tables can end (no clock in it)."""
-    return reason.startswith("no new rows") or " does not exist at " in reason or "nothing changed" in reason
 
 
 class Follower:
@@ -240,17 +236,14 @@ class Follower:
     def _changed_tables(self) -> set[str]:
         from resources.storage.delta_meta import newest_version
 
-        tables = {t for w in self.works.values() for t in w.reads}
-        changed = set()
-        for table in tables:
-            known = self._versions.get(table)
+        versions: dict[str, int | None] = {}
+        for table in {t for w in self.works.values() for t in w.reads}:
             try:
-                version = newest_version(self.settings.table_path(table), known)
+                versions[table] = newest_version(self.settings.table_path(table), self._versions.get(table))
             except Exception:  # noqa: BLE001 - a table being created or unreadable now: looked at next time
                 continue
-            if table not in self._versions or version != known:
-                changed.add(table)
-            self._versions[table] = version
+        changed = changed_tables(self._versions, versions)
+        self._versions.update(versions)
         return changed
 
     def _source(self, w: Work) -> Any:

@@ -129,3 +129,15 @@ def test_rows_dated_after_now_are_not_a_quiet_wait() -> None:
                           TableMark(Position(now + dt.timedelta(minutes=5), 9), version=3), {}, now)
     assert decision.ready and decision.cutoff == now
     assert not is_quiet(decision.limit)  # what the block says when it finds no row: the clock ends it
+
+
+def test_the_follower_and_the_sensor_share_one_look():
+    """``tidemark follow`` and the planner sensor take changed tables and quiet waits from one place."""
+    from lineage.planning import look
+    from platform_assets.dagster import watch
+    from platform_assets.follow import loop
+
+    assert watch.is_quiet is look.is_quiet and loop.is_quiet is look.is_quiet
+    assert look.is_quiet("incremental: nothing changed") and not look.is_quiet("rows dated after now wait")
+    assert look.changed_tables({"a": 1, "b": None}, {"a": 1, "b": None, "c": 0}) == {"c"}
+    assert look.changed_tables({"a": 1}, {"a": 2}) == {"a"} and look.changed_tables(None, {"a": 1}) == {"a"}
