@@ -67,6 +67,7 @@ from platform_assets.cdc.positions import Positions
 from platform_assets.cdc.units import (
     ACTIVE_STATES,
     DROPPED,
+    FAILING,
     PAUSED,
     REPLICATING,
     SNAPSHOTTING,
@@ -263,7 +264,7 @@ class ReplicatorUnit:
             rec = self._no_changes(replica, rec, recorded,
                                    note=f"caught up from {self.positions.table}: complete up to {format_lsn(recorded)}")
         state = got.state.get(replica, "")
-        if behind and state and state.split(":", 1)[0].strip() not in ACTIVE_STATES and rec.state != state:
+        if behind and state and state_word(state) not in ACTIVE_STATES and rec.state != state:
             self.engine.store.set_state(replica, self.owner, state)
             rec = self.engine.store.get(replica) or rec
         return rec
@@ -321,7 +322,7 @@ class ReplicatorUnit:
             self.engine.store.set_state(key, self.owner, REPLICATING)
             return result
         except Exception as exc:
-            self.engine.store.set_state(key, self.owner, f"failing: {first_line(exc)[:400]}")
+            self.engine.store.set_state(key, self.owner, f"{FAILING}: {first_line(exc)[:400]}")
             raise
         finally:
             lease.stop()

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from resources.state.offsets import OffsetStore
 
 SNAPSHOTTING, REPLICATING, PAUSED, DROPPED = "snapshotting", "replicating", "paused", "dropped"
+FAILING = "failing"  # the replicator's own record, after a unit failed
 #: the state words of a replica that follows its source (any other: paused, dropped)
 ACTIVE_STATES = (SNAPSHOTTING, REPLICATING, "committed", "planned", "new", "reset")  # (reset: a crash left it between
 # the offset store's reset and the state that follows it; its position says what comes next)
@@ -67,8 +68,11 @@ def applied_lsn(rec: OffsetRecord) -> int | None:
     return None if rec.last.is_zero() else rec.last.id
 
 
-def state_word(rec: OffsetRecord | None) -> str:
-    return (rec.state if rec else SNAPSHOTTING).split(":", 1)[0].strip()
+def state_word(rec: OffsetRecord | str | None) -> str:
+    """The first word of a replica's state (``paused: why ...`` -> ``paused``), from its record or
+    the state itself."""
+    state = rec if isinstance(rec, str) else (rec.state if rec else SNAPSHOTTING)
+    return state.split(":", 1)[0].strip()
 
 
 @dataclass

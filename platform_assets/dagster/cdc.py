@@ -98,8 +98,10 @@ def _compute(rep: Replicator, replicas: list[str]) -> Any:
 
 
 def _checks(rep: Replicator, replica: str, state: str, lag_s: float | None) -> list[dg.AssetCheckResult]:
-    word = state.split(":", 1)[0].strip()
-    bad = word in ("paused", "failing")
+    from platform_assets.cdc.units import FAILING, PAUSED, state_word
+
+    word = state_word(state)
+    bad = word in (PAUSED, FAILING)
     max_lag = rep.spec.checks.max_lag
     lag_ok = max_lag is None or lag_s is None or lag_s <= max_lag.total_seconds()
     return [

@@ -106,16 +106,12 @@ def set_state(settings: Settings, replicator: str, replica: str, state: str) -> 
 
 def drop(settings: Settings, replicator: str, replicas: list[str] | None = None) -> None:
     """Forget the replicator's positions (``tidemark cdc delete``): every replica's, or those named."""
-    import shutil
-
-    from resources.storage.warehouse import local_dir
+    from resources.storage.warehouse import remove_tree
 
     path = settings.table_path(table_name(replicator))
     if replicas is None:
-        local = local_dir(path)
-        if local is not None:
-            shutil.rmtree(local, ignore_errors=True)
-            return
+        remove_tree(path)
+        return
     table = open_table(path)
     if table is None:
         return

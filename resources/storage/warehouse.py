@@ -210,6 +210,26 @@ def arrow_filesystem(uri: str) -> tuple[Any, str]:
     return pafs.FileSystem.from_uri(uri)
 
 
+def remove_tree(uri: str) -> None:
+    """Remove everything under ``uri`` (a table's folder), on local disk or in object storage; a
+    path that is not there is no error."""
+    import pyarrow.fs as pafs
+
+    fs, path = arrow_filesystem(uri)
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return
+    # deepest first, one by one: an S3 server on a file system (versitygw) refuses to remove a
+    # folder's marker before its contents, which a batched delete_dir may ask in either order
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    for info in sorted(infos, key=lambda i: i.path.count("/"), reverse=True):
+        if info.type == pafs.FileType.Directory:
+            fs.delete_dir(info.path)
+        else:
+            fs.delete_file(info.path)
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)
+
+
 def delta_tables(warehouse: str, schemas: list[str] | None = None) -> list[str]:
     """Every Delta table under ``warehouse`` (``<schema>/<table>`` with a ``_delta_log``), as
     ``schema.table``, sorted; only those of ``schemas`` when given."""

@@ -7,6 +7,7 @@ import datetime as dt
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
 from lineage.core.errors import ConfigError
@@ -147,3 +148,24 @@ def test_jvm_free_reads_and_writes_on_the_store(s3_env, tmp_path):
     assert delta_meta.commit_null_counts(path, stats) == (1, {"pos": 0, "id": 0, "v": 0})
     end = delta_meta.find_block_end(path, Position(t0, 0), t0 + dt.timedelta(hours=1), maxstep=2)
     assert (end.end, end.rows) == (Position(t0 + dt.timedelta(minutes=1), 1), 2)  # the late row (t0, 4) is first
+
+
+@pytest.mark.fast
+def test_a_replicators_positions_table_on_the_store_is_written_read_and_dropped_whole(s3_env, tmp_path):
+    """``etl.cdc_positions__<name>`` on object storage: ``cdc delete`` (drop of every replica)
+    removes the table's objects, not only its rows; dropping one replica keeps the others."""
+    from resources.storage import cdc_positions
+
+    settings = Settings.from_env({}, home=tmp_path, warehouse="s3://tidemark/positions-wh")
+    cdc_positions.write(settings, "crm", {"public.a": (10, ""), "public.b": (20, "paused: x")}, unit=3, changes=7)
+    rec = cdc_positions.read(settings, "crm")
+    assert (rec.lsn, rec.state["public.b"], rec.unit, rec.changes) == ({"public.a": 10, "public.b": 20}, "paused: x", 3, 7)
+    cdc_positions.drop(settings, "crm", ["public.a"])
+    assert cdc_positions.read(settings, "crm").lsn == {"public.b": 20}
+    path = settings.table_path(cdc_positions.table_name("crm"))
+    fs, inside = storage.arrow_filesystem(path)
+    assert fs.get_file_info(pafs.FileSelector(inside, recursive=True))
+    cdc_positions.drop(settings, "crm")
+    assert fs.get_file_info(pafs.FileSelector(inside, recursive=True, allow_not_found=True)) == []
+    assert cdc_positions.read(settings, "crm").lsn == {}
+    cdc_positions.drop(settings, "crm")  # nothing left: no error
