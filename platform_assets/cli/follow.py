@@ -27,7 +27,10 @@ def _line(event: Any) -> str:
         return f"{at} {event.work:<24} {r.reason}" + (f" [{counts}]" if counts else "") + f"{lag} ({r.duration_s:.1f}s)"
     rng = f" {format_cell(r.block.last)} .. {format_cell(r.block.next)}" if r.block else ""
     extra = " [recovered: data had landed, offset caught up]" if r.recovered else ""
-    return f"{at} {event.work:<24} {r.reason:<10} rows={r.rows:<7} delta v{r.delta_version} {r.duration_s:5.1f}s{rng}{extra}"
+    phases = r.stats.get("phases_s") or {}
+    where = " (" + " ".join(f"{k} {v:.1f}" for k, v in phases.items() if v >= 0.05) + ")" if phases else ""
+    return (f"{at} {event.work:<24} {r.reason:<10} rows={r.rows:<7} delta v{r.delta_version} {r.duration_s:5.1f}s"
+            f"{where}{rng}{extra}")
 
 
 def cmd_follow(args: argparse.Namespace) -> int:
