@@ -198,7 +198,7 @@ def run_follow(home: Path, seconds: float, warmup_s: float) -> None:
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEMARK_", "DAGSTER_"))
-           or k in ("TIDEMARK_SPARK_MASTER", "TIDEMARK_FOLLOW_THREADS")}
+           or k in ("TIDEMARK_SPARK_MASTER", "TIDEMARK_FOLLOW_THREADS", "TIDEMARK_SPARK_CONF")}
     env["TIDEMARK_HOME"] = str(home)
     home.mkdir(parents=True, exist_ok=True)
     py = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
@@ -222,9 +222,9 @@ def run_follow(home: Path, seconds: float, warmup_s: float) -> None:
                                     f"{home / 'follow.log'} (the state dir is kept):\n" + "\n".join(f"  | {x}" for x in tail))
                 time.sleep(2)
         finally:
-            for p in procs:
+            for p in procs:  # the processes only, not their groups: Spark's JVM ends with the follower
                 if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGTERM)
+                    p.send_signal(signal.SIGTERM)
             for p in procs:
                 try:
                     p.wait(timeout=120)

@@ -169,8 +169,20 @@ class Follower:
         return self._spark
 
     def close(self) -> None:
-        for eng in self._engines:
-            eng.close()
+        """Close every engine and source. A JVM already gone (a SIGTERM sent to the whole process
+        group reaches Spark's JVM too) is said once, not raised: the units it cut short are redone
+        from the offset store and the Delta log by the next start."""
+        gone = False
+        for eng in [*self._engines, *([self._main] if self._main is not None else [])]:
+            try:
+                eng.close()
+            except Exception as exc:  # noqa: BLE001 - closing what may already be broken
+                gone = True
+                log.debug("follow: closing an engine: %s", first_line(exc))
+        if gone:
+            log.warning("follow: Spark's JVM was gone before the follower closed it (a signal sent to the whole "
+                        "process group?); any unit it cut short is finished by the next start")
+        self._main = None
         self._engines.clear()
         for src in self._sources.values():
             try:
@@ -178,9 +190,6 @@ class Follower:
             except Exception:  # noqa: BLE001 - closing what may already be broken
                 pass
         self._sources.clear()
-        if self._main is not None:
-            self._main.close()
-            self._main = None
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop: threading.Event, *, until_idle_s: float | None = None, max_seconds: float | None = None) -> int:
