@@ -60,16 +60,13 @@ from platform_assets.intake.workers import (
 )
 from resources.core.settings import Settings
 from resources.intake import event_store as store
+from resources.intake.event_store import stage_app_id
 from resources.intake.incoming_log import ReadyFile, read_events
 from resources.state.offset_sql import open_settings_store
 from resources.state.offsets import OffsetStore
 from resources.storage.meta_tables import LogEntry, write_etl_log
 
 _TS = pa.timestamp("us", tz="UTC")
-
-
-def stage_app_id(dest: str, table: str) -> str:
-    return f"tidemark-intake:{dest}:{table}"
 
 
 @dataclass(frozen=True)

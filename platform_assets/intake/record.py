@@ -56,6 +56,7 @@ from lineage.core.positions import ZERO_TS, Position
 from platform_assets.core.locks import INTAKE_ORDINALS, intake_queue_key
 from resources.intake import event_store
 from resources.intake.event_queue import DONE
+from resources.intake.event_store import stage_app_id
 from resources.state.lease import LeaseKeeper
 from resources.state.offset_sql import owner_host
 from resources.state.offsets import STATE_PLANNED, OffsetRecord, OffsetStore
@@ -109,9 +110,9 @@ def _checked_tag(path: Path, tag: str) -> str:
 class UnitRecord:
     """The record a processor of the intake holds (its lock's keeper), and the units it plans there."""
 
-    def __init__(self, keeper: LeaseKeeper, events_dir: Path, stage_tables: Callable[[], Sequence[str]]) -> None:
-        """``stage_tables()``: the paths of the stage tables whose row ids floor the ordinals (every
-        destination's of the intake config, :func:`stage_table_paths`)."""
+    def __init__(self, keeper: LeaseKeeper, events_dir: Path, stage_tables: Callable[[], dict[str, list[str]]]) -> None:
+        """``stage_tables()``: the stage tables whose row ids floor the ordinals, each path with the
+        ``txnAppId``\s of the destinations that may write it (:func:`stage_table_paths`)."""
         self.keeper = keeper
         self.events_dir = events_dir
         self.stage_tables = stage_tables
@@ -155,7 +156,13 @@ class UnitRecord:
         or restored from a backup, and other hosts' folders drew numbers this one never saw (the
         Delta log is the truth, DESIGN.md). A table is read incrementally once opened."""
         high = delta_meta.max_id(self.stage_tables())
-        return 0 if high is None else high >> 32
+        ordinal = 0 if high is None else high >> 32
+        if ordinal >= MAX_ORDINAL:
+            raise OffsetError(f"the intake's stage tables hold a row id of {high}, whose unit ordinal ({ordinal}) leaves "
+                              f"no room for another (ids are ordinal << 32 | line, at most {MAX_ORDINAL} units): "
+                              "a row id the intake did not give (written by hand?); find it in the destinations' "
+                              "tables and remove it")
+        return ordinal
 
     def _state(self, unit: str) -> str:
         return f"planned: {unit} ({self.where})"
@@ -164,11 +171,22 @@ class UnitRecord:
         return held_record(self.keeper)
 
 
-def stage_table_paths(settings: Settings, destinations: Iterable[DestinationSpec]) -> Callable[[], list[str]]:
-    """The paths of every stage table of ``destinations`` as the warehouse lists them when called
-    (a unit may add a table)."""
-    schemas = sorted({d.schema_ for d in destinations})
-    return lambda: [settings.table_path(t) for t in delta_tables(settings.warehouse, schemas)]
+def stage_table_paths(settings: Settings, destinations: Iterable[DestinationSpec]) -> Callable[[], dict[str, list[str]]]:
+    """Every table in the schemas of ``destinations`` as the warehouse lists them when called (a
+    unit may add one), each path with the ``txnAppId`` each destination would write it under: a
+    table none of them wrote (another writer's, in the same schema) is not theirs."""
+    specs = list(destinations)
+    schemas = sorted({d.schema_ for d in specs})
+
+    def tables() -> dict[str, list[str]]:
+        return {settings.table_path(t): [stage_app_id(d.id, t) for d in specs if t.split(".", 1)[0] == d.schema_]
+                for t in delta_tables(settings.warehouse, schemas)}
+
+    return tables
+
+
+#: Unit ordinals stay below this: a row id ``ordinal << 32 | line`` is a signed 64-bit integer.
+MAX_ORDINAL = 2**31 - 1
 
 
 def held_record(keeper: LeaseKeeper) -> OffsetRecord:

@@ -273,6 +273,11 @@ def write_stage(path: str, columns: pa.Table, pos: pa.Array, ids: pa.Array, app_
                                                        custom_metadata={"userMetadata": meta}))
 
 
+def stage_app_id(dest: str, table: str) -> str:
+    """The Delta ``txnAppId`` of destination ``dest``'s commits to stage table ``table``."""
+    return f"tidemark-intake:{dest}:{table}"
+
+
 def failed_app_id(dest: str) -> str:
     return f"tidemark-intake-failed:{dest}"
 

@@ -675,18 +675,21 @@ def _ids_at(path: str, version: int) -> tuple[int | None, set[str]]:
     return _max_id(files, f"{path} (version {version})"), paths
 
 
-def max_id(paths: Iterable[str]) -> int | None:
-    """The greatest ``id`` any of the tables at ``paths`` holds now (None: no row has one; a path
-    without a table holds none), from their Delta logs' statistics alone: no data file is read,
-    and a table read before in this process is brought up to date incrementally. Raises
-    :class:`RemovedDataError` when a file's statistics cannot say."""
-    wanted = list(paths)
+def max_id(tables: Mapping[str, Collection[str]]) -> int | None:
+    """The greatest ``id`` held now by the tables at the paths of ``tables`` that one of the
+    writers named with each (``txnAppId``\s) has committed to (None: no row has one; a path without
+    a table, or without a commit of those writers, holds none), from their Delta logs' statistics
+    alone: no data file is read, and a table read before in this process is brought up to date
+    incrementally. Raises :class:`RemovedDataError` when a file's statistics cannot say."""
+    wanted = list(tables)
     best: int | None = None
     with prefetched(wanted):
         for path in wanted:
             snap = TableSnapshot.open(path)
             if snap.table is None or "id" not in snap.columns:
                 continue
+            if not any(snap.table.transaction_version(app) for app in tables[path]):
+                continue  # another writer's table in the same schema: its ids are not ours to count
             high = _max_id(snap.files, f"{path} (version {snap.version})")
             best = high if best is None or (high is not None and high > best) else best
     return best

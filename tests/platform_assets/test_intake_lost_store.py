@@ -7,8 +7,9 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from lineage.intake.config import load_intake
 from platform_assets.intake.stream import STREAMED
@@ -48,6 +49,22 @@ def test_row_ids_stay_unique_when_the_store_forgot_another_hosts_ordinals(tmp_pa
     ids = _ids(a, "stage.events_pv")
     assert len(ids) == 12 and len(set(ids)) == 12, sorted(ids)
     assert sorted({i >> 32 for i in ids}) == [1, 2, 3, 4]
+
+
+def test_a_table_another_writer_keeps_in_a_stage_schema_does_not_move_the_ordinals(tmp_path: Path):
+    """Only the tables the intake's destinations wrote floor the ordinals: a table of another
+    writer in the same schema (a replica, the shop's tables), whatever its ids, is not counted."""
+    a, _ = _hosts(tmp_path)
+    intake = load_intake(config(tmp_path), secrets=False)
+    big = pa.table({"pos": pa.array([dt.datetime(2026, 1, 1, tzinfo=dt.UTC)], pa.timestamp("us", tz="UTC")),
+                    "id": pa.array([2**62 + 7], pa.int64())})
+    write_deltalake(a.table_path("stage.someone_elses"), big)
+    write_file(a, "web", T0, [{"event_type": "pv", "url": "/x"}])
+    assert [r.written for r in process_ready(a, intake)] == [1]
+    _lose(tmp_path)
+    write_file(a, "web", T0 + dt.timedelta(seconds=10), [{"event_type": "pv", "url": "/y"}])
+    assert [r.written for r in process_ready(a, intake)] == [1]
+    assert sorted(i >> 32 for i in _ids(a, "stage.events_pv")) == [1, 2]
 
 
 def _past_retention(s, table: str) -> None:  # noqa: ANN001
