@@ -13,7 +13,8 @@ Row ids are ``ordinal << 32 | line``, and the ordinal comes from one counter of 
 :data:`~platform_assets.core.locks.INTAKE_ORDINALS`. Every host and loop writing through that
 store draws from it, so row ids are unique across them all, not only within an events folder.
 Two floors keep a lost store, or one restored from a backup, from giving out a number again: the
-greatest ordinal the stage tables hold (their Delta statistics: what any host landed), and the
+greatest ordinal in the stage tables the destinations wrote (their Delta statistics: what any
+host landed; another writer's table in the same schema is not counted), and the
 folder's own counter (``processor.json``: what this folder planned and may not have landed yet).
 A plan whose ordinal the record does not know (the store lost or went back past it) draws anew.
 
