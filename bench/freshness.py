@@ -3,6 +3,7 @@
     .venv/bin/python bench/freshness.py [--home .tidemark] [--since 10m] [--pair stage.orders:fact.orders ...]
     .venv/bin/python bench/freshness.py --dev 10m     # starts dev.sh itself, measures, stops it
     .venv/bin/python bench/freshness.py --dev 10m --mode follow   # tidemark follow and the feeder instead
+    .venv/bin/python bench/freshness.py --dev 10m --mode dagster  # dev.sh in follow mode (a tidemark_follow run)
 
 Run it beside ``./scripts/dev.sh`` (the feeder appends ``FEED_ORDERS`` orders every
 ``FEED_INTERVAL`` seconds and Dagster's planner sensor turns them into blocks). It reads the
@@ -150,17 +151,19 @@ class DevExited(SystemExit):
     """``dev.sh`` ended before the measurement's time was up (its log's end in the message)."""
 
 
-def run_dev(home: Path, seconds: float, warmup_s: float) -> None:
+def run_dev(home: Path, seconds: float, warmup_s: float, mode: str = "runs") -> None:
     """``./scripts/dev.sh`` (Dagster, its daemon, a warm Spark Connect server, the feeder) on a
     fresh state dir and free ports for ``seconds``, then stopped as Ctrl-C stops it. Its output
     goes to ``<home>/dev.log``. The first ``warmup_s`` (seeding, first blocks of the backlog)
-    are left out of the measurement by the caller."""
+    are left out of the measurement by the caller. ``mode``: its ``TIDEMARK_MODE`` (``runs``: a run per
+    unit; ``follow``: one long-lived ``tidemark_follow`` run)."""
     import signal
     import subprocess
 
     # A fresh state and instance; the planner's settings (TIDEMARK_PLANNER_*) pass through.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TIDEMARK_", "DAGSTER_")) or k.startswith("TIDEMARK_PLANNER_")}
+    env["TIDEMARK_MODE"] = mode
     env.update({"TIDEMARK_HOME": str(home), "PORT": str(_free_port()), "SPARK_PORT": str(_free_port()),
                 "COLLECTOR_PORT": str(_free_port()), "FEED_INTERVAL": os.environ.get("FEED_INTERVAL", "5"),
                 "FEED_ORDERS": os.environ.get("FEED_ORDERS", "20")})
@@ -259,9 +262,10 @@ def main() -> int:
     p.add_argument("--dev", metavar="DURATION",
                    help="start the pipeline on a fresh state dir (under --home, default a temporary one, "
                         "removed after) for DURATION (e.g. 10m), then measure its rows after the first 3 minutes")
-    p.add_argument("--mode", choices=("runs", "follow"), default="runs",
-                   help="with --dev: runs (./scripts/dev.sh: Dagster's planner sensor, a run per unit; default) or "
-                        "follow (tidemark follow: one resident process runs every unit, and the feeder)")
+    p.add_argument("--mode", choices=("runs", "follow", "dagster"), default="runs",
+                   help="with --dev: runs (./scripts/dev.sh with TIDEMARK_MODE=runs: Dagster's planner sensor, a run "
+                        "per unit; default), follow (tidemark follow: one resident process runs every unit, and the "
+                        "feeder) or dagster (./scripts/dev.sh with TIDEMARK_MODE=follow: a tidemark_follow run)")
     args = p.parse_args()
     temporary = None
     try:
@@ -273,7 +277,10 @@ def main() -> int:
             home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="tidemark-freshness-"))
             temporary = None if args.home else home
             try:
-                (run_follow if args.mode == "follow" else run_dev)(home, seconds, warmup)
+                if args.mode == "follow":
+                    run_follow(home, seconds, warmup)
+                else:
+                    run_dev(home, seconds, warmup, mode="follow" if args.mode == "dagster" else "runs")
             except DevExited:
                 temporary = None  # the state and dev.log stay for a look at what went wrong
                 raise

@@ -8,6 +8,9 @@
 #   PORT=3001 FEED_INTERVAL=10 FEED_ORDERS=20 ./scripts/dev.sh
 #   FEED=0 ./scripts/dev.sh             # no background feeder
 #   COLLECT=0 ./scripts/dev.sh          # no event collector (else on COLLECTOR_PORT, default 8421)
+#   TIDEMARK_MODE=runs ./scripts/dev.sh # a Dagster run per unit, requested by the planner sensor; the
+#                                       # default here is follow: one long-lived tidemark_follow run
+#                                       # runs every unit as soon as it is due (docs/follow.md)
 #   SPARK=local ./scripts/dev.sh        # every run starts its own local JVM (no Connect server)
 #   SPARK_PORT=15010 ./scripts/dev.sh   # the Connect server's port (default 15002)
 #   ./scripts/dev.sh --profile prod     # (or PROFILE=prod) Dagster's instance and the offsets in
@@ -42,7 +45,8 @@ mkdir -p "$DAGSTER_HOME"
 if [ ! -f "$DAGSTER_HOME/dagster.yaml" ]; then
   cp "$instance_yaml" "$DAGSTER_HOME/dagster.yaml"
 fi
-echo "dev: TIDEMARK_HOME=$TIDEMARK_HOME DAGSTER_HOME=$DAGSTER_HOME"
+export TIDEMARK_MODE="${TIDEMARK_MODE:-follow}"
+echo "dev: TIDEMARK_HOME=$TIDEMARK_HOME DAGSTER_HOME=$DAGSTER_HOME TIDEMARK_MODE=$TIDEMARK_MODE"
 # The event collector's token secrets (demo/intake.yaml): throw-away ones unless you set yours.
 export TIDEMARK_TOKEN_WEB="${TIDEMARK_TOKEN_WEB:-dev-web-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
 export TIDEMARK_TOKEN_BACKEND="${TIDEMARK_TOKEN_BACKEND:-dev-backend-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')}"

@@ -12,7 +12,8 @@
    check results reported outside any run, and turns each that did not pass with severity at
    least ``min_check_severity`` into a ``check_failure`` alert (key
    ``check:<asset>:<check>:<partition or ->:<run_id>``) with its severity, description and
-   metadata;
+   metadata. The checks of a live ``tidemark_follow`` run (continuous mode: one run, many units) are
+   read while it runs, each evaluation its own incident, so a followed unit alerts like a run's;
 4. hands the alerts to the :class:`~resources.core.alerts.AlertNotifier` (log file, then webhook; it
    drops incidents it already alerted, across restarts) and stores a JSON cursor (event storage
    ids), so the next tick starts after what this one read.
@@ -38,6 +39,7 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field
 
+from platform_assets.dagster.follow import FOLLOW_JOB
 from resources.core.alerts import DEFAULT_WEBHOOK_ENV, Alert, AlertNotifier, SendReport
 
 SENSOR_NAME = "tidemark_alerts"
@@ -99,6 +101,7 @@ class AlertCursor:
     since: float
     runs: dict[str, int] = field(default_factory=dict)
     runless: str | None = None
+    follow: dict[str, str] = field(default_factory=dict)  # a live tidemark_follow run -> its events read
 
     @classmethod
     def parse(cls, text: str | None, *, now: float, lookback_s: float) -> AlertCursor:
@@ -111,13 +114,14 @@ class AlertCursor:
             if runless is not None and not isinstance(runless, str):
                 raise TypeError("runless must be a string")
             return cls(since=float(raw["since"]), runs={str(k): int(v) for k, v in raw.get("runs", {}).items()},
-                       runless=runless)
+                       runless=runless, follow={str(k): str(v) for k, v in raw.get("follow", {}).items()})
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("alert sensor: ignoring an unreadable cursor %r; starting %ss back", text[:200], lookback_s)
             return fresh
 
     def to_json(self) -> str:
-        return json.dumps({"v": 1, "since": self.since, "runs": self.runs, "runless": self.runless}, sort_keys=True)
+        return json.dumps({"v": 1, "since": self.since, "runs": self.runs, "runless": self.runless,
+                           "follow": self.follow}, sort_keys=True)
 
 
 @dataclass
@@ -139,7 +143,8 @@ def scan_incidents(
 ) -> Scan:
     """Incidents recorded since ``cursor``, and the cursor after them. Reads only; sends nothing."""
     min_rank = _SEVERITY_RANK[dg.AssetCheckSeverity(min_check_severity)]
-    out = Scan(alerts=[], cursor=AlertCursor(since=cursor.since, runs=dict(cursor.runs), runless=cursor.runless))
+    out = Scan(alerts=[], cursor=AlertCursor(since=cursor.since, runs=dict(cursor.runs), runless=cursor.runless,
+                                             follow=dict(cursor.follow)))
     for event_type in ENDED:
         after = cursor.runs.get(event_type.name)
         records_filter = (dg.RunStatusChangeRecordsFilter(event_type, after_storage_id=after) if after is not None
@@ -156,11 +161,23 @@ def scan_incidents(
                     out.problems.append(f"run {record.run_id}: details unavailable: {type(exc).__name__}: {exc}")
                     out.alerts.append(_bare_run_failure_alert(record, f"{type(exc).__name__}: {exc}"))
             try:
-                out.alerts.extend(_check_alerts(instance, record.run_id, run, min_rank, max_checks_per_run,
-                                                dagster_ui_url, out.problems))
+                if run is not None and run.job_name == FOLLOW_JOB:  # its checks were read while it ran: the rest
+                    out.alerts.extend(_follow_check_alerts(instance, run, out.cursor, min_rank, max_checks_per_run,
+                                                           dagster_ui_url))
+                    out.cursor.follow.pop(run.run_id, None)
+                else:
+                    out.alerts.extend(_check_alerts(instance, record.run_id, run, min_rank, max_checks_per_run,
+                                                    dagster_ui_url, out.problems))
             except Exception as exc:
                 out.problems.append(f"run {record.run_id}: check results unreadable: {type(exc).__name__}: {exc}")
             out.cursor.runs[event_type.name] = record.storage_id
+
+    # A tidemark_follow run lives for days: its units' checks are read while it runs, each its own incident.
+    for run in instance.get_runs(dg.RunsFilter(job_name=FOLLOW_JOB, statuses=[dg.DagsterRunStatus.STARTED])):
+        try:
+            out.alerts.extend(_follow_check_alerts(instance, run, out.cursor, min_rank, max_checks_per_run, dagster_ui_url))
+        except Exception as exc:
+            out.problems.append(f"run {run.run_id}: check results unreadable: {type(exc).__name__}: {exc}")
 
     conn = instance.get_records_for_run(RUNLESS_RUN_ID, cursor=cursor.runless,
                                         of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION,
@@ -321,6 +338,17 @@ def _check_alerts(instance: dg.DagsterInstance, run_id: str, run: dg.DagsterRun 
     return [a for a in alerts if a is not None]
 
 
+def _follow_check_alerts(instance: dg.DagsterInstance, run: dg.DagsterRun, cursor: AlertCursor, min_rank: int,
+                         limit: int, ui_url: str | None) -> list[Alert]:
+    """The check evaluations a ``tidemark_follow`` run logged since ``cursor`` (moved past them)."""
+    conn = instance.get_records_for_run(run.run_id, cursor=cursor.follow.get(run.run_id),
+                                        of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION, limit=limit)
+    if conn.records:
+        cursor.follow[run.run_id] = conn.cursor
+    alerts = (_check_alert(r, run, min_rank, ui_url) for r in conn.records)
+    return [a for a in alerts if a is not None]
+
+
 def _check_alert(record: dg.EventLogRecord, run: dg.DagsterRun | None, min_rank: int,
                  ui_url: str | None) -> Alert | None:
     evaluation = record.event_log_entry.asset_check_evaluation
@@ -329,7 +357,8 @@ def _check_alert(record: dg.EventLogRecord, run: dg.DagsterRun | None, min_rank:
     asset = evaluation.asset_key.to_user_string()
     run_id = record.run_id
     partition = evaluation.partition or _partition(run)
-    incident = run_id or f"runless#{record.storage_id}"
+    # one incident per run, or per unit of a long-lived follow run (many units, one run id)
+    incident = f"{run_id}#{record.storage_id}" if run is not None and run.job_name == FOLLOW_JOB else run_id or f"runless#{record.storage_id}"
     severity = evaluation.severity.value
     title = f"Check {evaluation.check_name} failed ({severity}) on {asset}{f' [{partition}]' if partition else ''}"
     if evaluation.description:

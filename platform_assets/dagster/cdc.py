@@ -24,15 +24,12 @@ import dagster as dg
 from lineage.cdc.changes import format_lsn
 from lineage.core.errors import first_line
 from lineage.spec.model import Lineage, Replicator
+from platform_assets.dagster.reports import replica_checks, replica_key, replica_reports
 from resources.core.settings import Settings
 
 CHECKS = ("state", "lag")
 #: Less WAL than this behind the slot is not worth a run (checkpoints and other databases write WAL too).
 MIN_BEHIND_BYTES = 256
-
-
-def replica_key(replica: str) -> dg.AssetKey:
-    return dg.AssetKey(replica.split(".", 1))
 
 
 def known_replicas(settings: Settings, rep: Replicator) -> list[str]:
@@ -70,15 +67,7 @@ def _compute(rep: Replicator, replicas: list[str]) -> Any:
         reported: set[str] = set()
         for result in run_replicator(engine, rep, until_caught_up=True):
             context.log.info(f"{rep.name}: {result.reason}")
-            touched = set(result.tables) | set(result.snapshots) | set(result.paused)
-            for replica in sorted(touched):
-                counts = result.tables.get(replica, {})
-                rec = engine.store.get(replica)
-                meta: dict[str, Any] = {k: counts.get(k, 0) for k in ("inserts", "updates", "deletes", "truncates", "ddl", "failed")}
-                meta.update(unit=result.unit, snapshot_rows=result.snapshots.get(replica, 0),
-                            state=(rec.state if rec else "?"), lag_s=float(result.lag_s or 0.0),
-                            applied_lsn=format_lsn(rec.last.id) if rec and not rec.last.is_zero() else "-")
-                checks = _checks(rep, replica, rec.state if rec else "", result.lag_s)
+            for replica, meta, checks in replica_reports(engine.store, rep, result):
                 if replica_key(replica) in keys:
                     reported.add(replica)
                     yield dg.MaterializeResult(asset_key=replica_key(replica), metadata=meta, check_results=checks)
@@ -91,29 +80,10 @@ def _compute(rep: Replicator, replicas: list[str]) -> Any:
             # selection) still has its checks evaluated, on its state now: a run with nothing to apply
             # succeeds, and a paused replica keeps its failed check
             rec = engine.store.get(replica)
-            yield from _checks(rep, replica, rec.state if rec else "", None)
+            yield from replica_checks(rep, replica, rec.state if rec else "", None)
 
     compute.__name__ = f"cdc_{spec.name}"
     return compute
-
-
-def _checks(rep: Replicator, replica: str, state: str, lag_s: float | None) -> list[dg.AssetCheckResult]:
-    from platform_assets.cdc.units import FAILING, PAUSED, state_word
-
-    word = state_word(state)
-    bad = word in (PAUSED, FAILING)
-    max_lag = rep.spec.checks.max_lag
-    lag_ok = max_lag is None or lag_s is None or lag_s <= max_lag.total_seconds()
-    return [
-        dg.AssetCheckResult(asset_key=replica_key(replica), check_name="state", passed=not bad,
-                            severity=dg.AssetCheckSeverity.ERROR,
-                            description=state if bad else f"{word or 'replicating'}"),
-        dg.AssetCheckResult(asset_key=replica_key(replica), check_name="lag", passed=lag_ok,
-                            severity=dg.AssetCheckSeverity.WARN,
-                            description=(f"source commit -> replica commit {lag_s:.1f} s" if lag_s is not None else "no changes")
-                            + (f" > {max_lag.total_seconds():.0f} s" if not lag_ok and max_lag else ""),
-                            metadata={"lag_s": float(lag_s or 0.0)}),
-    ]
 
 
 def build_cdc(settings: Settings, lineage: Lineage) -> tuple[list[Any], list[Any], list[dg.SensorDefinition]]:
@@ -181,6 +151,12 @@ def build_cdc_sensor(settings: Settings, lineage: Lineage, jobs: list[Any],
                description="Requests a replicator run when its source has changes the replicas have not applied "
                            "(PostgreSQL: the slot's acknowledged LSN behind the server's WAL position).")
     def cdc_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        from platform_assets.dagster.follow import follow_run
+
+        following = follow_run(context.instance)
+        if following is not None:
+            return dg.SensorResult(skip_reason=f"run {following.run_id} of tidemark_follow runs the replicators "
+                                               f"({following.status.value})")
         requests, notes = [], []
         for rep in lineage.replicators.values():
             job = by_name.get(f"tidemark__cdc__{rep.name}")

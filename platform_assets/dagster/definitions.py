@@ -28,15 +28,7 @@ from typing import Any
 
 import dagster as dg
 
-from lineage.core.checks import (
-    CHECK_NAMES,
-    CheckOutcome,
-    ChecksSpec,
-    Severity,
-    evaluate_block,
-    evaluate_unit,
-    merge_check_names,
-)
+from lineage.core.checks import CHECK_NAMES, evaluate_unit, merge_check_names
 from lineage.core.errors import ProcessingError
 from lineage.core.partitions import partitions_name
 from lineage.spec.loader import load_lineage
@@ -45,34 +37,10 @@ from platform_assets.dagster.alerts import RESOURCE_KEY, AlertNotifierResource, 
 from platform_assets.dagster.intake import build_intake_definitions
 from platform_assets.dagster.io_manager import IO_MANAGER_KEY, OffsetIOManager, already_committed
 from platform_assets.dagster.maintenance import build_maintenance
+from platform_assets.dagster.reports import asset_key, check_results
 from platform_assets.dagster.sensors import build_planner_sensor
 from resources.core.settings import Settings
 from resources.spark.session import PYSPARK_KEY, pyspark_resource
-
-
-def asset_key(table: str) -> dg.AssetKey:
-    return dg.AssetKey(table.split(".", 1))
-
-
-def _meta_value(v: Any) -> Any:
-    if isinstance(v, dt.datetime):
-        return v.isoformat()
-    if isinstance(v, dict):
-        return dg.MetadataValue.json(v)
-    return v
-
-
-def _check_results(key: dg.AssetKey, spec: ChecksSpec, stats: dict[str, Any], prefix: str = "",
-                   outcomes: list[CheckOutcome] | None = None) -> list[dg.AssetCheckResult]:
-    """The block's checks: its etl.log figures against the spec's thresholds (``prefix``: says
-    when the figures are those of an earlier commit); ``outcomes``: already judged (a merge unit)."""
-    severity = {Severity.WARN: dg.AssetCheckSeverity.WARN, Severity.ERROR: dg.AssetCheckSeverity.ERROR}
-    return [
-        dg.AssetCheckResult(asset_key=key, check_name=o.name, passed=o.passed, severity=severity[o.severity],
-                            description=prefix + o.description,
-                            metadata={k: _meta_value(v) for k, v in o.metadata.items() if v is not None})
-        for o in (outcomes if outcomes is not None else evaluate_block(spec, stats))
-    ]
 
 
 def _step_compute(lineage: Lineage, table: str) -> Any:
@@ -94,12 +62,12 @@ def _step_compute(lineage: Lineage, table: str) -> Any:
             logged = next((row for row in read_etl_log(io.engine().settings, topic, limit=100_000) if row["seq"] == seq), None)
             if logged:
                 when = logged["ts"].isoformat(sep=" ", timespec="seconds") if isinstance(logged["ts"], dt.datetime) else logged["ts"]
-                yield from _check_results(key, spec.checks, {**logged, "nulls": dict(logged["nulls"] or [])},
+                yield from check_results(key, spec.checks, {**logged, "nulls": dict(logged["nulls"] or [])},
                                           prefix=f"block {seq} as committed earlier ({when}), nothing written now: ")
             return
         if opened.result is None:
             raise ProcessingError(f"{topic}: block {seq} was not finished by the IO manager")
-        yield from _check_results(key, spec.checks, {**opened.result.stats, "base_rows": opened.result.base_rows})
+        yield from check_results(key, spec.checks, {**opened.result.stats, "base_rows": opened.result.base_rows})
 
     return compute
 
@@ -157,7 +125,7 @@ def _merge_compute(lineage: Lineage, table: str, topic: str) -> Any:
             return
         result = getattr(opened, "result", None)
         if result is not None:
-            yield from _check_results(key, spec.checks, result.stats, outcomes=evaluate_unit(spec.checks, result.stats))
+            yield from check_results(key, spec.checks, result.stats, outcomes=evaluate_unit(spec.checks, result.stats))
 
     return compute
 
@@ -214,12 +182,17 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
 
     cdc_assets, cdc_jobs, cdc_sensors = build_cdc(settings, lineage)
     maint_assets, maint_jobs, maint_schedules = build_maintenance(settings, lineage)
+    from platform_assets.dagster.follow import build_follow_job, build_follow_sensor, mode_setting
+
+    mode_setting()  # a bad TIDEMARK_MODE fails the code location's load, before anything runs
+    follow_job = build_follow_job(settings, lineage)
     pyspark = pyspark_resource(settings)
     return dg.Definitions(
         assets=[*sources, *assets, *cdc_assets, *intake.assets, *maint_assets],
-        jobs=[*cdc_jobs, *intake.jobs, *maint_jobs],
+        jobs=[*cdc_jobs, *intake.jobs, *maint_jobs, follow_job],
         schedules=maint_schedules,
-        sensors=[build_planner_sensor(settings, lineage), build_alert_sensor(), *cdc_sensors, *intake.sensors],
+        sensors=[build_planner_sensor(settings, lineage), build_alert_sensor(), *cdc_sensors, *intake.sensors,
+                 build_follow_sensor(follow_job)],
         resources={
             RESOURCE_KEY: AlertNotifierResource(log_path=str(settings.home / "alerts.log")),
             # dagster-pyspark's lazy session from Tidemark's settings: the units run on it, and a

@@ -195,8 +195,13 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                            "when a table or the offset store changed, a delay passed, or every "
                            f"{every_s} s; other ticks only look (one file lookup per table).")
     def planner(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        from platform_assets.dagster.follow import follow_run
         from platform_assets.engine.runner import Engine
 
+        following = follow_run(context.instance)
+        if following is not None:  # continuous mode holds the lineage; the next tick after it ends plans again
+            return dg.SensorResult(skip_reason=f"run {following.run_id} of tidemark_follow runs every unit "
+                                               f"({following.status.value}); planning resumes when it ends")
         engine = Engine(settings, lineage)
         now = dt.datetime.now(dt.UTC).timestamp()
         last, states = watch.read_cursor(context.cursor)

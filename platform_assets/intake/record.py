@@ -113,7 +113,7 @@ class UnitRecord:
 
     def __init__(self, keeper: LeaseKeeper, events_dir: Path, stage_tables: Callable[[], dict[str, list[str]]]) -> None:
         """``stage_tables()``: the stage tables whose row ids floor the ordinals, each path with the
-        ``txnAppId``\s of the destinations that may write it (:func:`stage_table_paths`)."""
+        ``txnAppId`` of each destination that may write it (:func:`stage_table_paths`)."""
         self.keeper = keeper
         self.events_dir = events_dir
         self.stage_tables = stage_tables

@@ -677,7 +677,7 @@ def _ids_at(path: str, version: int) -> tuple[int | None, set[str]]:
 
 def max_id(tables: Mapping[str, Collection[str]]) -> int | None:
     """The greatest ``id`` held now by the tables at the paths of ``tables`` that one of the
-    writers named with each (``txnAppId``\s) has committed to (None: no row has one; a path without
+    writers named with each (their ``txnAppId``) has committed to (None: no row has one; a path without
     a table, or without a commit of those writers, holds none), from their Delta logs' statistics
     alone: no data file is read, and a table read before in this process is brought up to date
     incrementally. Raises :class:`RemovedDataError` when a file's statistics cannot say."""
