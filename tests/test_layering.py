@@ -84,7 +84,7 @@ ALLOWED = {
     "platform_assets.intake": {"core"},
     "platform_assets.maintenance": {"core"},
     "platform_assets.engine": {"core", "facts", "views"},
-    "platform_assets.follow": {"core", "engine", "cdc"},
+    "platform_assets.follow": {"core", "engine", "cdc", "intake"},
     "platform_assets.dagster": {"core", "facts", "views", "cdc", "intake", "maintenance", "engine", "follow"},
     "platform_assets.demo": {"core", "facts", "views", "cdc", "intake", "maintenance", "engine", "dagster"},
     "platform_assets.cli": {"core", "facts", "views", "cdc", "intake", "maintenance", "engine", "dagster", "demo",

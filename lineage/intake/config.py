@@ -191,6 +191,16 @@ def intake_path(arg: str | Path | None, env: Mapping[str, str] | None = None) ->
     return Path(arg or env.get("TIDEMARK_INTAKE") or DEFAULT_INTAKE).absolute()
 
 
+def configured_intake(file: str | Path | None = None, env: Mapping[str, str] | None = None) -> Intake | None:
+    """The intake config ``file`` names, or else ``$TIDEMARK_INTAKE``'s, or else the default file
+    when it exists (None when there is none), read for the processor (no secrets)."""
+    env = os.environ if env is None else env
+    path = intake_path(file, env)
+    if file is None and "TIDEMARK_INTAKE" not in env and not path.exists():
+        return None
+    return load_intake(path, env, secrets=False)
+
+
 def load_intake(path: str | Path, env: Mapping[str, str] | None = None, *, secrets: bool = True) -> Intake:
     """Read and validate the intake file at ``path`` and the token secrets from ``env``; raise
     :class:`IntakeConfigError` listing every problem. ``secrets=False`` (the event processor):

@@ -21,6 +21,8 @@ def _line(event: Any) -> str:
         return f"{at} {event.work:<24} FAILED: {first_line(event.error)} [{event.wait}]"
     if r is None:
         return f"{at} {event.work:<24} waits: {event.wait}"
+    if hasattr(r, "results"):  # the intake's units
+        return f"{at} {event.work:<24} {r.reason}"
     if hasattr(r, "replicator"):  # a replicator's unit
         counts = "; ".join(f"{t} " + ",".join(f"{k}={v}" for k, v in c.items()) for t, c in r.tables.items())
         lag = f" lag {r.lag_s:.1f}s" if r.lag_s is not None else ""
@@ -35,11 +37,11 @@ def _line(event: Any) -> str:
 
 def cmd_follow(args: argparse.Namespace) -> int:
     from lineage.spec.loader import load_lineage
-    from platform_assets.follow.loop import Follower
+    from platform_assets.follow.loop import Follower, batch_intake
 
     settings = settings_from(args)
     lineage = load_lineage(settings.lineage)
-    follower = Follower(settings, lineage, names=args.names or None, interval_s=args.interval,
+    follower = Follower(settings, lineage, names=args.names or None, interval_s=args.interval, intake=batch_intake(),
                         report=lambda e: print(_line(e), flush=True,
                                                file=sys.stderr if e.error is not None else sys.stdout))
     stop = threading.Event()
@@ -68,7 +70,8 @@ def cmd_follow(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser("follow", help="continuous mode: one resident process runs every unit (topics, replicators) "
                                       "the moment it is due, until stopped")
-    p.add_argument("names", nargs="*", help="topics and replicators (cdc:NAME) to follow (default: all)")
+    p.add_argument("names", nargs="*", help="topics, replicators (cdc:NAME) and the event intake (events) to follow "
+                                            "(default: all; events when an intake config is set or present)")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between two looks at the inputs (default 0.5)")
     p.add_argument("--until-idle", type=float, default=None, metavar="SECONDS",
                    help="stop once no unit ran for this long and none is due (for scripts and tests)")

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field
 
-from platform_assets.dagster.follow import FOLLOW_JOB
+from platform_assets.dagster.followed import FOLLOW_JOB
 from resources.core.alerts import DEFAULT_WEBHOOK_ENV, Alert, AlertNotifier, SendReport
 
 SENSOR_NAME = "tidemark_alerts"

@@ -151,7 +151,7 @@ def build_cdc_sensor(settings: Settings, lineage: Lineage, jobs: list[Any],
                description="Requests a replicator run when its source has changes the replicas have not applied "
                            "(PostgreSQL: the slot's acknowledged LSN behind the server's WAL position).")
     def cdc_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        from platform_assets.dagster.follow import follow_run
+        from platform_assets.dagster.followed import follow_run
 
         following = follow_run(context.instance)
         if following is not None:

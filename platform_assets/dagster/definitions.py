@@ -182,7 +182,8 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
 
     cdc_assets, cdc_jobs, cdc_sensors = build_cdc(settings, lineage)
     maint_assets, maint_jobs, maint_schedules = build_maintenance(settings, lineage)
-    from platform_assets.dagster.follow import build_follow_job, build_follow_sensor, mode_setting
+    from platform_assets.dagster.follow import build_follow_job, build_follow_sensor
+    from platform_assets.dagster.followed import mode_setting
 
     mode_setting()  # a bad TIDEMARK_MODE fails the code location's load, before anything runs
     follow_job = build_follow_job(settings, lineage)

@@ -5,8 +5,8 @@
   until the run is terminated. Every unit that did work is reported as its run's unit would be: the
   materialization of its table (a step block's with the block's partition key, added to the
   table's partitions first) with the same metadata, then its checks' evaluations
-  (:mod:`platform_assets.dagster.reports`); a replicator's unit per replica it touched. Waits and
-  failures go to the run's log.
+  (:mod:`platform_assets.dagster.reports`); a replicator's unit per replica it touched; the event
+  intake's units as its ``tidemark_intake`` run reports them. Waits and failures go to the run's log.
 * the ``tidemark_follow`` sensor keeps one such run alive when ``TIDEMARK_MODE=follow``: it requests
   one when none is queued or running (a run that died is replaced, after 10 s, 20 s, ... up to
   5 min when runs keep failing); with ``TIDEMARK_MODE=runs`` (the default) it does nothing.
@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
 import queue
 import threading
 from collections.abc import Iterator
@@ -27,34 +26,15 @@ from typing import Any
 
 import dagster as dg
 
-from lineage.core.errors import ConfigError, first_line
+from lineage.core.errors import first_line
 from lineage.core.partitions import partitions_name
 from lineage.spec.model import Lineage, Processor
+from platform_assets.dagster.followed import FOLLOW_JOB, MODE_ENV, follow_run, mode_setting
+from platform_assets.follow.loop import EVENTS
 from resources.core.settings import Settings
 
-FOLLOW_JOB = "tidemark_follow"
-MODE_ENV = "TIDEMARK_MODE"
-MODES = ("runs", "follow")
-_ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 _FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 MAX_RESTART_WAIT_S = 300.0
-
-
-def mode_setting(env: dict[str, str] | None = None) -> str:
-    """``$TIDEMARK_MODE``: ``runs`` (each unit a Dagster run the planner requests; the default) or
-    ``follow`` (one long-lived ``tidemark_follow`` run runs every unit)."""
-    raw = ((os.environ if env is None else env).get(MODE_ENV) or "runs").strip().lower()
-    if raw not in MODES:
-        raise ConfigError(f"{MODE_ENV}={raw!r}: use runs (a Dagster run per unit, the default) or follow "
-                          f"(one long-lived {FOLLOW_JOB} run runs every unit)")
-    return raw
-
-
-def follow_run(instance: dg.DagsterInstance) -> dg.DagsterRun | None:
-    """The ``tidemark_follow`` run queued or running, if any (it holds the lineage's topics)."""
-    runs = instance.get_runs(dg.RunsFilter(job_name=FOLLOW_JOB, statuses=_ACTIVE), limit=1)
-    return runs[0] if runs else None
 
 
 def restart_wait(ended: list[tuple[dg.DagsterRunStatus, float | None]], now: float) -> tuple[float, str]:
@@ -77,8 +57,10 @@ class FollowReporter:
     run's thread): a unit as its materialization and check evaluations, a wait or a failure as a
     log line."""
 
-    def __init__(self, settings: Settings, lineage: Lineage, instance: dg.DagsterInstance, log: Any) -> None:
+    def __init__(self, settings: Settings, lineage: Lineage, instance: dg.DagsterInstance, log: Any,
+                 intake: Any = None) -> None:
         self.settings, self.lineage, self.instance, self.log = settings, lineage, instance, log
+        self.intake = intake
         self._store: Any = None
         self._partitions: dict[str, set[str]] = {}
 
@@ -104,6 +86,8 @@ class FollowReporter:
             return []
         if event.work.startswith("cdc:"):
             return self._replicator(event)
+        if event.work == EVENTS:
+            return self._intake(event)
         return self._topic(event.result)
 
     def _topic(self, result: Any) -> list[Any]:
@@ -126,6 +110,19 @@ class FollowReporter:
             self.instance.add_dynamic_partitions(name, [key])
             known.add(key)
 
+    def _intake(self, event: Any) -> list[Any]:
+        from platform_assets.dagster.intake import produced_sources, unit_reports
+        from platform_assets.dagster.reports import evaluation
+
+        self.log.info(f"{event.work}: {event.result.reason}")
+        intake = self.intake
+        produced = {d.id: produced_sources(d, self.lineage) for d in intake.spec.destinations}
+        out: list[Any] = []
+        for key, meta, checks in unit_reports(intake, produced, event.result.results):
+            out.append(dg.AssetMaterialization(asset_key=key, metadata=meta))
+            out.extend(evaluation(c) for c in checks)
+        return out
+
     def _replicator(self, event: Any) -> list[Any]:
         from platform_assets.dagster.reports import evaluation, replica_key, replica_reports
 
@@ -143,11 +140,12 @@ def follow_events(settings: Settings, lineage: Lineage, context: Any, *, poll_s:
     """Run a follower in a thread and yield its units' Dagster events as they come, until the run is
     terminated (the op's thread is interrupted: the follower stops, its units in flight finish or are
     redone by the next start) or, for tests, ``max_seconds`` / ``until_idle_s``."""
-    from platform_assets.follow.loop import Follower
+    from platform_assets.follow.loop import Follower, batch_intake
 
     events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    follower = Follower(settings, lineage, report=events.put)
-    reporter = FollowReporter(settings, lineage, context.instance, context.log)
+    intake = batch_intake()
+    follower = Follower(settings, lineage, report=events.put, intake=intake)
+    reporter = FollowReporter(settings, lineage, context.instance, context.log, intake)
     stop = threading.Event()
     failed: list[BaseException] = []
 

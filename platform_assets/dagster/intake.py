@@ -19,14 +19,13 @@ destination compares its failed events / events in with ``failed_share_threshold
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from lineage.intake.config import Intake, intake_path, load_intake
+from lineage.intake.config import Intake, configured_intake, load_intake
 from lineage.intake.destinations import DestinationMode, DestinationSpec
 from lineage.spec.model import Lineage
 from resources.core.settings import Settings
@@ -79,13 +78,6 @@ class IntakeDefinitions:
     tables: set[str] = field(default_factory=set)  # lineage sources that are intake assets now
 
 
-def _load(file: Path | None) -> Intake | None:
-    path = intake_path(file)
-    if file is None and "TIDEMARK_INTAKE" not in os.environ and not path.exists():
-        return None
-    return load_intake(path, secrets=False)
-
-
 def processor_busy(settings: Settings) -> bool:
     """Whether a batch event processor holds the intake's lock in the offset store now (on any
     host; a look, no lock taken)."""
@@ -127,6 +119,33 @@ def summarize(results: list[Any], specs: list[DestinationSpec]) -> tuple[dict[st
     return dests, tables
 
 
+def unit_reports(intake: Intake, produced: dict[str, list[str]], results: list[Any]
+                 ) -> list[tuple[dg.AssetKey, dict[str, Any], list[dg.AssetCheckResult]]]:
+    """What the intake's units (``results``) report: per batch destination its figures and its
+    ``failed_share`` check, then per lineage source it ``produced`` that got rows, that table's
+    figures (a run and a followed unit report alike)."""
+    specs = [d for d in intake.spec.destinations if d.mode is DestinationMode.BATCH and d.id in produced]
+    dests, per_table = summarize(results, specs)
+    out: list[tuple[dg.AssetKey, dict[str, Any], list[dg.AssetCheckResult]]] = []
+    for s in specs:
+        fig = dests[s.id]
+        share = fig["failed"] / fig["events_in"] if fig["events_in"] else 0.0
+        check = dg.AssetCheckResult(
+            asset_key=destination_key(s.id), check_name=CHECK_NAME, passed=share <= s.failed_share_threshold,
+            severity=dg.AssetCheckSeverity.WARN,
+            description=f"{fig['failed']} of {fig['events_in']} events failed ({share:.1%}; threshold "
+                        f"{s.failed_share_threshold:.0%})" + ("" if share <= s.failed_share_threshold else
+                                                               "; see `tidemark events status`, fix the config, "
+                                                               "then `tidemark events replay`"),
+            metadata={"failed_share": share, "threshold": s.failed_share_threshold})
+        out.append((destination_key(s.id), _metadata(fig), [check]))
+        for t in produced[s.id]:
+            fig_t = per_table.get(f"{s.id}:{t}")
+            if fig_t and fig_t["written"]:
+                out.append((dg.AssetKey(t.split(".", 1)), _metadata(fig_t), []))
+    return out
+
+
 def _metadata(fig: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in fig.items():
@@ -138,7 +157,7 @@ def build_intake_definitions(settings: Settings, lineage: Lineage, intake_file: 
                              interval_s: int = 30) -> IntakeDefinitions:
     """The intake's assets, job and sensor; nothing when no intake config exists (and none was
     asked for) or it has no batch destination."""
-    intake = _load(intake_file)
+    intake = configured_intake(intake_file)
     if intake is None:
         return IntakeDefinitions()
     specs = [d for d in intake.spec.destinations if d.mode is DestinationMode.BATCH]
@@ -173,25 +192,10 @@ def build_intake_definitions(settings: Settings, lineage: Lineage, intake_file: 
 
         # the lock's owner names this run: the planner sensor frees it if the run fails or is canceled
         results = process_ready(settings, current, until_empty=False, owner=make_owner(context.run.run_id))
-        current_specs = [d for d in current.spec.destinations if d.mode is DestinationMode.BATCH and d.id in produced]
-        dests, per_table = summarize(results, current_specs)
         context.log.info(f"{len(results)} file(s) processed: " + ", ".join(r.unit for r in results))
-        for s in current_specs:
-            fig = dests[s.id]
-            yield dg.MaterializeResult(asset_key=destination_key(s.id), metadata=_metadata(fig))
-            share = fig["failed"] / fig["events_in"] if fig["events_in"] else 0.0
-            yield dg.AssetCheckResult(
-                asset_key=destination_key(s.id), check_name=CHECK_NAME, passed=share <= s.failed_share_threshold,
-                severity=dg.AssetCheckSeverity.WARN,
-                description=f"{fig['failed']} of {fig['events_in']} events failed ({share:.1%}; threshold "
-                            f"{s.failed_share_threshold:.0%})" + ("" if share <= s.failed_share_threshold else
-                                                                   "; see `tidemark events status`, fix the config, "
-                                                                   "then `tidemark events replay`"),
-                metadata={"failed_share": share, "threshold": s.failed_share_threshold})
-            for t in produced[s.id]:
-                fig_t = per_table.get(f"{s.id}:{t}")
-                if fig_t and fig_t["written"]:
-                    yield dg.MaterializeResult(asset_key=dg.AssetKey(t.split(".", 1)), metadata=_metadata(fig_t))
+        for key, metadata, checks in unit_reports(current, produced, results):
+            yield dg.MaterializeResult(asset_key=key, metadata=metadata)
+            yield from checks
 
     job = dg.define_asset_job(JOB_NAME, selection=dg.AssetSelection.assets(process),
                               description="process the ready incoming event files into the stage tables")
@@ -201,8 +205,13 @@ def build_intake_definitions(settings: Settings, lineage: Lineage, intake_file: 
                default_status=dg.DefaultSensorStatus.RUNNING,
                description="Requests a tidemark_intake run when rotated incoming files wait in events/incoming/ready.")
     def files_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        from platform_assets.dagster.followed import follow_run
         from resources.intake.incoming_log import iter_ready_files
 
+        following = follow_run(context.instance)
+        if following is not None:
+            return dg.SensorResult(skip_reason=f"run {following.run_id} of tidemark_follow processes the event files "
+                                               f"({following.status.value})")
         files = iter_ready_files(events_dir)  # a directory listing: no JVM, no table read
         if not files:
             return dg.SensorResult(skip_reason=f"no rotated files in {events_dir / 'incoming' / 'ready'}")

@@ -195,7 +195,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
                            "when a table or the offset store changed, a delay passed, or every "
                            f"{every_s} s; other ticks only look (one file lookup per table).")
     def planner(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        from platform_assets.dagster.follow import follow_run
+        from platform_assets.dagster.followed import follow_run
         from platform_assets.engine.runner import Engine
 
         following = follow_run(context.instance)

@@ -2,4 +2,4 @@
 run every unit of the lineage the moment it is due (``loop``).
 
 May import: ``lineage``, ``resources``, ``platform_assets.core``, ``platform_assets.engine``,
-``platform_assets.cdc``."""
+``platform_assets.cdc``, ``platform_assets.intake``."""

@@ -16,7 +16,10 @@ topic is looked at (:meth:`Engine.run_topic`: its lock, its planner rules, its u
 - or every ``full_every`` (30 s), whatever it said.
 
 A replicator is looked at (one unit, :meth:`ReplicatorUnit.run_once`) when its source moved since
-its last unit started, after a unit that did work, and every ``full_every``.
+its last unit started, after a unit that did work, and every ``full_every``. The event intake
+(``events``, when an intake config is given: its batch destinations) runs
+:func:`~platform_assets.intake.units.process_ready` when the collector's ready files (a directory
+listing) are not those its last look found, after a unit that did work, and every ``full_every``.
 
 Units of different topics run at once on a pool of threads, each thread with an
 :class:`~platform_assets.engine.runner.Engine` of its own on the one shared Spark session: each
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 THREADS_ENV = "TIDEMARK_FOLLOW_THREADS"
+EVENTS = "events"  # the event intake's batch processor, as a work
 MAX_BACKOFF_S = 60.0
 
 
@@ -56,7 +60,7 @@ MAX_BACKOFF_S = 60.0
 class Work:
     """A topic or a replicator the follower keeps: what makes it due, and its state."""
 
-    name: str  # the topic, or ``cdc:<replicator>``
+    name: str  # the topic, ``cdc:<replicator>``, or ``events`` (the intake's batch processor)
     reads: frozenset[str] = frozenset()  # tables whose change makes it due
     delay_s: float = 0.0
     replicator: Any = None  # a lineage Replicator for ``cdc:`` work
@@ -64,7 +68,7 @@ class Work:
     again: bool = True  # look at once: its last unit did work (or none ran yet)
     due: float = 0.0  # monotonic time of its next look (0: only when something changes)
     failures: int = 0
-    mark: int | None = None  # a replicator: its source's position when its last unit started
+    mark: Any = None  # a replicator: its source's position when its last unit started; events: the ready files
     said: str = ""  # the last wait or failure reported
 
 
@@ -92,8 +96,9 @@ class Follower:
 
     def __init__(self, settings: Settings, lineage: Lineage, *, names: list[str] | None = None,
                  interval_s: float = 0.5, full_every_s: float = 30.0, recheck_s: float = 1.0,
-                 report: Callable[[Event], None] | None = None, spark: Any = None) -> None:
+                 report: Callable[[Event], None] | None = None, spark: Any = None, intake: Any = None) -> None:
         self.settings, self.lineage = settings, lineage
+        self.intake = intake  # a lineage.intake Intake with batch destinations: the ``events`` work
         self.interval_s, self.full_every_s, self.recheck_s = interval_s, full_every_s, recheck_s
         self.report = report or (lambda e: None)
         self.works = self._works(names)
@@ -126,11 +131,14 @@ class Follower:
             if names and key not in names and rep.name not in names:
                 continue
             out[key] = Work(key, replicator=rep)
+        if self.intake is not None and (not names or EVENTS in names):
+            out[EVENTS] = Work(EVENTS)
         unknown = [n for n in names or [] if n not in out and f"cdc:{n}" not in out]
         if unknown:
             raise TidemarkError(f"follow: unknown topic or replicator {', '.join(unknown)} (topics: "
                                 f"{', '.join(self.lineage.topics) or 'none'}; replicators: "
-                                f"{', '.join(self.lineage.replicators) or 'none'})")
+                                f"{', '.join(self.lineage.replicators) or 'none'}"
+                                f"{'; and events, the intake' if self.intake is not None else ''})")
         if not out:
             raise TidemarkError("follow: the lineage has no topics and no cdc: replicators to follow")
         return out
@@ -230,6 +238,10 @@ class Follower:
         for w in self.works.values():
             if w.running:
                 continue
+            if w.name == EVENTS:
+                if w.again or full or (w.due and w.due <= now) or self._ready_files() != w.mark:
+                    out.append(w.name)
+                continue
             if w.replicator is not None:
                 moved = self._source_moved(w)
                 if w.again or moved or full or (w.due and w.due <= now):
@@ -288,6 +300,8 @@ class Follower:
             make_active(self._engine().spark)  # (what Spark Connect returns binds to the thread's active session)
             if w.replicator is not None:
                 event = self._replicator_unit(w)
+            elif w.name == EVENTS:
+                event = self._intake_unit(w)
             else:
                 event = Event(w.name, result=self._engine().run_topic(w.name))
             self._done(w, event)
@@ -316,6 +330,19 @@ class Follower:
             return Event(w.name, wait=result.reason + (f"; paused: {', '.join(result.paused)}" if result.paused else ""))
         return Event(w.name, result=result)
 
+    def _ready_files(self) -> tuple[str, ...]:
+        from resources.intake.incoming_log import iter_ready_files
+
+        return tuple(sorted(f.path.name for f in iter_ready_files(self.settings.events_dir())))
+
+    def _intake_unit(self, w: Work) -> Event:
+        from platform_assets.intake.units import process_ready
+
+        w.mark = self._ready_files()
+        if not w.mark:
+            return Event(w.name, wait="no ready event files")
+        return Event(w.name, result=IntakeUnits(process_ready(self.settings, self.intake)))
+
     def _done(self, w: Work, event: Event) -> None:
         now = time.monotonic()
         if event.error is not None:
@@ -337,11 +364,42 @@ class Follower:
             return
         w.again = False
         reason = event.wait or getattr(event.result, "reason", "")
-        quiet = w.replicator is not None or is_quiet(reason)
+        quiet = w.replicator is not None or w.name == EVENTS or is_quiet(reason)
         w.due = 0.0 if quiet else now + self.recheck_s
         if reason != w.said:
             w.said = reason
             self.report(Event(w.name, wait=reason))
+
+
+@dataclass
+class IntakeUnits:
+    """What one look of the ``events`` work did: the intake's units (one per group of ready files)."""
+
+    results: list[Any]
+
+    @property
+    def processed(self) -> bool:
+        return bool(self.results)
+
+    @property
+    def reason(self) -> str:
+        if not self.results:
+            return "no ready event files left (another processor took them?)"
+        return (f"{len(self.results)} unit(s), {sum(r.files for r in self.results)} file(s): "
+                f"{sum(r.events_in for r in self.results)} events in, {sum(r.written for r in self.results)} rows "
+                f"written, {sum(r.failed for r in self.results)} failed")
+
+
+def batch_intake() -> Any:
+    """The intake config (set, or present at its default path) when it has batch destinations: the
+    follower's ``events`` work; else None."""
+    from lineage.intake.config import configured_intake
+    from lineage.intake.destinations import DestinationMode
+
+    intake = configured_intake()
+    if intake is None or not any(d.mode is DestinationMode.BATCH for d in intake.spec.destinations):
+        return None
+    return intake
 
 
 def topics_of(lineage: Lineage) -> list[str]:

@@ -17,7 +17,8 @@ from lineage.core.errors import ConfigError
 from lineage.core.partitions import partitions_name
 from platform_assets.dagster.alerts import AlertCursor, scan_incidents
 from platform_assets.dagster.definitions import build_definitions
-from platform_assets.dagster.follow import FOLLOW_JOB, follow_run, mode_setting, restart_wait
+from platform_assets.dagster.follow import restart_wait
+from platform_assets.dagster.followed import FOLLOW_JOB, follow_run, mode_setting
 from tests.platform_assets.shop import make_events, write_lineage, write_rows, write_users
 
 S = dg.DagsterRunStatus

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
+from lineage.core.errors import TidemarkError
 from lineage.spec.loader import load_lineage
 from platform_assets.follow.loop import Event, Follower
 from resources.core.settings import Settings
@@ -128,3 +129,39 @@ def test_follow_names_an_unknown_topic_before_anything_runs(settings: Settings, 
                        "    transforms: [sql/fact.sql]\n")
     with pytest.raises(TidemarkError, match="unknown topic or replicator fact.ordrs"):
         Follower(settings.with_(lineage=lineage), load_lineage(lineage), names=["fact.ordrs"])
+
+
+def test_the_follower_lands_the_collectors_ready_files_as_they_come(spark, settings: Settings, tmp_path: Path) -> None:
+    import datetime as dt
+
+    from lineage.intake.config import load_intake
+    from resources.intake.incoming_log import iter_ready_files
+    from tests.platform_assets.shop import write_lineage
+    from tests.platform_assets.test_events import config, rows, write_file
+
+    t0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
+    s = settings.with_(lineage=write_lineage(tmp_path))
+    intake = load_intake(config(tmp_path), secrets=False)
+    events: list[Event] = []
+    follower = Follower(s, load_lineage(s.lineage), names=["events"], intake=intake, spark=spark, report=events.append)
+    assert list(follower.works) == ["events"]
+    write_file(s, "web", t0, [{"event_type": "pv", "n": 1}, {"event_type": "pv", "n": 2}])
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: follower.run(stop, until_idle_s=3, max_seconds=120))
+    runner.start()
+    try:
+        time.sleep(2.0)  # a file the collector rotates while it follows
+        write_file(s, "web", t0 + dt.timedelta(minutes=5), [{"event_type": "pv", "n": 3}])
+        runner.join(timeout=150)
+    finally:
+        stop.set()
+        runner.join()
+        follower.close()
+    assert not [e for e in events if e.error is not None], [(e.work, e.error) for e in events if e.error]
+    got = rows(s, "stage.events_pv")
+    assert sorted(r["n"] for r in got) == [1, 2, 3] and len({r["id"] for r in got}) == 3
+    units = [r for e in events if e.result is not None for r in e.result.results]
+    assert sum(u.files for u in units) == 2 and sum(u.written for u in units) == 3
+    assert not iter_ready_files(s.events_dir())
+    with pytest.raises(TidemarkError, match="and events, the intake"):
+        Follower(s, load_lineage(s.lineage), names=["event"], intake=intake)
