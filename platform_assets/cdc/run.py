@@ -19,6 +19,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def unconfigured(rep: Replicator) -> str | None:
+    """Why the replicator's source cannot be opened for want of configuration (a PostgreSQL source
+    whose connection string's environment variable is not set), else None."""
+    import os
+
+    spec = rep.spec
+    if spec.source == "debezium" or spec.dsn or os.environ.get(spec.dsn_env or ""):
+        return None
+    return (f"replicator '{spec.name}' ({rep.where}): environment variable {spec.dsn_env} is not set; "
+            f"export it with the source's connection string, e.g. postgresql://user@host:5432/db")
+
+
 def open_source(rep: Replicator) -> ColumnarSource:
     """The replicator's source: PostgreSQL logical replication, or Debezium JSON files."""
     import os
@@ -31,10 +43,10 @@ def open_source(rep: Replicator) -> ColumnarSource:
         path = Path(spec.path or ".")
         return DebeziumFileSource(path if path.is_absolute() else rep.file.parent / path, name=spec.name,
                                   selects=spec.selects)
+    missing = unconfigured(rep)
+    if missing:
+        raise TidemarkError(missing)
     dsn = spec.dsn or os.environ.get(spec.dsn_env or "", "")
-    if not dsn:
-        raise TidemarkError(f"replicator '{spec.name}' ({rep.where}): environment variable {spec.dsn_env} is not set; "
-                            f"export it with the source's connection string, e.g. postgresql://user@host:5432/db")
     from resources.cdc.postgres import PostgresSource
 
     return PostgresSource(dsn, name=spec.name, tables=spec.tables, exclude=spec.exclude)

@@ -54,6 +54,8 @@ def cmd_follow(args: argparse.Namespace) -> int:
         signal.signal(sig, on_signal)
     print(f"follow: {len(follower.works)} topic(s) and replicator(s) on {follower.threads} thread(s), looking every "
           f"{args.interval:g} s (stop: Ctrl-C or SIGTERM)", flush=True)
+    for name, why in follower.left_out.items():
+        print(f"follow: {name} not followed: {why}", file=sys.stderr, flush=True)
     try:
         units = follower.run(stop, until_idle_s=args.until_idle, max_seconds=args.max_seconds)
     finally:

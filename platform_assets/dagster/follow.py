@@ -159,6 +159,8 @@ def follow_events(settings: Settings, lineage: Lineage, context: Any, *, poll_s:
 
     context.log.info(f"following {len(follower.works)} topics and replicators on {follower.threads} threads: "
                      f"{', '.join(follower.works)}")
+    for name, why in follower.left_out.items():
+        context.log.warning(f"{name} not followed: {why}")
     thread = threading.Thread(target=follow, name="tidemark-follower", daemon=True)
     thread.start()
     try:

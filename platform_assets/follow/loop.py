@@ -99,6 +99,7 @@ class Follower:
                  report: Callable[[Event], None] | None = None, spark: Any = None, intake: Any = None) -> None:
         self.settings, self.lineage = settings, lineage
         self.intake = intake  # a lineage.intake Intake with batch destinations: the ``events`` work
+        self.left_out: dict[str, str] = {}  # replicators not followed (their source is not configured), why
         self.interval_s, self.full_every_s, self.recheck_s = interval_s, full_every_s, recheck_s
         self.report = report or (lambda e: None)
         self.works = self._works(names)
@@ -126,9 +127,15 @@ class Follower:
             spec = topic.spec
             reads = frozenset([*spec.depends_on, spec.destination])
             out[topic.name] = Work(topic.name, reads, spec.delay.total_seconds() if spec.delay else 0.0)
+        from platform_assets.cdc.run import unconfigured
+
         for rep in self.lineage.replicators.values():
             key = f"cdc:{rep.name}"
             if names and key not in names and rep.name not in names:
+                continue
+            missing = None if names else unconfigured(rep)
+            if missing:  # following everything: a source not set up here is left out, said once
+                self.left_out[key] = missing
                 continue
             out[key] = Work(key, replicator=rep)
         if self.intake is not None and (not names or EVENTS in names):

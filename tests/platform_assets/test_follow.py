@@ -165,3 +165,19 @@ def test_the_follower_lands_the_collectors_ready_files_as_they_come(spark, setti
     assert not iter_ready_files(s.events_dir())
     with pytest.raises(TidemarkError, match="and events, the intake"):
         Follower(s, load_lineage(s.lineage), names=["event"], intake=intake)
+
+
+def test_following_everything_leaves_out_a_replicator_whose_source_is_not_set_up_and_says_why(
+        settings: Settings, monkeypatch) -> None:  # noqa: ANN001
+    demo = Path(__file__).resolve().parents[2] / "demo" / "lineage"
+    lineage = load_lineage(demo)
+    (rep,) = lineage.replicators.values()
+    monkeypatch.delenv(rep.spec.dsn_env, raising=False)
+    s = settings.with_(lineage=demo)
+    everything = Follower(s, lineage)
+    assert f"cdc:{rep.name}" not in everything.works and set(lineage.topics) <= set(everything.works)
+    assert f"environment variable {rep.spec.dsn_env} is not set" in everything.left_out[f"cdc:{rep.name}"]
+    named = Follower(s, lineage, names=[f"cdc:{rep.name}"])  # asked for by name: followed, and its units say why they fail
+    assert list(named.works) == [f"cdc:{rep.name}"] and not named.left_out
+    monkeypatch.setenv(rep.spec.dsn_env, "postgresql://nobody@127.0.0.1:1/none")
+    assert f"cdc:{rep.name}" in Follower(s, lineage).works
