@@ -4,6 +4,7 @@
     .venv/bin/python bench/freshness.py --dev 10m     # starts dev.sh itself, measures, stops it
     .venv/bin/python bench/freshness.py --dev 10m --mode follow   # tidemark follow and the feeder instead
     .venv/bin/python bench/freshness.py --dev 10m --mode dagster  # dev.sh in follow mode (a tidemark_follow run)
+    .venv/bin/python bench/freshness.py --dev 10m --mode follow,streaming   # beside Spark Structured Streaming
 
 Run it beside ``./scripts/dev.sh`` (the feeder appends ``FEED_ORDERS`` orders every
 ``FEED_INTERVAL`` seconds and Dagster's planner sensor turns them into blocks). It reads the
@@ -19,8 +20,8 @@ tables' Delta logs (no JVM), three ways:
   row of ``a``: into ``b`` by id, then hop by hop by version, to the last table.
 
 A latency is destination commit time minus source commit time. It prints count, p50, p95 and max
-for rows (commits) whose source commit is within ``--since``, against the targets p95 <= delay +
-10 s per hop (the destination topic's ``delay`` from the lineage) and the sum of the delays + 30 s
+for rows (commits) whose source commit is within ``--since``, against issue 55's targets p95 <= delay +
+5 s per hop (the destination topic's ``delay`` from the lineage) and the sum of the delays + 15 s
 for the chain. What has not reached the destination (yet, or was dropped by the transform) is
 counted as waiting, with the oldest one's age, so a stalled pipeline shows; quarantined rows
 (late, no position) are left out.
@@ -50,8 +51,9 @@ from resources.storage.warehouse import arrow_filesystem  # noqa: E402
 DEFAULT_PAIRS = ("stage.orders:fact.orders", "stage.order_items:fact.order_items")
 DEFAULT_HOPS = ("stage.customers:dim.customers", "fact.order_items:mart.daily_revenue")
 DEFAULT_CHAIN = "stage.order_items,fact.order_items,mart.daily_revenue"
-TARGET_SLACK_S = 10.0  # per hop: the issue's target is delay + 10 s
-CHAIN_SLACK_S = 30.0  # the whole chain: the sum of the delays + 30 s
+TARGET_SLACK_S = 5.0  # per hop: issue 55's target is delay + 5 s
+CHAIN_SLACK_S = 15.0  # the whole chain: the sum of the delays + 15 s
+MODES = ("runs", "follow", "dagster", "streaming")
 
 
 @dataclass(frozen=True)
@@ -192,11 +194,12 @@ def run_dev(home: Path, seconds: float, warmup_s: float, mode: str = "runs") -> 
                     proc.wait()
 
 
-def run_follow(home: Path, seconds: float, warmup_s: float) -> None:
+def run_follow(home: Path, seconds: float, warmup_s: float, streaming: bool = False) -> None:
     """Continuous mode: the demo's sources seeded, the feeder, and ``tidemark follow`` (one resident
     process and Spark session running every unit as it becomes due; local Spark, or
     ``TIDEMARK_SPARK_MASTER``) on a fresh state dir for ``seconds``, then stopped (SIGTERM). Their
-    output goes to ``<home>/follow.log``."""
+    output goes to ``<home>/follow.log``. ``streaming``: ``bench/streaming_chain.py`` (Spark
+    Structured Streaming, the baseline) instead of ``tidemark follow``."""
     import signal
     import subprocess
 
@@ -207,21 +210,22 @@ def run_follow(home: Path, seconds: float, warmup_s: float) -> None:
     py = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
     subprocess.run([py, "-m", "platform_assets.demo.feeder", "--seed", os.environ.get("SEED_ORDERS", "3000"),
                     "--iterations", "0"], cwd=ROOT, env=env, check=True, capture_output=True)
+    runner = [py, str(ROOT / "bench" / "streaming_chain.py")] if streaming else [py, "-m", "platform_assets.cli", "follow"]
+    what = "the Structured Streaming chain" if streaming else "tidemark follow"
     with open(home / "follow.log", "wb") as log:
-        procs = [subprocess.Popen([py, "-m", "platform_assets.cli", "follow"], cwd=ROOT, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True),
+        procs = [subprocess.Popen(runner, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True),
                  subprocess.Popen([py, "-m", "platform_assets.demo.feeder", "--interval", os.environ.get("FEED_INTERVAL", "5"),
                                    "--orders", os.environ.get("FEED_ORDERS", "20")], cwd=ROOT, env=env, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)]
         try:
-            print(f"tidemark follow and the feeder running (state in {home}, log {home / 'follow.log'}); measuring "
+            print(f"{what} and the feeder running (state in {home}, log {home / 'follow.log'}); measuring "
                   f"after {warmup_s:.0f}s, stopping after {seconds:.0f}s", flush=True)
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 if any(p.poll() is not None for p in procs):
                     log.flush()
                     tail = (home / "follow.log").read_text(errors="replace").splitlines()[-30:]
-                    raise DevExited("tidemark follow or the feeder exited early; the end of "
+                    raise DevExited(f"{what} or the feeder exited early; the end of "
                                     f"{home / 'follow.log'} (the state dir is kept):\n" + "\n".join(f"  | {x}" for x in tail))
                 time.sleep(2)
         finally:
@@ -262,39 +266,53 @@ def main() -> int:
     p.add_argument("--dev", metavar="DURATION",
                    help="start the pipeline on a fresh state dir (under --home, default a temporary one, "
                         "removed after) for DURATION (e.g. 10m), then measure its rows after the first 3 minutes")
-    p.add_argument("--mode", choices=("runs", "follow", "dagster"), default="runs",
-                   help="with --dev: runs (./scripts/dev.sh with TIDEMARK_MODE=runs: Dagster's planner sensor, a run "
-                        "per unit; default), follow (tidemark follow: one resident process runs every unit, and the "
-                        "feeder) or dagster (./scripts/dev.sh with TIDEMARK_MODE=follow: a tidemark_follow run)")
+    p.add_argument("--mode", default="runs",
+                   help="with --dev, one or more of (comma-separated, run one after the other, each on a fresh state "
+                        "dir, then their p95s side by side with the ratio of the first to the last): runs "
+                        "(./scripts/dev.sh with TIDEMARK_MODE=runs: Dagster's planner sensor, a run per unit; default), "
+                        "follow (tidemark follow: one resident process runs every unit, and the feeder), dagster "
+                        "(./scripts/dev.sh with TIDEMARK_MODE=follow: a tidemark_follow run) or streaming (the same "
+                        "chain as Spark Structured Streaming runs it: bench/streaming_chain.py, and the feeder)")
     args = p.parse_args()
-    temporary = None
-    try:
-        if args.dev:
-            import tempfile
-
-            seconds = parse_duration(args.dev).total_seconds()
-            warmup = min(180.0, seconds / 2)
-            home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="tidemark-freshness-"))
-            temporary = None if args.home else home
-            try:
-                if args.mode == "follow":
-                    run_follow(home, seconds, warmup)
-                else:
-                    run_dev(home, seconds, warmup, mode="follow" if args.mode == "dagster" else "runs")
-            except DevExited:
-                temporary = None  # the state and dev.log stay for a look at what went wrong
-                raise
-            args.home, args.since = str(home), f"{int(seconds - warmup)}s"
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        p.error(f"--mode {args.mode!r}: use one or more of {', '.join(MODES)}, comma-separated")
+    if not args.dev:
         measure(args)
-    finally:
-        if temporary is not None:
-            import shutil
+        return 0
+    import shutil
+    import tempfile
 
-            shutil.rmtree(temporary, ignore_errors=True)
+    seconds = parse_duration(args.dev).total_seconds()
+    warmup = min(180.0, seconds / 2)
+    results: dict[str, dict[str, float | None]] = {}
+    for mode in modes:
+        home = (Path(args.home) / mode if len(modes) > 1 else Path(args.home)) if args.home else \
+            Path(tempfile.mkdtemp(prefix=f"tidemark-freshness-{mode}-"))
+        print(f"== mode {mode}", flush=True)
+        if mode in ("follow", "streaming"):
+            run_follow(home, seconds, warmup, streaming=mode == "streaming")  # (DevExited keeps the state dir)
+        else:
+            run_dev(home, seconds, warmup, mode="follow" if mode == "dagster" else "runs")
+        results[mode] = measure(argparse.Namespace(**{**vars(args), "home": str(home),
+                                                      "since": f"{int(seconds - warmup)}s"}))
+        if not args.home:
+            shutil.rmtree(home, ignore_errors=True)
+    if len(modes) > 1:
+        first, last = modes[0], modes[-1]
+        print(f"\np95 s per mode, in one run; ratio = {first} / {last}")
+        print(f"{'source -> destination':52} " + " ".join(f"{m:>9}" for m in modes) + f" {'ratio':>7}")
+        for label in results[first]:
+            got = [results[m].get(label) for m in modes]
+            a, b = got[0], got[-1]
+            ratio = f"{a / b:7.2f}" if a is not None and b else f"{'-':>7}"
+            print(f"{label:52} " + " ".join(f"{g:9.1f}" if g is not None else f"{'-':>9}" for g in got) + f" {ratio}")
     return 0
 
 
-def measure(args: argparse.Namespace) -> None:
+def measure(args: argparse.Namespace) -> dict[str, float | None]:
+    """Print each pair, hop and the chain; returns their p95 (None: nothing reached the destination)."""
     settings = Settings.from_env(home=args.home)
     lineage = load_lineage(settings.lineage)
     now = time.time()
@@ -303,6 +321,11 @@ def measure(args: argparse.Namespace) -> None:
     print(f"{'source -> destination':52} {'rows':>6} {'waiting':>7} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'target s':>8}  verdict")
     commits: dict[str, list[Commit]] = {}  # each table's log read once
     landed: dict[str, dict[int, tuple[float, int]]] = {}
+    p95s: dict[str, float | None] = {}
+
+    def row(label: str, lat: list[float], waiting: list[float], goal: float) -> None:
+        p95s[label] = pct(lat, 0.95) if lat else None
+        print(_row(label, lat, waiting, goal))
 
     def commits_of(table: str) -> list[Commit]:
         if table not in commits:
@@ -324,7 +347,7 @@ def measure(args: argparse.Namespace) -> None:
         source, target = source_rows(src), rows_of(dest)
         lat = [target[i][0] - t for i, (t, _) in source.items() if i in target]
         waiting = [now - t for i, (t, _) in source.items() if i not in target]
-        print(_row(f"{src} -> {dest}", lat, waiting, _delay_s(lineage, dest) + TARGET_SLACK_S))
+        row(f"{src} -> {dest}", lat, waiting, _delay_s(lineage, dest) + TARGET_SLACK_S)
     for hop in args.hop or DEFAULT_HOPS:  # per source commit, by the versions the destination's units read
         src, _, dest = hop.partition(":")
         first = reached_version(src, commits_of(dest))
@@ -332,7 +355,7 @@ def measure(args: argparse.Namespace) -> None:
         for c in commits_of(src):
             reached = first(c.version)
             (waiting.append(now - c.at) if reached is None else lat.append(reached[0] - c.at))
-        print(_row(f"{src} -> {dest} (per commit)", lat, waiting, _delay_s(lineage, dest) + TARGET_SLACK_S))
+        row(f"{src} -> {dest} (per commit)", lat, waiting, _delay_s(lineage, dest) + TARGET_SLACK_S)
     chain = (args.chain or DEFAULT_CHAIN).split(",")
     if len(chain) >= 3:  # per row of the first table: by id into the second, then by version to the last
         hops = [reached_version(src, commits_of(dest)) for src, dest in zip(chain[1:], chain[2:], strict=False)]
@@ -346,7 +369,8 @@ def measure(args: argparse.Namespace) -> None:
                 reached = follow(reached[1])
             (waiting.append(now - t) if reached is None else lat.append(reached[0] - t))
         goal = sum(_delay_s(lineage, d) for d in chain[1:]) + CHAIN_SLACK_S
-        print(_row(" -> ".join(chain), lat, waiting, goal))
+        row(" -> ".join(chain), lat, waiting, goal)
+    return p95s
 
 
 if __name__ == "__main__":

@@ -49,3 +49,17 @@ def test_rows_hops_and_a_chain_from_the_delta_logs(tmp_path: Path) -> None:
     assert follow(0)[1] == 0 and follow(1) is None  # fact v1 (row 4) has not reached the mart yet
     assert fb.data_commits(str(tmp_path / "none"), 0) == []
     assert fb.data_commits(str(src), 10**15) == []  # the window starts after every commit
+
+
+def test_the_streaming_baseline_runs_the_demos_own_sql_on_delta_paths() -> None:
+    spec = importlib.util.spec_from_file_location("streaming_chain", ROOT / "bench" / "streaming_chain.py")
+    assert spec and spec.loader
+    sc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sc)
+    paths = {"dim.customers": "/w/dim/customers", "fact.orders": "/w/fact/orders"}
+    orders = sc._sql("fact_orders.sql", paths)
+    assert "LEFT JOIN delta.`/w/dim/customers` c ON" in orders and "dim.customers c" not in orders
+    assert "LEFT JOIN delta.`/w/fact/orders` o ON" in sc._sql("fact_order_items.sql", paths)
+    assert json.loads(sc._meta("fact.order_items", 7)) == {"base": "fact.order_items", "source_version": 7}
+    fb = _bench()
+    assert set(fb.MODES) == {"runs", "follow", "dagster", "streaming"}

@@ -1,0 +1,182 @@
+"""The demo's chain as Spark Structured Streaming runs it: the baseline ``bench/freshness.py --mode
+streaming`` measures Tidemark's continuous mode against (issue 55).
+
+    .venv/bin/python bench/streaming_chain.py [--home .tidemark] [--trigger 1] [--seconds 600]
+
+One SparkSession (local, as ``tidemark follow`` starts it, or ``TIDEMARK_SPARK_MASTER``), four
+queries on Delta ``readStream`` sources with ``foreachBatch`` running the demo's own SQL
+(``demo/sql``), each on a ``processingTime`` trigger (default 1 s):
+
+- ``stage.customers`` -> ``dim.customers``: each micro-batch rebuilds the dimension from the whole
+  source (the demo's ``reload``), one overwrite;
+- ``stage.orders`` -> ``fact.orders`` and ``stage.order_items`` -> ``fact.order_items``: each
+  micro-batch is the block, joined as the demo's SQL joins it, appended (``fact.order_items`` with
+  the change data feed on, for the next query);
+- ``fact.order_items`` -> ``mart.daily_revenue``: the change feed of ``fact.order_items``; each
+  micro-batch re-derives the ``(day, country)`` groups its rows touch from the whole fact and
+  MERGEs them (what a hand-written incremental view does).
+
+Each commit's ``userMetadata`` names its base and the base version it read (``source_version``), as
+a Tidemark unit's does, so ``bench/freshness.py`` measures both alike. The demo's ``delay`` (5 s on
+``fact.order_items``) is not applied: the baseline only gains by it. Stops on SIGTERM or after
+``--seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from resources.core.settings import Settings  # noqa: E402
+
+SQL = ROOT / "demo" / "sql"
+TABLES = ("stage.customers", "stage.orders", "stage.order_items", "dim.customers", "fact.orders",
+          "fact.order_items", "mart.daily_revenue")
+
+
+def _sql(name: str, paths: dict[str, str]) -> str:
+    """A demo transform with its table names as Delta paths (no catalog needed)."""
+    text = (SQL / name).read_text()
+    for table, path in paths.items():
+        text = text.replace(f" {table} ", f" delta.`{path}` ").replace(f" {table}\n", f" delta.`{path}`\n")
+    return text
+
+
+def _meta(base: str, version: int) -> str:
+    return json.dumps({"base": base, "source_version": int(version)})
+
+
+def _version(path: str) -> int:
+    from deltalake import DeltaTable
+
+    return int(DeltaTable(path).version())
+
+
+class Chain:
+    """The four queries on one session (see the module docstring)."""
+
+    def __init__(self, spark: Any, settings: Settings, trigger_s: float, checkpoints: Path) -> None:
+        self.spark, self.checkpoints = spark, checkpoints
+        self.paths = {t: settings.table_path(t) for t in TABLES}
+        self.trigger = f"{trigger_s:g} seconds"
+        self.queries: list[Any] = []
+
+    def _start(self, name: str, table: str, fn: Any, *, cdf: bool = False) -> None:
+        reader = self.spark.readStream.format("delta")
+        if cdf:
+            reader = reader.option("readChangeFeed", "true").option("startingVersion", 0)
+        df = reader.load(self.paths[table])
+        self.queries.append(df.writeStream.queryName(name).trigger(processingTime=self.trigger)
+                            .option("checkpointLocation", str(self.checkpoints / name)).foreachBatch(fn).start())
+
+    def start_steps(self) -> None:
+        self._start("dim_customers", "stage.customers", self._dim)
+        self._start("fact_orders", "stage.orders", self._step("fact.orders", "fact_orders.sql"))
+        self._start("fact_order_items", "stage.order_items", self._step("fact.order_items", "fact_order_items.sql"))
+
+    def start_mart(self) -> None:
+        self._start("daily_revenue", "fact.order_items", self._mart, cdf=True)
+
+    def _dim(self, batch: Any, batch_id: int) -> None:
+        spark, paths = self.spark, self.paths
+        version = _version(paths["stage.customers"])  # the snapshot read next is this one or newer
+        spark.read.format("delta").load(paths["stage.customers"]).createOrReplaceTempView("block")
+        (spark.sql(_sql("dim_customers.sql", paths)).write.format("delta").mode("overwrite")
+         .option("userMetadata", _meta("stage.customers", version)).save(paths["dim.customers"]))
+
+    def _step(self, dest: str, sql: str) -> Any:
+        def run(batch: Any, batch_id: int) -> None:
+            batch.createOrReplaceTempView("block")
+            writer = (self.spark.sql(_sql(sql, self.paths)).write.format("delta").mode("append")
+                      .option("txnAppId", f"stream:{dest}").option("txnVersion", batch_id))
+            writer.save(self.paths[dest])
+        return run
+
+    def _mart(self, batch: Any, batch_id: int) -> None:
+        from delta.tables import DeltaTable
+
+        spark, paths = self.spark, self.paths
+        rows = batch.where("_change_type = 'insert'")
+        top = rows.agg({"_commit_version": "max"}).collect()[0][0]
+        if top is None:
+            return
+        rows.selectExpr("CAST(pos AS DATE) AS day", "coalesce(country, 'unknown') AS country").distinct() \
+            .createOrReplaceTempView("touched")
+        spark.read.format("delta").load(paths["fact.order_items"]).createOrReplaceTempView("all_items")
+        spark.sql("SELECT i.* FROM all_items i JOIN touched t ON CAST(i.pos AS DATE) = t.day "
+                  "AND coalesce(i.country, 'unknown') = t.country").createOrReplaceTempView("block")
+        fresh = spark.sql(_sql("daily_revenue.sql", paths))
+        meta = _meta("fact.order_items", int(top))
+        if not DeltaTable.isDeltaTable(spark, paths["mart.daily_revenue"]):
+            fresh.write.format("delta").option("userMetadata", meta).save(paths["mart.daily_revenue"])
+            return
+        spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)
+        try:
+            (DeltaTable.forPath(spark, paths["mart.daily_revenue"]).alias("m")
+             .merge(fresh.alias("f"), "m.day = f.day AND m.country = f.country")
+             .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+        finally:
+            spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+
+    def failed(self) -> str | None:
+        for q in self.queries:
+            if q.exception() is not None:
+                return f"query {q.name} failed: {q.exception()}"
+        return None
+
+    def stop(self) -> None:
+        for q in self.queries:
+            try:
+                q.stop()
+            except Exception:  # noqa: BLE001 - stopping what may already be broken
+                pass
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--home", help="state dir (default: TIDEMARK_HOME or .tidemark)")
+    p.add_argument("--trigger", type=float, default=1.0, help="seconds between micro-batches (default 1)")
+    p.add_argument("--seconds", type=float, default=3600.0, help="stop after this long (default 1 h)")
+    args = p.parse_args()
+    settings = Settings.from_env(home=args.home)
+    from resources.spark.session import build_spark_session
+
+    spark = build_spark_session(settings, app_name="tidemark-streaming-baseline")
+    # new tables keep a change data feed: the mart's query reads fact.order_items' (with its versions)
+    spark.conf.set("spark.databricks.delta.properties.defaults.enableChangeDataFeed", "true")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    chain = Chain(spark, settings, args.trigger, settings.home / "streaming-checkpoints")
+    chain.start_steps()
+    print(f"streaming: 3 queries, trigger {args.trigger:g} s; the mart's starts once fact.order_items exists", flush=True)
+    end = time.monotonic() + args.seconds
+    mart = False
+    try:
+        while not stop.is_set() and time.monotonic() < end:
+            why = chain.failed()
+            if why:
+                raise RuntimeError(why)
+            if not mart and (Path(settings.table_path("fact.order_items")) / "_delta_log").exists():
+                chain.start_mart()
+                mart = True
+                print("streaming: the mart's query started", flush=True)
+            stop.wait(1.0)
+    finally:
+        chain.stop()
+        spark.stop()
+    print("streaming: stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
