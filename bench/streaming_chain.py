@@ -78,16 +78,18 @@ class Chain:
         self.queries.append(df.writeStream.queryName(name).trigger(processingTime=self.trigger)
                             .option("checkpointLocation", str(self.checkpoints / name)).foreachBatch(fn).start())
 
-    def start_steps(self) -> None:
-        self._start("dim_customers", "stage.customers", self._dim)
-        self._start("fact_orders", "stage.orders", self._step("fact.orders", "fact_orders.sql"))
-        self._start("fact_order_items", "stage.order_items", self._step("fact.order_items", "fact_order_items.sql"))
-
-    def start_mart(self) -> None:
-        self._start("daily_revenue", "fact.order_items", self._mart, cdf=True)
+    def starts(self) -> list[tuple[str | None, Any]]:
+        """Each query's start, after the table its SQL joins (or its change feed) exists."""
+        return [
+            (None, lambda: self._start("dim_customers", "stage.customers", self._dim)),
+            ("dim.customers", lambda: self._start("fact_orders", "stage.orders", self._step("fact.orders", "fact_orders.sql"))),
+            ("fact.orders", lambda: self._start("fact_order_items", "stage.order_items",
+                                                self._step("fact.order_items", "fact_order_items.sql"))),
+            ("fact.order_items", lambda: self._start("daily_revenue", "fact.order_items", self._mart, cdf=True)),
+        ]
 
     def _dim(self, batch: Any, batch_id: int) -> None:
-        spark, paths = self.spark, self.paths
+        spark, paths = batch.sparkSession, self.paths  # the query's own session: its own temporary views
         version = _version(paths["stage.customers"])  # the snapshot read next is this one or newer
         spark.read.format("delta").load(paths["stage.customers"]).createOrReplaceTempView("block")
         (spark.sql(_sql("dim_customers.sql", paths)).write.format("delta").mode("overwrite")
@@ -95,8 +97,8 @@ class Chain:
 
     def _step(self, dest: str, sql: str) -> Any:
         def run(batch: Any, batch_id: int) -> None:
-            batch.createOrReplaceTempView("block")
-            writer = (self.spark.sql(_sql(sql, self.paths)).write.format("delta").mode("append")
+            batch.createOrReplaceTempView("block")  # in the query's own session
+            writer = (batch.sparkSession.sql(_sql(sql, self.paths)).write.format("delta").mode("append")
                       .option("txnAppId", f"stream:{dest}").option("txnVersion", batch_id))
             writer.save(self.paths[dest])
         return run
@@ -104,7 +106,7 @@ class Chain:
     def _mart(self, batch: Any, batch_id: int) -> None:
         from delta.tables import DeltaTable
 
-        spark, paths = self.spark, self.paths
+        spark, paths = batch.sparkSession, self.paths
         rows = batch.where("_change_type = 'insert'")
         top = rows.agg({"_commit_version": "max"}).collect()[0][0]
         if top is None:
@@ -157,19 +159,18 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     chain = Chain(spark, settings, args.trigger, settings.home / "streaming-checkpoints")
-    chain.start_steps()
-    print(f"streaming: 3 queries, trigger {args.trigger:g} s; the mart's starts once fact.order_items exists", flush=True)
+    waiting = chain.starts()
+    print(f"streaming: {len(waiting)} queries, trigger {args.trigger:g} s, each started once the table it joins exists",
+          flush=True)
     end = time.monotonic() + args.seconds
-    mart = False
     try:
         while not stop.is_set() and time.monotonic() < end:
             why = chain.failed()
             if why:
                 raise RuntimeError(why)
-            if not mart and (Path(settings.table_path("fact.order_items")) / "_delta_log").exists():
-                chain.start_mart()
-                mart = True
-                print("streaming: the mart's query started", flush=True)
+            while waiting and (waiting[0][0] is None or (Path(settings.table_path(waiting[0][0])) / "_delta_log"
+                                                          / f"{0:020d}.json").exists()):
+                waiting.pop(0)[1]()
             stop.wait(1.0)
     finally:
         chain.stop()
