@@ -71,7 +71,7 @@ def test_sigkill_at_every_point_then_resume_lands_each_row_once(spark, crash_set
     assert sum("recovered after crash" in h.note for h in history if h.action == "commit") == 1
 
 
-def test_a_killed_run_that_cannot_be_proven_dead_is_taken_over_when_its_lease_expires(spark, crash_settings):
+def test_a_killed_run_that_cannot_be_proven_dead_is_taken_over_when_its_lease_expires(spark, crash_settings, cli_spark):
     """"Container gone": the killed run's owner names another host (as a run in a container that
     no longer exists does), so no pid check can prove it dead. Its heartbeats kept a 3 s lease
     alive through the JVM's start; after the kill the lease runs out and the next run takes the

@@ -506,7 +506,7 @@ def test_every_merge_view_equals_its_transform_after_every_unit(spark: Any) -> N
     seen: Counter[tuple[str, str]] = Counter()
     base = Path(tempfile.mkdtemp(prefix="tm-merge-prop-"))
 
-    @settings(**_examples(3), deadline=None, database=None, print_blob=True,
+    @settings(**_examples(1), deadline=None, database=None, print_blob=True,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(case=cases())
     @example(case=ISSUE_24)
