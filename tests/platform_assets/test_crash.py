@@ -74,7 +74,7 @@ def test_sigkill_at_every_point_then_resume_lands_each_row_once(spark, crash_set
 def test_a_killed_run_that_cannot_be_proven_dead_is_taken_over_when_its_lease_expires(spark, crash_settings, cli_spark):
     """"Container gone": the killed run's owner names another host (as a run in a container that
     no longer exists does), so no pid check can prove it dead. Its heartbeats kept a 3 s lease
-    alive through the JVM's start; after the kill the lease runs out and the next run takes the
+    alive until its write; after the kill the lease runs out and the next run takes the
     topic over by itself (no `offsets unlock`), logged as a steal."""
     s = crash_settings
     store = open_offset_store(s.offsets_url)
@@ -83,7 +83,7 @@ def test_a_killed_run_that_cannot_be_proven_dead_is_taken_over_when_its_lease_ex
     assert proc.returncode == -9, f"expected SIGKILL: rc={proc.returncode}\n{proc.stderr[-3000:]}"
     rec = store.get("fact.events")
     assert rec is not None and rec.pending and rec.owner.startswith("gone-container:") and not local_owner_is_dead(rec.owner)
-    # Spark took far longer than 3 s to start: only heartbeats can have kept the lease alive.
+    # The run took far longer than 3 s to reach its write: only heartbeats can have kept the lease alive.
     with pytest.raises(TopicLockedError, match="Its lease expires at"):
         store.acquire("fact.events", make_owner())
     dead = rec.owner
