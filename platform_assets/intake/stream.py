@@ -39,11 +39,12 @@ from lineage.intake.config import Intake
 from lineage.intake.destinations import DestinationMode
 from platform_assets.core import locks
 from platform_assets.core.faults import crashpoint
-from platform_assets.intake.batch import EventProcessor, UnitResult, stage_app_id
+from platform_assets.intake.batch import EventProcessor, UnitResult
 from platform_assets.intake.record import UnitRecord, folder_tag, held_record, stage_table_paths, streamed_by
 from resources.core.settings import Settings
 from resources.intake import event_queue as q
 from resources.intake import event_store
+from resources.intake.event_store import stage_app_id
 from resources.intake.incoming_log import parse_name, ready_dir
 from resources.state.lease import LeaseKeeper
 from resources.state.offsets import STATE_COMMITTED, OffsetRecord
