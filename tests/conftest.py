@@ -197,12 +197,32 @@ def in_fast_tier(item: pytest.Item) -> bool:
     return not HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
 
 
-#: The slowest test files (minutes each on 2 cores, from ``--durations``), collected first: the
-#: main pass's pytest-xdist workers take a file each, so these start at once and the workers end
-#: together instead of one of them running the property tests alone at the end.
-SLOWEST_FIRST = ("test_merge_property.py", "test_cluster.py", "test_cdc_postgres.py", "test_browser.py",
-                 "test_merge_additive.py", "test_object_store.py", "test_cdc_apply_bench.py", "test_crash.py",
-                 "test_maintain.py", "test_merge.py", "test_cdc_big_tx_bench.py", "test_cdc_columns.py")
+#: The slowest test files, slowest first (seconds each on 2 cores, from a whole run's ``--durations=0``
+#: on 2026-12-02), collected first: the main pass's pytest-xdist workers take a file each in this
+#: order (``--no-loadscope-reorder`` in scripts/test.sh), longest first, so they end together.
+SLOWEST_FIRST = ("test_merge_property.py",  # 1353
+                 "test_merge.py",  # 1129
+                 "test_cdc_postgres.py",  # 929
+                 "test_cdc_lost_store.py",  # 531
+                 "test_crash.py",  # 521
+                 "test_cluster.py",  # 464
+                 "test_engine.py",  # 460
+                 "test_merge_row_wise.py",  # 408
+                 "test_browser.py",  # 371
+                 "test_merge_additive.py",  # 344
+                 "test_cdc_columns.py",  # 340
+                 "test_cdc_apply.py",  # 304
+                 "test_maintain.py",  # 272
+                 "test_spark_io.py",  # 237
+                 "test_cdc.py",  # 216
+                 "test_intake_lock.py",  # 210
+                 "test_follow.py",  # 203
+                 "test_cdc_apply_bench.py",  # 196
+                 "test_recovery.py",  # 185
+                 "test_cdc_big_tx_bench.py",  # 178
+                 "test_maintenance_bench.py",  # 174
+                 "test_object_store.py",  # 173
+                 "test_dagster_follow.py")  # ~160
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
