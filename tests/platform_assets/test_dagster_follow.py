@@ -60,6 +60,11 @@ def test_a_followed_block_is_its_partitions_materialization_with_its_checks_and_
     write_rows(s, "stage.events", make_events(20, start_id=31, start=now - dt.timedelta(hours=3), distinct_pos=20, seed=2))
     defs = build_definitions(s)
     job = defs.get_job_def(FOLLOW_JOB)
+    # The run's follower on the test's session (its own would stop the session every test of this worker shares).
+    import platform_assets.follow.loop as loop
+
+    real = loop.Follower
+    monkeypatch.setattr(loop, "Follower", lambda *a, **kw: real(*a, spark=spark, **kw))
     with dg.instance_for_test(overrides=dagster_storage) as instance:
         result = job.execute_in_process(instance=instance, run_config={
             "ops": {"follow": {"config": {"until_idle_s": 2.0, "max_seconds": 240.0}}}})
@@ -102,3 +107,4 @@ def test_a_followed_block_is_its_partitions_materialization_with_its_checks_and_
         assert not restart.run_requests and "the last 1 follow run(s) failed" in restart.skip_message
         monkeypatch.setenv("TIDEMARK_MODE", "runs")
         assert "TIDEMARK_MODE=runs" in _tick(keeper, instance, defs).skip_message
+    assert spark.range(3).count() == 3  # the shared session outlives the follow run
