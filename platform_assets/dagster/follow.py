@@ -29,11 +29,10 @@ import dagster as dg
 from lineage.core.errors import first_line
 from lineage.core.partitions import partitions_name
 from lineage.spec.model import Lineage, Processor
-from platform_assets.dagster.followed import FOLLOW_JOB, MODE_ENV, follow_run, mode_setting
+from platform_assets.dagster.followed import FAILED_RUNS, FOLLOW_JOB, MODE_ENV, follow_run, mode_setting
 from platform_assets.follow.loop import EVENTS
 from resources.core.settings import Settings
 
-_FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 MAX_RESTART_WAIT_S = 300.0
 
 
@@ -42,7 +41,7 @@ def restart_wait(ended: list[tuple[dg.DagsterRunStatus, float | None]], now: flo
     newest first: 0 after a success or none; after ``n`` failures in a row 10 s * 2^(n-1), at most 5 min. Pure."""
     failures = 0
     for status, _ in ended:
-        if status not in _FAILED:
+        if status not in FAILED_RUNS:
             break
         failures += 1
     if not failures:

@@ -44,6 +44,7 @@ from pydantic import Field
 from lineage.core.checks import HEALTH_CHECK
 from lineage.core.errors import ConfigError
 from lineage.spec.model import Lineage
+from platform_assets.dagster.followed import ACTIVE_RUNS
 from platform_assets.maintenance import tables as maintain
 from resources.core.settings import Settings
 from resources.state.offsets import log_retention_from_env
@@ -56,8 +57,6 @@ SCHEDULE_NAME = "tidemark_maintain_schedule"
 CHECKS_NAME = "tidemark_table_health"
 CRON_ENV = "TIDEMARK_MAINTAIN_CRON"
 DEFAULT_CRON = "0 * * * *"  # hourly, on the hour (UTC)
-_ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
 
 class MaintainConfig(dg.Config):
@@ -216,7 +215,7 @@ def build_schedule(job: Any) -> dg.ScheduleDefinition:
                  description=f"Runs {JOB_NAME} (cron from {CRON_ENV}, default hourly); skips a tick while a "
                              "maintenance run is still queued or running")
     def maintain_schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
-        active = context.instance.get_runs(dg.RunsFilter(job_name=JOB_NAME, statuses=_ACTIVE), limit=1)
+        active = context.instance.get_runs(dg.RunsFilter(job_name=JOB_NAME, statuses=list(ACTIVE_RUNS)), limit=1)
         if active:
             return dg.SkipReason(f"maintenance run {active[0].run_id} is still {active[0].status.value.lower()}")
         return dg.RunRequest()

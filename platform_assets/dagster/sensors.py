@@ -32,6 +32,7 @@ from lineage.core.partitions import expired_block_keys, partitions_name
 from lineage.core.positions import Position
 from lineage.spec.model import Lineage, Processor
 from platform_assets.dagster import watch
+from platform_assets.dagster.followed import ACTIVE_RUNS, FAILED_RUNS
 from resources.core.settings import Settings
 from resources.state.offsets import OffsetStore
 from resources.storage import delta_meta
@@ -41,9 +42,6 @@ BLOCK_TAG = "tidemark/block"
 TOPIC_TAG = "tidemark/topic"
 PRIORITY_TAG = "dagster/priority"  # the run queue launches higher values first
 UNREADABLE = -2  # the version of a table the planner could not look at
-_ACTIVE = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING}
-_FAILED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
 @dataclass(frozen=True)
@@ -54,9 +52,9 @@ class PastRun:
 
 def launch_decision(runs: Sequence[PastRun], now: float, *, max_attempts: int, backoff_s: float) -> tuple[bool, int, str]:
     """Whether to launch a block's run now: ``(launch, attempt number, reason)``. Pure."""
-    if any(r.status in _ACTIVE for r in runs):
+    if any(r.status in ACTIVE_RUNS for r in runs):
         return False, 0, "a run is in progress"
-    failures = [r for r in runs if r.status in _FAILED]
+    failures = [r for r in runs if r.status in FAILED_RUNS]
     if any(r.status == dg.DagsterRunStatus.SUCCESS for r in runs) and not failures:
         return False, 0, "already ran successfully"
     attempt = len(failures) + 1
@@ -116,7 +114,7 @@ def release_ended_runs(instance: dg.DagsterInstance, store: OffsetStore) -> list
     freed = []
     for record in instance.get_run_records(dg.RunsFilter(run_ids=list(held))):
         run = record.dagster_run
-        if run.status not in _FAILED:  # alive, or succeeded (a successful run releases its locks)
+        if run.status not in FAILED_RUNS:  # alive, or succeeded (a successful run releases its locks)
             continue
         for topic, owner in held[run.run_id]:
             reason = f"Dagster run {run.run_id} ended as {run.status.value}"
@@ -357,7 +355,7 @@ def build_planner_sensor(settings: Settings, lineage: Lineage, *, max_attempts: 
         active: dict[str, str] = {}
         if units:
             for r in context.instance.get_run_records(dg.RunsFilter(tags={TOPIC_TAG: [n for n, _, _ in units]},
-                                                                    statuses=list(_ACTIVE)), limit=10 * len(units)):
+                                                                    statuses=list(ACTIVE_RUNS)), limit=10 * len(units)):
                 active.setdefault(r.dagster_run.tags.get(TOPIC_TAG, ""), r.dagster_run.run_id)
         for name, table, tag in units:
             launch, attempt, why = launch_decision(past.get(tag, []), now, max_attempts=max_attempts, backoff_s=backoff_s)
