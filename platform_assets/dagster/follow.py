@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import dagster as dg
@@ -60,6 +60,7 @@ class FollowReporter:
                  intake: Any = None) -> None:
         self.settings, self.lineage, self.instance, self.log = settings, lineage, instance, log
         self.intake = intake
+        self._produced: dict[str, list[str]] | None = None  # destination -> the lineage sources it writes
         self._store: Any = None
         self._partitions: dict[str, set[str]] = {}
 
@@ -111,27 +112,30 @@ class FollowReporter:
 
     def _intake(self, event: Any) -> list[Any]:
         from platform_assets.dagster.intake import produced_sources, unit_reports
-        from platform_assets.dagster.reports import evaluation
 
         self.log.info(f"{event.work}: {event.result.reason}")
-        intake = self.intake
-        produced = {d.id: produced_sources(d, self.lineage) for d in intake.spec.destinations}
-        out: list[Any] = []
-        for key, meta, checks in unit_reports(intake, produced, event.result.results):
-            out.append(dg.AssetMaterialization(asset_key=key, metadata=meta))
-            out.extend(evaluation(c) for c in checks)
-        return out
+        if self._produced is None:
+            self._produced = {d.id: produced_sources(d, self.lineage) for d in self.intake.spec.destinations}
+        return _as_events(unit_reports(self.intake, self._produced, event.result.results))
 
     def _replicator(self, event: Any) -> list[Any]:
-        from platform_assets.dagster.reports import evaluation, replica_key, replica_reports
+        from platform_assets.dagster.reports import replica_key, replica_reports
 
         rep = self.lineage.replicators[event.work.removeprefix("cdc:")]
         self.log.info(f"{event.work}: {event.result.reason}")
-        out: list[Any] = []
-        for replica, meta, checks in replica_reports(self.store, rep, event.result):
-            out.append(dg.AssetMaterialization(asset_key=replica_key(replica), metadata=meta))
-            out.extend(evaluation(c) for c in checks)
-        return out
+        return _as_events((replica_key(replica), meta, checks)
+                          for replica, meta, checks in replica_reports(self.store, rep, event.result))
+
+
+def _as_events(reports: Iterable[tuple[dg.AssetKey, dict[str, Any], list[dg.AssetCheckResult]]]) -> list[Any]:
+    """Each ``(asset, metadata, checks)`` a unit reports as the events its run would log."""
+    from platform_assets.dagster.reports import evaluation
+
+    out: list[Any] = []
+    for key, meta, checks in reports:
+        out.append(dg.AssetMaterialization(asset_key=key, metadata=meta))
+        out.extend(evaluation(c) for c in checks)
+    return out
 
 
 def follow_events(settings: Settings, lineage: Lineage, context: Any, *, poll_s: float = 0.5,

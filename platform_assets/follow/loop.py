@@ -407,10 +407,3 @@ def batch_intake() -> Any:
     if intake is None or not any(d.mode is DestinationMode.BATCH for d in intake.spec.destinations):
         return None
     return intake
-
-
-def topics_of(lineage: Lineage) -> list[str]:
-    """Every topic and replicator ``tidemark follow`` keeps, as it names them."""
-    return [*lineage.topics, *(f"cdc:{r}" for r in lineage.replicators)]
-
-

@@ -108,3 +108,49 @@ def test_a_followed_block_is_its_partitions_materialization_with_its_checks_and_
         monkeypatch.setenv("TIDEMARK_MODE", "runs")
         assert "TIDEMARK_MODE=runs" in _tick(keeper, instance, defs).skip_message
     assert spark.range(3).count() == 3  # the shared session outlives the follow run
+
+
+def test_a_followed_replicator_and_intake_unit_are_reported_as_their_runs_report_them(settings) -> None:  # noqa: ANN001
+    """The reporter's other two kinds, without Spark: a replicator's unit is a materialization of each
+    replica it touched with its state and lag checks; the intake's units are the destination's figures
+    with its failed_share check, then each stage table that got rows."""
+    from pathlib import Path
+
+    from lineage.intake.config import load_intake
+    from lineage.spec.loader import load_lineage
+    from platform_assets.cdc.units import CdcResult
+    from platform_assets.dagster.follow import FollowReporter
+    from platform_assets.follow.loop import Event, IntakeUnits
+    from platform_assets.intake.batch import UnitResult
+
+    root = Path(__file__).resolve().parents[2] / "demo"
+    lineage = load_lineage(root / "lineage")
+    intake = load_intake(root / "intake.yaml", secrets=False)
+
+    class Store:
+        def get(self, topic: str) -> None:
+            return None
+
+    lines: list[str] = []
+
+    class Log:
+        def info(self, text: str) -> None:
+            lines.append(text)
+
+    with dg.instance_for_test() as instance:
+        reporter = FollowReporter(settings, lineage, instance, Log(), intake)
+        reporter._store = Store()
+        cdc = reporter.events(Event("cdc:crm", result=CdcResult(replicator="crm", unit=3, reason="unit 3: 2 changes",
+                                                                tables={"crm.customers": {"inserts": 2}}, lag_s=1.5)))
+        assert [type(e).__name__ for e in cdc] == ["AssetMaterialization", "AssetCheckEvaluation", "AssetCheckEvaluation"]
+        assert cdc[0].asset_key == dg.AssetKey(["crm", "customers"]) and cdc[0].metadata["inserts"].value == 2
+        assert [(e.check_name, e.passed) for e in cdc[1:]] == [("state", True), ("lag", True)]
+        unit = UnitResult(unit="u1", events_in=4, written=3, failed=1, failed_by_dest={"stage": 1},
+                          tables={"stage:stage.events_page_view": {"rows": 3}})
+        for _ in range(2):  # the destinations' tables are found once, then kept
+            got = reporter.events(Event("events", result=IntakeUnits([unit])))
+            keys = [e.asset_key.to_user_string() for e in got if isinstance(e, dg.AssetMaterialization)]
+            assert keys == ["intake/stage", "stage/events_page_view"]
+            (check,) = [e for e in got if isinstance(e, dg.AssetCheckEvaluation)]
+            assert check.check_name == "failed_share" and check.metadata["failed_share"].value == 0.25
+        assert "events: 1 unit(s), 1 file(s): 4 events in, 3 rows written, 1 failed" in lines
