@@ -224,16 +224,8 @@ def load_lineage(path: str | Path) -> Lineage:
             if table.partition(".")[0].lower() == r.spec.schema_.lower():
                 problems.append(f"{_where(r.file, r.line)}: replicator '{r.name}': schema '{r.spec.schema_}' holds its "
                                 f"replicas, but '{table}' is also declared there by a topic or source")
-    with_dvs = {t.spec.destination: t for t in topics.values() if t.spec.deletion_vectors}
     for t in topics.values():
         deps_line = field_line(field_lines.get(t.name, {}), ["depends_on"]) or t.line
-        view = with_dvs.get(t.spec.base)
-        if view is not None and t.spec.processor is not Processor.RELOAD:
-            problems.append(
-                f"{_where(t.file, deps_line, t.name, 'depends_on')}: its base '{t.spec.base}' has deletion_vectors: "
-                f"true ({view.where}), but a {t.spec.processor.value} topic's blocks are planned by reading its base's "
-                f"rows with the deltalake reader, which cannot read them; turn deletion_vectors off there, or read it "
-                f"as a later input of depends_on")
         if t.spec.destination in t.spec.depends_on:
             problems.append(f"{_where(t.file, deps_line, t.name, 'depends_on')}: a topic cannot depend on its own table "
                             f"'{t.spec.destination}' (it would wait for itself)")

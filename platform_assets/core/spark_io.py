@@ -23,7 +23,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -227,7 +227,7 @@ def bind_tables(sql: str, views: dict[str, str]) -> str:
 
 
 def transform(spark: SparkSession, topic: Topic, block_df: DataFrame, view: str = "block",
-              tables: dict[str, str] | None = None) -> DataFrame:
+              tables: dict[str, str] | None = None, paths: Mapping[str, str] | None = None) -> DataFrame:
     """The topic's output over ``block_df`` (the view ``block``): its transforms' results, unioned by name.
 
     ``view``: the temporary view holding ``block_df`` when it is not ``block``; SQL transforms then
@@ -236,8 +236,12 @@ def transform(spark: SparkSession, topic: Topic, block_df: DataFrame, view: str 
     change them).
 
     ``tables``: lineage tables a SQL transform reads from the given temporary views instead (see
-    :func:`bind_tables`; a Python transform reads what it names)."""
-    outs = [_one_transform(spark, topic, t, block_df, view, tables or {}) for t in topic.transforms]
+    :func:`bind_tables`; a Python transform reads what it names).
+
+    ``paths``: the locations of the topic's inputs (``depends_on``), to say in the error of a
+    transform that reads a column one of them renamed or dropped (column mapping) where that
+    happened."""
+    outs = [_one_transform(spark, topic, t, block_df, view, tables or {}, paths or {}) for t in topic.transforms]
     out = outs[0]
     for other in outs[1:]:
         out = out.unionByName(other, allowMissingColumns=True)
@@ -257,7 +261,7 @@ def bind_block(sql: str, view: str) -> str:
 
 
 def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: DataFrame, view: str,
-                   tables: dict[str, str]) -> DataFrame:
+                   tables: dict[str, str], paths: Mapping[str, str]) -> DataFrame:
     from pyspark.sql import DataFrame as SparkDataFrame
 
     try:
@@ -272,7 +276,25 @@ def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: Da
     except ProcessingError:
         raise
     except Exception as exc:
-        raise ProcessingError(f"topic '{topic.name}' ({topic.where}): transform {t.ref} failed: {first_line(exc)}") from exc
+        raise ProcessingError(f"topic '{topic.name}' ({topic.where}): transform {t.ref} failed: {first_line(exc)}"
+                              f"{_gone_column(str(exc), topic, paths)}") from exc
+
+
+def _gone_column(error: str, topic: Topic, paths: Mapping[str, str]) -> str:
+    """For an error about a column Spark cannot resolve: which of the topic's inputs renamed or
+    dropped it, and at which version ("" when none did, or the error is another)."""
+    m = re.search(r"UNRESOLVED_COLUMN\.\w+\].*?name `([^`]+)`", error)
+    if not m:
+        return ""
+    from resources.storage import delta_meta, delta_read
+
+    column = m.group(1).split(".")[-1]
+    for table in topic.spec.depends_on:
+        found = delta_meta.open_table(paths[table]) if table in paths else None
+        fate = delta_read.column_fate(found, column) if found is not None else None
+        if fate is not None:
+            return f" ({table} {fate}: change the transform to read the column by its new name, or not at all)"
+    return ""
 
 
 # --------------------------------------------------------------------- keyed joins and MERGE (merge topics)

@@ -47,7 +47,7 @@ class ReloadProcessor:
             base_df = reader.load(eng.path(topic.spec.base))
             base_df.createOrReplaceTempView("block")
             spark_io.run_statements(eng.spark, topic, "before")
-            out = spark_io.transform(eng.spark, topic, base_df)
+            out = spark_io.transform(eng.spark, topic, base_df, paths={t: eng.path(t) for t in topic.spec.depends_on})
         number = protocol.next_seq(rec, eng.path(topic.spec.destination), topic.name)
         return OpenBlock(topic, Planned(None, f"reload {number}", source_version=base.version), started, number,
                          out=out, base_mark=base.max_position or Position.zero())

@@ -132,7 +132,7 @@ class StepProcessor:
                 eng.register_tables(topic)
                 block_df = blocks.block_df(eng, topic.spec.base, block, planned.source_version, planned.snapshot)
                 spark_io.run_statements(eng.spark, topic, "before")
-                out = spark_io.transform(eng.spark, topic, block_df)
+                out = spark_io.transform(eng.spark, topic, block_df, paths={t: eng.path(t) for t in topic.spec.depends_on})
             faults.crashpoint("transformed")
         return OpenBlock(topic, planned, started, block.seq, out=out, landed=landed)
 

@@ -28,7 +28,7 @@ from lineage.views.refresh import CLUSTER_ROWS, cluster_column
 from platform_assets.core import protocol
 from platform_assets.core.faults import crashpoint
 from resources.state.offsets import LogRetention, OffsetRecord, OffsetStore
-from resources.storage import delta_meta, maintenance
+from resources.storage import delta_meta, delta_read, maintenance
 from resources.storage.maintenance import Health, Need, Report
 from resources.storage.meta_tables import META_TABLES
 from resources.storage.warehouse import delta_tables, storage_options
@@ -120,7 +120,8 @@ def all_tables(eng: TopicContext) -> list[str]:
 
 def jvm_free_reads(eng: TopicContext, tables: Iterable[str] | None = None) -> list[tuple[str, int | str, int]]:
     """Each table (default: every Delta table in the warehouse) as ``(table, rows the deltalake
-    reader counts or its error, rows Spark counts)``: what pandas, polars and JVM-free tools see."""
+    reader counts or its error, rows Spark counts)``: what pandas, polars and JVM-free tools see
+    (a table with deletion vectors or column mapping through deltalake's DataFusion reader)."""
     from deltalake import DeltaTable
 
     out: list[tuple[str, int | str, int]] = []
@@ -128,7 +129,7 @@ def jvm_free_reads(eng: TopicContext, tables: Iterable[str] | None = None) -> li
         path = eng.path(table)
         jvm_free: int | str
         try:
-            jvm_free = DeltaTable(path, storage_options=storage_options(path) or None).to_pyarrow_dataset().count_rows()
+            jvm_free = delta_read.count_rows(DeltaTable(path, storage_options=storage_options(path) or None))
         except Exception as exc:  # noqa: BLE001 - the reader's own words are the finding
             jvm_free = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         out.append((table, jvm_free, eng.spark.read.format("delta").load(path).count()))

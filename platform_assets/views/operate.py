@@ -11,9 +11,9 @@ from lineage.core.errors import ProcessingError, TidemarkError
 from lineage.core.positions import Position
 from lineage.spec.model import LateRows, Topic
 from lineage.views.refresh import choose
-from platform_assets.core import protocol, spark_io
+from platform_assets.core import protocol
 from platform_assets.views.merge import MergeLook, MergeProcessor
-from resources.storage import delta_meta
+from resources.storage import delta_meta, delta_read
 
 if TYPE_CHECKING:
     from platform_assets.core.context import TopicContext
@@ -125,23 +125,12 @@ def adopt(engine: TopicContext, topic: Topic, *, dry_run: bool) -> list[str]:
     if missing:
         raise ProcessingError(f"topic '{topic.name}': {spec.destination} has no column {', '.join(missing)} of the key "
                               f"({', '.join(spec.key)}); it cannot be adopted as this view")
-    # with deletion vectors the deltalake reader cannot read the view's rows: Spark reads them
-    rows = eng.spark.read.format("delta").load(dest) if delta_meta.deletion_vectors(view).feature else None
-    if rows is not None:
-        dups = rows.groupBy(*[spark_io.quote(k) for k in spec.key]).count().where("count > 1").count()
-    else:
-        keys = view.table.to_pyarrow_dataset().to_table(columns=list(spec.key))
-        dups = keys.group_by(list(spec.key)).aggregate([([], "count_all")]).filter(pc.field("count_all") > 1).num_rows
+    keys = delta_read.read_rows(view.table, list(spec.key))  # (deletion vectors, column mapping: deltalake's DataFusion reader)
+    dups = keys.group_by(list(spec.key)).aggregate([([], "count_all")]).filter(pc.field("count_all") > 1).num_rows
     base = delta_meta.TableSnapshot.open(eng.path(spec.base))
     if base.version is None:
         raise ProcessingError(f"topic '{topic.name}': base {spec.base} does not exist at {eng.path(spec.base)}")
-    if {"pos", "id"} <= view.columns and rows is not None:
-        # microseconds since the epoch: the same instant in any session time zone
-        newest = (rows.where("pos IS NOT NULL AND id IS NOT NULL").selectExpr("unix_micros(pos) AS us", "id")
-                  .orderBy("us", "id", ascending=False).limit(1).collect())
-        last = Position(spark_io.from_epoch_micros(newest[0][0]), int(newest[0][1])) if newest else Position.zero()
-        source = f"the newest (pos, id) in {spec.destination}"
-    elif {"pos", "id"} <= view.columns:
+    if {"pos", "id"} <= view.columns:
         last, source = delta_meta.table_mark(view).max_position or Position.zero(), f"the newest (pos, id) in {spec.destination}"
     else:
         last, source = delta_meta.table_mark(base).max_position or Position.zero(), f"the newest (pos, id) in {spec.base} now"

@@ -32,6 +32,7 @@ from lineage.core.positions import Position, to_naive_utc
 from lineage.planning.planner import TableMark
 from lineage.spec.model import TopicSpec
 from lineage.views.refresh import InputChange, Sizes, cluster_column
+from resources.storage import delta_read
 from resources.storage.warehouse import arrow_filesystem, is_object_store, storage_options
 
 #: Delta truncates timestamp statistics to milliseconds; widen pruning ranges by this much.
@@ -125,12 +126,24 @@ class TableSnapshot:
         """``pos`` and ``id`` as the table's schema types them (what its rows are read as)."""
         table: Any = self.table  # (a table: only rows of one are read)
         full = pa.schema(table.schema().to_arrow())
-        return pa.schema([full.field("pos"), full.field("id")])
+        return pa.schema([full.field(c).remove_metadata() for c in ("pos", "id")])
 
     @functools.cached_property
     def files(self) -> pa.Table:
-        """The data files with their flattened statistics (one row per add action)."""
-        return pa.table({}) if self.table is None else pa.table(self.table.get_add_actions(flatten=True))
+        """The data files with their flattened statistics (one row per add action), named by the
+        table's column names (with column mapping the log keeps them under physical names)."""
+        return pa.table({}) if self.table is None else delta_read.logical_files(self.table)
+
+    @functools.cached_property
+    def scanned(self) -> bool:
+        """Whether this version's rows are read through deltalake's DataFusion reader (column
+        mapping or deletion vectors: see :func:`delta_read.needs_scan`)."""
+        return self.table is not None and delta_read.needs_scan(self.table)
+
+    @functools.cached_property
+    def file_reader(self) -> delta_read.FileReader:
+        """Reads chosen data files of this version as its rows (names mapped, deletion vectors applied)."""
+        return delta_read.FileReader(self.table)
 
 
 #: Reader features that leave a table's data files readable as plain Parquet.
@@ -330,6 +343,11 @@ def _positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | None = N
             return _plain_positions(snap, wanted, low, high)
         except (_NotPlainError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             pass  # e.g. a file without an id column: the dataset fills it with nulls
+    if snap.scanned:  # (the bounds only prune; the kernels below decide)
+        bounds = [*([f"pos >= {delta_read.sql_literal(low)}"] if delta_read.nanosecond_range(low) else []),
+                  *([f"pos <= {delta_read.sql_literal(high)}"] if delta_read.nanosecond_range(high) else [])]
+        rows = delta_read.scan(snap.table, ["pos", "id"], " AND ".join(bounds) or None)
+        return wanted.rows(rows if rows.schema.equals(snap.position_schema) else rows.cast(snap.position_schema))
     pruning = [*([("pos", ">=", _utc(low))] if low else []), *([("pos", "<=", _utc(high))] if high else [])]
     # The expression prunes; the kernels decide. deltalake's dataset gives a file written before the
     # table had an ``id`` column the guarantee ``id >= null``, which lets ``is_valid(id)`` keep its
@@ -532,6 +550,9 @@ def bad_position_rows(source: str | TableSnapshot) -> pa.Table:
         return pa.table({})
     # Filtered by kernels, not by an expression: deltalake's dataset gives a file without an ``id``
     # column the guarantee ``id >= null``, under which ``is_null(id)`` drops its rows.
+    if snap.scanned:
+        bad_rows = delta_read.scan(snap.table, predicate="pos IS NULL OR id IS NULL")
+        return bad_rows if bad_rows.num_rows else pa.table({})
     bad = [b for b in (b.filter(pc.or_(pc.is_null(b["pos"]), pc.is_null(b["id"])))
                        for b in _dataset(snap, "pos IS NULL OR id IS NULL").to_batches()) if b.num_rows]
     return pa.Table.from_batches(bad) if bad else pa.table({})
@@ -588,6 +609,9 @@ class _Added:
     version: int
     path: str  # relative to the table root, unquoted
     stats: dict[str, Any]
+    #: the files the same commit removed with ``dataChange`` (a DELETE, UPDATE or MERGE rewriting
+    #: them): the rows it carried over from them are not new
+    replaces: tuple[str, ...] = ()
 
     def low(self, column: str) -> Any:
         return (self.stats.get("minValues") or {}).get(column)
@@ -609,7 +633,9 @@ class _History:
     unreadable: list[int] = field(default_factory=list)  # versions gone from the log (log retention)
 
     @classmethod
-    def read(cls, path: str, after: int, upto: int) -> _History:
+    def read(cls, path: str, after: int, upto: int, names: Mapping[str, str] | None = None) -> _History:
+        """``names``: ``{physical: column name}`` of a table with column mapping, for the statistics
+        (:func:`delta_read.physical_names`)."""
         fs, log = _log_fs(path)
         out = cls(after, upto)
         for version in range(after + 1, upto + 1):
@@ -623,6 +649,11 @@ class _History:
             cdc = [unquote(a["cdc"]["path"]) for a in actions if a.get("cdc")]
             out.cdc_files.update(cdc)
             data_files: list[str] = []
+            # A file re-added with a deletion vector in the commit that removes it (DELETE, UPDATE,
+            # MERGE with deletion vectors) holds no new row: only fewer of its old ones.
+            removed = {unquote(a["remove"]["path"]) for a in actions if a.get("remove")}
+            rewritten = tuple(sorted(unquote(a["remove"]["path"]) for a in actions
+                                     if a.get("remove") and a["remove"].get("dataChange", True)))
             for a in actions:
                 for kind in ("add", "remove"):
                     act = a.get(kind)
@@ -633,8 +664,9 @@ class _History:
                         data_files.append(rel)
                     if kind == "remove":
                         out.removed_by[rel] = (version, op, data)
-                    elif data:
-                        out.added.append(_Added(version, rel, json.loads(act.get("stats") or "{}")))
+                    elif data and not (act.get("deletionVector") and rel in removed):
+                        stats = delta_read.logical_stats(json.loads(act.get("stats") or "{}"), names or {})
+                        out.added.append(_Added(version, rel, stats, tuple(r for r in rewritten if r != rel)))
                     else:
                         out.compacted.add(rel)
             # Without change data files the change feed reads the added and removed files themselves.
@@ -670,7 +702,7 @@ def _ids_at(path: str, version: int) -> tuple[int | None, set[str]]:
     old = open_table(path, version)
     if old is None:
         raise RemovedDataError(f"{path}: version {version} is no longer in its Delta log (removed by log retention)")
-    files = pa.table(old.get_add_actions(flatten=True))
+    files = delta_read.logical_files(old)
     paths = set(files["path"].to_pylist()) if files.num_rows else set()
     return _max_id(files, f"{path} (version {version})"), paths
 
@@ -730,7 +762,8 @@ def _position_filter(schema: pa.Schema, last: Position | None = None, *, after: 
     return cond
 
 
-def _read_files(path: str, rels: list[str], last: Position, *, above_id: int | None = None) -> pa.Table:
+def _read_files(snap: TableSnapshot, rels: list[str], last: Position, *, above_id: int | None = None,
+                deletions: bool = True) -> pa.Table:
     """Rows of the table's data files ``rels`` at or before ``last`` (and with an id above
     ``above_id``), with every column each file has: read file by file, since one dataset over them
     would take the first file's columns and drop a column that a later file added (a late row
@@ -738,10 +771,17 @@ def _read_files(path: str, rels: list[str], last: Position, *, above_id: int | N
     ``id`` holds no positioned row (its rows are bad rows, see :func:`bad_position_rows`)."""
     import pyarrow.dataset as pads
 
+    path = snap.path
     fs = arrow_filesystem(path)[0]
     parts = []
     for rel in rels:
-        ds = pads.dataset(_join(path, rel), format="parquet", filesystem=fs if "://" in path else None)
+        file = _join(path, rel)
+        if snap.scanned:  # physical column names, rows a deletion vector removed: read whole, then filtered
+            rows = snap.file_reader.read(file, rel, fs if "://" in path else None, deletions=deletions)
+            if "pos" in rows.column_names and "id" in rows.column_names:
+                parts.append(rows.filter(_position_filter(rows.schema, last, above_id=above_id)))
+            continue
+        ds = pads.dataset(file, format="parquet", filesystem=fs if "://" in path else None)
         if "pos" in ds.schema.names and "id" in ds.schema.names:
             parts.append(ds.to_table(filter=_position_filter(ds.schema, last, above_id=above_id)))
     return _unified(parts)
@@ -813,7 +853,7 @@ def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -
     if snap.version is None or snap.version <= after_version:
         return LateRows(pa.table({}))
     path = snap.path
-    history = _History.read(path, after_version, snap.version)
+    history = _History.read(path, after_version, snap.version, delta_read.physical_names(snap.table))
     limit = _plus(last.pos, STATS_SLACK)
     added = [a for a in history.added if (low := parse_stat_ts(a.low("pos"))) is None or low <= limit]
     unreadable = tuple(history.unreadable)
@@ -827,12 +867,35 @@ def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -
             if not gone:
                 fs = arrow_filesystem(path)[0]
                 maybe = [p for p in paths if _may_hold_late(fs, _join(path, p), last)]
-                return LateRows(_read_files(path, maybe, last) if maybe else pa.table({}), unreadable)
+                rows = _read_files(snap, maybe, last) if maybe else pa.table({})
+                return LateRows(_not_carried_over(snap, [a for a in added if a.path in maybe], rows, last), unreadable)
             return LateRows(_late_rows_by_id(snap, history, added, gone, last), unreadable)
         except OSError:
             if missing_files(path, paths) == gone:
                 raise  # not a file that went away meanwhile
     raise RemovedDataError(f"{path}: data files kept disappearing while late rows were looked for (a VACUUM running?)")
+
+
+def _not_carried_over(snap: TableSnapshot, added: list[_Added], rows: pa.Table, last: Position) -> pa.Table:
+    """``rows`` (read from the files ``added``) less those a commit only carried over: a DELETE,
+    UPDATE or MERGE rewrites the files it touches (copy-on-write) or writes the rows it updated
+    anew (deletion vectors), and the rows it wrote at a ``(pos, id)`` the files it replaced held
+    are not late: they were there, and their block took them. Only rows at a new position are. The
+    replaced files are read as they were before (still there until VACUUM; one that is gone cannot
+    tell, and its rewrite's rows count as late, as before)."""
+    replaced = sorted({r for a in added for r in a.replaces})
+    if not replaced or rows.num_rows == 0:
+        return rows
+    gone = set(missing_files(snap.path, replaced))
+    old = _read_files(snap, [r for r in replaced if r not in gone], last, deletions=False)
+    if old.num_rows == 0:
+        return rows
+    keys = rows.select(["pos", "id"])
+    held = old.select(["pos", "id"]).cast(keys.schema).group_by(["pos", "id"]).aggregate([])
+    # joined on the keys alone (a join carries no payload of nested types), then the rows picked by index
+    carried = keys.append_column("_i", pa.array(range(rows.num_rows), pa.int64())).join(held, ["pos", "id"], join_type="inner")
+    keep = pc.invert(pc.is_in(pa.array(range(rows.num_rows), pa.int64()), value_set=carried["_i"].combine_chunks()))
+    return rows.filter(keep)
 
 
 def _late_rows_by_id(snap: TableSnapshot, history: _History, added: list[_Added], gone: list[str],
@@ -878,9 +941,9 @@ def _late_rows_by_id(snap: TableSnapshot, history: _History, added: list[_Added]
         if (low is not None and (_ts(low) or limit) > limit) or (high is not None and ceiling is not None and high <= ceiling):
             continue
         scan.append(rel)
-    parts = [_read_files(path, kept, last)] if kept else []
+    parts = [_read_files(snap, kept, last)] if kept else []
     if scan:
-        parts.append(_read_files(path, scan, last, above_id=ceiling))
+        parts.append(_read_files(snap, scan, last, above_id=ceiling))
     return _unified(parts)
 
 
@@ -924,7 +987,7 @@ def snapshot_read(path: str, version: int, after: Position | None = None, upto: 
         return SnapshotRead(version, version)
     newest = open_table(path)
     current = int(newest.version()) if newest is not None else version
-    history = _History.read(path, version, current)
+    history = _History.read(path, version, current, delta_read.physical_names(snap.table))
     cause = f"{path}: version {version} can no longer be read: its data file {gone[0]} is gone ({history.why_gone(gone[0])})"
     if history.unreadable:
         raise RemovedDataError(f"{cause}, and versions {history.unreadable[0]}..{history.unreadable[-1]} are no longer in "
@@ -1243,7 +1306,7 @@ def input_change(table: str, path: str, old: int | None, upto: int | None = None
     if not change_feed_enabled(snap):
         return dataclasses.replace(change, problem="delta.enableChangeDataFeed is not set on the table "
                                                    f"(ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true))")
-    history = _History.read(path, old, snap.version)
+    history = _History.read(path, old, snap.version, delta_read.physical_names(snap.table))
     gone = history.unreadable
     if gone:
         return dataclasses.replace(change, problem=f"versions {gone[0]}..{gone[-1]} were removed from its Delta log (log retention)")

@@ -1,0 +1,122 @@
+"""JVM-free reads of tables as Spark and Databricks write them: deletion vectors and column mapping
+(``name`` and ``id``), through deltalake's own readers; and late rows after in-place DELETE,
+UPDATE and MERGE of a base, whether the writer rewrites files (copy-on-write, ``deltalake``) or
+marks rows with deletion vectors (Spark)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from lineage.core.positions import Position
+from resources.storage import delta_meta, delta_read
+from resources.storage.delta_meta import TableSnapshot
+
+T0 = dt.datetime(2026, 1, 1)
+FAR = dt.datetime(2030, 1, 1)
+UTC_TS = pa.timestamp("us", tz="UTC")
+
+
+def _at(seconds: int, id_: int) -> Position:
+    return Position(T0 + dt.timedelta(seconds=seconds), id_)
+
+
+def _rows(ids: range | list[int], v: int = 1) -> pa.Table:
+    ids = list(ids)
+    return pa.table({"pos": pa.array([(T0 + dt.timedelta(seconds=i)).replace(tzinfo=dt.UTC) for i in ids], UTC_TS),
+                     "id": pa.array(ids, pa.int64()), "v": pa.array([v] * len(ids), pa.int64())})
+
+
+@pytest.mark.fast
+def test_copy_on_write_delete_update_and_merge_of_a_base_are_not_late_rows(tmp_path: Path) -> None:
+    """deltalake rewrites the file a DELETE or UPDATE touches: its other rows, and the updated
+    ones, are carried over at the positions they had, and are no late rows. A MERGE that also
+    inserts a row at an old position adds exactly that one late row."""
+    path = str(tmp_path / "base")
+    write_deltalake(path, _rows(range(100)))
+    last = _at(60, 60)
+    DeltaTable(path).delete("id = 5")
+    DeltaTable(path).update(updates={"v": "2"}, predicate="id = 7 OR id = 80")
+    assert delta_meta.late_rows(path, 0, last).rows.num_rows == 0
+    new = _rows([8, 30]).set_column(1, "id", pa.array([8, 1000], pa.int64())).set_column(2, "v", pa.array([3, 3]))
+    (DeltaTable(path).merge(new, "s.id = t.id", source_alias="s", target_alias="t")
+     .when_matched_update_all().when_not_matched_insert_all().execute())
+    late = delta_meta.late_rows(path, 0, last).rows
+    assert late.select(["id", "v"]).to_pylist() == [{"id": 1000, "v": 3}]  # (id 8 was updated at its place: not late)
+    # plain appends are found as before
+    write_deltalake(path, _rows([10_000], v=4).set_column(0, "pos", pa.array([(T0 + dt.timedelta(seconds=1)).replace(
+        tzinfo=dt.UTC)], UTC_TS)), mode="append")
+    assert sorted(delta_meta.late_rows(path, 0, last).rows["id"].to_pylist()) == [1000, 10_000]
+
+
+@pytest.mark.fast
+def test_plain_tables_are_read_as_before(tmp_path: Path) -> None:
+    path = str(tmp_path / "plain")
+    write_deltalake(path, _rows(range(10)))
+    table = DeltaTable(path)
+    assert not delta_read.needs_scan(table) and delta_read.physical_names(table) == {}
+    assert delta_read.count_rows(table) == 10 and delta_read.read_rows(table, ["id"])["id"].to_pylist() == list(range(10))
+    assert not TableSnapshot.open(path).scanned
+
+
+def _spark_table(spark, path: Path, mode: str) -> str:  # noqa: ANN001 - a SparkSession
+    """A table as Databricks writes one: deletion vectors and column mapping ``mode`` on, 2,000
+    rows in 8 files, then every tenth deleted (deletion vectors), ``note`` renamed to ``label``
+    and ``gone`` dropped."""
+    p = str(path)
+    spark.sql(f"""CREATE TABLE delta.`{p}` (pos TIMESTAMP, id BIGINT, amount DOUBLE, note STRING, gone STRING) USING delta
+                 TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', 'delta.columnMapping.mode' = '{mode}',
+                                'delta.minReaderVersion' = '3', 'delta.minWriterVersion' = '7')""")
+    for lo in (0, 1000):  # versions 1 and 2
+        (spark.range(lo, lo + 1000).repartition(4)
+         .selectExpr("timestamp_seconds(unix_seconds(timestamp'2026-01-01 00:00:00') + id) AS pos", "id",
+                     "CAST(id * 1.5 AS DOUBLE) AS amount", "concat('n', id) AS note", "'g' AS gone")
+         .write.format("delta").mode("append").save(p))
+    spark.sql(f"DELETE FROM delta.`{p}` WHERE id % 10 = 0")  # version 3: a deletion vector on every file
+    spark.sql(f"ALTER TABLE delta.`{p}` RENAME COLUMN note TO label")
+    spark.sql(f"ALTER TABLE delta.`{p}` DROP COLUMN gone")
+    return p
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("mode", ["name", "id"])
+def test_every_jvm_free_read_of_a_table_with_deletion_vectors_and_column_mapping(spark, tmp_path, mode):
+    p = _spark_table(spark, tmp_path / "t", mode)
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    snap = TableSnapshot.open(p)
+    assert snap.scanned and delta_read.physical_names(snap.table)  # physical names differ from the columns
+    assert {"min.pos", "max.pos", "max.id", "null_count.id"} <= set(snap.files.column_names)
+    # every read applies the deletions: ids 0..1999 less the multiples of 10
+    kept = [i for i in range(2000) if i % 10]
+    rows = delta_read.read_rows(snap.table)
+    assert rows.column_names == ["pos", "id", "amount", "label"] and sorted(rows["id"].to_pylist()) == kept
+    assert rows.schema.field("label").type == pa.string() and not rows.schema.metadata
+    assert delta_read.count_rows(snap.table) == len(kept) == spark.read.format("delta").load(p).count()
+    # planning: the newest position, a block's end and its rows, the null and late rows
+    assert delta_meta.table_mark(snap).max_position == _at(1999, 1999)
+    assert delta_meta.find_block_end(snap, _at(10, 10), FAR, 100) == delta_meta.BlockEnd(_at(121, 121), 100, snap.version)
+    assert delta_meta.count_block(p, _at(10, 10), _at(110, 110)) == 90
+    assert delta_meta.bad_position_rows(snap).num_rows == 0
+    assert delta_meta._max_id(snap.files, p) == 1999
+    # late rows after version 1 at or before id 1800: version 2's rows there, less those the DELETE
+    # removed; the DELETE's files (the same files with a vector) add none
+    late = delta_meta.late_rows(p, 1, _at(1800, 1800)).rows
+    assert sorted(late["id"].to_pylist()) == [i for i in range(1000, 1801) if i % 10]
+    assert "label" in late.column_names and "gone" not in late.column_names
+    # an UPDATE in place writes the updated rows anew and a vector on their old files: not late
+    spark.sql(f"UPDATE delta.`{p}` SET amount = -1 WHERE id < 50")
+    after_update = TableSnapshot.open(p)
+    assert delta_meta.late_rows(after_update, snap.version, _at(1800, 1800)).rows.num_rows == 0
+    # a row inserted at an old position is late, with its values under the table's column names
+    spark.sql(f"INSERT INTO delta.`{p}` VALUES (timestamp'2026-01-01 00:00:05', 5000, 2.0, 'late')")
+    late = delta_meta.late_rows(p, after_update.version, _at(1800, 1800)).rows
+    assert late.select(["id", "label"]).to_pylist() == [{"id": 5000, "label": "late"}]
+    # OPTIMIZE (a compaction: no data change) purges the vectors; nothing is new, nothing is late
+    before = TableSnapshot.open(p).version
+    spark.sql(f"OPTIMIZE delta.`{p}`")
+    assert delta_meta.late_rows(p, before, _at(1800, 1800)).rows.num_rows == 0
+    assert delta_read.count_rows(DeltaTable(p)) == len(kept) + 1
