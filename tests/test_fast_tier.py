@@ -30,6 +30,9 @@ OUTSIDE = {
                                                     "units (40 s or more each)",
     "tests/platform_assets/test_lost_store_units.py": "cuts units short after their Delta write, then loses the store "
                                                       "(about a minute)",
+    "tests/platform_assets/test_databricks_sources.py": "two rounds of five topics on Spark-written sources with deletion "
+                                                         "vectors and column mapping (about a minute per mode); the fast "
+                                                         "tier reads such tables in tests/resources/test_delta_read.py",
     "tests/bench/test_cdc_apply_bench.py": "runs the benchmark script in its own process (a JVM and PostgreSQL)",
     "tests/bench/test_cdc_big_tx_bench.py": "runs the benchmark script in its own processes (JVMs and PostgreSQL)",
     "tests/bench/test_maintenance_bench.py": "runs the benchmark script in its own process (a JVM)",

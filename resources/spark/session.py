@@ -116,14 +116,25 @@ def session_started(spark: SparkSession) -> SparkSession:
     """What follows the start of a session built from :func:`spark_config`, by
     :func:`build_spark_session` or by ``dagster-pyspark``: remember the Delta jars Ivy resolved
     (later sessions start without Ivy), keep PySpark from logging every failed query as a JSON blob
-    (Tidemark reports failures itself). Cheap and idempotent; a Connect session needs nothing."""
+    (Tidemark reports failures itself), and keep Delta from logging an ERROR line on every read of a
+    table with deletion vectors (``Failed to translate filter EqualTo(__delta_internal_is_row_deleted,0)``:
+    Delta does not push its own deleted-rows filter into Parquet, and says so; the read is exact).
+    Cheap and idempotent; a Connect session needs nothing (the server logs to its own file)."""
     if not is_connect(spark) and not cached_delta_jars():
         s3 = set(cached_s3_jars())  # the S3A jars (hadoop-aws and the AWS SDK) are remembered apart
         jars = spark.sparkContext.getConf().get("spark.jars", "").split(",")
         _remember_delta_jars(",".join(j for j in jars if j not in s3 and
                                       not Path(j).name.startswith(("org.apache.hadoop_hadoop-aws", "software.amazon."))))
+    if not is_connect(spark):
+        log4j = spark._jvm.org.apache.logging.log4j  # type: ignore[attr-defined]  # (classic: the driver's JVM)
+        log4j.core.config.Configurator.setLevel(QUIET_DELTA_LOGGER, log4j.Level.FATAL)
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     return spark
+
+
+#: Delta's logger that reports, at ERROR, a filter it does not push down on every read of a table
+#: with deletion vectors (see :func:`session_started`).
+QUIET_DELTA_LOGGER = "org.apache.spark.sql.delta.DeltaParquetFileFormat"
 
 
 def make_active(spark: SparkSession) -> None:
