@@ -126,7 +126,7 @@ def session_started(spark: SparkSession) -> SparkSession:
         _remember_delta_jars(",".join(j for j in jars if j not in s3 and
                                       not Path(j).name.startswith(("org.apache.hadoop_hadoop-aws", "software.amazon."))))
     if not is_connect(spark):
-        log4j = spark._jvm.org.apache.logging.log4j  # type: ignore[attr-defined]  # (classic: the driver's JVM)
+        log4j = spark._jvm.org.apache.logging.log4j  # type: ignore[union-attr]  # (classic: the driver's JVM)
         log4j.core.config.Configurator.setLevel(QUIET_DELTA_LOGGER, log4j.Level.FATAL)
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     return spark
