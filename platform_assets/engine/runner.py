@@ -111,17 +111,18 @@ class Engine:
         if self._spark is None:
             from pyspark.sql import SparkSession
 
+            from resources.spark.session import build_spark_session, running_sessions
+
             active = SparkSession.getActiveSession()
             if active is not None:  # e.g. a host process's session: use it, never stop it
                 self._spark, self._owns_spark = active, False
-            elif self._spark_factory is not None:
-                with self.phases.timed("spark"):
-                    self._spark = self._spark_factory()
             else:
-                from resources.spark.session import build_spark_session
-
+                # getOrCreate returns a session the process has already (another thread's, a
+                # host's): this engine did not start it and must not stop it on close
+                before = running_sessions()
                 with self.phases.timed("spark"):
-                    self._spark = build_spark_session(self.settings)
+                    self._spark = (self._spark_factory or (lambda: build_spark_session(self.settings)))()
+                self._owns_spark = not any(self._spark is s for s in before)
         return self._spark
 
     def close(self) -> None:

@@ -137,6 +137,24 @@ def session_started(spark: SparkSession) -> SparkSession:
 QUIET_DELTA_LOGGER = "org.apache.spark.sql.delta.DeltaParquetFileFormat"
 
 
+def running_sessions() -> list[SparkSession]:
+    """The sessions this process has already, in any thread: classic PySpark's instantiated session
+    and Spark Connect's default one. A session ``getOrCreate`` returns that is one of these was
+    not created by the caller, which must then not stop it."""
+    out: list[SparkSession] = []
+    from pyspark.sql import SparkSession as Classic
+
+    if (classic := getattr(Classic, "_instantiatedSession", None)) is not None:
+        out.append(classic)
+    try:
+        from pyspark.sql.connect.session import SparkSession as Connect
+    except ImportError:  # (Spark Connect's client dependencies not installed)
+        return out
+    if (default := getattr(Connect, "_default_session", None)) is not None:
+        out.append(default)
+    return out
+
+
 def make_active(spark: SparkSession) -> None:
     """``spark`` the active session of this thread. Spark Connect's client binds what a command
     returns to the thread's active session: a ``localCheckpoint`` made on a sibling session

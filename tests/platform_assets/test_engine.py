@@ -414,3 +414,27 @@ def test_a_static_source_is_always_fresh_and_a_missing_one_never(settings, tmp_p
         assert eng.freshness("stage.other") is None  # missing: nothing yet
     finally:
         eng.close()
+
+
+@pytest.mark.fast
+def test_an_engine_never_stops_a_session_it_did_not_start(spark, settings, tmp_path):
+    """An engine given no session, in a thread of a process that has one (a Dagster op's worker
+    thread, the follower's): getOrCreate hands it that session, and closing the engine leaves it
+    running for everyone else."""
+    import threading
+
+    lin = write_lineage(tmp_path)
+    seen: dict[str, object] = {}
+
+    def in_a_thread() -> None:
+        eng = Engine(settings.with_(lineage=lin), load_lineage(lin))
+        try:
+            seen["session"] = eng.spark
+        finally:
+            eng.close()
+
+    worker = threading.Thread(target=in_a_thread)
+    worker.start()
+    worker.join()
+    assert seen["session"] is spark
+    assert spark.range(3).count() == 3  # still running
