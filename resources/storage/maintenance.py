@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 from lineage.core.durations import format_size
 from lineage.core.errors import TidemarkError
 from lineage.core.retry import retrying
-from resources.storage import delta_meta
+from resources.storage import delta_meta, delta_read
 from resources.storage.warehouse import arrow_filesystem, storage_options
 
 #: A data file below this size counts as small (blocks of a few hundred rows write kilobytes).
@@ -310,7 +310,12 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
         return DeltaTable(h.path, storage_options=options)
 
     recluster = bool(h.kept_small and h.oversized_files and cluster_by)
-    if compact and (recluster or h.small_files >= COMPACT_FROM_SMALL_FILES or (force_compact and h.small_files > 1)):
+    wanted = compact and (recluster or h.small_files >= COMPACT_FROM_SMALL_FILES or (force_compact and h.small_files > 1))
+    mapping = delta_read.column_mapping(table()) if wanted else "none"
+    if wanted and mapping != "none":
+        report.skipped.append(f"compaction: deltalake cannot rewrite a table with column mapping (delta.columnMapping.mode "
+                              f"= {mapping}); compact it with Spark: OPTIMIZE delta.`{h.path}`")
+    elif wanted:
         if dry_run:
             report.compacted = {"numFilesRemoved": h.files if recluster else h.small_files, "planned": True}
             if recluster:

@@ -120,3 +120,27 @@ def test_every_jvm_free_read_of_a_table_with_deletion_vectors_and_column_mapping
     spark.sql(f"OPTIMIZE delta.`{p}`")
     assert delta_meta.late_rows(p, before, _at(1800, 1800)).rows.num_rows == 0
     assert delta_read.count_rows(DeltaTable(p)) == len(kept) + 1
+
+
+@pytest.mark.spark
+def test_maintenance_of_a_table_with_column_mapping_skips_only_the_compaction(spark, tmp_path):
+    """deltalake cannot rewrite a column-mapped table (``OPTIMIZE``): maintenance says so and how to
+    compact it, and goes on with the rest; a table with deletion vectors alone is compacted, its deleted
+    rows purged."""
+    from resources.storage import maintenance
+
+    mapped = _spark_table(spark, tmp_path / "mapped", "name")
+    report = maintenance.maintain(maintenance.health("t.mapped", mapped), force_compact=True, retain_hours=0,
+                                  writers_idle=True)
+    assert not report.compacted and any("cannot rewrite a table with column mapping" in s and "OPTIMIZE delta.`" in s
+                                        for s in report.skipped), report.skipped
+    assert delta_read.count_rows(DeltaTable(mapped)) == 1800
+    vectors = str(tmp_path / "vectors")
+    spark.sql(f"CREATE TABLE delta.`{vectors}` (pos TIMESTAMP, id BIGINT) USING delta "
+              "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    for lo in (0, 100, 200):
+        spark.sql(f"INSERT INTO delta.`{vectors}` SELECT timestamp_seconds(1767225600 + id), id FROM range({lo}, {lo + 100})")
+    spark.sql(f"DELETE FROM delta.`{vectors}` WHERE id % 3 = 0")
+    report = maintenance.maintain(maintenance.health("t.vectors", vectors), force_compact=True)
+    assert report.compacted and delta_read.count_rows(DeltaTable(vectors)) == 200
+    assert not DeltaTable(vectors).deletion_vectors().read_all().num_rows  # purged by the rewrite
