@@ -664,9 +664,10 @@ class _History:
                         data_files.append(rel)
                     if kind == "remove":
                         out.removed_by[rel] = (version, op, data)
-                    elif data and not (act.get("deletionVector") and rel in removed):
-                        stats = delta_read.logical_stats(json.loads(act.get("stats") or "{}"), names or {})
-                        out.added.append(_Added(version, rel, stats, tuple(r for r in rewritten if r != rel)))
+                    elif data:
+                        if not (act.get("deletionVector") and rel in removed):
+                            stats = delta_read.logical_stats(json.loads(act.get("stats") or "{}"), names or {})
+                            out.added.append(_Added(version, rel, stats, tuple(r for r in rewritten if r != rel)))
                     else:
                         out.compacted.add(rel)
             # Without change data files the change feed reads the added and removed files themselves.
@@ -867,8 +868,12 @@ def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -
             if not gone:
                 fs = arrow_filesystem(path)[0]
                 maybe = [p for p in paths if _may_hold_late(fs, _join(path, p), last)]
-                rows = _read_files(snap, maybe, last) if maybe else pa.table({})
-                return LateRows(_not_carried_over(snap, [a for a in added if a.path in maybe], rows, last), unreadable)
+                appended = [a.path for a in added if a.path in maybe and not a.replaces]
+                rewrites = [a for a in added if a.path in maybe and a.replaces]
+                parts = [_read_files(snap, appended, last)] if appended else []
+                if rewrites:
+                    parts.append(_not_carried_over(snap, rewrites, last))
+                return LateRows(_unified(parts), unreadable)
             return LateRows(_late_rows_by_id(snap, history, added, gone, last), unreadable)
         except OSError:
             if missing_files(path, paths) == gone:
@@ -876,15 +881,17 @@ def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -
     raise RemovedDataError(f"{path}: data files kept disappearing while late rows were looked for (a VACUUM running?)")
 
 
-def _not_carried_over(snap: TableSnapshot, added: list[_Added], rows: pa.Table, last: Position) -> pa.Table:
-    """``rows`` (read from the files ``added``) less those a commit only carried over: a DELETE,
-    UPDATE or MERGE rewrites the files it touches (copy-on-write) or writes the rows it updated
-    anew (deletion vectors), and the rows it wrote at a ``(pos, id)`` the files it replaced held
-    are not late: they were there, and their block took them. Only rows at a new position are. The
-    replaced files are read as they were before (still there until VACUUM; one that is gone cannot
-    tell, and its rewrite's rows count as late, as before)."""
-    replaced = sorted({r for a in added for r in a.replaces})
-    if not replaced or rows.num_rows == 0:
+def _not_carried_over(snap: TableSnapshot, rewrites: list[_Added], last: Position) -> pa.Table:
+    """The rows at or before ``last`` of the files ``rewrites`` (each added by a commit that
+    removed others) less those the commit only carried over: a DELETE, UPDATE or MERGE rewrites the
+    files it touches (copy-on-write) or writes the rows it updated anew (deletion vectors), and the
+    rows it wrote at a ``(pos, id)`` the files it replaced held are not late: they were there (and
+    their block took them, or, for a file added since, its own read finds them). Only rows at a new
+    position are. The replaced files are read whole, as they were (still there until VACUUM; one
+    that is gone cannot tell, and the rows its rewrite carried count as late, as before)."""
+    rows = _read_files(snap, [a.path for a in rewrites], last)
+    replaced = sorted({r for a in rewrites for r in a.replaces})
+    if rows.num_rows == 0:
         return rows
     gone = set(missing_files(snap.path, replaced))
     old = _read_files(snap, [r for r in replaced if r not in gone], last, deletions=False)

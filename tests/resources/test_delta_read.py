@@ -144,3 +144,19 @@ def test_maintenance_of_a_table_with_column_mapping_skips_only_the_compaction(sp
     report = maintenance.maintain(maintenance.health("t.vectors", vectors), force_compact=True)
     assert report.compacted and delta_read.count_rows(DeltaTable(vectors)) == 200
     assert not DeltaTable(vectors).deletion_vectors().read_all().num_rows  # purged by the rewrite
+
+
+@pytest.mark.fast
+def test_a_late_row_rewritten_by_a_later_delete_is_found_once(tmp_path: Path) -> None:
+    """A late row lands, then a DELETE of another row of its file rewrites that file: the late row
+    is in both files (the appended one, still there until VACUUM, and the rewrite), and is found
+    once; the rows the rewrite carried over from before are not late."""
+    path = str(tmp_path / "base")
+    write_deltalake(path, _rows(range(100)))
+    last = _at(60, 60)
+    late = _rows([5, 6]).set_column(1, "id", pa.array([500, 501], pa.int64()))
+    write_deltalake(path, late, mode="append")  # two late rows in one new file
+    DeltaTable(path).delete("id = 501")  # rewrites the new file without it
+    DeltaTable(path).delete("id = 3")  # and an old one
+    found = delta_meta.late_rows(path, 0, last).rows
+    assert sorted(found["id"].to_pylist()) == [500, 501]  # (501 arrived late; its deletion since does not undo that)
