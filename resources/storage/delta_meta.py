@@ -332,6 +332,12 @@ class _Wanted:
 
 def _positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | None = None,
                high: dt.datetime | None = None) -> pa.Table:
+    with delta_read.readable(snap.path):
+        return _read_positions(snap, wanted, low, high)
+
+
+def _read_positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | None,
+                    high: dt.datetime | None) -> pa.Table:
     """``pos``/``id`` of ``snap``'s rows that are ``wanted``, read only from the files whose
     statistics allow a ``pos`` in ``[low, high]`` (None: unbounded; callers widen the bounds by
     :data:`STATS_SLACK` where they come from rows, not statistics). A plain table's files are read
@@ -550,11 +556,12 @@ def bad_position_rows(source: str | TableSnapshot) -> pa.Table:
         return pa.table({})
     # Filtered by kernels, not by an expression: deltalake's dataset gives a file without an ``id``
     # column the guarantee ``id >= null``, under which ``is_null(id)`` drops its rows.
-    if snap.scanned:
-        bad_rows = delta_read.scan(snap.table, predicate="pos IS NULL OR id IS NULL")
-        return bad_rows if bad_rows.num_rows else pa.table({})
-    bad = [b for b in (b.filter(pc.or_(pc.is_null(b["pos"]), pc.is_null(b["id"])))
-                       for b in _dataset(snap, "pos IS NULL OR id IS NULL").to_batches()) if b.num_rows]
+    with delta_read.readable(snap.path):
+        if snap.scanned:
+            bad_rows = delta_read.scan(snap.table, predicate="pos IS NULL OR id IS NULL")
+            return bad_rows if bad_rows.num_rows else pa.table({})
+        bad = [b for b in (b.filter(pc.or_(pc.is_null(b["pos"]), pc.is_null(b["id"])))
+                           for b in _dataset(snap, "pos IS NULL OR id IS NULL").to_batches()) if b.num_rows]
     return pa.Table.from_batches(bad) if bad else pa.table({})
 
 

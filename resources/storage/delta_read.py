@@ -11,18 +11,22 @@ mapping (``name`` and ``id``) and deletion vectors, through ``deltalake``'s own 
   vector removed (``DeltaTable.deletion_vectors``) left out: :func:`read_file`.
 
 Nothing here parses the Delta log or a deletion vector itself; that is deltalake's job.
-May import: pyarrow, deltalake, ``resources.storage.warehouse``.
+May import: pyarrow, deltalake, ``lineage.core``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from lineage.core.errors import ProcessingError
 
 #: Reader features the ``pyarrow`` dataset path of deltalake refuses and its DataFusion reader reads.
 SCANNED_FEATURES = frozenset({"deletionVectors", "columnMapping"})
@@ -113,6 +117,26 @@ def scan(table: Any, columns: Sequence[str] | None = None, predicate: str | None
     named as the table names them. Files whose statistics rule the predicate out are not read."""
     reader = table.scan(columns=list(columns) if columns is not None else None, predicate=predicate)
     return plain(pa.table(reader.read_all()))
+
+
+@contextlib.contextmanager
+def readable(where: str) -> Iterator[None]:
+    """Reads of the rows of the table at ``where`` inside: deltalake's refusal of a reader feature
+    neither of its readers supports (``typeWidening``, as of deltalake 1.6) raised as a
+    :class:`ProcessingError` that names the table and the way out, not as a library traceback."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - only the refusal is turned; anything else is raised as it is
+        text = str(exc)
+        found = re.search(r"reader features:? \{([^}]*)\}|Unsupported table features required: \[([^\]]*)\]", text)
+        if found is None:
+            raise
+        features = [f.strip(" '\"") for f in (found.group(1) or found.group(2) or "").split(",") if f.strip(" '\"")]
+        feature = next((f[0].lower() + f[1:] for f in features), "...")  # (DataFusion's error capitalises it)
+        raise ProcessingError(
+            f"{where}: deltalake cannot read this table's rows (reader features: {', '.join(features)}), and Tidemark "
+            f"reads them without a JVM to plan blocks: drop the feature from the table (ALTER TABLE delta.`{where}` "
+            f"DROP FEATURE {feature}) or read it as a later input of depends_on (Spark reads those)") from exc
 
 
 def sql_literal(value: Any) -> str:

@@ -160,3 +160,19 @@ def test_a_late_row_rewritten_by_a_later_delete_is_found_once(tmp_path: Path) ->
     DeltaTable(path).delete("id = 3")  # and an old one
     found = delta_meta.late_rows(path, 0, last).rows
     assert sorted(found["id"].to_pylist()) == [500, 501]  # (501 arrived late; its deletion since does not undo that)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("error", [
+    "The table has set these reader features: {'typeWidening'} but these are not yet supported by the deltalake reader.",
+    "External error: Transaction failed: Unsupported table features required: [TypeWidening]",
+])
+def test_a_reader_feature_neither_reader_has_is_a_clear_error(error: str) -> None:
+    from lineage.core.errors import ProcessingError
+
+    with pytest.raises(ProcessingError, match=r"^/w/stage/x: deltalake cannot read this table's rows \(reader features: "
+                                              r"[tT]ypeWidening\).*DROP FEATURE typeWidening\) or read it as a later input"):
+        with delta_read.readable("/w/stage/x"):
+            raise RuntimeError(error)
+    with pytest.raises(KeyError), delta_read.readable("/w/stage/x"):  # anything else is raised as it is
+        raise KeyError("x")
