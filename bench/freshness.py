@@ -125,7 +125,7 @@ def reached_version(src: str, dest_commits: list[Commit]) -> Callable[[int], tup
 def quarantined_ids(settings: Settings, source: str) -> set[int]:
     """Ids of ``source`` rows in ``etl.quarantine`` (late or without a position): they are
     accounted for, not waiting."""
-    from resources.storage.delta_meta import open_table
+    from resources.storage.delta_log import open_table
     from resources.storage.meta_tables import QUARANTINE
 
     table = open_table(settings.table_path(QUARANTINE))

@@ -66,7 +66,7 @@ if str(ROOT) not in sys.path:
 from lineage.core.positions import Position  # noqa: E402
 from lineage.spec.loader import load_lineage  # noqa: E402
 from resources.core.settings import Settings  # noqa: E402
-from resources.storage import delta_meta  # noqa: E402
+from resources.storage import delta_log, delta_meta  # noqa: E402
 
 TOPIC = "fact.events"
 BASE = "bench.events"
@@ -165,7 +165,7 @@ PHASES = [
     ("register tables", "Engine.register (deltalake open / CREATE TABLE)"),
     ("block+transform", "blocks.block_df + transform + before/after SQL (lazy plans)"),
     ("spark write", "DataFrameWriter.save: the Delta append job itself"),
-    ("find_txn_commit", "delta_meta.find_txn_commit (read dest _delta_log)"),
+    ("find_txn_commit", "delta_log.find_txn_commit (read dest _delta_log)"),
     ("etl.log write", "write_etl_log (deltalake append to etl.log)"),
 ]
 #: Nested counters (inside the phases above), shown for information only.
@@ -196,9 +196,9 @@ def instrument(engine: Any, profile: Profile) -> None:
     for mod in (step_mod, reload_mod):
         mod.write_etl_log = profile.wrap("etl.log write", mod.write_etl_log)
     DataFrameWriter.save = profile.wrap("spark write", DataFrameWriter.save)  # type: ignore[method-assign]
-    opener = delta_meta.open_table
+    opener = delta_log.open_table
     counted = profile.wrap("deltalake opens", opener)
-    delta_meta.open_table = counted
+    delta_log.open_table = counted
     meta_tables.open_table = counted
 
 
@@ -354,7 +354,7 @@ class Bench:
         finally:
             elapsed = time.perf_counter() - t0
             phases, _ = self.profile.stop()
-        rows = delta_meta.last_commit_stats(path).rows
+        rows = delta_log.last_commit_stats(path).rows
         if rows != self.block:
             raise SystemExit(f"raw append into {path} wrote {rows} rows, expected {self.block}")
         return elapsed, phases.get("spark write", 0.0)

@@ -128,7 +128,7 @@ def merge_source(spark: SparkSession, table: pa.Table) -> DataFrame:
 
 def ensure_replica(spark: SparkSession, path: str, layout: Layout) -> bool:
     """Create the replica (empty, with its properties) when it does not exist; True if created."""
-    from resources.storage.delta_meta import open_table
+    from resources.storage.delta_log import open_table
 
     if open_table(path) is not None:  # JVM-free, and works over Spark Connect too
         return False
@@ -143,7 +143,7 @@ _DELTA_TYPES = {"long": "bigint", "integer": "int", "short": "smallint", "byte":
 
 def replica_columns(path: str) -> dict[str, str]:
     """The replica's columns now, name -> Spark SQL type, from its Delta log (no JVM)."""
-    from resources.storage.delta_meta import open_table
+    from resources.storage.delta_log import open_table
 
     return columns_of(open_table(path))
 
@@ -341,7 +341,8 @@ def new_keys_only(path: str, layout: Layout, source: pa.Table) -> bool:
     would only insert its present rows: serial keys of new rows (an orders or history table), the
     common case of OLTP tables. With deletion vectors or soft deletes the statistics still count
     the rows marked, so the answer stays safe."""
-    from resources.storage.delta_meta import TableSnapshot, open_table
+    from resources.storage.delta_log import open_table
+    from resources.storage.delta_meta import TableSnapshot
 
     first = layout.schema.column(layout.key[0]) if layout.key else None
     if first is None or source.num_rows == 0 or first.type not in INTEGER_TYPES:

@@ -83,7 +83,7 @@ from resources.core.settings import whole_number_setting
 from resources.spark.session import make_active, sibling_sessions
 from resources.state.lease import LeaseKeeper
 from resources.state.offsets import OffsetRecord
-from resources.storage import cdc_positions, delta_meta
+from resources.storage import cdc_positions, delta_log, delta_meta
 from resources.storage.meta_tables import LogEntry, write_etl_log
 from resources.storage.warehouse import local_dir as warehouse_dir
 
@@ -272,12 +272,12 @@ class ReplicatorUnit:
     def _reconcile_log(self, replica: str, path: str, rec: OffsetRecord) -> OffsetRecord:
         """The record caught up with what the replica's Delta log records."""
         store, app = self.engine.store, f"tidemark:{replica}"
-        seq = delta_meta.recorded_txn(path, app)
+        seq = delta_log.recorded_txn(path, app)
         if seq <= rec.seq and not (rec.pending and seq == rec.seq):
             return rec
         try:
-            commit = delta_meta.find_txn_commit(path, app, seq, hint=rec.delta_version)
-        except delta_meta.CommitUnavailableError:  # removed by log retention: refused below, saying what to run
+            commit = delta_log.find_txn_commit(path, app, seq, hint=rec.delta_version)
+        except delta_log.CommitUnavailableError:  # removed by log retention: refused below, saying what to run
             commit = None
         meta = commit.user_metadata if commit else {}
         if commit is not None and "lsn" in meta:
@@ -433,10 +433,10 @@ class ReplicatorUnit:
     def _recorded_key(self, replica: str, path: str) -> tuple[str, ...] | None:
         """The key the replica's last commit records (``key`` in its ``userMetadata``); None: none."""
         app = f"tidemark:{replica}"
-        seq = delta_meta.recorded_txn(path, app)
+        seq = delta_log.recorded_txn(path, app)
         try:
-            commit = delta_meta.find_txn_commit(path, app, seq) if seq else None
-        except delta_meta.CommitUnavailableError:
+            commit = delta_log.find_txn_commit(path, app, seq) if seq else None
+        except delta_log.CommitUnavailableError:
             return None
         key = (commit.user_metadata if commit else {}).get("key")
         return tuple(key) if isinstance(key, list) else None
@@ -837,14 +837,14 @@ class ReplicatorUnit:
                                inputs_next={"changes": run.last})
         commit = Commit(f"tidemark:{t.replica}", seq, self.commit_meta(unit, lsn, changes=[run.first, run.last],
                                                                       key=list(t.layout.key)))
-        if not redo and delta_meta.recorded_txn(t.path, commit.app_id) >= seq:
+        if not redo and delta_log.recorded_txn(t.path, commit.app_id) >= seq:
             raise self._stale(t, seq, lsn, "before its write")
         try:
             counts = run.land(commit)
         except BatchError as exc:
             raise TidemarkError(f"replica {t.replica}: {exc}") from None
         faults.crashpoint("cdc-written")
-        landed = delta_meta.find_txn_commit(t.path, commit.app_id, seq)
+        landed = delta_log.find_txn_commit(t.path, commit.app_id, seq)
         if landed is None or int(landed.user_metadata.get("lsn", -1)) != lsn:  # Delta skipped it: the version was taken
             raise self._stale(t, seq, lsn, "after its write")
         self.positions.committed(t.replica, lsn)
@@ -865,8 +865,8 @@ class ReplicatorUnit:
         ran on a Spark Connect server, with the offset store lost meanwhile). Nothing of this unit counts
         for the replica; the next unit reconciles with the log and reads what it lacks."""
         app = f"tidemark:{t.replica}"
-        recorded = delta_meta.recorded_txn(t.path, app)
-        got = delta_meta.find_txn_commit(t.path, app, recorded)
+        recorded = delta_log.recorded_txn(t.path, app)
+        got = delta_log.find_txn_commit(t.path, app, recorded)
         theirs = (got.user_metadata if got else {}).get("lsn_text", "?")
         return StaleReplicaError(f"replica {t.replica}: {when}, its Delta log records txn version "
                                  f"{recorded} (up to {theirs}) of another "
@@ -874,8 +874,8 @@ class ReplicatorUnit:
                                  f"from what the log records")
 
     def _log(self, t: Table, seq: int, strategy: str, counts: dict[str, int], rows: int, *, lag: float | None,
-             commit: delta_meta.CommitStats | None = None) -> None:
-        commit = commit or delta_meta.find_txn_commit(t.path, f"tidemark:{t.replica}", seq)
+             commit: delta_log.CommitStats | None = None) -> None:
+        commit = commit or delta_log.find_txn_commit(t.path, f"tidemark:{t.replica}", seq)
         now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         write_etl_log(self.engine.settings, LogEntry(
             topic=t.replica, ts=now, rows=rows, max_id=None, min_ts=None, max_ts=None, nulls={}, run_id=self.engine.run_id,

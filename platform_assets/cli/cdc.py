@@ -189,7 +189,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
             settings, _ = _lineage(args)
             path = settings.table_path(args.replica)
-            from resources.storage.delta_meta import open_table
+            from resources.storage.delta_log import open_table
 
             if open_table(path) is not None:
                 cdc_ddl.remove_table(path)
@@ -235,7 +235,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
             src.close()
         for replica in replicas:
             if args.drop_replicas:
-                from resources.storage.delta_meta import open_table
+                from resources.storage.delta_log import open_table
 
                 path = settings.table_path(replica)
                 if open_table(path) is not None:

@@ -70,7 +70,7 @@ def _wait_warnings(settings: Settings, lineage: Any) -> list[str]:
     """Rules that cannot be met as things stand (valid, but a topic would wait for ever): a
     source table that does not exist, a step topic whose base is declared ``static``. Reads
     only Delta metadata (no JVM)."""
-    from resources.storage.delta_meta import open_table
+    from resources.storage.delta_log import open_table
 
     out = []
     for t in lineage.topics.values():
@@ -332,7 +332,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _missing_sources(eng: Any, names: list[str]) -> int:
     """1 (after saying which) when a topic's base is a source table that does not exist: a wrong
     name or path must not pass as "no new rows". A base some topic writes may not exist yet."""
-    from resources.storage.delta_meta import open_table
+    from resources.storage.delta_log import open_table
 
     bases = sorted({eng.lineage.topic(n).spec.base for n in names})
     missing = [b for b in bases if not eng.lineage.producers(b) and open_table(eng.path(b)) is None]

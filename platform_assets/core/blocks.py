@@ -14,7 +14,7 @@ from lineage.spec.model import Topic
 from platform_assets.core import spark_io
 from platform_assets.core.protocol import Planned
 from resources.state.offsets import OffsetRecord
-from resources.storage import delta_meta
+from resources.storage import delta_log, delta_meta
 from resources.storage.meta_tables import quarantine_rows
 
 if TYPE_CHECKING:
@@ -133,6 +133,6 @@ def offset_ages(ctx: UnitContext, topic: Topic, last: Position, inputs: dict[str
     out: dict[str, float | None] = {spec.base: None if last.is_zero() else round((now - last.pos).total_seconds(), 3)}
     for table in spec.depends_on[1:]:
         version = inputs.get(table)
-        at = None if version is None else delta_meta.commit_time(ctx.path(table), version)
+        at = None if version is None else delta_log.commit_time(ctx.path(table), version)
         out[table] = None if at is None else round((now - at).total_seconds(), 3)
     return out

@@ -32,7 +32,7 @@ from lineage.core.positions import Block, Position
 from lineage.spec.model import Processor, Topic
 from platform_assets.core import spark_io
 from resources.state.offsets import STATE_COMMITTED, STATE_RELOADED, OffsetRecord, OffsetStore
-from resources.storage import delta_meta
+from resources.storage import delta_log, delta_meta
 from resources.storage.meta_tables import LogEntry
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class OpenBlock:
     started: float
     seq: int
     out: DataFrame | None = None  # None: nothing to write (the data landed before a crash)
-    landed: delta_meta.CommitStats | None = None
+    landed: delta_log.CommitStats | None = None
     base_mark: Position | None = None  # reload: the base's newest position (its new ``last``)
     merge: Any = None  # merge: the unit's strategy and MERGE source (platform_assets.views.merge.MergeWork)
     result: StepResult | None = None  # set by finish()
@@ -159,11 +159,11 @@ class Landed:
     """What the destination's Delta log says the topic landed last."""
 
     seq: int  # the newest txnVersion recorded for the topic (0: none)
-    commit: delta_meta.CommitStats | None  # the commit that recorded it
+    commit: delta_log.CommitStats | None  # the commit that recorded it
 
 
 def recorded_seq(dest: str, topic: str) -> int:
-    return delta_meta.recorded_txn(dest, data_app_id(topic))
+    return delta_log.recorded_txn(dest, data_app_id(topic))
 
 
 def next_seq(rec: OffsetRecord, dest: str, topic: str) -> int:
@@ -193,8 +193,8 @@ def landed(topic: Topic, dest: str, rec: OffsetRecord | None) -> Landed:
         return Landed(seq, None)
     hint = rec.delta_version if rec is not None else None
     try:
-        commit = delta_meta.find_txn_commit(dest, data_app_id(topic.name), seq, hint=hint)
-    except delta_meta.CommitUnavailableError:
+        commit = delta_log.find_txn_commit(dest, data_app_id(topic.name), seq, hint=hint)
+    except delta_log.CommitUnavailableError:
         raise _retention_refusal(topic, dest, seq, rec) from None
     if commit is None:  # recorded but no commit carries it: not written by Tidemark's protocol
         raise _retention_refusal(topic, dest, seq, rec)
@@ -306,7 +306,7 @@ def start_for_new_topic(topic: Topic, dest: str) -> tuple[Position, int, str]:
 # ------------------------------------------------------------------ 4. statistics
 
 
-def block_figures(dest: str, commit: delta_meta.CommitStats, observed: spark_io.BlockObservation | None,
+def block_figures(dest: str, commit: delta_log.CommitStats, observed: spark_io.BlockObservation | None,
                   run_id: str) -> spark_io.BlockFigures:
     """Rows and every column's null count of what ``commit`` added: observed during this run's
     write (``run_id`` wrote the commit), else (the data landed before a crash, or another writer's
@@ -317,7 +317,7 @@ def block_figures(dest: str, commit: delta_meta.CommitStats, observed: spark_io.
     if observed is not None and commit.user_metadata.get("run_id") == run_id:
         return observed.figures()
     try:
-        rows, nulls = delta_meta.commit_null_counts(dest, commit)
+        rows, nulls = delta_log.commit_null_counts(dest, commit)
     except OSError:
         if not delta_meta.missing_files(dest, list(commit.paths)):
             raise
@@ -325,7 +325,7 @@ def block_figures(dest: str, commit: delta_meta.CommitStats, observed: spark_io.
     return spark_io.BlockFigures(rows, nulls)
 
 
-def log_entry(topic: Topic, seq: int, last: str, next_: str, stats: delta_meta.CommitStats, *, base_rows: int,
+def log_entry(topic: Topic, seq: int, last: str, next_: str, stats: delta_log.CommitStats, *, base_rows: int,
               bad_rows: int, duration: float, figures: spark_io.BlockFigures, run_id: str, now: dt.datetime,
               strategy: str | None = None, detail: str | None = None, changes: dict[str, int] | None = None) -> LogEntry:
     """The ``etl.log`` row of a landed unit."""
@@ -333,8 +333,8 @@ def log_entry(topic: Topic, seq: int, last: str, next_: str, stats: delta_meta.C
     return LogEntry(
         topic=topic.name, ts=now, rows=figures.rows,
         max_id=int(max_id) if isinstance(max_id, int | float) else None,
-        min_ts=delta_meta.parse_stat_ts(stats.min_values.get("pos")),
-        max_ts=delta_meta.parse_stat_ts(stats.max_values.get("pos")),
+        min_ts=delta_log.parse_stat_ts(stats.min_values.get("pos")),
+        max_ts=delta_log.parse_stat_ts(stats.max_values.get("pos")),
         nulls=dict(sorted(figures.nulls.items())), run_id=run_id,  # zeros too: a column here was counted
         processor=topic.spec.processor.value, seq=seq, last=last, next=next_,
         base_rows=base_rows, bad_rows=bad_rows, delta_version=stats.version, duration_s=round(duration, 3),

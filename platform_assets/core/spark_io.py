@@ -286,11 +286,11 @@ def _gone_column(error: str, topic: Topic, paths: Mapping[str, str]) -> str:
     m = re.search(r"UNRESOLVED_COLUMN\.\w+\].*?name `([^`]+)`", error)
     if not m:
         return ""
-    from resources.storage import delta_meta, delta_read
+    from resources.storage import delta_log, delta_read
 
     column = m.group(1).split(".")[-1]
     for table in topic.spec.depends_on:
-        found = delta_meta.open_table(paths[table]) if table in paths else None
+        found = delta_log.open_table(paths[table]) if table in paths else None
         fate = delta_read.column_fate(found, column) if found is not None else None
         if fate is not None:
             return f" ({table} {fate}: change the transform to read the column by its new name, or not at all)"

@@ -37,7 +37,7 @@ from pydantic import Field, PrivateAttr
 
 from lineage.core.errors import ProcessingError
 from resources.core.settings import Settings
-from resources.storage import delta_meta
+from resources.storage import delta_log, delta_meta
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -148,7 +148,7 @@ class OffsetIOManager(dg.ConfigurableIOManager):
         key = context.asset_key
         table = ".".join(key.path)
         path = engine.path(table)
-        if delta_meta.open_table(path) is None:
+        if delta_log.open_table(path) is None:
             raise ProcessingError(f"asset {key.to_user_string()}: no Delta table at {path} (not materialized yet)")
         reader = engine.spark.read.format("delta")
         if not context.has_asset_partitions:
@@ -157,7 +157,7 @@ class OffsetIOManager(dg.ConfigurableIOManager):
         version = -1
         for pkey in context.asset_partition_keys:
             topic, seq = engine.lineage.block_of(table, pkey)
-            commit = delta_meta.find_txn_commit(path, data_app_id(topic), seq)
+            commit = delta_log.find_txn_commit(path, data_app_id(topic), seq)
             if commit is None:
                 raise ProcessingError(
                     f"asset {key.to_user_string()}: block {pkey} of topic '{topic}' has no commit in {path}/_delta_log "

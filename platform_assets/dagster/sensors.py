@@ -36,7 +36,7 @@ from platform_assets.dagster.followed import ACTIVE_RUNS, FAILED_RUNS
 from resources.core.settings import Settings
 from resources.state.offsets import OffsetStore
 from resources.storage import delta_meta
-from resources.storage.delta_meta import newest_version
+from resources.storage.delta_log import newest_version
 
 BLOCK_TAG = "tidemark/block"
 TOPIC_TAG = "tidemark/topic"

@@ -2,7 +2,7 @@
 
 The planner sensor ticks every few seconds (``TIDEMARK_PLANNER_INTERVAL``, default 5 s). A
 tick first *looks*: the newest Delta version of every table of the lineage (one file lookup per
-table, no JVM: :func:`resources.storage.delta_meta.newest_version`) and the head of the offset log (one
+table, no JVM: :func:`resources.storage.delta_log.newest_version`) and the head of the offset log (one
 query). It *plans* (the full tick: plans blocks, requests runs, frees dead locks, records
 ``offset_age``) only when that look differs from the last one, when a delay started by a change
 has passed, or when the last planning is ``TIDEMARK_PLANNER_FULL_INTERVAL`` old (default 30 s:

@@ -185,7 +185,7 @@ def process_with_dagster(settings: Settings, instance: Any, posted: Posted) -> b
 
 def report(settings: Settings, posted: Posted) -> bool:
     """The end-to-end line: posted -> accepted -> stage tables -> fact.page_views (read with deltalake)."""
-    from resources.storage.delta_meta import open_table
+    from resources.storage.delta_log import open_table
 
     def count(table: str) -> int:
         t = open_table(settings.table_path(table))

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 
 from platform_assets.demo.shop import ShopFeeder
 from resources.core.settings import Settings
-from resources.storage.delta_meta import open_table, table_mark
+from resources.storage.delta_log import open_table
+from resources.storage.delta_meta import table_mark
 
 SOURCES = ("stage.customers", "stage.orders", "stage.order_items")
 

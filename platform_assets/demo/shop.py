@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from resources.core.settings import Settings
-from resources.storage.delta_meta import open_table
+from resources.storage.delta_log import open_table
 from resources.storage.warehouse import storage_options
 
 COUNTRIES = ["DE", "FR", "NL", "PL", "ES", "IT", "SE"]

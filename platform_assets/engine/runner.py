@@ -32,7 +32,7 @@ from resources.core.settings import Settings
 from resources.state.lease import LeaseKeeper
 from resources.state.offset_sql import make_owner, open_settings_store
 from resources.state.offsets import STATE_FAILED, OffsetRecord, OffsetStore
-from resources.storage import delta_meta, meta_tables
+from resources.storage import delta_log, delta_meta, meta_tables
 from resources.storage.meta_tables import (
     META_TABLES,
     publish_lineage,
@@ -159,7 +159,7 @@ class Engine:
             return
         # Never drops a table Tidemark did not register (see spark_io.register_table).
         path = self.path(table)
-        exists = delta_meta.open_table(path) is not None
+        exists = delta_log.open_table(path) is not None
         spark_io.register_table(self.spark, table, path if exists else None)
         if exists:
             self._registered.add(table)
@@ -224,7 +224,7 @@ class Engine:
         seq = protocol.recorded_seq(self.path(topic.spec.destination), topic.name)
         late_from = None
         if late_from_now:
-            base = delta_meta.open_table(self.path(topic.spec.base))
+            base = delta_log.open_table(self.path(topic.spec.base))
             if base is None:
                 raise ProcessingError(f"topic '{topic.name}': base {topic.spec.base} does not exist at {self.path(topic.spec.base)}")
             late_from = {topic.spec.base: int(base.version())}
@@ -279,7 +279,7 @@ class Engine:
         if (not blocks and mark.version is not None and rec.source_version is not None
                 and mark.version > rec.source_version and mark.data_version is None):
             # a reload rebuilds on a data change, not on a compaction of its base
-            mark = dataclasses.replace(mark, data_version=delta_meta.data_version(
+            mark = dataclasses.replace(mark, data_version=delta_log.data_version(
                 self.path(spec.base), mark.version, rec.source_version))
         deps = {d: self.freshness(d) for d in spec.depends_on[1:]} if blocks else {}
         state = TopicState(rec.last, rec.next, rec.seq, rec.run, rec.source_version)

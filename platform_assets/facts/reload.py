@@ -18,7 +18,7 @@ from lineage.spec.model import Topic
 from platform_assets.core import faults, protocol, spark_io
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
 from resources.state.offsets import OffsetRecord
-from resources.storage import delta_meta
+from resources.storage import delta_log
 from resources.storage.meta_tables import write_etl_log
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class ReloadProcessor:
                 spark_io.as_unit(out.write.format("delta").mode("overwrite").option("overwriteSchema", "true"),
                                  app_id=app_id, seq=seq, meta=meta).save(dest)))
             eng.register(topic.spec.destination)
-            committed = delta_meta.find_txn_commit(dest, app_id, seq)
+            committed = delta_log.find_txn_commit(dest, app_id, seq)
         if committed is None:
             raise ProcessingError(f"topic '{topic.name}': reload {seq} was written but its commit is not in {dest}/_delta_log")
         faults.crashpoint("written")

@@ -29,7 +29,7 @@ from lineage.spec.model import Topic
 from platform_assets.core import blocks, faults, protocol, spark_io
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
 from resources.state.offsets import OffsetRecord
-from resources.storage import delta_meta
+from resources.storage import delta_log, delta_meta
 from resources.storage.meta_tables import write_etl_log
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ class StepProcessor:
         if block is None:
             raise ProcessingError(f"topic '{topic.name}': nothing to process ({planned.reason})")
         faults.crashpoint("planned")
-        landed = (delta_meta.find_txn_commit(eng.path(topic.spec.destination), data_app_id(topic.name), block.seq)
+        landed = (delta_log.find_txn_commit(eng.path(topic.spec.destination), data_app_id(topic.name), block.seq)
                   if planned.retry else None)
         out = None
         if landed is None:
@@ -157,7 +157,7 @@ class StepProcessor:
                 spark_io.as_unit(out.write.format("delta").mode("append").option("mergeSchema", "true"),
                                  app_id=app_id, seq=block.seq, meta=meta).save(dest)
                 eng.register(spec.destination)
-                landed = delta_meta.find_txn_commit(dest, app_id, block.seq)
+                landed = delta_log.find_txn_commit(dest, app_id, block.seq)
             if landed is None:
                 raise ProcessingError(f"topic '{topic.name}': block {block.seq} was written but its commit is not in {dest}/_delta_log")
         faults.crashpoint("written")

@@ -262,7 +262,7 @@ class Follower:
         return out
 
     def _changed_tables(self) -> set[str]:
-        from resources.storage.delta_meta import newest_version
+        from resources.storage.delta_log import newest_version
 
         versions: dict[str, int | None] = {}
         for table in {t for w in self.works.values() for t in w.reads}:

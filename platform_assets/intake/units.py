@@ -241,7 +241,7 @@ def _placed_elsewhere(settings: Settings) -> dict[str, dict[str, int]]:
     """Per destination, the values its units put into ``_unmapped_data`` (``unmapped_values``: an
     existing column could not hold them; ``collided_values``: another field of the event had the
     column), summed from ``etl.log``."""
-    from resources.storage.delta_meta import open_table
+    from resources.storage.delta_log import open_table
     from resources.storage.meta_tables import ETL_LOG
 
     table = open_table(settings.table_path(ETL_LOG))

@@ -48,7 +48,7 @@ from platform_assets.core import blocks, faults, protocol, spark_io
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
 from platform_assets.views import inputs as view_inputs
 from resources.state.offsets import OffsetRecord
-from resources.storage import delta_meta
+from resources.storage import delta_log, delta_meta
 from resources.storage.meta_tables import quarantine_rows, write_etl_log
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ class MergeProcessor:
                 return StepResult(topic.name, False, planned.reason, bad_rows=planned.bad_rows)
             rec = eng.store.get(topic.name) or rec
             dest = eng.path(topic.spec.destination)
-            landed = delta_meta.find_txn_commit(dest, data_app_id(topic.name), planned.block.seq) if planned.retry else None
+            landed = delta_log.find_txn_commit(dest, data_app_id(topic.name), planned.block.seq) if planned.retry else None
         started = time.monotonic()
         if landed is None and planned.retry:
             blocks.require_snapshot(eng, topic, planned)  # its base snapshot may have lost files to VACUUM
@@ -556,12 +556,12 @@ class MergeProcessor:
         work.left = None
         self._refuse_strict(topic, work.strategy)
 
-    def _newest_commit(self, topic: Topic, dest: str) -> delta_meta.CommitStats | None:
+    def _newest_commit(self, topic: Topic, dest: str) -> delta_log.CommitStats | None:
         """The newest commit of ``topic`` in the view's log (None: none, or it cannot be read)."""
         seq = protocol.recorded_seq(dest, topic.name)
         try:
-            return delta_meta.find_txn_commit(dest, data_app_id(topic.name), seq) if seq else None
-        except delta_meta.CommitUnavailableError:
+            return delta_log.find_txn_commit(dest, data_app_id(topic.name), seq) if seq else None
+        except delta_log.CommitUnavailableError:
             return None
 
     def _appends(self, topic: Topic, work: MergeWork, last: Position) -> bool:
@@ -836,7 +836,7 @@ class MergeProcessor:
                             .option(spark_io.DELETION_VECTORS, str(spec.deletion_vectors).lower()),
                             app_id=app_id, seq=block.seq, meta=meta).save(dest))
                     eng.register(spec.destination)
-                    landed = delta_meta.find_txn_commit(dest, app_id, block.seq)
+                    landed = delta_log.find_txn_commit(dest, app_id, block.seq)
             finally:
                 for view in work.views:
                     eng.spark.catalog.dropTempView(view)

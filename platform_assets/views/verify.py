@@ -22,7 +22,7 @@ from lineage.spec.model import Processor, Topic
 from platform_assets.core import blocks, spark_io
 from platform_assets.core.protocol import data_app_id
 from platform_assets.views import inputs as view_inputs
-from resources.storage import delta_meta
+from resources.storage import delta_log, delta_meta
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -87,10 +87,10 @@ def verify(engine: UnitContext, topic: Topic, *, sample: int = 0, show: int = 20
     # The view as it is now (whatever wrote to it since), and the newest unit of the topic in that
     # very snapshot: a unit landing meanwhile cannot make a false alarm.
     now = delta_meta.TableSnapshot.open(dest).version
-    seq = delta_meta.txn_at(dest, now, data_app_id(topic.name)) if now is not None else None
+    seq = delta_log.txn_at(dest, now, data_app_id(topic.name)) if now is not None else None
     rec = eng.store.get(topic.name)
     hint = rec.delta_version if rec is not None and rec.seq == seq else None
-    commit = delta_meta.find_txn_commit(dest, data_app_id(topic.name), seq, hint=hint) if seq else None
+    commit = delta_log.find_txn_commit(dest, data_app_id(topic.name), seq, hint=hint) if seq else None
     if commit is None:
         raise ProcessingError(f"topic '{topic.name}': {spec.destination} holds no commit of this topic yet (nothing to "
                               f"verify); run it first: tidemark run {topic.name}")

@@ -31,7 +31,7 @@ import pyarrow as pa
 from lineage.core.errors import ProcessingError, TidemarkError
 from lineage.intake.columns import SqlType
 from lineage.intake.pipeline import ColumnType
-from resources.storage.delta_meta import open_table
+from resources.storage.delta_log import open_table
 from resources.storage.warehouse import storage_options
 
 FAILED_EVENTS = "etl.failed_events"

@@ -1,5 +1,7 @@
-"""The warehouse: paths and object-store settings (``warehouse``), JVM-free reads of Delta logs
-(``delta_meta``), Tidemark's own tables (``meta_tables``; a CDC replicator's positions,
+"""The warehouse: paths and object-store settings (``warehouse``); JVM-free reads of Delta tables:
+the log itself (``delta_log``: versions, transactions, commit statistics), positions, marks, block
+ends and late rows (``delta_meta``), rows of tables with deletion vectors or column mapping
+(``delta_read``); Tidemark's own tables (``meta_tables``; a CDC replicator's positions,
 ``cdc_positions``) and table maintenance (``maintenance``).
 
 May import: ``lineage``, ``resources.core``."""

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from lineage.core.retry import retrying
 from resources.core.settings import Settings
-from resources.storage.delta_meta import open_table
+from resources.storage.delta_log import open_table
 from resources.storage.warehouse import storage_options
 
 TABLE_PREFIX = "etl.cdc_positions__"

@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 from lineage.core.durations import format_size
 from lineage.core.errors import TidemarkError
 from lineage.core.retry import retrying
-from resources.storage import delta_meta, delta_read
+from resources.storage import delta_log, delta_meta, delta_read
 from resources.storage.warehouse import arrow_filesystem, storage_options
 
 #: A data file below this size counts as small (blocks of a few hundred rows write kilobytes).
@@ -185,7 +185,7 @@ def retention(table: Any) -> tuple[dt.timedelta, dt.timedelta]:
 
 def _log_listing(path: str) -> list[tuple[int, str, str, float]]:
     """``(version, kind, full path, modified epoch seconds)`` of every versioned file in the log."""
-    fs, log = delta_meta._log_fs(path)
+    fs, log = delta_log.log_fs(path)
     out = []
     for info in fs.get_file_info(pafs.FileSelector(log, allow_not_found=True)):
         m = _LOG_FILE.match(info.base_name)
@@ -246,13 +246,13 @@ def _retention_warnings(table: str, path: str, delta_table: Any, needs: list[Nee
     if data:
         reader = min(data, key=lambda n: n.version)
         # The files of version V are removed by later commits; the first of them is V + 1.
-        removed_at = delta_meta.commit_time(path, reader.version + 1)
+        removed_at = delta_log.commit_time(path, reader.version + 1)
         if removed_at is not None and now - removed_at > files_kept - RETENTION_WARNING:
             out.append(f"{table}: {reader.describe()} — files removed after it were removed at "
                        f"{removed_at:%Y-%m-%d %H:%M} UTC, and the table's file retention ({_days(files_kept)}) lets a "
                        f"VACUUM delete them from {removed_at + files_kept:%Y-%m-%d %H:%M} UTC; run `tidemark maintain` "
                        f"(it keeps them) instead of a plain VACUUM, or let {reader.who} catch up")
-    committed = delta_meta.commit_time(path, oldest.version)
+    committed = delta_log.commit_time(path, oldest.version)
     if committed is not None and now - committed > log_kept - RETENTION_WARNING:
         out.append(f"{table}: {oldest.describe()} was committed at {committed:%Y-%m-%d %H:%M} UTC, and the table's "
                    f"log retention ({_days(log_kept)}) lets a checkpoint remove that commit from "
@@ -397,11 +397,11 @@ def _change_data_cleanup(h: Health, keep_from: int, version: int, cutoff: float,
              if i.type == pafs.FileType.File]
     if not infos:
         return []
-    fs_log, log = delta_meta._log_fs(h.path)
+    fs_log, log = delta_log.log_fs(h.path)
     needed: set[str] = set()
     for v in range(keep_from + 1, version + 1):
         try:
-            actions = delta_meta._read_commit(fs_log, log, v)
+            actions = delta_log.read_commit(fs_log, log, v)
         except (FileNotFoundError, OSError):
             return []  # a commit the horizon needs is not readable: remove nothing
         needed |= {unquote(a["cdc"]["path"]) for a in actions if "cdc" in a}
@@ -454,7 +454,7 @@ def _cleanup(h: Health, current: Any, version: int, horizons: tuple[int, int], f
     floor = max(floor_cp)
     doomed = [p for v, _, p, mtime in listing if v < floor and mtime <= cutoff]
     if not dry_run and doomed:
-        fs, _ = delta_meta._log_fs(h.path)
+        fs, _ = delta_log.log_fs(h.path)
         for i, p in enumerate(doomed):  # oldest first: a reader from the checkpoint on never needs them
             fs.delete_file(p)
             if i == 0:

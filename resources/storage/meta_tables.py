@@ -24,7 +24,7 @@ from lineage.core.durations import format_duration
 from lineage.core.retry import retrying
 from lineage.spec.model import Lineage
 from resources.core.settings import Settings
-from resources.storage.delta_meta import open_table
+from resources.storage.delta_log import open_table
 from resources.storage.warehouse import storage_options
 
 ETL_LOG = "etl.log"

@@ -21,7 +21,7 @@ from lineage.spec.loader import load_lineage
 from platform_assets.cdc.run import run_replicator
 from platform_assets.engine.runner import Engine
 from resources.core.settings import Settings
-from resources.storage import cdc_positions, delta_meta
+from resources.storage import cdc_positions, delta_log
 from tests.platform_assets.shop import tidemark
 from tests.platform_assets.test_cdc_postgres import query, replica, run, setup, sql
 
@@ -85,7 +85,7 @@ def _newest_commit_lsns(s: Settings, schema: str) -> list[int]:
     for table in TABLES:
         path = s.table_path(f"r_{schema}.{schema}__{table}")
         app = f"tidemark:r_{schema}.{schema}__{table}"
-        commit = delta_meta.find_txn_commit(path, app, delta_meta.recorded_txn(path, app))
+        commit = delta_log.find_txn_commit(path, app, delta_log.recorded_txn(path, app))
         out.append(int(commit.user_metadata["lsn"]))
     return out
 
@@ -199,7 +199,7 @@ def _quiet(s: Settings, schema: str, quiet_s: float = 3.0) -> None:
     the shared Spark Connect server goes on there after the client is gone (docs/limits.md: with the
     offset store lost at that very moment, such a commit can land after the next unit's)."""
     def versions() -> list[int | None]:
-        return [delta_meta.newest_version(s.table_path(f"r_{schema}.{schema}__{t}")) for t in TABLES]
+        return [delta_log.newest_version(s.table_path(f"r_{schema}.{schema}__{t}")) for t in TABLES]
 
     seen, since = versions(), time.monotonic()
     while time.monotonic() - since < quiet_s:

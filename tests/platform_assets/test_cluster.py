@@ -21,7 +21,7 @@ from platform_assets.maintenance.tables import jvm_free_reads
 from resources.core.settings import Settings
 from resources.spark import cluster as spark_cluster
 from resources.spark import server as spark_server
-from resources.storage.delta_meta import open_table
+from resources.storage.delta_log import open_table
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "demo" / "lineage"

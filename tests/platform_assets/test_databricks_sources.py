@@ -15,7 +15,7 @@ from lineage.spec.loader import load_lineage
 from platform_assets.engine.runner import Engine
 from platform_assets.maintenance.tables import jvm_free_reads
 from resources.core.settings import Settings
-from resources.storage import delta_meta
+from resources.storage import delta_log, delta_meta
 from tests.platform_assets.test_merge import assert_view_equals_recompute
 
 pytestmark = pytest.mark.spark
@@ -89,7 +89,7 @@ def _quarantined(eng: Engine, topic: str) -> list[int]:
     import json
 
     path = eng.path("etl.quarantine")
-    if delta_meta.open_table(path) is None:
+    if delta_log.open_table(path) is None:
         return []
     rows = DeltaTable(path).to_pyarrow_table(columns=["topic", "row"]).to_pylist()
     return sorted(json.loads(r["row"])["id"] for r in rows if r["topic"] == topic)

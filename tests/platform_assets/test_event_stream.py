@@ -27,7 +27,7 @@ from resources.intake import event_queue as q
 from resources.intake import event_store as store
 from resources.intake.incoming_log import file_name, incoming_dir, ready_dir
 from resources.state.offset_sql import open_settings_store
-from resources.storage.delta_meta import open_table
+from resources.storage.delta_log import open_table
 from tests.platform_assets.test_events import T0, run_cli, write_file
 from tests.resources.test_collector import API, WEB, Collector
 

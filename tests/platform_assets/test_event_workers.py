@@ -17,7 +17,7 @@ from platform_assets.intake.workers import shutdown_pool, split_file
 from resources.core.settings import Settings
 from resources.intake import event_store as store
 from resources.intake.incoming_log import ready_dir
-from resources.storage.delta_meta import open_table
+from resources.storage.delta_log import open_table
 from tests.platform_assets.test_events import T0, config, write_file
 
 

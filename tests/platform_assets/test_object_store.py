@@ -15,7 +15,7 @@ import pytest
 
 from resources.core.settings import Settings
 from resources.spark import server as spark_server
-from resources.storage import delta_meta
+from resources.storage import delta_log, delta_meta
 from resources.storage.meta_tables import ETL_LOG, QUARANTINE
 from tests.conftest import ROOT
 
@@ -23,7 +23,7 @@ TABLES = ("dim.customers", "fact.orders", "fact.order_items", "mart.daily_revenu
 
 
 def _rows(settings: Settings, table: str, drop: tuple[str, ...] = ()) -> list[tuple]:
-    t = delta_meta.open_table(settings.table_path(table))
+    t = delta_log.open_table(settings.table_path(table))
     assert t is not None, f"{table} missing at {settings.table_path(table)}"
     data = t.to_pyarrow_table()
     data = data.select([c for c in data.column_names if c not in drop])

@@ -12,11 +12,10 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
-from resources.storage import delta_meta
+from resources.storage import delta_log, delta_meta
+from resources.storage.delta_log import RECENT_COMMITS, CommitUnavailableError
 from resources.storage.delta_meta import (
-    RECENT_COMMITS,
     BlockEnd,
-    CommitUnavailableError,
     TableSnapshot,
     bad_position_rows,
     find_block_end,
@@ -94,7 +93,7 @@ def _txn_append(path: Path, app_id: str, version: int, n: int = 1) -> None:
 
 
 def test_a_block_commit_is_found_however_far_back_without_reading_every_commit(tmp_path: Path) -> None:
-    from resources.storage.delta_meta import find_txn_commit
+    from resources.storage.delta_log import find_txn_commit
 
     path = tmp_path / "dest"
     _txn_append(path, "tidemark:t", 1, n=3)
@@ -115,7 +114,7 @@ def test_a_block_commit_is_found_however_far_back_without_reading_every_commit(t
 
 
 def test_a_commit_removed_by_log_retention_is_reported_not_guessed(tmp_path: Path) -> None:
-    from resources.storage.delta_meta import find_txn_commit
+    from resources.storage.delta_log import find_txn_commit
 
     path = tmp_path / "dest"
     _txn_append(path, "tidemark:t", 1)
@@ -389,7 +388,8 @@ def test_an_input_change_whose_change_data_was_vacuumed_is_a_visible_problem(tmp
 
 def test_a_destination_compacted_and_vacuumed_still_answers_recovery(tmp_path: Path) -> None:
     from platform_assets.core.protocol import block_figures
-    from resources.storage.delta_meta import find_txn_commit, missing_files
+    from resources.storage.delta_log import find_txn_commit
+    from resources.storage.delta_meta import missing_files
 
     path = tmp_path / "dest"
     _txn_append(path, "tidemark:t", 1, n=3)
@@ -404,7 +404,7 @@ def test_a_destination_compacted_and_vacuumed_still_answers_recovery(tmp_path: P
 
 
 def test_the_newest_version_is_found_by_looking_for_the_next_commit_files(tmp_path: Path) -> None:
-    from resources.storage.delta_meta import newest_version
+    from resources.storage.delta_log import newest_version
 
     path = tmp_path / "t"
     assert newest_version(str(path)) is None  # no table
@@ -459,7 +459,7 @@ def test_recorded_txn_reads_the_newest_commits_and_falls_back_to_the_snapshot(tm
     past other writers' commits; from the snapshot when only a checkpoint still holds it; 0 for
     an app never recorded or no table."""
     path = str(tmp_path / "t")
-    assert delta_meta.recorded_txn(path, "tidemark:a") == 0
+    assert delta_log.recorded_txn(path, "tidemark:a") == 0
     one = pa.table({"v": [1]})
 
     def write(*txns: tuple[str, int]) -> None:
@@ -471,20 +471,20 @@ def test_recorded_txn_reads_the_newest_commits_and_falls_back_to_the_snapshot(tm
     write(("tidemark:b", 8))
     write()  # another writer, no transaction
     write()
-    assert delta_meta.recorded_txn(path, "tidemark:a") == 2
-    assert delta_meta.recorded_txn(path, "tidemark:b") == 8
-    assert delta_meta.recorded_txn(path, "tidemark:c") == 0
+    assert delta_log.recorded_txn(path, "tidemark:a") == 2
+    assert delta_log.recorded_txn(path, "tidemark:b") == 8
+    assert delta_log.recorded_txn(path, "tidemark:c") == 0
     DeltaTable(path).create_checkpoint()  # at version 4
     for v in range(4):  # log retention: only the checkpoint holds the transactions
         (tmp_path / "t" / "_delta_log" / f"{v:020d}.json").unlink()
     write()
-    assert delta_meta.recorded_txn(path, "tidemark:a") == 2
-    assert delta_meta.recorded_txn(path, "tidemark:b") == 8
+    assert delta_log.recorded_txn(path, "tidemark:a") == 2
+    assert delta_log.recorded_txn(path, "tidemark:b") == 8
     broken = tmp_path / "broken"
     write_deltalake(str(broken), one)
     (broken / "_delta_log" / f"{0:020d}.json").write_text("not json\n")
     with pytest.raises(ProcessingError, match="cannot be read now"):  # never taken for "none recorded"
-        delta_meta.recorded_txn(str(broken), "tidemark:a")
+        delta_log.recorded_txn(str(broken), "tidemark:a")
 
 
 def test_recorded_txn_asked_again_reads_the_log_only_when_it_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -494,8 +494,8 @@ def test_recorded_txn_asked_again_reads_the_log_only_when_it_changed(tmp_path: P
 
     path = str(tmp_path / "t")
     reads: list[int] = []
-    real = delta_meta._read_commit
-    monkeypatch.setattr(delta_meta, "_read_commit", lambda fs, log, v: reads.append(v) or real(fs, log, v))
+    real = delta_log.read_commit
+    monkeypatch.setattr(delta_log, "read_commit", lambda fs, log, v: reads.append(v) or real(fs, log, v))
 
     def write(app: str, version: int, rows: int = 1) -> None:
         write_deltalake(path, pa.table({"v": list(range(rows))}), mode="append",
@@ -503,14 +503,14 @@ def test_recorded_txn_asked_again_reads_the_log_only_when_it_changed(tmp_path: P
 
     write("tidemark:a", 1)
     write("tidemark:b", 5)
-    assert delta_meta.recorded_txn(path, "tidemark:a") == 1 and reads == [1, 0]
-    assert delta_meta.recorded_txn(path, "tidemark:a") == 1 and reads == [1, 0]  # nothing new: nothing read
+    assert delta_log.recorded_txn(path, "tidemark:a") == 1 and reads == [1, 0]
+    assert delta_log.recorded_txn(path, "tidemark:a") == 1 and reads == [1, 0]  # nothing new: nothing read
     write("tidemark:a", 2)
-    assert delta_meta.recorded_txn(path, "tidemark:a") == 2 and reads == [1, 0, 2]
+    assert delta_log.recorded_txn(path, "tidemark:a") == 2 and reads == [1, 0, 2]
     shutil.rmtree(path)  # dropped, and written anew up to the same version by other writers
     for n in range(3):
         write(f"other:{n}", 1, rows=n + 2)
-    assert delta_meta.recorded_txn(path, "tidemark:a") == 0
+    assert delta_log.recorded_txn(path, "tidemark:a") == 0
 
 
 def test_prefetched_snapshots_are_the_ones_open_returns_inside_the_block(tmp_path: Path):

@@ -162,7 +162,7 @@ def test_an_unreadable_table_is_named_never_taken_for_no_table(tmp_path):
 
 
 def test_data_version_looks_past_compactions_and_cleanups(tmp_path):
-    from resources.storage.delta_meta import data_version
+    from resources.storage.delta_log import data_version
 
     path = str(tmp_path / "t")
     blocks(path, 20)  # v0-v19

@@ -13,7 +13,7 @@ import pytest
 from lineage.core.errors import ConfigError
 from lineage.core.positions import Position
 from resources.core.settings import Settings
-from resources.storage import delta_meta
+from resources.storage import delta_log, delta_meta
 from resources.storage import warehouse as storage
 from resources.storage.warehouse import S3Settings, StorageError
 
@@ -144,8 +144,8 @@ def test_jvm_free_reads_and_writes_on_the_store(s3_env, tmp_path):
     assert (mark.version, mark.max_position) == (1, Position(t0 + dt.timedelta(minutes=3), 3))
     late = delta_meta.late_rows(path, after_version=0, last=Position(t0 + dt.timedelta(minutes=3), 3))
     assert late.rows.column("id").to_pylist() == [4] and late.unreadable == ()
-    stats = delta_meta.last_commit_stats(path)
-    assert delta_meta.commit_null_counts(path, stats) == (1, {"pos": 0, "id": 0, "v": 0})
+    stats = delta_log.last_commit_stats(path)
+    assert delta_log.commit_null_counts(path, stats) == (1, {"pos": 0, "id": 0, "v": 0})
     end = delta_meta.find_block_end(path, Position(t0, 0), t0 + dt.timedelta(hours=1), maxstep=2)
     assert (end.end, end.rows) == (Position(t0 + dt.timedelta(minutes=1), 1), 2)  # the late row (t0, 4) is first
 
