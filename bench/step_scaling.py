@@ -190,9 +190,10 @@ def instrument(engine: Any, profile: Profile) -> None:
     blocks_mod.block_df = profile.wrap("block+transform", blocks_mod.block_df)  # the step processor calls it by module
     for name in ("transform", "run_statements"):
         setattr(spark_io, name, profile.wrap("block+transform", getattr(spark_io, name)))
-    for name, label in (("find_block_end", "find_block_end"), ("bad_position_rows", "quarantine check"),
-                        ("find_txn_commit", "find_txn_commit")):
-        setattr(delta_meta, name, profile.wrap(label, getattr(delta_meta, name)))
+    for module, name, label in ((delta_meta, "find_block_end", "find_block_end"),
+                                (delta_meta, "bad_position_rows", "quarantine check"),
+                                (delta_log, "find_txn_commit", "find_txn_commit")):
+        setattr(module, name, profile.wrap(label, getattr(module, name)))
     for mod in (step_mod, reload_mod):
         mod.write_etl_log = profile.wrap("etl.log write", mod.write_etl_log)
     DataFrameWriter.save = profile.wrap("spark write", DataFrameWriter.save)  # type: ignore[method-assign]

@@ -283,12 +283,12 @@ def _one_transform(spark: SparkSession, topic: Topic, t: Transform, block_df: Da
 def _gone_column(error: str, topic: Topic, paths: Mapping[str, str]) -> str:
     """For an error about a column Spark cannot resolve: which of the topic's inputs renamed or
     dropped it, and at which version ("" when none did, or the error is another)."""
-    m = re.search(r"UNRESOLVED_COLUMN\.\w+\].*?name `([^`]+)`", error)
+    m = re.search(r"UNRESOLVED_COLUMN\.\w+\].*?name ((?:`[^`]+`\.?)+)", error)
     if not m:
         return ""
     from resources.storage import delta_log, delta_read
 
-    column = m.group(1).split(".")[-1]
+    column = re.findall(r"`([^`]+)`", m.group(1))[-1]  # (`b`.`note`: the column of a qualified name)
     for table in topic.spec.depends_on:
         found = delta_log.open_table(paths[table]) if table in paths else None
         fate = delta_read.column_fate(found, column) if found is not None else None

@@ -395,7 +395,7 @@ class MergeProcessor:
         pinned = self._pin(work, topic, {t: v for t, v in rec.inputs_next.items() if t != spec.base}, f"tm_in_{tag}")
         everything = self._base(spark, topic, planned, upto=True)
         full = spark_io.transform(spark, topic, self._view(spark, work, f"tm_all_{tag}", everything), view=work.views[-1],
-                                  tables=pinned)
+                                  tables=pinned, paths={t: eng.path(t) for t in spec.depends_on})
         work.columns = list(full.columns)
         if spec.additive is not None:
             work.types = additive_types(topic, full)

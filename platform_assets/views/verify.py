@@ -109,7 +109,8 @@ def verify(engine: UnitContext, topic: Topic, *, sample: int = 0, show: int = 20
         views.append(f"tm_verify_{tag}")
         pinned = view_inputs.pin_inputs(eng, topic, {t: v for t, v in inputs.items() if t != spec.base}, f"tm_verify_in_{tag}",
                                   views)
-        want = spark_io.transform(spark, topic, base, view=views[0], tables=pinned)
+        want = spark_io.transform(spark, topic, base, view=views[0], tables=pinned,
+                                  paths={t: eng.path(t) for t in spec.depends_on})
         got = spark.read.format("delta").option("versionAsOf", now).load(dest)
         key = list(spec.key)
         missing = [k for k in key if k not in want.columns or k not in got.columns]

@@ -126,14 +126,18 @@ def session_started(spark: SparkSession) -> SparkSession:
         _remember_delta_jars(",".join(j for j in jars if j not in s3 and
                                       not Path(j).name.startswith(("org.apache.hadoop_hadoop-aws", "software.amazon."))))
     if not is_connect(spark):
-        log4j = spark._jvm.org.apache.logging.log4j  # type: ignore[union-attr]  # (classic: the driver's JVM)
-        log4j.core.config.Configurator.setLevel(QUIET_DELTA_LOGGER, log4j.Level.FATAL)
+        try:
+            log4j = spark._jvm.org.apache.logging.log4j  # type: ignore[union-attr]  # (classic: the driver's JVM)
+            log4j.core.config.Configurator.setLevel(QUIET_DELTA_LOGGER, log4j.Level.FATAL)
+        except Exception:  # noqa: BLE001 - a JVM without log4j's API (or a gateway that refuses it) keeps the line
+            pass
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     return spark
 
 
 #: Delta's logger that reports, at ERROR, a filter it does not push down on every read of a table
-#: with deletion vectors (see :func:`session_started`).
+#: with deletion vectors (see :func:`session_started`). It logs nothing else at ERROR that a read
+#: does not also raise: a failed read fails its query, which Tidemark reports.
 QUIET_DELTA_LOGGER = "org.apache.spark.sql.delta.DeltaParquetFileFormat"
 
 

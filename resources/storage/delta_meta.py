@@ -133,7 +133,7 @@ class TableSnapshot:
 
     @functools.cached_property
     def file_reader(self) -> delta_read.FileReader:
-        """Reads chosen data files of this version as its rows (names mapped, deletion vectors applied)."""
+        """Reads chosen data files of this version with its column names (column mapping)."""
         return delta_read.FileReader(self.table)
 
 
@@ -751,8 +751,7 @@ def _position_filter(schema: pa.Schema, last: Position | None = None, *, after: 
     return cond
 
 
-def _read_files(snap: TableSnapshot, rels: list[str], last: Position, *, above_id: int | None = None,
-                deletions: bool = True) -> pa.Table:
+def _read_files(snap: TableSnapshot, rels: list[str], last: Position, *, above_id: int | None = None) -> pa.Table:
     """Rows of the table's data files ``rels`` at or before ``last`` (and with an id above
     ``above_id``), with every column each file has: read file by file, since one dataset over them
     would take the first file's columns and drop a column that a later file added (a late row
@@ -765,8 +764,8 @@ def _read_files(snap: TableSnapshot, rels: list[str], last: Position, *, above_i
     parts = []
     for rel in rels:
         file = delta_log.join_path(path, rel)
-        if snap.scanned:  # physical column names, rows a deletion vector removed: read whole, then filtered
-            rows = snap.file_reader.read(file, rel, fs if "://" in path else None, deletions=deletions)
+        if snap.scanned:  # physical column names: read whole, named, then filtered
+            rows = snap.file_reader.read(file, fs if "://" in path else None)
             if "pos" in rows.column_names and "id" in rows.column_names:
                 parts.append(rows.filter(_position_filter(rows.schema, last, above_id=above_id)))
             continue
@@ -856,12 +855,7 @@ def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -
             if not gone:
                 fs = arrow_filesystem(path)[0]
                 maybe = [p for p in paths if _may_hold_late(fs, delta_log.join_path(path, p), last)]
-                appended = [a.path for a in added if a.path in maybe and not a.replaces]
-                rewrites = [a for a in added if a.path in maybe and a.replaces]
-                parts = [_read_files(snap, appended, last)] if appended else []
-                if rewrites:
-                    parts.append(_not_carried_over(snap, rewrites, last))
-                return LateRows(_unified(parts), unreadable)
+                return LateRows(_new_rows(snap, [a for a in added if a.path in maybe], last), unreadable)
             return LateRows(_late_rows_by_id(snap, history, added, gone, last), unreadable)
         except OSError:
             if missing_files(path, paths) == gone:
@@ -869,21 +863,34 @@ def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -
     raise RemovedDataError(f"{path}: data files kept disappearing while late rows were looked for (a VACUUM running?)")
 
 
-def _not_carried_over(snap: TableSnapshot, rewrites: list[_Added], last: Position) -> pa.Table:
-    """The rows at or before ``last`` of the files ``rewrites`` (each added by a commit that
-    removed others) less those the commit only carried over: a DELETE, UPDATE or MERGE rewrites the
-    files it touches (copy-on-write) or writes the rows it updated anew (deletion vectors), and the
-    rows it wrote at a ``(pos, id)`` the files it replaced held are not late: they were there (and
-    their block took them, or, for a file added since, its own read finds them). Only rows at a new
-    position are. The replaced files are read whole, as they were (still there until VACUUM; one
-    that is gone cannot tell, and the rows its rewrite carried count as late, as before)."""
-    rows = _read_files(snap, [a.path for a in rewrites], last)
-    replaced = sorted({r for a in rewrites for r in a.replaces})
-    if rows.num_rows == 0:
-        return rows
-    gone = set(missing_files(snap.path, replaced))
-    old = _read_files(snap, [r for r in replaced if r not in gone], last, deletions=False)
-    if old.num_rows == 0:
+def _new_rows(snap: TableSnapshot, added: list[_Added], last: Position) -> pa.Table:
+    """The rows at or before ``last`` that the files ``added`` brought: an appended file's rows, and
+    of a file a DELETE, UPDATE or MERGE wrote (copy-on-write: the files it touched, rewritten;
+    deletion vectors: the rows it updated, anew) only those at a ``(pos, id)`` the files that
+    commit replaced did not hold. The others were there before (their block took them, or for a
+    file added since, its own read finds them): a row updated or deleted in place is no late row.
+
+    A row that arrived late stays found when a later commit deletes or rewrites it: its file is read
+    whole (a deletion vector added since does not hide it; a file a rewrite removed is still there
+    until VACUUM), as a copy-on-write writer's file is. The replaced files of a commit are read as
+    they are on disk; one that is gone cannot tell, and the rows its rewrite carried count as late."""
+    appended = [a.path for a in added if not a.replaces]
+    parts = [_read_files(snap, appended, last)] if appended else []
+    commits: dict[int, list[_Added]] = {}
+    for a in added:
+        if a.replaces:
+            commits.setdefault(a.version, []).append(a)
+    for version in sorted(commits):
+        rows = _read_files(snap, [a.path for a in commits[version]], last)
+        replaced = sorted({r for a in commits[version] for r in a.replaces})
+        gone = set(missing_files(snap.path, replaced))
+        parts.append(_not_carried_over(rows, _read_files(snap, [r for r in replaced if r not in gone], last)))
+    return _unified(parts)
+
+
+def _not_carried_over(rows: pa.Table, old: pa.Table) -> pa.Table:
+    """``rows`` less those at a ``(pos, id)`` that ``old`` holds."""
+    if rows.num_rows == 0 or old.num_rows == 0:
         return rows
     keys = rows.select(["pos", "id"])
     held = old.select(["pos", "id"]).cast(keys.schema).group_by(["pos", "id"]).aggregate([])
@@ -936,7 +943,7 @@ def _late_rows_by_id(snap: TableSnapshot, history: _History, added: list[_Added]
         if (low is not None and (_ts(low) or limit) > limit) or (high is not None and ceiling is not None and high <= ceiling):
             continue
         scan.append(rel)
-    parts = [_read_files(snap, kept, last)] if kept else []
+    parts = [_new_rows(snap, [a for a in added if a.path in live], last)] if kept else []
     if scan:
         parts.append(_read_files(snap, scan, last, above_id=ceiling))
     return _unified(parts)

@@ -7,8 +7,7 @@ mapping (``name`` and ``id``) and deletion vectors, through ``deltalake``'s own 
 - Statistics: the log keeps them under the columns' physical names (``col-<uuid>``);
   :func:`logical_files` gives the add actions with the table's own column names.
 - One data file's rows, for the few places that read chosen files (late rows): the Parquet file
-  read as it is, its physical columns named as the table names them, and the rows its deletion
-  vector removed (``DeltaTable.deletion_vectors``) left out: :func:`read_file`.
+  read as it is, its physical columns named as the table names them (:class:`FileReader`).
 
 Nothing here parses the Delta log or a deletion vector itself; that is deltalake's job.
 May import: pyarrow, deltalake, ``lineage.core``.
@@ -17,14 +16,11 @@ May import: pyarrow, deltalake, ``lineage.core``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lineage.core.errors import ProcessingError
 
@@ -166,28 +162,14 @@ def quote(column: str) -> str:
 
 
 class FileReader:
-    """Reads chosen data files of one table version with its column names and deletion vectors
-    applied. Made once per version read (the vectors are materialised once, and only for a table
-    that has them)."""
+    """Reads chosen data files of one table version with its column names: a file of a table with
+    column mapping holds its columns under their physical names. The rows are the file's own, all
+    of them: a deletion vector added since does not hide a row from this read (late-row detection
+    looks for rows that arrived, whatever happened to them after)."""
 
     def __init__(self, table: Any) -> None:
-        self.table = table
         self.names = physical_names(table)
         self.columns = [f.name for f in table.schema().fields]
-
-    @functools.cached_property
-    def _selections(self) -> dict[str, pa.Array]:
-        if "deletionVectors" not in set(self.table.protocol().reader_features or ()):
-            return {}
-        root = unquote(self.table.table_uri.rstrip("/")) + "/"
-        out: dict[str, pa.Array] = {}
-        for batch in self.table.deletion_vectors():
-            b = pa.record_batch(batch)
-            for uri, keep in zip(b.column("filepath").to_pylist(), b.column("selection_vector"), strict=True):
-                uri = unquote(uri)
-                rel = uri[len(root):] if uri.startswith(root) else uri
-                out[rel] = pa.array(keep.values if hasattr(keep, "values") else keep.as_py(), pa.bool_())
-        return out
 
     def logical(self, part: pa.Table) -> pa.Table:
         """``part`` (a data file's columns) named by the table's column names; a physical column the
@@ -198,19 +180,11 @@ class FileReader:
         part = part.select(keep)
         return part.rename_columns([self.names.get(c, c) for c in part.column_names])
 
-    def read(self, file: str, rel: str, fs: Any, *, deletions: bool = True) -> pa.Table:
-        """The rows of data file ``rel`` (at ``file`` on ``fs``) this version still holds: its
-        deletion vector applied (``deletions=False``: every row the file has), columns named as
-        the table names them."""
+    def read(self, file: str, fs: Any) -> pa.Table:
+        """Every row of the data file at ``file`` (on ``fs``), columns named as the table names them."""
         import pyarrow.dataset as pads
 
-        part = self.logical(pads.dataset(file, format="parquet", filesystem=fs).to_table())
-        keep = self._selections.get(unquote(rel)) if deletions else None
-        if keep is None:
-            return part
-        if len(keep) < part.num_rows:  # rows past the vector's end are kept
-            keep = pa.concat_arrays([keep, pa.array([True] * (part.num_rows - len(keep)))])
-        return part.filter(pc.fill_null(keep.slice(0, part.num_rows), True))
+        return self.logical(pads.dataset(file, format="parquet", filesystem=fs).to_table())
 
 
 def read_rows(table: Any, columns: Sequence[str] | None = None) -> pa.Table:
@@ -235,19 +209,21 @@ def count_rows(table: Any) -> int:
 def column_fate(table: Any, column: str, *, commits: int = 1000) -> str | None:
     """What became of ``column`` in ``table``, from the newest ``commits`` commits' own words
     (JVM-free): ``"renamed note to memo at version 4"``, ``"dropped at version 5"``; None when
-    none of them renamed or dropped it."""
+    none of them renamed or dropped it. Names compare case-insensitively, as Spark resolves them."""
     import json
 
     for entry in table.history(commits):
         op, params = str(entry.get("operation") or ""), entry.get("operationParameters") or {}
         version = entry.get("version")
-        if op == "RENAME COLUMN" and str(params.get("oldColumnPath", "")).strip("`") == column:
-            return f"renamed {column} to {str(params.get('newColumnPath', '?')).strip('`')} at version {version}"
+        old = str(params.get("oldColumnPath", "")).strip("`")
+        if op == "RENAME COLUMN" and old.lower() == column.lower():
+            return f"renamed {old} to {str(params.get('newColumnPath', '?')).strip('`')} at version {version}"
         if op in ("DROP COLUMNS", "DROP COLUMN"):
             try:
-                dropped = json.loads(str(params.get("columns") or "[]"))
+                dropped = [str(c).strip("`") for c in json.loads(str(params.get("columns") or "[]"))]
             except ValueError:
                 dropped = []
-            if column in [str(c).strip("`") for c in dropped]:
-                return f"dropped {column} at version {version}"
+            for name in dropped:
+                if name.lower() == column.lower():
+                    return f"dropped {name} at version {version}"
     return None
