@@ -423,11 +423,15 @@ def test_an_engine_never_stops_a_session_it_did_not_start(spark, settings, tmp_p
     running for everyone else."""
     import threading
 
+    from resources.spark.session import _connect_url, is_connect
+
     lin = write_lineage(tmp_path)
+    # the engine's settings name the Spark the process has, as a host's would (a Connect server's URL)
+    master = _connect_url(spark) if is_connect(spark) else settings.spark_master
     seen: dict[str, object] = {}
 
     def in_a_thread() -> None:
-        eng = Engine(settings.with_(lineage=lin), load_lineage(lin))
+        eng = Engine(settings.with_(lineage=lin, spark_master=master), load_lineage(lin))
         try:
             seen["session"] = eng.spark
         finally:
