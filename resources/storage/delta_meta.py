@@ -895,8 +895,9 @@ def _not_carried_over(rows: pa.Table, old: pa.Table) -> pa.Table:
     keys = rows.select(["pos", "id"])
     held = old.select(["pos", "id"]).cast(keys.schema).group_by(["pos", "id"]).aggregate([])
     # joined on the keys alone (a join carries no payload of nested types), then the rows picked by index
-    carried = keys.append_column("_i", pa.array(range(rows.num_rows), pa.int64())).join(held, ["pos", "id"], join_type="inner")
-    keep = pc.invert(pc.is_in(pa.array(range(rows.num_rows), pa.int64()), value_set=carried["_i"].combine_chunks()))
+    index = pa.array(range(rows.num_rows), pa.int64())
+    carried = keys.append_column("_i", index).join(held, ["pos", "id"], join_type="inner")
+    keep = pc.invert(pc.is_in(index, value_set=carried["_i"].combine_chunks()))
     return rows.filter(keep)
 
 
