@@ -46,10 +46,18 @@ class InputChange:
     table_rows: int | None = None  # rows in the input now (None: unknown)
     problem: str = ""  # why its change data feed cannot be read over (old, new] ("" = it can)
     table_bytes: int | None = None  # bytes of its data files at ``new`` (None: unknown)
+    #: every commit in (old, new] only rewrote files (``dataChange: false``: OPTIMIZE, a purge of
+    #: deletion vectors): the same rows, so no unit is due for this input
+    rewrites_only: bool = False
 
     @property
     def changed(self) -> bool:
         return self.new is not None and (self.old is None or self.new > self.old)
+
+    @property
+    def due(self) -> bool:
+        """Whether this change calls for a unit: new versions that are not only rewrites."""
+        return self.changed and not self.rewrites_only
 
     @property
     def versions(self) -> str:

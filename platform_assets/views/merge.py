@@ -81,14 +81,14 @@ class MergeLook:
 
     @property
     def ready(self) -> bool:
-        return self.end > self.rec.last or self.late.rows.num_rows > 0 or any(c.changed for c in self.changes)
+        return self.end > self.rec.last or self.late.rows.num_rows > 0 or any(c.due for c in self.changes)
 
     @property
     def reason(self) -> str:
         if self.ready:
             parts = [f"{self.base_rows} new base rows" if self.end > self.rec.last else "",
                      f"{self.late.rows.num_rows} late rows" if self.late.rows.num_rows else "",
-                     *(f"{c.table} changed ({c.versions})" for c in self.changes if c.changed)]
+                     *(f"{c.table} changed ({c.versions})" for c in self.changes if c.due)]
             return "ready: " + ", ".join(p for p in parts if p)
         return self.decision.reason if not self.decision.ready else self.decision.limit
 

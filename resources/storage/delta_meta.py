@@ -123,7 +123,13 @@ class TableSnapshot:
     def files(self) -> pa.Table:
         """The data files with their flattened statistics (one row per add action), named by the
         table's column names (with column mapping the log keeps them under physical names)."""
-        return pa.table({}) if self.table is None else delta_read.logical_files(self.table)
+        return pa.table({}) if self.table is None else delta_read.logical_files(self.table, self.physical_names)
+
+    @functools.cached_property
+    def physical_names(self) -> dict[str, str]:
+        """``{physical name: column name}`` of this version's columns stored under another name
+        (column mapping; empty without): :func:`delta_read.physical_names`, read once."""
+        return {} if self.table is None else delta_read.physical_names(self.table)
 
     @functools.cached_property
     def scanned(self) -> bool:
@@ -134,7 +140,7 @@ class TableSnapshot:
     @functools.cached_property
     def file_reader(self) -> delta_read.FileReader:
         """Reads chosen data files of this version with its column names (column mapping)."""
-        return delta_read.FileReader(self.table)
+        return delta_read.FileReader(self.table, self.physical_names)
 
 
 #: Reader features that leave a table's data files readable as plain Parquet.
@@ -618,6 +624,9 @@ class _History:
     cdc_files: set[str] = field(default_factory=set)  # change data files (VACUUM deletes them by age alone)
     commits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # version -> its actions
     data_changed: dict[int, bool] = field(default_factory=dict)  # version -> whether it changed any row
+    #: version -> whether it only rewrote files (every add and remove with ``dataChange: false``, no
+    #: metadata or protocol change): a compaction, or a purge of deletion vectors
+    rewrite_only: dict[int, bool] = field(default_factory=dict)
     unreadable: list[int] = field(default_factory=list)  # versions gone from the log (log retention)
 
     @classmethod
@@ -661,6 +670,8 @@ class _History:
             # Without change data files the change feed reads the added and removed files themselves.
             out.feed[version] = cdc or data_files
             out.data_changed[version] = bool(cdc or data_files)
+            out.rewrite_only[version] = not (cdc or data_files) and any(a.get("add") or a.get("remove") for a in actions) \
+                and not any(a.get("metaData") or a.get("protocol") for a in actions)
         return out
 
     def why_gone(self, rel: str) -> str:
@@ -841,7 +852,7 @@ def late_rows(source: str | TableSnapshot, after_version: int, last: Position) -
     if snap.version is None or snap.version <= after_version:
         return LateRows(pa.table({}))
     path = snap.path
-    history = _History.read(path, after_version, snap.version, delta_read.physical_names(snap.table))
+    history = _History.read(path, after_version, snap.version, snap.physical_names)
     limit = _plus(last.pos, STATS_SLACK)
     added = [a for a in history.added if (low := delta_log.parse_stat_ts(a.low("pos"))) is None or low <= limit]
     unreadable = tuple(history.unreadable)
@@ -990,7 +1001,7 @@ def snapshot_read(path: str, version: int, after: Position | None = None, upto: 
         return SnapshotRead(version, version)
     newest = delta_log.open_table(path)
     current = int(newest.version()) if newest is not None else version
-    history = _History.read(path, version, current, delta_read.physical_names(snap.table))
+    history = _History.read(path, version, current, snap.physical_names)
     cause = f"{path}: version {version} can no longer be read: its data file {gone[0]} is gone ({history.why_gone(gone[0])})"
     if history.unreadable:
         raise RemovedDataError(f"{cause}, and versions {history.unreadable[0]}..{history.unreadable[-1]} are no longer in "
@@ -1037,7 +1048,9 @@ def input_change(table: str, path: str, old: int | None, upto: int | None = None
     its row count, and why its change data feed cannot be read over ``(old, upto]`` ("" when it can):
     a commit removed from the log (log retention), or a file the feed reads (a change data file, or
     the file a commit added or removed) deleted by VACUUM. Compactions (``dataChange: false``) and
-    other commits that change no row count as 0 changed rows: the change feed skips them."""
+    other commits that change no row count as 0 changed rows: the change feed skips them; when every
+    commit since ``old`` was such a rewrite, the change says so (``rewrites_only``: no unit is due
+    for it)."""
     snap = TableSnapshot.open(path, upto)
     if snap.version is None:
         return InputChange(table, old, None, problem=f"no Delta table at {path}")
@@ -1047,10 +1060,12 @@ def input_change(table: str, path: str, old: int | None, upto: int | None = None
     if not change_feed_enabled(snap):
         return dataclasses.replace(change, problem="delta.enableChangeDataFeed is not set on the table "
                                                    f"(ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true))")
-    history = _History.read(path, old, snap.version, delta_read.physical_names(snap.table))
+    history = _History.read(path, old, snap.version, snap.physical_names)
     gone = history.unreadable
     if gone:
         return dataclasses.replace(change, problem=f"versions {gone[0]}..{gone[-1]} were removed from its Delta log (log retention)")
+    if all(history.rewrite_only[v] for v in range(old + 1, snap.version + 1)):
+        change = dataclasses.replace(change, rewrites_only=True)
     rows: int | None = 0
     for v in range(old + 1, snap.version + 1):
         n = delta_log.changed_rows(delta_log.commit_stats(v, history.commits[v])) if history.data_changed[v] else 0

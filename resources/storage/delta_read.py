@@ -56,12 +56,12 @@ def physical_names(table: Any) -> dict[str, str]:
     return out
 
 
-def logical_files(table: Any) -> pa.Table:
+def logical_files(table: Any, names: Mapping[str, str] | None = None) -> pa.Table:
     """``table.get_add_actions(flatten=True)`` with the statistics' columns (``min.<c>``,
     ``max.<c>``, ``null_count.<c>``) named by the table's column names instead of their
-    physical names."""
+    physical names (``names``: :func:`physical_names` of ``table``, when the caller has them)."""
     files = pa.table(table.get_add_actions(flatten=True))
-    names = physical_names(table)
+    names = physical_names(table) if names is None else names
     if not names:
         return files
     return files.rename_columns([_logical_stat(c, names) for c in files.column_names])
@@ -167,8 +167,8 @@ class FileReader:
     of them: a deletion vector added since does not hide a row from this read (late-row detection
     looks for rows that arrived, whatever happened to them after)."""
 
-    def __init__(self, table: Any) -> None:
-        self.names = physical_names(table)
+    def __init__(self, table: Any, names: Mapping[str, str] | None = None) -> None:
+        self.names = physical_names(table) if names is None else dict(names)
         self.columns = [f.name for f in table.schema().fields]
 
     def logical(self, part: pa.Table) -> pa.Table:

@@ -152,6 +152,31 @@ def test_reverse_join_rederives_only_the_affected_keys(spark, settings, tmp_path
     assert assert_view_equals_recompute(eng, "mart.wide") == 54
 
 
+def test_a_reference_that_was_only_compacted_runs_no_unit(spark, settings, tmp_path):
+    """OPTIMIZE of a reference input (``dataChange: false``) is a new version with the same rows:
+    no unit is due, nothing is written; a real change after it is applied over both versions."""
+    eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n  full_above: 0.5\n"))
+    customers(eng)
+    for i in (10, 11, 12):  # small files for the compaction to join
+        dim_sql(eng, f"INSERT INTO DIM VALUES ({i}, 'C{i % 3}')")
+    orders(eng, 1, 30, customers=13)
+    processed(eng.run_until_caught_up())
+    view_version = DeltaTable(eng.path("mart.wide")).version()
+    dim_sql(eng, "OPTIMIZE DIM")
+    assert DeltaTable(eng.path("dim.customers")).history(1)[0]["operation"] == "OPTIMIZE"
+    text = "\n".join(views.explain(eng, eng.lineage.topic("mart.wide")))
+    assert "input dim.customers: only compacted (version 4: the same rows, no unit due)" in text, text
+    assert "nothing to do" in text, text
+    assert not processed(eng.run_until_caught_up())
+    assert DeltaTable(eng.path("mart.wide")).version() == view_version
+    dim_sql(eng, "UPDATE DIM SET country = 'XX' WHERE id = 11")
+    [unit] = processed(eng.run_until_caught_up())
+    assert unit.stats["strategy"] == "incremental" and "reverse join of 1 changed rows of dim.customers (versions 4..5)" \
+        in unit.stats["strategy_reason"], unit.stats["strategy_reason"]
+    assert assert_view_equals_recompute(eng, "mart.wide") == 30
+    eng.close()
+
+
 def test_a_change_beyond_full_above_or_without_join_keys_recomputes_and_says_why(spark, settings, tmp_path):
     eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n")
                  + "- table: mart.by_country\n  depends_on: [stage.orders, dim.customers]\n  processor: merge\n"
