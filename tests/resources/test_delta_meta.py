@@ -377,6 +377,8 @@ def test_an_input_change_whose_change_data_was_vacuumed_is_a_visible_problem(tmp
     DeltaTable(str(path)).optimize.compact()  # a compaction changes no row
     compacted = input_change("dim.x", str(path), 1)
     assert compacted.changed and compacted.changed_rows == 0 and compacted.problem == ""
+    assert compacted.rewrites_only and not compacted.due  # the same rows: no unit is due for it
+    assert change.due and not input_change("dim.x", str(path), 0).rewrites_only  # an append among them: due
     DeltaTable(str(path)).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     gone = input_change("dim.x", str(path), 0)
     assert gone.problem.startswith("the change data of version 1 is gone: part-")
