@@ -406,7 +406,7 @@ def add_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[str
 
 #: Delta's optimistic concurrency: a commit that lost to a concurrent one touching the same files.
 _CONFLICT = re.compile(r"DELTA_CONCURRENT_|Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception"
-                       r"|DELTA_METADATA_CHANGED|MetadataChangedException")
+                       r"|DELTA_METADATA_CHANGED|MetadataChangedException|DELTA_PROTOCOL_CHANGED|ProtocolChangedException")
 #: How often a write that lost to a concurrent commit is tried again.
 CONFLICT_ATTEMPTS = 5
 

@@ -146,6 +146,9 @@ def test_maintain_beside_running_units_never_fails_or_falls_back(spark, settings
     ("[DELTA_CONCURRENT_DELETE_READ] ConcurrentDeleteReadException: This transaction attempted to read", True),
     ("io.delta.exceptions.ConcurrentAppendException: Files were added to the root of the table", True),
     ("[DELTA_CONCURRENT_DELETE_DELETE] ConcurrentDeleteDeleteException", True),
+    # two first writes of one table at once (a killed client's write finishing on its Connect server)
+    ("(io.delta.exceptions.ProtocolChangedException) [DELTA_PROTOCOL_CHANGED] ProtocolChangedException: The protocol "
+     "version of the Delta table has been changed by a concurrent update.", True),
     ("[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve t.x", False),
     ("FileNotFoundException: part-00000.parquet", False),
 ])
