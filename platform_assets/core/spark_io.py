@@ -456,6 +456,14 @@ def as_unit(writer: DataFrameWriter, *, app_id: str, seq: int, meta: str) -> Dat
     return writer.option("txnAppId", app_id).option("txnVersion", seq).option("userMetadata", meta)
 
 
+def save_unit(writer: DataFrameWriter, dest: str, *, app_id: str, seq: int, meta: str) -> None:
+    """``writer`` saved to ``dest`` as the commit of one unit (:func:`as_unit`), again when it lost
+    to a concurrent commit (:func:`retry_conflicts`): a compaction that removed the files it
+    replaces, or another first write of the table (a killed client's write going on in its Spark
+    Connect server). The txn id skips a retry whose unit landed meanwhile."""
+    retry_conflicts(lambda: as_unit(writer, app_id=app_id, seq=seq, meta=meta).save(dest))
+
+
 #: How long a process that is ending waits for the txn-state look-aheads it started (:func:`look_ahead_txn_state`).
 LOOK_AHEAD_EXIT_WAIT_S = 20.0
 _look_aheads: list[threading.Thread] = []  # look-aheads and deferred session stops an ending process waits for

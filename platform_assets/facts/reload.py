@@ -65,9 +65,8 @@ class ReloadProcessor:
         app_id = data_app_id(topic.name)
         with eng.phases.timed("write"):
             out, observed = spark_io.observe_output(opened.out)
-            spark_io.retry_conflicts(lambda: (  # a concurrent compaction removed the files it replaces
-                spark_io.as_unit(out.write.format("delta").mode("overwrite").option("overwriteSchema", "true"),
-                                 app_id=app_id, seq=seq, meta=meta).save(dest)))
+            spark_io.save_unit(out.write.format("delta").mode("overwrite").option("overwriteSchema", "true"), dest,
+                               app_id=app_id, seq=seq, meta=meta)
             eng.register(topic.spec.destination)
             committed = delta_log.find_txn_commit(dest, app_id, seq)
         if committed is None:

@@ -154,11 +154,8 @@ class StepProcessor:
                                             source_version=planned.source_version, run_id=eng.run_id, owner=eng.owner)
             with eng.phases.timed("write"):
                 out, observed = spark_io.observe_output(opened.out)
-                # a first write of the table can lose to another (a killed client's write going on in its
-                # Connect server): tried again, and skipped by its txn id if that one was this block
-                spark_io.retry_conflicts(lambda: spark_io.as_unit(
-                    out.write.format("delta").mode("append").option("mergeSchema", "true"),
-                    app_id=app_id, seq=block.seq, meta=meta).save(dest))
+                spark_io.save_unit(out.write.format("delta").mode("append").option("mergeSchema", "true"), dest,
+                                   app_id=app_id, seq=block.seq, meta=meta)
                 eng.register(spec.destination)
                 landed = delta_log.find_txn_commit(dest, app_id, block.seq)
             if landed is None:

@@ -820,21 +820,19 @@ class MergeProcessor:
                                           types=work.types, delete_missing=spec.delete_missing, app_id=app_id,
                                           seq=block.seq, meta=meta, target_filter=work.prune)
                     elif work.append:
-                        out = opened.out
-                        spark_io.retry_conflicts(lambda: spark_io.as_unit(
-                            out.write.format("delta").mode("append"), app_id=app_id, seq=block.seq, meta=meta).save(dest))
+                        spark_io.save_unit(opened.out.write.format("delta").mode("append"), dest, app_id=app_id,
+                                           seq=block.seq, meta=meta)
                     elif work.strategy.incremental:
                         spark_io.merge_into(eng.spark, opened.out, dest, key=list(spec.key), columns=work.columns,
                                             present=PRESENT, delete_missing=spec.delete_missing, app_id=app_id,
                                             seq=block.seq, meta=meta, target_filter=work.prune)
                     else:
-                        out = opened.out
-                        spark_io.retry_conflicts(lambda: spark_io.as_unit(
-                            out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                        spark_io.save_unit(
+                            opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
                             # deletion vectors only when opted in: the deltalake reader (pandas, polars) cannot read them
                             .option("delta.enableChangeDataFeed", "true")
                             .option(spark_io.DELETION_VECTORS, str(spec.deletion_vectors).lower()),
-                            app_id=app_id, seq=block.seq, meta=meta).save(dest))
+                            dest, app_id=app_id, seq=block.seq, meta=meta)
                     eng.register(spec.destination)
                     landed = delta_log.find_txn_commit(dest, app_id, block.seq)
             finally:

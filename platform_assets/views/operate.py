@@ -45,7 +45,7 @@ def explain(engine: TopicContext, topic: Topic, *, keys: int = 0) -> list[str]:
     for c in look.changes:
         how = ("reverse join on " + ", ".join(f"{v}={i}" for v, i in spec.join_keys[c.table].items())
                if c.table in spec.join_keys else "no join_keys: a change means a full recompute")
-        state = (f"only compacted ({c.versions}: the same rows, no unit due)" if c.changed and c.rewrites_only else
+        state = (f"only compacted ({c.versions}: the same rows, no unit due)" if c.rewrites_only else
                  f"changed ({c.versions}, {'?' if c.changed_rows is None else c.changed_rows} rows of "
                  f"{'?' if c.table_rows is None else c.table_rows})" if c.changed else f"unchanged at version {c.new}")
         lines.append(f"  input {c.table}: {state}; {how}" + (f"; change feed: {c.problem}" if c.problem else ""))
