@@ -16,21 +16,24 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import math
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
-
-import pyarrow.fs as pafs
 
 from lineage.core.durations import format_size
 from lineage.core.errors import TidemarkError
 from lineage.core.retry import retrying
 from resources.storage import delta_log, delta_meta, delta_read
-from resources.storage.warehouse import arrow_filesystem, storage_options
+from resources.storage.cleanup import (
+    CHECKPOINT_AFTER_COMMITS,
+    checkpoint_at_horizon,
+    days,
+    log_listing,
+    remove_unneeded,
+)
+from resources.storage.warehouse import storage_options
 
 #: A data file below this size counts as small (blocks of a few hundred rows write kilobytes).
 SMALL_FILE_BYTES = 16 * 1024 * 1024
@@ -42,9 +45,6 @@ MIN_TARGET_FILE_BYTES = 256 * 1024
 OVERSIZED = 4
 #: A table needs compaction from this many small files on (fewer cost less than the rewrite).
 COMPACT_FROM_SMALL_FILES = 16
-#: A table needs a checkpoint when this many commits follow the last one (Spark writes one every 10;
-#: ``deltalake`` writers every 100; readers replay every JSON commit after it).
-CHECKPOINT_AFTER_COMMITS = 20
 #: Delta's defaults when the table sets no retention of its own.
 DEFAULT_FILE_RETENTION = dt.timedelta(days=7)
 DEFAULT_LOG_RETENTION = dt.timedelta(days=30)
@@ -56,7 +56,6 @@ RETENTION_WARNING = dt.timedelta(days=1)
 
 #: ``deltalake``'s words for a commit that lost to a concurrent one.
 _CONFLICT = re.compile(r"conflict|concurrent|already exists|version \d+ .*exists", re.IGNORECASE)
-_LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
 
 
 class MaintenanceError(TidemarkError):
@@ -183,18 +182,6 @@ def retention(table: Any) -> tuple[dt.timedelta, dt.timedelta]:
             parse_interval(props.get("delta.logRetentionDuration"), DEFAULT_LOG_RETENTION))
 
 
-def _log_listing(path: str) -> list[tuple[int, str, str, float]]:
-    """``(version, kind, full path, modified epoch seconds)`` of every versioned file in the log."""
-    fs, log = delta_log.log_fs(path)
-    out = []
-    for info in fs.get_file_info(pafs.FileSelector(log, allow_not_found=True)):
-        m = _LOG_FILE.match(info.base_name)
-        if m and info.type == pafs.FileType.File:
-            mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
-            out.append((int(m.group(1)), m.group(2), info.path, mtime))
-    return sorted(out)
-
-
 def health(table: str, path: str, needs: list[Need] | tuple[Need, ...] = (), *,
            now: dt.datetime | None = None, rows_per_file: int | None = None) -> Health:
     """Files, small files, bytes, checkpoint and what consumers need of the table at ``path``,
@@ -204,12 +191,12 @@ def health(table: str, path: str, needs: list[Need] | tuple[Need, ...] = (), *,
     file is small below half of it; else files are small below :data:`SMALL_FILE_BYTES`."""
     snap = delta_meta.TableSnapshot.open(path)
     if snap.table is None:
-        if any(kind == "json" or kind.startswith("checkpoint") for _, kind, _, _ in _log_listing(path)):
+        if any(kind == "json" or kind.startswith("checkpoint") for _, kind, _, _ in log_listing(path)):
             raise MaintenanceError(f"{table}: {path} has a Delta log, but it cannot be read: {_open_error(path)}")
         return Health(table, path, None, needs=tuple(needs))
     files = snap.files
     sizes = files["size_bytes"].to_pylist() if "size_bytes" in files.column_names else []
-    listing = _log_listing(path)
+    listing = log_listing(path)
     checkpoints = [v for v, kind, _, _ in listing if kind.startswith("checkpoint")]
     commits = [v for v, kind, _, _ in listing if kind == "json"]
     warnings = _retention_warnings(table, path, snap.table, needs, now or dt.datetime.now(dt.UTC).replace(tzinfo=None))
@@ -249,21 +236,15 @@ def _retention_warnings(table: str, path: str, delta_table: Any, needs: list[Nee
         removed_at = delta_log.commit_time(path, reader.version + 1)
         if removed_at is not None and now - removed_at > files_kept - RETENTION_WARNING:
             out.append(f"{table}: {reader.describe()} — files removed after it were removed at "
-                       f"{removed_at:%Y-%m-%d %H:%M} UTC, and the table's file retention ({_days(files_kept)}) lets a "
+                       f"{removed_at:%Y-%m-%d %H:%M} UTC, and the table's file retention ({days(files_kept)}) lets a "
                        f"VACUUM delete them from {removed_at + files_kept:%Y-%m-%d %H:%M} UTC; run `tidemark maintain` "
                        f"(it keeps them) instead of a plain VACUUM, or let {reader.who} catch up")
     committed = delta_log.commit_time(path, oldest.version)
     if committed is not None and now - committed > log_kept - RETENTION_WARNING:
         out.append(f"{table}: {oldest.describe()} was committed at {committed:%Y-%m-%d %H:%M} UTC, and the table's "
-                   f"log retention ({_days(log_kept)}) lets a checkpoint remove that commit from "
+                   f"log retention ({days(log_kept)}) lets a checkpoint remove that commit from "
                    f"{committed + log_kept:%Y-%m-%d %H:%M} UTC; let {oldest.who} catch up before then")
     return out
-
-
-def _days(span: dt.timedelta) -> str:
-    hours = span.total_seconds() / 3600
-    n, unit = (hours / 24, "day") if hours >= 24 else (hours, "hour")
-    return f"{n:g} {unit}{'' if n == 1 else 's'}"
 
 
 def _retry(what: str, call: Any, attempts: int = 5) -> Any:
@@ -347,7 +328,7 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
     horizon = version if h.horizon is None else min(h.horizon.version, version)
     file_horizon = version if h.file_horizon is None else min(h.file_horizon.version, version)
     if cleanup:
-        _checkpoint_at_horizon(h, horizon, log_kept, report, dry_run=dry_run)
+        checkpoint_at_horizon(h, horizon, log_kept, report, dry_run=dry_run)
     since = version + 1 if h.checkpoint is None else version - h.checkpoint
     if since > 0 and (report.compacted or since >= CHECKPOINT_AFTER_COMMITS):
         if not dry_run:
@@ -355,110 +336,7 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
             point("maintain:checkpointed")
         report.checkpoint = version
     if cleanup:
-        _cleanup(h, current, version, (file_horizon, horizon), files_kept, log_kept, report, dry_run=dry_run,
+        remove_unneeded(h, current, version, (file_horizon, horizon), files_kept, log_kept, report, dry_run=dry_run,
                  point=point)
     report.seconds = time.monotonic() - started
     return report
-
-
-def _checkpoint_at_horizon(h: Health, horizon: int, log_kept: dt.timedelta, report: Report, *, dry_run: bool) -> None:
-    """A checkpoint at the consumers' horizon when many old commits lie below it and no checkpoint is
-    near: a reader of the horizon then starts there, and the log entries before it can go (the
-    newest checkpoint is written after, so ``_last_checkpoint`` names that one)."""
-    from deltalake import DeltaTable
-
-    listing = _log_listing(h.path)
-    if any(kind.startswith("checkpoint") and horizon - CHECKPOINT_AFTER_COMMITS < v <= horizon for v, kind, _, _ in listing):
-        return
-    cutoff = time.time() - log_kept.total_seconds()
-    old = sum(1 for v, kind, _, mtime in listing if kind == "json" and v < horizon and mtime <= cutoff)
-    if old < CHECKPOINT_AFTER_COMMITS or not any(v == horizon and kind == "json" for v, kind, _, _ in listing):
-        return
-    if not dry_run:
-        DeltaTable(h.path, version=horizon, storage_options=storage_options(h.path)).create_checkpoint()
-    report.horizon_checkpoint = horizon
-
-
-def _relative(listed: str, path: str, root: str) -> str:
-    """A path ``vacuum`` listed (relative to the table, or a URI / absolute path) relative to the table."""
-    for prefix in (path.rstrip("/") + "/", root + "/", "file://" + root + "/"):
-        if listed.startswith(prefix):
-            return unquote(listed[len(prefix):])
-    return unquote(listed)
-
-
-def _change_data_cleanup(h: Health, keep_from: int, version: int, cutoff: float, *, dry_run: bool) -> list[str]:
-    """Change-feed files (``_change_data/``, which ``deltalake``'s VACUUM leaves) that no commit after
-    the horizon references and that are older than ``cutoff`` (epoch seconds): a consumer reads the
-    change feed of the commits after the version it applied, never before."""
-    fs, root = arrow_filesystem(h.path)
-    folder = f"{root.rstrip('/')}/_change_data"
-    infos = [i for i in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True, recursive=True))
-             if i.type == pafs.FileType.File]
-    if not infos:
-        return []
-    fs_log, log = delta_log.log_fs(h.path)
-    needed: set[str] = set()
-    for v in range(keep_from + 1, version + 1):
-        try:
-            actions = delta_log.read_commit(fs_log, log, v)
-        except (FileNotFoundError, OSError):
-            return []  # a commit the horizon needs is not readable: remove nothing
-        needed |= {unquote(a["cdc"]["path"]) for a in actions if "cdc" in a}
-    doomed = []
-    for info in infos:
-        rel = info.path[len(root.rstrip("/")) + 1:]
-        mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
-        if rel not in needed and mtime <= cutoff:
-            doomed.append(rel)
-            if not dry_run:
-                fs.delete_file(info.path)
-    return doomed
-
-
-def _cleanup(h: Health, current: Any, version: int, horizons: tuple[int, int], files_kept: dt.timedelta,
-             log_kept: dt.timedelta, report: Report, *, dry_run: bool, point: Callable[[str], None]) -> None:
-    file_from, keep_from = horizons
-    if h.horizon is not None:
-        report.kept.append(f"versions from v{keep_from} on: " + "; ".join(n.describe() for n in h.needs))
-    # deltalake's VACUUM lists what no version from ``file_from`` on references and is older than the
-    # retention; the files are deleted here, without its VACUUM START/END commits: a cleanup then adds no
-    # table version (no view runs an empty unit, no reload rebuilds because of it), and files already
-    # gone are not listed again.
-    listed = current.vacuum(retention_hours=math.ceil(files_kept.total_seconds() / 3600), dry_run=True,
-                            enforce_retention_duration=False, keep_versions=list(range(file_from, version + 1)))
-    fs, root = arrow_filesystem(h.path)
-    root = root.rstrip("/")
-    rels = [_relative(f, h.path, root) for f in listed]
-    infos = fs.get_file_info([f"{root}/{rel}" for rel in rels]) if rels else []
-    doomed = [rel for rel, info in zip(rels, infos, strict=True) if info.type == pafs.FileType.File]
-    if not dry_run:
-        for rel in doomed:
-            fs.delete_file(f"{root}/{rel}")
-    report.vacuumed = doomed
-    report.vacuumed += _change_data_cleanup(h, file_from, version, time.time() - files_kept.total_seconds(),
-                                            dry_run=dry_run)
-    if not dry_run:
-        point("maintain:vacuumed")
-    # Log entries: a reader of version V replays the newest checkpoint at or below V and the commits
-    # after it, so everything below that checkpoint can go once it is older than the log retention.
-    listing = _log_listing(h.path)
-    floor_cp = [v for v, kind, _, _ in listing if kind.startswith("checkpoint") and v <= keep_from]
-    if dry_run:
-        floor_cp += [v for v in (report.checkpoint, report.horizon_checkpoint) if v is not None and v <= keep_from]
-    cutoff = time.time() - log_kept.total_seconds()
-    if not floor_cp:
-        if any(v < keep_from and mtime <= cutoff for v, _, _, mtime in listing):
-            report.skipped.append(f"log cleanup: no checkpoint at or below v{keep_from} yet")
-        return
-    floor = max(floor_cp)
-    doomed = [p for v, _, p, mtime in listing if v < floor and mtime <= cutoff]
-    if not dry_run and doomed:
-        fs, _ = delta_log.log_fs(h.path)
-        for i, p in enumerate(doomed):  # oldest first: a reader from the checkpoint on never needs them
-            fs.delete_file(p)
-            if i == 0:
-                point("maintain:log-cleaning")
-    report.logs_removed = doomed
-    if not doomed and any(v < floor for v, _, _, _ in listing):
-        report.skipped.append(f"log cleanup: nothing below checkpoint v{floor} is older than {_days(log_kept)}")
