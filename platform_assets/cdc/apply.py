@@ -184,8 +184,9 @@ def write_snapshot(spark: SparkSession, path: str, layout: Layout, batches: Iter
             for k, v in layout.properties().items():  # the table's properties, as ensure_replica sets them
                 w = w.option(k, v)
         if last:
-            w = spark_io.as_unit(w, app_id=commit.app_id, seq=commit.version, meta=commit.meta)
-        w.save(path)
+            spark_io.save_unit(w, path, app_id=commit.app_id, seq=commit.version, meta=commit.meta)
+        else:  # the copy's first writes: a lost commit did not land, so it is tried again
+            spark_io.retry_conflicts(lambda: w.save(path))
         first = False
         pending.clear()
 
@@ -373,8 +374,8 @@ def append_new_keys(spark: SparkSession, path: str, layout: Layout, source: pa.T
     rows = source.filter(pc.fill_null(source.column(PRESENT), False))
     frame = local_frame(spark, rows.select([n for n, _ in layout.columns() if n != DELETED]))
     cols = [(F.lit(False) if n == DELETED else F.col(quote(n))).cast(t).alias(n) for n, t in layout.columns()]
-    spark_io.as_unit(frame.select(*cols).write.format("delta").mode("append"), app_id=commit.app_id,
-                     seq=commit.version, meta=commit.meta).save(path)
+    spark_io.save_unit(frame.select(*cols).write.format("delta").mode("append"), path, app_id=commit.app_id,
+                       seq=commit.version, meta=commit.meta)
 
 
 def key_ranges(layout: Layout, source: pa.Table) -> list[tuple[str, str, str]]:

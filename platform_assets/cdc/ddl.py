@@ -117,10 +117,10 @@ def apply(unit: ReplicaHost, t: Table | None, ddl: DdlChange, tx_lsn: int, resul
             pos = lsn_position(tx_lsn)
             new.rec = store.plan(new.replica, owner, last=new.rec.last, next=pos, seq=seq, source_version=None)
             df = spark.read.format("delta").load(t.path)
-            spark_io.as_unit(df.write.format("delta").mode("overwrite").option("overwriteSchema", "true"),
-                             app_id=f"tidemark:{new.replica}", seq=seq,
-                             meta=unit.commit_meta(result.unit, tx_lsn, kind="rename", renamed_from=t.replica,
-                                                   key=list(new.layout.key))).save(new.path)
+            spark_io.save_unit(df.write.format("delta").mode("overwrite").option("overwriteSchema", "true"), new.path,
+                               app_id=f"tidemark:{new.replica}", seq=seq,
+                               meta=unit.commit_meta(result.unit, tx_lsn, kind="rename", renamed_from=t.replica,
+                                                     key=list(new.layout.key)))
             new.rec = store.commit(new.replica, owner, seq=seq, last=new.rec.last, next=pos, rows=0, state="replicating",
                                    note=f"renamed from {t.source} at {format_lsn(tx_lsn)}")
         remove_table(t.path)

@@ -175,7 +175,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     reports = maintain.run(eng, args.tables or None, opts, on_report=show)
     done = maintain.totals(reports)
     would = "would be " if args.dry_run else ""
+    purged = done["deletion_vector_files_purged"]
     print(f"{len(reports)} table(s): {done['small_files_compacted']} small files {would}compacted, "
+          + (f"{purged} files with deletion vectors {would}purged, " if purged else "") +
           f"{done['data_files_removed']} data files and {done['log_files_removed']} log files {would}removed")
     problems = [f"{len(failed)} table(s) failed: {', '.join(failed)} (the others were maintained)"] if failed else []
     if retention is not None:

@@ -27,6 +27,7 @@ from lineage.spec.model import Processor
 from lineage.views.refresh import CLUSTER_ROWS, cluster_column
 from platform_assets.core import protocol
 from platform_assets.core.faults import crashpoint
+from platform_assets.maintenance.purge import purger
 from resources.state.offsets import LogRetention, OffsetRecord, OffsetStore
 from resources.storage import delta_meta, delta_read, maintenance
 from resources.storage.maintenance import Health, Need, Report
@@ -225,6 +226,7 @@ def run(eng: TopicContext, tables: list[str] | None, opts: Options,
             raise ConfigError(f"no Delta table for {', '.join(unknown)} (at {', '.join(eng.path(t) for t in unknown)})")
     reports = []
     needs = consumer_needs(eng)
+    purge = purger(eng)
     for table in (tables or all_tables(eng)):
         h = Health(table, eng.path(table), None)
         try:
@@ -240,7 +242,7 @@ def run(eng: TopicContext, tables: list[str] | None, opts: Options,
                                      # a view kept in small clustered files is clustered again when
                                      # a file outgrew them, --cluster or not
                                      cluster_by=cluster_columns(eng, h.table, column) if opts.cluster or h.kept_small else (),
-                                     point=crashpoint)
+                                     purge=purge, point=crashpoint)
         except Exception as exc:  # noqa: BLE001 - one table's failure is its line
             if on_report:
                 on_report(h, None, exc)
@@ -274,6 +276,7 @@ def heading(h: Health, r: Report) -> str:
 def totals(reports: list[Report]) -> dict[str, int]:
     """What a maintenance run did over all its tables."""
     return {"small_files_compacted": sum(int(r.compacted.get("numFilesRemoved", 0)) for r in reports),
+            "deletion_vector_files_purged": sum(int(r.purged.get("numFilesRemoved", 0)) for r in reports),
             "data_files_removed": sum(len(r.vacuumed) for r in reports),
             "log_files_removed": sum(len(r.logs_removed) for r in reports)}
 
@@ -282,6 +285,10 @@ def describe(h: Health, r: Report) -> list[str]:
     """Lines saying what maintenance did to a table: compacted, checkpointed, removed, kept and for whom."""
     verb = "would " if r.dry_run else ""
     lines = []
+    if r.purged:
+        rows = r.purged.get("numDeletedRowsRemoved")
+        lines.append(f"{verb}purge{'d' if not verb else ''} deletion vectors: {r.purged.get('numFilesRemoved', 0)} files -> "
+                     f"{r.purged.get('numFilesAdded', '?')} file(s) without {rows if rows is not None else '?'} deleted rows")
     if r.compacted:
         removed = r.compacted.get("numFilesRemoved", 0)
         added = r.compacted.get("numFilesAdded")

@@ -206,6 +206,21 @@ def count_rows(table: Any) -> int:
     return int(result.column("n")[0].as_py())
 
 
+def deleted_rows(table: Any) -> tuple[int, int]:
+    """``(files, rows)``: how many of ``table``'s data files carry a deletion vector, and how many
+    rows those vectors mark deleted (from deltalake's ``deletion_vectors``; ``(0, 0)`` for a table
+    without the feature)."""
+    if "deletionVectors" not in set(table.protocol().reader_features or ()):
+        return 0, 0
+    import pyarrow.compute as pc
+
+    vectors = pa.table(table.deletion_vectors())
+    if not vectors.num_rows:
+        return 0, 0
+    keep = pc.list_flatten(vectors.column("selection_vector"))
+    return vectors.num_rows, len(keep) - int(pc.sum(keep).as_py() or 0)
+
+
 def column_fate(table: Any, column: str, *, commits: int = 1000) -> str | None:
     """What became of ``column`` in ``table``, from the newest ``commits`` commits' own words
     (JVM-free): ``"renamed note to memo at version 4"``, ``"dropped at version 5"``; None when

@@ -45,6 +45,11 @@ MIN_TARGET_FILE_BYTES = 256 * 1024
 OVERSIZED = 4
 #: A table needs compaction from this many small files on (fewer cost less than the rewrite).
 COMPACT_FROM_SMALL_FILES = 16
+#: A table's deletion vectors are purged (the files they mark rewritten without the deleted rows,
+#: Spark's ``REORG TABLE ... APPLY (PURGE)``) once they mark this share of its rows deleted: until
+#: then every reader reads those rows and drops them. (Delta's OPTIMIZE rewrites a file from 5 %
+#: deleted on: ``spark.databricks.delta.optimize.maxDeletedRowsRatio``.)
+PURGE_FROM_DELETED_SHARE = 0.05
 #: Delta's defaults when the table sets no retention of its own.
 DEFAULT_FILE_RETENTION = dt.timedelta(days=7)
 DEFAULT_LOG_RETENTION = dt.timedelta(days=30)
@@ -88,6 +93,9 @@ class Health:
     #: recompute or a MERGE that packed the rows it rewrote into a few files)
     oversized_files: int = 0
     bytes: int = 0
+    rows: int = 0  # rows in the data files, the ones deletion vectors mark deleted included
+    vector_files: int = 0  # data files with a deletion vector
+    deleted_rows: int = 0  # rows those vectors mark deleted
     checkpoint: int | None = None  # the newest checkpoint's version
     oldest_log: int | None = None  # the oldest version whose commit is still in the log
     needs: tuple[Need, ...] = ()
@@ -111,6 +119,16 @@ class Health:
         return self.target_bytes // 2 if self.kept_small else SMALL_FILE_BYTES
 
     @property
+    def deleted_share(self) -> float:
+        """The share of the rows in the table's files that deletion vectors mark deleted."""
+        return self.deleted_rows / self.rows if self.rows else 0.0
+
+    @property
+    def purge_due(self) -> bool:
+        """Whether the deletion vectors mark enough rows deleted to be purged (:data:`PURGE_FROM_DELETED_SHARE`)."""
+        return bool(self.deleted_rows) and self.deleted_share >= PURGE_FROM_DELETED_SHARE
+
+    @property
     def since_checkpoint(self) -> int | None:
         if self.version is None:
             return None
@@ -130,6 +148,9 @@ class Health:
     def reasons(self) -> list[str]:
         """Why the table needs maintenance (empty: it does not)."""
         out = []
+        if self.purge_due:
+            out.append(f"{self.deleted_rows} rows ({self.deleted_share:.0%}) marked deleted by deletion vectors in "
+                       f"{self.vector_files} file(s) (purged from {PURGE_FROM_DELETED_SHARE:.0%})")
         if self.small_files >= COMPACT_FROM_SMALL_FILES:
             out.append(f"{self.small_files} small files (compaction from {COMPACT_FROM_SMALL_FILES})")
         if self.oversized_files:
@@ -140,6 +161,14 @@ class Health:
         return out
 
 
+#: Rewrites the files of a table (its :class:`Health`) that carry a deletion vector, without the rows
+#: it marks deleted, in one commit that changes no data (``dataChange: false``); returns what it did
+#: (``numFilesRemoved``, ``numFilesAdded``, ``numDeletedRowsRemoved``). ``deltalake`` has no such
+#: rewrite (its compaction skips files above the target and bins of one file), so the caller passes
+#: one that runs Spark's ``REORG TABLE ... APPLY (PURGE)``.
+Purge = Callable[[Health], dict[str, Any]]
+
+
 @dataclass
 class Report:
     """What :func:`maintain` did to one table (or, with ``dry_run``, would do)."""
@@ -147,6 +176,7 @@ class Report:
     table: str
     dry_run: bool = False
     compacted: dict[str, Any] = field(default_factory=dict)  # files removed/added, bytes, by deltalake's optimize
+    purged: dict[str, Any] = field(default_factory=dict)  # files rewritten without their deleted rows (a Purge)
     clustered_by: tuple[str, ...] = ()
     checkpoint: int | None = None  # the version a checkpoint was written at
     horizon_checkpoint: int | None = None  # a checkpoint written at the consumers' horizon, so older log can go
@@ -203,7 +233,9 @@ def health(table: str, path: str, needs: list[Need] | tuple[Need, ...] = (), *,
     rows = snap.row_count
     target = (max(MIN_TARGET_FILE_BYTES, min(TARGET_FILE_BYTES - 1, int(sum(sizes) / rows * rows_per_file)))
               if rows_per_file and rows and sizes else TARGET_FILE_BYTES)
-    h = Health(table, path, snap.version, files=len(sizes), bytes=int(sum(sizes)),
+    vector_files, deleted = delta_read.deleted_rows(snap.table)
+    h = Health(table, path, snap.version, files=len(sizes), bytes=int(sum(sizes)), rows=rows or 0,
+               vector_files=vector_files, deleted_rows=deleted,
                checkpoint=max(checkpoints) if checkpoints else None, oldest_log=min(commits) if commits else None,
                needs=tuple(needs), warnings=tuple(warnings), target_bytes=target)
     return dataclasses.replace(h, small_files=sum(1 for s in sizes if s < h.small_bytes),
@@ -266,12 +298,14 @@ def _retry(what: str, call: Any, attempts: int = 5) -> Any:
 
 def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool = False, dry_run: bool = False,
              compact: bool = True, cleanup: bool = True, cluster_by: tuple[str, ...] = (),
-             force_compact: bool = False, point: Callable[[str], None] | None = None) -> Report:
-    """Compact ``h``'s table when it has small files (Z-order by ``cluster_by`` when given), write a
-    checkpoint after a compaction or when many commits follow the last one, then remove what is
+             force_compact: bool = False, purge: Purge | None = None,
+             point: Callable[[str], None] | None = None) -> Report:
+    """Purge ``h``'s deletion vectors when they mark enough rows deleted (``purge``; skipped, and said,
+    without one), compact ``h``'s table when it has small files (Z-order by ``cluster_by`` when given), write a
+    checkpoint after a compaction or a purge or when many commits follow the last one, then remove what is
     older than the retention and the consumers' horizon. ``retain_hours`` below
     :data:`SAFE_RETAIN_HOURS` skips the cleanup unless ``writers_idle`` (the files of a commit in
-    flight are not in the log yet). ``point(name)`` is called between the steps (``maintain:compacted``,
+    flight are not in the log yet). ``point(name)`` is called between the steps (``maintain:purged``, ``maintain:compacted``,
     ``maintain:checkpointed``, ``maintain:vacuumed``, ``maintain:log-cleaning`` after the first log
     file is deleted): the crash tests kill the process there."""
     from deltalake import DeltaTable
@@ -290,6 +324,15 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
     def table() -> Any:
         return DeltaTable(h.path, storage_options=options)
 
+    if compact and h.purge_due:
+        if dry_run:
+            report.purged = {"numFilesRemoved": h.vector_files, "numDeletedRowsRemoved": h.deleted_rows, "planned": True}
+        elif purge is None:
+            report.skipped.append(f"purge: {h.deleted_share:.0%} of the rows are marked deleted by deletion vectors, and "
+                                  f"their purge needs Spark: REORG TABLE delta.`{h.path}` APPLY (PURGE)")
+        else:
+            report.purged = purge(h)
+            point("maintain:purged")
     recluster = bool(h.kept_small and h.oversized_files and cluster_by)
     wanted = compact and (recluster or h.small_files >= COMPACT_FROM_SMALL_FILES or (force_compact and h.small_files > 1))
     mapping = delta_read.column_mapping(table()) if wanted else "none"
@@ -330,7 +373,7 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
     if cleanup:
         checkpoint_at_horizon(h, horizon, log_kept, report, dry_run=dry_run)
     since = version + 1 if h.checkpoint is None else version - h.checkpoint
-    if since > 0 and (report.compacted or since >= CHECKPOINT_AFTER_COMMITS):
+    if since > 0 and (report.compacted or report.purged or since >= CHECKPOINT_AFTER_COMMITS):
         if not dry_run:
             current.create_checkpoint()
             point("maintain:checkpointed")

@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 
 from platform_assets.core import spark_io
 from platform_assets.maintenance import tables as maintain
-from resources.storage import maintenance
+from resources.storage import delta_meta, maintenance
 from tests.platform_assets.test_cleanup import (
     COUNTRIES,
     DAILY,
@@ -97,6 +97,38 @@ def test_maintain_keeps_what_a_lagging_view_needs_and_every_topic_goes_on_exactl
         assert assert_equals_recompute(eng, topic) == (43 if topic != "mart.daily" else 5)
     code, out = cli(args, capsys, "lag")
     assert code == 0 and "Traceback" not in out and "error" not in out
+
+
+def test_maintain_purges_a_views_deletion_vectors_and_no_reader_runs_a_unit_for_it(spark, settings, tmp_path, capsys):
+    eng, args = make_engine(spark, settings, tmp_path, FACT + WIDE + "  deletion_vectors: true\n")
+    customers(eng)
+    orders(eng, [(i, i) for i in range(1, 41)])
+    assert set(processed(eng.run_until_caught_up())) == {"fact.orders", "mart.wide"}
+    # two customers move: the view's MERGE marks their 16 old rows deleted (a vector) and appends them anew
+    DeltaTable(eng.path("dim.customers")).update(predicate="id IN (1, 2)", updates={"country": "'XX'"})
+    assert processed(eng.run_until_caught_up())["mart.wide"].stats["strategy"] == "incremental"
+    h = maintenance.health("mart.wide", eng.path("mart.wide"))
+    assert (h.deleted_rows, h.rows) == (16, 56) and h.vector_files >= 1 and h.purge_due, h
+    code, out = cli(args, capsys, "tables", "mart.wide")
+    assert code == 0 and "16 rows (29%) marked deleted by deletion vectors" in out, out
+    code, out = cli(args, capsys, "maintain", "mart.wide", "--dry-run")
+    assert code == 0 and "would purge deletion vectors" in out and "without 16 deleted rows" in out, out
+    assert maintenance.health("mart.wide", eng.path("mart.wide")).version == h.version  # a dry run writes nothing
+
+    code, out = cli(args, capsys, "maintain", "mart.wide")
+    assert code == 0 and "purged deletion vectors:" in out and "without 16 deleted rows" in out, out
+    assert "files with deletion vectors purged" in out, out
+    after = maintenance.health("mart.wide", eng.path("mart.wide"))
+    assert (after.deleted_rows, after.vector_files, after.rows) == (0, 0, 40) and not after.purge_due, after
+    # the purge changed no row: a view reading mart.wide would run no unit for it
+    assert delta_meta.input_change("mart.wide", eng.path("mart.wide"), h.version).rewrites_only
+    assert assert_equals_recompute(eng, "mart.wide") == 40
+    # and the view goes on incrementally from the purged files
+    DeltaTable(eng.path("dim.customers")).update(predicate="id = 3", updates={"country": "'YY'"})
+    assert processed(eng.run_until_caught_up())["mart.wide"].stats["strategy"] == "incremental"
+    assert assert_equals_recompute(eng, "mart.wide") == 40
+    code, out = cli(args, capsys, "maintain", "mart.wide", "--dry-run")
+    assert code == 0 and "purge" in out and "Traceback" not in out  # 8 of 48 rows deleted: due again
 
 
 def test_maintain_beside_running_units_never_fails_or_falls_back(spark, settings, tmp_path, caplog):
