@@ -319,7 +319,7 @@ HEALTH_COLUMNS = ["table", "version", "files", "small", "bytes", "since checkpoi
 def health_metadata(h: Health) -> dict[str, object]:
     """A table's health as Dagster metadata values (plain numbers and text)."""
     horizon = h.horizon
-    return {"files": h.files, "small_files": h.small_files, "bytes": h.bytes,
+    return {"files": h.files, "small_files": h.small_files, "bytes": h.bytes, "deleted_rows": h.deleted_rows,
             "versions_since_checkpoint": h.since_checkpoint if h.since_checkpoint is not None else -1,
             "oldest_version_needed": horizon.describe() if horizon else "none",
             "maintenance": "; ".join(h.reasons()) or "ok"}
