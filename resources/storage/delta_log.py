@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
+import orjson
 import pyarrow.fs as pafs
 
 from lineage.core.errors import ProcessingError
@@ -116,7 +117,15 @@ def commit_versions(names: Iterable[str]) -> list[int]:
 
 def read_commit(fs: pafs.FileSystem, log: str, version: int) -> list[dict[str, Any]]:
     with fs.open_input_stream(f"{log}/{version:020d}.json") as f:
-        return [json.loads(line) for line in f.read().decode("utf-8").splitlines() if line.strip()]
+        # (orjson: a compaction's commit has a line per file it removed, and planning reads it)
+        return [_action(line) for line in f.read().splitlines() if line.strip()]
+
+
+def _action(line: bytes) -> dict[str, Any]:
+    try:
+        return orjson.loads(line)  # type: ignore[no-any-return]
+    except orjson.JSONDecodeError:  # what only the standard parser reads (an integer beyond 64 bits)
+        return json.loads(line)  # type: ignore[no-any-return]
 
 
 class CommitUnavailableError(ProcessingError):

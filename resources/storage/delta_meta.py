@@ -350,7 +350,6 @@ def _read_positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | Non
 
 
 def _plain_positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | None, high: dt.datetime | None) -> pa.Table:
-    import pyarrow.parquet as pq
 
     files, target = snap.files, snap.position_schema
     keep = pa.array([True] * files.num_rows)
@@ -361,8 +360,8 @@ def _plain_positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | No
     fs = arrow_filesystem(snap.path)[0]
     parts = []
     for rel in pc.filter(files["path"], keep).to_pylist():
-        part = pq.ParquetFile(delta_log.join_path(snap.path, rel), filesystem=fs, coerce_int96_timestamp_unit="us").read(
-            columns=["pos", "id"], use_threads=False)
+        # (a compacted file in (pos, id) order is read in the row groups that can hold the range)
+        part = delta_read.read_parquet_range(delta_log.join_path(snap.path, rel), fs, ["pos", "id"], "pos", low, high)
         if part.column_names != ["pos", "id"]:
             raise _NotPlainError(rel)  # (a column added to the table after the file was written)
         parts.append(wanted.rows(part if part.schema.equals(target) else part.cast(target)))
@@ -648,15 +647,15 @@ class _History:
             data_files: list[str] = []
             # A file re-added with a deletion vector in the commit that removes it (DELETE, UPDATE,
             # MERGE with deletion vectors) holds no new row: only fewer of its old ones.
-            removed = {unquote(a["remove"]["path"]) for a in actions if a.get("remove")}
-            rewritten = tuple(sorted(unquote(a["remove"]["path"]) for a in actions
-                                     if a.get("remove") and a["remove"].get("dataChange", True)))
+            removes = [a["remove"] for a in actions if a.get("remove")]
+            removed = {_unquote(r["path"]) for r in removes}
+            rewritten = tuple(sorted(_unquote(r["path"]) for r in removes if r.get("dataChange", True)))
             for a in actions:
                 for kind in ("add", "remove"):
                     act = a.get(kind)
                     if not act:
                         continue
-                    rel, data = unquote(act["path"]), bool(act.get("dataChange", True))
+                    rel, data = _unquote(act["path"]), bool(act.get("dataChange", True))
                     if data:
                         data_files.append(rel)
                     if kind == "remove":
@@ -683,6 +682,10 @@ class _History:
         how = f"removed by {op or 'a commit'} at version {version}" if data else \
             f"compacted by {op or 'a commit'} at version {version}"
         return f"{how}, then deleted by VACUUM"
+
+
+def _unquote(path: str) -> str:
+    return unquote(path) if "%" in path else path  # (a compaction's commit names every file it removed)
 
 
 def missing_files(path: str, rels: list[str]) -> list[str]:

@@ -16,6 +16,7 @@ May import: pyarrow, deltalake, ``lineage.core``.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -185,6 +186,46 @@ class FileReader:
         import pyarrow.dataset as pads
 
         return self.logical(pads.dataset(file, format="parquet", filesystem=fs).to_table())
+
+
+def read_parquet_range(file: str, fs: Any, columns: list[str], column: str, low: dt.datetime | None,
+                       high: dt.datetime | None) -> pa.Table:
+    """``columns`` of the Parquet file ``file`` (on ``fs``), from the row groups whose statistics of
+    the timestamp ``column`` allow a value in ``[low, high]`` (naive UTC; None: unbounded) and every
+    row group without such statistics. A file in ``column`` order, written in small row groups (a
+    compaction by ``tidemark maintain``), is read in the few groups that can hold the range."""
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(file, filesystem=fs, coerce_int96_timestamp_unit="us")
+    groups = _row_groups(pf.metadata, column, low, high)
+    if groups is None:
+        return pf.read(columns=columns, use_threads=False)
+    return pf.read_row_groups(groups, columns=columns, use_threads=False)
+
+
+def _row_groups(meta: Any, column: str, low: dt.datetime | None, high: dt.datetime | None) -> list[int] | None:
+    """The row groups of a file (its ``meta``) that may hold a ``column`` value in ``[low, high]``;
+    None: all of them (one group, no bounds, or no usable statistics)."""
+    if meta.num_row_groups < 2 or (low is None and high is None):
+        return None
+    at = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == column), None)
+    if at is None:
+        return None
+    aware = (None if low is None else low.replace(tzinfo=dt.UTC), None if high is None else high.replace(tzinfo=dt.UTC))
+    keep = []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(at).statistics
+        try:
+            lo, hi = (stats.min, stats.max) if stats is not None and stats.has_min_max else (None, None)
+            # (an aware value, isAdjustedToUTC, is compared with the bounds as UTC; a naive one as they are)
+            bottom, top = aware if isinstance(lo, dt.datetime) and lo.tzinfo is not None else (low, high)
+            out = (isinstance(lo, dt.datetime) and isinstance(hi, dt.datetime)
+                   and ((top is not None and lo > top) or (bottom is not None and hi < bottom)))
+        except (ValueError, TypeError, OverflowError):  # e.g. nanoseconds beyond datetime's range
+            out = False
+        if not out:
+            keep.append(g)
+    return keep
 
 
 def read_rows(table: Any, columns: Sequence[str] | None = None) -> pa.Table:

@@ -223,3 +223,30 @@ def test_a_table_kept_in_small_files_is_compacted_only_in_its_small_files(tmp_pa
 def rows_of(path: str) -> list[tuple[int, int]]:
     t = DeltaTable(path).to_pyarrow_table()
     return sorted(zip(t["id"].to_pylist(), t["c"].to_pylist(), strict=True))
+
+
+def test_compaction_writes_small_row_groups_and_planning_reads_the_compacted_file_exactly(tmp_path):
+    import pyarrow.parquet as pq
+
+    from lineage.core.positions import Position
+    from resources.storage import delta_meta
+
+    path = str(tmp_path / "fact")
+    t0 = dt.datetime(2026, 1, 1)
+    per, n = 1_000, 20  # 20 blocks of 1,000 rows in (pos, id) order, as step units append them
+    for b in range(n):
+        ids = range(b * per, (b + 1) * per)
+        write_deltalake(path, pa.table({"pos": pa.array([t0 + dt.timedelta(seconds=i) for i in ids], pa.timestamp("us")),
+                                        "id": pa.array(ids, pa.int64())}), mode="append")
+    r = m.maintain(m.health("fact.f", path), cleanup=False)
+    assert r.compacted["numFilesRemoved"] == n and r.compacted["numFilesAdded"] == 1
+    (file,) = DeltaTable(path).file_uris()
+    meta = pq.ParquetFile(file.removeprefix("file://")).metadata
+    assert meta.num_row_groups == -(-n * per // m.COMPACT_ROW_GROUP_ROWS) > 1
+    ids = pq.read_table(file.removeprefix("file://"), columns=["id"])["id"].to_pylist()
+    assert sorted(ids) == list(range(n * per))  # (deltalake interleaves the files it bins: not in (pos, id) order)
+    # the next block's end and the newest position, read through the row groups' statistics
+    last = Position(t0 + dt.timedelta(seconds=n * per - 500), n * per - 500)
+    end = delta_meta.find_block_end(path, last, t0 + dt.timedelta(days=1), 100)
+    assert (end.end, end.rows) == (Position(t0 + dt.timedelta(seconds=n * per - 400), n * per - 400), 100)
+    assert delta_meta.table_mark(path).max_position == Position(t0 + dt.timedelta(seconds=n * per - 1), n * per - 1)
