@@ -60,6 +60,6 @@ if [ "${TIDEMARK_TEST_PG_DAGSTER:-1}" != "0" ] && [ "$selective" = "0" ]; then
   echo "test: the Dagster storage tests again, on PostgreSQL (TIDEMARK_TEST_DAGSTER=postgres)"
   # "$@": e.g. -m "not slow" leaves out the crash and pool tests (each starts JVMs) here too
   TIDEMARK_TEST_DAGSTER=postgres .venv/bin/pytest ${parallel[@]+"${parallel[@]}"} --durations=10 "$@" tests/platform_assets/test_sensor.py \
-    tests/platform_assets/test_dagster_crash.py \
+    tests/platform_assets/test_dagster_crash.py tests/platform_assets/test_dagster_follow.py \
     tests/platform_assets/test_io_manager.py::test_two_concurrent_runs_of_a_topic_wait_for_its_pool
 fi
