@@ -10,6 +10,11 @@ as ``tidemark cdc run`` does. Before the first step the writers run at the first
 ``--warmup-seconds`` (30), not counted: a cold JVM's first MERGEs took up to 11 s, which in a 40 s
 step decided its p95. ``TIDEMARK_CDC_APPLY_THREADS=1`` measures the replicas applied one after another.
 
+``--mode runs`` (default) runs the units back to back in the bench's thread; ``--mode follow`` runs
+them as ``tidemark follow`` does (issue 55): a :class:`~platform_assets.follow.loop.Follower` of the
+replicator on the same Spark session, looking at the source's WAL position every 0.5 s and running
+a unit when it moved, while the bench's thread only paces the writers.
+
 Lag per source transaction: the end of the unit that applied it minus its commit time in the WAL
 (an upper bound: the replica's Delta commit is a little earlier). Per step: the rate the writers
 reached, the lag p50/p95/max of the transactions committed in it; a step whose lag p95 reaches 10 s
@@ -19,6 +24,7 @@ differs). Targets (issue 19): at least 20,000 changes/s held with lag p95 < 10 s
 lag p95 < 5 s.
 
     PYTHONPATH=. .venv/bin/python bench/cdc_throughput.py [--rates 1000,2500,5000,10000,20000] [--step-seconds 45]
+        [--mode runs|follow]
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +48,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.shared import BenchError, observed_replicator, throwaway_postgres  # noqa: E402
+from platform_assets.follow.loop import Follower  # noqa: E402
 from resources.core.settings import Settings  # noqa: E402
 
 TABLES = ("accounts", "tellers", "history")
@@ -123,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--maxstep", type=int, default=100_000, help="the replicator's maxstep (changes per unit)")
     p.add_argument("--driver-memory", default="4g")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
+    p.add_argument("--mode", choices=("runs", "follow"), default="runs",
+                   help="runs: units back to back in the bench's thread; follow: a Follower runs them as they are due")
     args = p.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     os.environ["TIDEMARK_DRIVER_MEMORY"] = args.driver_memory
@@ -149,17 +160,48 @@ def main(argv: list[str] | None = None) -> int:
         lags: list[tuple[float, float]] = []  # (source commit time, lag s)
         units: list[tuple[float, int]] = []  # (duration s, changes)
 
-        def unit() -> bool:
-            t = time.monotonic()
-            result = ReplicatorUnit(engine, rep, source).run_once()
-            now = time.time()
+        def applied(result: Any, duration_s: float, now: float) -> None:
             if result.tables:
-                units.append((time.monotonic() - t, result.changes))
+                units.append((duration_s, result.changes))
                 for tx in seen:
                     c = tx.commit_time.replace(tzinfo=dt.UTC).timestamp()
                     lags.append((c, now - c))
             seen.clear()
+
+        def unit() -> bool:
+            t = time.monotonic()
+            result = ReplicatorUnit(engine, rep, source).run_once()
+            applied(result, time.monotonic() - t, time.time())
             return result.processed
+
+        follower: Follower | None = None
+        follow_stop, follow_errors = threading.Event(), list[str]()
+        busy = [time.monotonic()]  # when the follower's last unit that did work ended
+
+        def followed(event: Any) -> None:
+            if event.error is not None:
+                follow_errors.append(f"{event.work}: {type(event.error).__name__}: {event.error}")
+            elif event.result is not None:
+                applied(event.result, event.result.duration_s, event.at)
+                busy[0] = time.monotonic()
+
+        def apply_for(seconds: float, start: float, stopped: Callable[[], bool]) -> None:
+            """Units for ``seconds`` from ``start`` (epoch): back to back, or the follower's."""
+            while time.time() - start < seconds and not stopped():
+                if follower is not None:
+                    time.sleep(0.2)
+                    if follow_errors:
+                        raise BenchError("follow: " + "; ".join(follow_errors))
+                elif not unit():
+                    time.sleep(0.2)
+
+        def drain() -> None:
+            if follower is None:
+                while unit():
+                    pass
+                return
+            while time.monotonic() - busy[0] < 5.0:  # the follower did no work for 5 s: caught up
+                time.sleep(0.2)
 
         try:
             t = time.monotonic()
@@ -168,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
             lags.clear()
             units.clear()
             print(f"snapshot: 3 tables of {args.rows:,} rows in {time.monotonic() - t:.1f} s (untimed)", flush=True)
+            if args.mode == "follow":
+                follower = Follower(settings, engine.lineage, names=["cdc:bt"], spark=spark, report=followed)
+                follower._sources["cdc:bt"] = source  # the observed source (its reads give each unit's transactions)
+                threading.Thread(target=follower.run, args=(follow_stop,), daemon=True, name="bench-follower").start()
+                print(f"mode follow: a Follower of cdc:bt on the bench's Spark session ({follower.threads} thread(s), "
+                      f"looks every {follower.interval_s} s)", flush=True)
             pace, errors = Pace(), list[str]()
             threads = [threading.Thread(target=writer, args=(server.url, w, args.writers, args.rows, args.per_tx, pace,
                                                              errors), daemon=True) for w in range(args.writers)]
@@ -176,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.warmup_seconds > 0 and rates:
                 start, w0 = time.time(), pace.written
                 pace.rate = rates[0]
-                while time.time() - start < args.warmup_seconds and not errors:
-                    if not unit():
-                        time.sleep(0.2)
+                apply_for(args.warmup_seconds, start, lambda: bool(errors))
                 print(f"warm-up: {pace.written - w0:,} changes at {rates[0]:,.0f}/s in {time.time() - start:.0f} s, "
                       f"{len(units)} units (not counted)", flush=True)
                 units.clear()  # (a step counts the transactions committed in it: none of these)
@@ -188,9 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 for rate in rates:
                     start, w0 = time.time(), pace.written
                     pace.rate = rate
-                    while time.time() - start < args.step_seconds and not errors:
-                        if not unit():
-                            time.sleep(0.2)
+                    apply_for(args.step_seconds, start, lambda: bool(errors))
                     end = time.time()
                     steps.append((rate, start, end, pace.written - w0))
                     in_step = [lag for c, lag in lags if start <= c < end]
@@ -208,9 +252,11 @@ def main(argv: list[str] | None = None) -> int:
                 for th in threads:
                     th.join()
             t = time.monotonic()
-            while unit():
-                pass
+            drain()
             print(f"drained the rest in {time.monotonic() - t:.1f} s", flush=True)
+            if follower is not None:
+                follow_stop.set()
+                time.sleep(1.0)  # (its loop ends within one look)
             # lags per step again, now that every transaction of every step is applied
             results = []
             for rate, start, end, written in steps:
@@ -236,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             print("at 5,000 changes/s: " + (f"lag p95 {at5k[2]:.1f} s -> target < 5 s: "
                                             f"{'MET' if at5k[2] < 5 else 'MISSED'}" if at5k else "not reached"))
         finally:
+            follow_stop.set()
+            if follower is not None:
+                follower._sources.clear()  # (the bench closes its source below)
+                follower.close()
             source.close()
             engine.close()
             spark.stop()
