@@ -2,7 +2,8 @@
 dev``, the global asset lineage shows the demo's tables, a materialization of the reload
 asset ``dim/customers`` shows on the asset's page, a fact's block partition shows with its checks,
 and a merge view's units show on its Events tab with their strategies, and its checks on its Checks
-tab. Screenshots go to ``artifacts/ui/``."""
+tab; a unit run by the follow job (continuous mode) shows as its block partition's materialization in
+that run, with its checks. Screenshots go to ``artifacts/ui/``."""
 
 from __future__ import annotations
 
@@ -191,3 +192,41 @@ def test_a_materialized_block_and_a_view_unit_show_with_their_checks_on_the_asse
                      and "Passed" in t, timeout=90)
     _settle()
     driver.save_screenshot(str(artifacts / "daily_revenue_checks.png"))
+
+
+def test_a_followed_unit_shows_as_its_partitions_materialization_with_its_checks(dagster_dev: DagsterDev, driver: Any,
+                                                                                artifacts: Path, tmp_path: Path) -> None:
+    # New orders, then the lineage followed by one run of the tidemark_follow job (continuous mode,
+    # docs/dagster.md) until it has been idle for 5 s: every unit it runs is a materialization of its
+    # asset in that run, as a run's unit is.
+    _cli(dagster_dev, sys.executable, "-m", "platform_assets.demo.feeder", "--iterations", "1", "--interval", "1",
+         "--orders", "10")
+    config = tmp_path / "follow.yaml"
+    config.write_text("ops:\n  follow:\n    config: {until_idle_s: 5.0, max_seconds: 300.0}\n")
+    out = subprocess.run([str(VENV_BIN / "dagster"), "job", "execute", "-m", "platform_assets.dagster.definitions",
+                          "-j", "tidemark_follow", "-c", str(config)],
+                         cwd=ROOT, env=dagster_dev.env, capture_output=True, text=True, timeout=420)
+    output = out.stdout + out.stderr
+    assert out.returncode == 0, f"the follow run failed ({out.returncode}):\n{output[-5000:]}"
+    m = re.search(r" - ([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}) - .*RUN_SUCCESS", output)
+    assert m, f"no RUN_SUCCESS in the output:\n{output[-5000:]}"
+    run = m.group(1)[:8]
+
+    _open(driver, dagster_dev, "/assets/fact/orders?view=events")
+    text = _wait_for(driver, f"a block partition materialized in the follow run {run}",
+                     lambda t: re.search(rf"Partition \d{{8}} materialized in run {run}", t) is not None, timeout=90)
+    _settle()
+    driver.save_screenshot(str(artifacts / "fact_orders_followed_events.png"))
+    assert "base_rows" in text.split("\n"), "the block's metadata, as a run's"
+
+    _open(driver, dagster_dev, "/assets/fact/orders?view=checks")
+    _wait_for(driver, "the followed block's checks rows, lag and nulls with results",
+              lambda t: all(c in t.split("\n") for c in ("rows", "lag", "nulls")) and ("Passed" in t or "Failed" in t)
+              and "In Progress" not in t, timeout=90)
+    _settle()
+    driver.save_screenshot(str(artifacts / "fact_orders_followed_checks.png"))
+
+    _open(driver, dagster_dev, f"/runs/{m.group(1)}")
+    _wait_for(driver, "the follow run's page naming its job", lambda t: "tidemark_follow" in t, timeout=60)
+    _settle()
+    driver.save_screenshot(str(artifacts / "follow_run.png"))
