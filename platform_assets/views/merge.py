@@ -23,6 +23,11 @@ A unit (planned under the topic's lock, landed through :mod:`platform_assets.cor
 
 Re-deriving a key from the full inputs makes a unit idempotent: a retry, a restated range
 (``offsets reset``) or an input change applied twice gives the same view.
+
+This module runs a unit (open, derive, write, log, commit) and the full recompute; the planning is
+:mod:`~platform_assets.views.plan`'s, the strategies are :mod:`~platform_assets.views.reverse`,
+:mod:`~platform_assets.views.additive` and :mod:`~platform_assets.views.row_wise`, and what a unit
+carries between them :mod:`~platform_assets.views.work`'s.
 """
 
 from __future__ import annotations
@@ -32,14 +37,11 @@ import functools
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lineage.core.errors import ProcessingError, first_line
-from lineage.core.positions import Block, Position
-from lineage.planning.planner import Decision
 from lineage.spec.model import LateRows, Topic, TopicSpec
-from lineage.views.refresh import CLUSTER_FILES, CLUSTER_ROWS, InputChange, Strategy, choose, cluster_column
+from lineage.views.refresh import CLUSTER_FILES, CLUSTER_ROWS, Strategy, choose, cluster_column
 from platform_assets.core import blocks, faults, protocol, spark_io
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
 from platform_assets.views.additive import (
@@ -49,6 +51,7 @@ from platform_assets.views.additive import (
     additive_types,
     why_not_added,
 )
+from platform_assets.views.plan import MergeLook, merge_look, plan_locked
 from platform_assets.views.reverse import (
     changed_rows,
     moved,
@@ -62,7 +65,7 @@ from platform_assets.views.row_wise import NotInViewError, appends, found_in_vie
 from platform_assets.views.work import LOCAL_KEYS, PRESENT, MergeWork, refuse_strict
 from resources.state.offsets import OffsetRecord
 from resources.storage import delta_log, delta_meta
-from resources.storage.meta_tables import quarantine_rows, write_etl_log
+from resources.storage.meta_tables import write_etl_log
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -74,81 +77,21 @@ __all__ = ["MergeLook", "MergeProcessor", "MergeWork"]
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class MergeLook:
-    """A merge topic's look at its inputs (JVM-free): the base decision, the block's end, late
-    rows, and what changed in every other input."""
-
-    rec: OffsetRecord
-    decision: Decision
-    base: delta_meta.TableSnapshot
-    end: Position  # the block's end (== rec.last: no base rows)
-    base_rows: int
-    late: delta_meta.LateRows
-    changes: tuple[InputChange, ...]
-
-    @property
-    def ready(self) -> bool:
-        return self.end > self.rec.last or self.late.rows.num_rows > 0 or any(c.due for c in self.changes)
-
-    @property
-    def reason(self) -> str:
-        if self.ready:
-            parts = [f"{self.base_rows} new base rows" if self.end > self.rec.last else "",
-                     f"{self.late.rows.num_rows} late rows" if self.late.rows.num_rows else "",
-                     *(f"{c.table} changed ({c.versions})" for c in self.changes if c.due)]
-            return "ready: " + ", ".join(p for p in parts if p)
-        return self.decision.reason if not self.decision.ready else self.decision.limit
-
-
 class MergeProcessor:
     """Plans, opens and lands the units of merge topics for one engine (its :class:`UnitContext`)."""
 
     def __init__(self, engine: UnitContext) -> None:
         self.engine = engine
 
-    # ----------------------------------------------------------------- planning (no JVM)
+    # ----------------------------------------------------------------- planning (no JVM: views.plan)
     def look(self, topic: Topic, rec: OffsetRecord) -> MergeLook:
-        eng, spec = self.engine, topic.spec
-        base = delta_meta.TableSnapshot.open(eng.path(spec.base))
-        decision, _ = eng.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
-        end, rows = rec.last, 0
-        empty = delta_meta.LateRows(delta_meta.pa.table({}))
-        if rec.run is not None and spec.repeat and eng.clock() < rec.run + spec.repeat:  # repeat holds every input
-            return MergeLook(rec, decision, base, end, rows, empty, ())
-        if decision.ready and not decision.retry:
-            found = eng.block_end(topic, rec, decision, base)
-            if found.end is not None:
-                end, rows = found.end, found.rows
-        late = empty
-        done = rec.inputs.get(spec.base)
-        if spec.late_rows is LateRows.REDERIVE and done is not None and base.version is not None and not rec.last.is_zero():
-            late = blocks.late_rows(topic, base, done, rec.last)
-        changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t)) for t in spec.depends_on[1:])
-        return MergeLook(rec, decision, base, end, rows, late, changes)
+        """What changed in ``topic``'s inputs since ``rec`` (:func:`platform_assets.views.plan.merge_look`)."""
+        return merge_look(self.engine, topic, rec)
 
     def plan_locked(self, topic: Topic, rec: OffsetRecord) -> Planned:
-        """With the lock held: the pending unit, or fix the next one (bounds and every input's version)."""
-        eng, spec = self.engine, topic.spec
-        if rec.pending:
-            return Planned(Block(topic.name, rec.seq, rec.last, rec.next, may_be_empty=True), f"retry unit {rec.seq}", retry=True,  # type: ignore[arg-type]
-                           source_version=rec.source_version)
-        look = self.look(topic, rec)
-        if spec.late_rows is LateRows.REDERIVE:
-            bad = delta_meta.bad_position_rows(look.base)
-            bad_rows = quarantine_rows(eng.settings, topic.name, spec.base, bad, eng.clock()) if bad.num_rows else 0
-            warnings: tuple[str, ...] = ((delta_meta.late_detection_warning(spec.base, look.late.unreadable),)
-                                         if look.late.unreadable else ())
-        else:
-            bad_rows, warnings = blocks.quarantine(eng, topic, rec, look.base)
-        if not look.ready or look.base.version is None:
-            return Planned(None, look.reason, bad_rows=bad_rows, warnings=warnings)
-        inputs = {spec.base: look.base.version, **{c.table: c.new for c in look.changes if c.new is not None}}
-        seq = protocol.next_seq(rec, eng.path(spec.destination), topic.name)
-        rec = eng.store.plan(topic.name, eng.owner, last=rec.last, next=look.end, seq=seq,
-                             source_version=look.base.version, inputs_next=inputs)
-        return Planned(Block(topic.name, seq, rec.last, look.end, may_be_empty=True), f"unit {seq}", base_rows=look.base_rows,
-                       bad_rows=bad_rows, source_version=look.base.version, warnings=warnings)
+        """With the lock held: the pending unit, or fix the next one (bounds and every input's version;
+        :func:`platform_assets.views.plan.plan_locked`)."""
+        return plan_locked(self.engine, topic, rec)
 
     # ----------------------------------------------------------------- the unit
     def open(self, topic: Topic, rec: OffsetRecord, seq: int | None) -> OpenBlock | StepResult:
