@@ -86,7 +86,7 @@ class OpenBlock:
     out: DataFrame | None = None  # None: nothing to write (the data landed before a crash)
     landed: delta_log.CommitStats | None = None
     base_mark: Position | None = None  # reload: the base's newest position (its new ``last``)
-    merge: Any = None  # merge: the unit's strategy and MERGE source (platform_assets.views.merge.MergeWork)
+    merge: Any = None  # merge: the unit's strategy and MERGE source (platform_assets.views.work.MergeWork)
     result: StepResult | None = None  # set by finish()
 
     @property

@@ -20,8 +20,8 @@ from lineage.views import refresh
 from lineage.views.refresh import RefreshRefused
 from platform_assets.core import spark_io
 from platform_assets.engine.runner import Engine
-from platform_assets.views import merge
 from platform_assets.views import operate as views
+from platform_assets.views import reverse
 from resources.core.settings import Settings
 from resources.storage.meta_tables import read_etl_log
 
@@ -102,7 +102,7 @@ def test_bind_block_binds_the_view_in_the_statement_itself() -> None:
 @pytest.mark.parametrize("narrowed", [True, False], ids=["keys-narrowed", "keys-not-narrowed"])
 def test_reverse_join_rederives_only_the_affected_keys(spark, settings, tmp_path, monkeypatch, narrowed):
     if not narrowed:  # the re-derivation not narrowed by a literal list of keys, the MERGE not pruned
-        monkeypatch.setattr(merge, "NARROW_VALUES", 0)
+        monkeypatch.setattr(reverse, "NARROW_VALUES", 0)
     eng = engine(spark, settings, tmp_path, wide_topic("  join_keys: {dim.customers: {customer_id: id}}\n  full_above: 0.5\n"))
     customers(eng)
     orders(eng, 1, 50)

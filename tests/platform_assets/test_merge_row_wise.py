@@ -15,8 +15,8 @@ from deltalake import DeltaTable
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
 from platform_assets.core import spark_io
-from platform_assets.views import merge as merge_mod
 from platform_assets.views import operate as views
+from platform_assets.views import reverse
 from tests.platform_assets.test_merge import (
     T0,
     assert_view_equals_recompute,
@@ -131,8 +131,8 @@ def test_a_row_wise_view_holding_the_base_columns_finds_the_rows_of_a_changed_ro
     for topic in topics:
         processed(eng.run_until_caught_up([topic]))
     base_reads: list[str] = []
-    real_matching = merge_mod._matching
-    monkeypatch.setattr(merge_mod, "_matching", lambda view, *a: base_reads.append(
+    real_matching = reverse._matching
+    monkeypatch.setattr(reverse, "_matching", lambda view, *a: base_reads.append(
         "view" if "country" in view.columns else "base") or real_matching(view, *a))
 
     def unit(topic: str) -> str:
