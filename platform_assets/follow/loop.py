@@ -323,7 +323,11 @@ class Follower:
         from platform_assets.cdc.replicator import ReplicatorUnit
 
         src = self._source(w)
-        w.mark = self._mark(src)
+        try:
+            w.mark = self._mark(src)
+        except Exception as exc:  # noqa: BLE001 - e.g. no slot yet: the unit sets its source up (ensure_setup)
+            log.debug("follow: %s: no position before the unit: %s", w.name, first_line(exc))
+            w.mark = None  # (looked at again at once after the unit)
         try:
             result = ReplicatorUnit(self._engine(), w.replicator, src, positions_every_s=self._positions_every).run_once()
         except Exception:

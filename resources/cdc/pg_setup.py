@@ -273,9 +273,12 @@ def ensure(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
         if superuser:
             conn.execute(f"""INSERT INTO tidemark.{n}_tables SELECT c.oid, n.nspname || '.' || c.relname FROM pg_class c
                 JOIN pg_namespace n ON n.oid = c.relnamespace WHERE {_USER_TABLES}
+                AND NOT EXISTS (SELECT 1 FROM tidemark.{n}_tables t WHERE t.relid = c.oid
+                                AND t.name = n.nspname || '.' || c.relname)
                 ON CONFLICT (relid) DO UPDATE SET name = EXCLUDED.name""")
             for statement in _trigger_sql(conn, src):
-                conn.execute(statement)
+                if not _function_is(conn, statement):
+                    conn.execute(statement)
             for trigger, event, tags, fn in (
                     (f"tidemark_{n}_ddl", "ddl_command_end",
                      "WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE')", f"{n}_ddl_end"),
@@ -305,6 +308,21 @@ def ensure(conn: psycopg.Connection[Any], src: PostgresSource) -> None:
         except psycopg.Error as exc:
             raise CdcSourceError(f"{src.where}: cannot create replication slot {src.slot}: {str(exc).strip()}. Fix: "
                                  f"run tidemark cdc assess and fix what it lists") from None
+
+
+_FUNCTION = re.compile(r"CREATE OR REPLACE FUNCTION (tidemark\.\w+)\(\).*?\$fn\$(.*)\$fn\$", re.DOTALL)
+
+
+def _function_is(conn: psycopg.Connection[Any], statement: str) -> bool:
+    """Whether the function ``statement`` creates exists with that body already. ``ensure`` runs before
+    every unit: replacing an unchanged function (or updating an unchanged row) would write WAL each
+    time, and a follower watching the server's WAL position would take that for a change and run
+    a unit again at once, forever."""
+    m = _FUNCTION.search(statement)
+    if m is None:
+        return False
+    row = conn.execute("SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure(%s)", (f"{m[1]}()",)).fetchone()
+    return row is not None and row[0] == m[2]
 
 
 def _ident(table: str) -> str:

@@ -531,3 +531,23 @@ def test_assess_reports_wal_level() -> None:
         assert [(p.severity, p.what, p.fix) for p in problems] == [
             ("error", "wal_level is replica, logical decoding needs logical",
              "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL")]
+
+
+def test_setting_up_a_source_that_is_set_up_writes_no_wal(pg: str) -> None:
+    """``ensure_setup`` runs before every unit: on a source that is set up it must write nothing, or a
+    follower watching the server's WAL position would take its own setup for a change and run a unit
+    again at once, forever (issue 55's idle target)."""
+    with source(pg, "idle", "CREATE TABLE idle.t (id int PRIMARY KEY, v int)") as src:
+        # (the server may log a record of its own meanwhile, e.g. the bgwriter's running transactions,
+        # tens of bytes; each setup wrote ~2.5 KB when it replaced its functions and rows every time)
+        before = src.wal_insert_lsn()
+        for _ in range(5):
+            src.ensure_setup()
+        assert src.wal_insert_lsn() - before < 200
+        sql(pg, "CREATE TABLE idle.u (id int PRIMARY KEY)")  # a new table of the selection: recorded once
+        src.ensure_setup()
+        after = src.wal_insert_lsn()
+        for _ in range(5):
+            src.ensure_setup()
+        assert src.wal_insert_lsn() - after < 200
+        assert ("idle.u",) in query(pg, "SELECT name FROM tidemark.idle_tables")
