@@ -1,8 +1,8 @@
 """``tidemark follow`` (issue 55): one resident process runs every unit the moment it is due, on real
 Spark + Delta, through the same commit protocol and lease lock as ``tidemark run``: rows appended
 while it follows land once, views equal their recompute, a reload follows its base; two followers,
-or a follower and a run, share the topics; SIGKILLed at random moments and restarted, nothing is
-lost or doubled."""
+or a follower and a run, share the topics; SIGKILLed at 20 random moments and restarted while orders,
+a PostgreSQL source and a real collector write, nothing is lost or doubled."""
 
 from __future__ import annotations
 
@@ -78,44 +78,109 @@ def _follow(s: Settings, *extra: str) -> subprocess.Popen:
     return tidemark(s, "follow", "--interval", "0.3", *extra, wait=False)
 
 
+#: The harness's CDC source: a keyed table and a keyless one (``REPLICA IDENTITY FULL``).
+CDC_SQL = ("CREATE SCHEMA fk", "CREATE TABLE fk.acct (id int PRIMARY KEY, v int)",
+           "CREATE TABLE fk.bag (x int, y text)", "ALTER TABLE fk.bag REPLICA IDENTITY FULL",
+           "INSERT INTO fk.acct SELECT g, 0 FROM generate_series(1, 50) g")
+INTAKE = """\
+collector: {port: 0, rotate_minutes: 0.02, fsync_group_ms: 1}
+tokens:
+  - {id: web, kind: browser, secret_env: T_WEB}
+destinations:
+  - id: main
+    table_name_template: "events_{{ event_type }}"
+"""
+
+
+def _cdc_changes(pg: str, n: int) -> None:
+    """Round ``n`` of the source's transactions: updates, a key moved, inserts and deletes."""
+    from tests.platform_assets.test_cdc_postgres import sql
+
+    sql(pg, f"UPDATE fk.acct SET v = v + {n} WHERE id % 7 = {n % 7}",
+        f"UPDATE fk.acct SET id = {1000 + n} WHERE id = (SELECT min(id) FROM fk.acct WHERE id < 1000)",
+        f"INSERT INTO fk.acct VALUES ({2000 + n}, {n})", f"INSERT INTO fk.bag VALUES ({n}, 'p'), ({n}, 'p'), ({n}, 'q')",
+        f"DELETE FROM fk.bag WHERE x = {n} AND y = 'q'", f"DELETE FROM fk.acct WHERE id = {2000 + n - 5}")
+
+
 @pytest.mark.slow
-def test_sigkilled_at_random_moments_beside_a_second_follower_and_a_run_nothing_is_lost_or_doubled(
-        spark, settings: Settings, tmp_path: Path, cli_spark) -> None:
+@pytest.mark.postgres
+def test_sigkilled_20_times_while_orders_a_cdc_source_and_the_collector_write_nothing_is_lost_or_doubled(
+        spark, settings: Settings, tmp_path: Path, cli_spark, pg: str, monkeypatch) -> None:  # noqa: ANN001
+    """Issue 55's harness: the follower SIGKILLed at 20 random moments and restarted, while orders are
+    appended, a PostgreSQL source commits transactions and a real collector takes events over HTTP;
+    beside it a second follower the whole time and, once, a ``tidemark run``. At the end every fact
+    holds each row once, every view equals its recompute, the replicas equal their tables, and every
+    event the collector accepted is in its stage table once."""
+    import httpx
+
+    from tests.platform_assets.test_cdc_postgres import query, replica, sql
+    from tests.resources.test_collector import Collector
+
     eng, _ = make_engine(spark, settings, tmp_path, FACT + WIDE + DAILY + COUNTRIES)
     s = eng.settings
+    with s.lineage.open("a") as f:
+        f.write("cdc:\n  - name: fk\n    dsn_env: TM_TEST_DSN\n    tables: [fk.*]\n    schema: r_fk\n")
+    monkeypatch.setenv("TM_TEST_DSN", pg)
+    intake = tmp_path / "intake.yaml"
+    intake.write_text(INTAKE)
+    monkeypatch.setenv("TIDEMARK_INTAKE", str(intake))
+    sql(pg, *CDC_SQL)
     customers(eng)
     orders(eng, [(i, i) for i in range(1, 11)])
+    collector = Collector(s.home, intake, env={"T_WEB": "web-secret-Zq81"})
     rnd = random.Random(55)
     procs: list[subprocess.Popen] = []
+    accepted: list[int] = []
+
+    def post(first: int, n: int) -> None:
+        batch = [{"event_type": "pv", "n": i} for i in range(first, first + n)]
+        r = httpx.post(f"{collector.url}/api/v1/event?token=web-secret-Zq81", json=batch, timeout=10)
+        assert r.status_code == 200, r.text
+        accepted.extend(range(first, first + n))
+
     try:
         other = _follow(s)  # a second follower on the same store the whole time
         procs.append(other)
         next_id = 11
-        for kill in range(5):
+        for kill in range(20):
             p = _follow(s)
             procs.append(p)
             for _ in range(2):
-                time.sleep(rnd.uniform(0.5, 3.0))
+                time.sleep(rnd.uniform(0.3, 2.5))
                 orders(eng, [(i, i) for i in range(next_id, next_id + 5)])
+                _cdc_changes(pg, next_id)
+                post(next_id, 5)
                 next_id += 5
-            if kill == 2:  # a run beside them: it runs what it can take, names what another holds
+            if kill == 10:  # a run beside them: it runs what it can take, names what another holds
                 run = tidemark(s, "run", "--until-caught-up")
                 assert run.returncode == 0 or "is being processed by" in run.stderr, (run.stdout, run.stderr[-2000:])
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=30)
         DeltaTable(eng.path("dim.customers")).update(predicate="id = 2", updates={"country": "'XX'"})
+        # a graceful stop (uvicorn re-raises the SIGTERM after it) closes its open file: every event is in a ready file
+        assert collector.stop() == -signal.SIGTERM
         other.send_signal(signal.SIGTERM)  # stops after the units running now
         out, err = other.communicate(timeout=120)
         assert other.returncode == 0, err[-3000:]
         assert "stopped after" in out, out[-2000:]
-        last = tidemark(s, "follow", "--until-idle", "8", "--max-seconds", "240")
-        assert last.returncode == 0, last.stderr[-3000:]
+        t = time.monotonic()
+        last = _follow(s, "--until-idle", "8", "--max-seconds", "240")
+        procs.append(last)
+        out, err = last.communicate(timeout=300)
+        assert last.returncode == 0 and "stopped after" in out, (out[-4000:], err[-3000:])
+        assert time.monotonic() - t < 230, f"never idle:\n{out[-4000:]}"
     finally:
+        collector.stop(signal.SIGKILL)
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
     _exact(eng, next_id - 1)
+    assert replica(spark, s, "r_fk.fk__acct", "id,v") == sorted(query(pg, "SELECT id, v FROM fk.acct"))
+    bag = sorted(query(pg, "SELECT x, y FROM fk.bag"))
+    assert replica(spark, s, "r_fk.fk__bag", "x,y") == bag and len(bag) == 2 * 20 * 2
+    got = sorted(r["n"] for r in DeltaTable(s.table_path("stage.events_pv")).to_pyarrow_table(columns=["n"]).to_pylist())
+    assert got == sorted(accepted) and len(accepted) == 200  # every accepted event once
     eng.close()
 
 
