@@ -2,7 +2,7 @@
 and change-feed files no version from the consumers' horizon on references, and the log entries
 below the newest checkpoint at or below the horizon, each only once older than the table's
 retention; a checkpoint at the horizon when many old commits lie below it. May import
-``resources.storage`` modules below it (``delta_log``, ``warehouse``); ``maintenance`` imports it.
+``resources.storage`` modules below it (``delta_log``, ``warehouse``); ``health`` (what a table's state and a maintenance's report are); ``maintenance`` imports it.
 """
 
 from __future__ import annotations
@@ -12,20 +12,15 @@ import math
 import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow.fs as pafs
 
 from resources.storage import delta_log
+from resources.storage.health import CHECKPOINT_AFTER_COMMITS, Health, Report
 from resources.storage.warehouse import arrow_filesystem, storage_options
 
-if TYPE_CHECKING:
-    from resources.storage.maintenance import Health, Report
-
-#: A table needs a checkpoint when this many commits follow the last one (Spark writes one every 10;
-#: ``deltalake`` writers every 100; readers replay every JSON commit after it).
-CHECKPOINT_AFTER_COMMITS = 20
 _LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
 
 
