@@ -1,8 +1,9 @@
 """Cleanup of one Delta table (``maintenance.maintain``'s last step), without a JVM: the data files
 and change-feed files no version from the consumers' horizon on references, and the log entries
 below the newest checkpoint at or below the horizon, each only once older than the table's
-retention; a checkpoint at the horizon when many old commits lie below it. May import
-``resources.storage`` modules below it (``delta_log``, ``warehouse``); ``health`` (what a table's state and a maintenance's report are); ``maintenance`` imports it.
+retention; a checkpoint at the horizon when many old commits lie below it. May import the
+``resources.storage`` modules below it (``delta_log``, ``warehouse``, ``health``: a table's state and
+a maintenance's report); ``maintenance`` imports it.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def _change_data_cleanup(h: Health, keep_from: int, version: int, cutoff: float,
 
 
 def remove_unneeded(h: Health, current: Any, version: int, horizons: tuple[int, int], files_kept: dt.timedelta,
-             log_kept: dt.timedelta, report: Report, *, dry_run: bool, point: Callable[[str], None]) -> None:
+                    log_kept: dt.timedelta, report: Report, *, dry_run: bool, point: Callable[[str], None]) -> None:
     file_from, keep_from = horizons
     if h.horizon is not None:
         report.kept.append(f"versions from v{keep_from} on: " + "; ".join(n.describe() for n in h.needs))

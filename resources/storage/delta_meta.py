@@ -360,7 +360,7 @@ def _plain_positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | No
     fs = arrow_filesystem(snap.path)[0]
     parts = []
     for rel in pc.filter(files["path"], keep).to_pylist():
-        # (a compacted file in (pos, id) order is read in the row groups that can hold the range)
+        # (a compacted file, in small row groups, is read in those that can hold the range)
         part = delta_read.read_parquet_range(delta_log.join_path(snap.path, rel), fs, ["pos", "id"], "pos", low, high)
         if part.column_names != ["pos", "id"]:
             raise _NotPlainError(rel)  # (a column added to the table after the file was written)
@@ -648,14 +648,14 @@ class _History:
             # A file re-added with a deletion vector in the commit that removes it (DELETE, UPDATE,
             # MERGE with deletion vectors) holds no new row: only fewer of its old ones.
             removes = [a["remove"] for a in actions if a.get("remove")]
-            removed = {_unquote(r["path"]) for r in removes}
-            rewritten = tuple(sorted(_unquote(r["path"]) for r in removes if r.get("dataChange", True)))
+            removed = {unquote(r["path"]) for r in removes}
+            rewritten = tuple(sorted(unquote(r["path"]) for r in removes if r.get("dataChange", True)))
             for a in actions:
                 for kind in ("add", "remove"):
                     act = a.get(kind)
                     if not act:
                         continue
-                    rel, data = _unquote(act["path"]), bool(act.get("dataChange", True))
+                    rel, data = unquote(act["path"]), bool(act.get("dataChange", True))
                     if data:
                         data_files.append(rel)
                     if kind == "remove":
@@ -682,10 +682,6 @@ class _History:
         how = f"removed by {op or 'a commit'} at version {version}" if data else \
             f"compacted by {op or 'a commit'} at version {version}"
         return f"{how}, then deleted by VACUUM"
-
-
-def _unquote(path: str) -> str:
-    return unquote(path) if "%" in path else path  # (a compaction's commit names every file it removed)
 
 
 def missing_files(path: str, rels: list[str]) -> list[str]:
