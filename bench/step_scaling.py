@@ -66,7 +66,7 @@ if str(ROOT) not in sys.path:
 from lineage.core.positions import Position  # noqa: E402
 from lineage.spec.loader import load_lineage  # noqa: E402
 from resources.core.settings import Settings  # noqa: E402
-from resources.storage import delta_log, delta_meta  # noqa: E402
+from resources.storage import delta_log, delta_meta, positions  # noqa: E402
 
 TOPIC = "fact.events"
 BASE = "bench.events"
@@ -160,8 +160,8 @@ class Profile:
 PHASES = [
     ("offset store", "offset store (get/acquire/plan/commit/release, SQLite)"),
     ("decide", "Engine.decide: table_mark(base) + planner"),
-    ("find_block_end", "delta_meta.find_block_end (pyarrow scan of pos/id)"),
-    ("quarantine check", "delta_meta.bad_position_rows (null pos/id check)"),
+    ("find_block_end", "positions.find_block_end (pyarrow scan of pos/id)"),
+    ("quarantine check", "positions.bad_position_rows (null pos/id check)"),
     ("register tables", "Engine.register (deltalake open / CREATE TABLE)"),
     ("block+transform", "blocks.block_df + transform + before/after SQL (lazy plans)"),
     ("spark write", "DataFrameWriter.save: the Delta append job itself"),
@@ -190,8 +190,11 @@ def instrument(engine: Any, profile: Profile) -> None:
     blocks_mod.block_df = profile.wrap("block+transform", blocks_mod.block_df)  # the step processor calls it by module
     for name in ("transform", "run_statements"):
         setattr(spark_io, name, profile.wrap("block+transform", getattr(spark_io, name)))
+    # (both where callers find them, delta_meta, and where resources.storage.positions calls its own)
     for module, name, label in ((delta_meta, "find_block_end", "find_block_end"),
                                 (delta_meta, "bad_position_rows", "quarantine check"),
+                                (positions, "find_block_end", "find_block_end"),
+                                (positions, "bad_position_rows", "quarantine check"),
                                 (delta_log, "find_txn_commit", "find_txn_commit")):
         setattr(module, name, profile.wrap(label, getattr(module, name)))
     for mod in (step_mod, reload_mod):

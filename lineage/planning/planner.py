@@ -4,7 +4,7 @@ topic waits. The seed's ``SCH.LagLive`` as a pure function.
 The planner only sees cheap facts (high-water marks, offsets, the time): it decides whether a
 topic may run and the upper bound (``cutoff``) of the positions its next block may take. The
 exact ``next`` (the ``maxstep``-th eligible row) is found afterwards from the data by
-:mod:`resources.storage.delta_meta`; when that finds no row, the planner's ``limit`` says why.
+:mod:`resources.storage.positions`; when that finds no row, the planner's ``limit`` says why.
 """
 
 from __future__ import annotations

@@ -44,9 +44,9 @@ def quarantine(ctx: UnitContext, topic: Topic, rec: OffsetRecord, base: delta_me
 
 
 def late_rows(topic: Topic, base: delta_meta.TableSnapshot, after_version: int, last: Position) -> delta_meta.LateRows:
-    """Late rows of ``topic``'s base (see :func:`delta_meta.late_rows`). Where the files or
-    commits that would tell were removed and no other route is exact, this topic stops (its
-    error says what was removed and what to run); other topics go on."""
+    """Late rows of ``topic``'s base (see :func:`resources.storage.late_rows.late_rows`). Where the
+    files or commits that would tell were removed and no other route is exact, this topic stops
+    (its error says what was removed and what to run); other topics go on."""
     try:
         return delta_meta.late_rows(base, after_version, last)
     except delta_meta.RemovedDataError as exc:
@@ -85,7 +85,7 @@ def block_df(ctx: UnitContext, base: str, block: Block, version: int | None,
     is detected as late instead of silently joining or missing a block. The plain range on
     ``pos`` lets Delta skip files by statistics; the tuple comparison cuts exactly. ``snapshot``:
     that version's files were compacted and deleted by VACUUM, so its rows are read from a newer
-    version by id (:func:`delta_meta.snapshot_read`)."""
+    version by id (:func:`resources.storage.history.snapshot_read`)."""
     from pyspark.sql import functions as F
 
     spark = ctx.spark  # F.lit needs an active session

@@ -191,8 +191,8 @@ class StepProcessor:
     def reroute(self, topic: Topic, planned: Planned) -> Planned:
         """``planned`` (a block planned earlier, to be read at the base snapshot it was planned on)
         with the route to that snapshot's rows when OPTIMIZE and VACUUM removed its files since
-        (see :func:`delta_meta.snapshot_read`); this topic stops, saying what to run, when no
-        route is exact."""
+        (see :func:`resources.storage.history.snapshot_read`); this topic stops, saying what to run,
+        when no route is exact."""
         block = planned.block
         if block is None or planned.source_version is None:
             return planned

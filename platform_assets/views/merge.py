@@ -39,6 +39,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from lineage.core.errors import ProcessingError, first_line
 from lineage.spec.model import LateRows, Topic, TopicSpec
 from lineage.views.refresh import CLUSTER_FILES, CLUSTER_ROWS, Strategy, choose, cluster_column
@@ -179,7 +181,7 @@ class MergeProcessor:
         dest = eng.path(spec.destination)
         done = rec.inputs.get(spec.base)
         base = delta_meta.TableSnapshot.open(eng.path(spec.base), planned.source_version)
-        late = delta_meta.LateRows(delta_meta.pa.table({}))
+        late = delta_meta.LateRows(pa.table({}))
         if spec.late_rows is LateRows.REDERIVE and done is not None and not block.last.is_zero():
             late = blocks.late_rows(topic, base, done, block.last)
         changes = tuple(delta_meta.input_change(t, eng.path(t), rec.inputs.get(t), upto=rec.inputs_next.get(t))

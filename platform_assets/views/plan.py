@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from lineage.core.positions import Block, Position
 from lineage.planning.planner import Decision
 from lineage.spec.model import LateRows, Topic
@@ -56,7 +58,7 @@ def merge_look(eng: UnitContext, topic: Topic, rec: OffsetRecord) -> MergeLook:
     base = delta_meta.TableSnapshot.open(eng.path(spec.base))
     decision, _ = eng.decide(topic, rec, mark=delta_meta.table_mark(base, newer_than=rec.last))
     end, rows = rec.last, 0
-    empty = delta_meta.LateRows(delta_meta.pa.table({}))
+    empty = delta_meta.LateRows(pa.table({}))
     if rec.run is not None and spec.repeat and eng.clock() < rec.run + spec.repeat:  # repeat holds every input
         return MergeLook(rec, decision, base, end, rows, empty, ())
     if decision.ready and not decision.retry:

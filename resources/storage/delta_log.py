@@ -1,7 +1,8 @@
 """The Delta log itself, read JVM-free: its commit files, the newest version, the commit that
 holds a transaction (``txnAppId``/``txnVersion``), a commit's statistics and metrics, the newest
 version that changed data, and a data file's path. Planning and recovery read these; the rows of
-a table are read in :mod:`resources.storage.delta_meta` and :mod:`resources.storage.delta_read`.
+a table are read in the modules :mod:`resources.storage.delta_meta` re-exports and in
+:mod:`resources.storage.delta_read`.
 
 May import: pyarrow, deltalake, ``lineage.core``, ``resources.storage.warehouse`` and
 ``resources.storage.delta_read``.

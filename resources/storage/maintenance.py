@@ -23,7 +23,7 @@ from typing import Any
 
 from lineage.core.errors import TidemarkError
 from lineage.core.retry import retrying
-from resources.storage import delta_log, delta_meta, delta_read
+from resources.storage import delta_log, delta_read, snapshot
 from resources.storage.cleanup import (
     checkpoint_at_horizon,
     days,
@@ -99,7 +99,7 @@ def health(table: str, path: str, needs: list[Need] | tuple[Need, ...] = (), *,
     many rows (a view clustered by its join column, whose reverse joins rewrite whole files), so
     its target file size is that many rows' bytes (at least :data:`MIN_TARGET_FILE_BYTES`) and a
     file is small below half of it; else files are small below :data:`SMALL_FILE_BYTES`."""
-    snap = delta_meta.TableSnapshot.open(path)
+    snap = snapshot.TableSnapshot.open(path)
     if snap.table is None:
         if any(kind == "json" or kind.startswith("checkpoint") for _, kind, _, _ in log_listing(path)):
             raise MaintenanceError(f"{table}: {path} has a Delta log, but it cannot be read: {_open_error(path)}")

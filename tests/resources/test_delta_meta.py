@@ -12,7 +12,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
-from resources.storage import delta_log, delta_meta
+from resources.storage import delta_log, delta_meta, history, positions
+from resources.storage import late_rows as late_rows_module
 from resources.storage.delta_log import RECENT_COMMITS, CommitUnavailableError
 from resources.storage.delta_meta import (
     BlockEnd,
@@ -146,11 +147,11 @@ def test_late_rows_read_only_the_files_whose_parquet_statistics_allow_one(tmp_pa
     _append(path, [(10, 10), (30, 14)])  # last's own position and id: late
     _append(path, [(9, 15)])  # before: late
     read: list[str] = []
-    real = delta_meta._read_files
-    monkeypatch.setattr(delta_meta, "_read_files", lambda p, rels, *a, **k: read.extend(rels) or real(p, rels, *a, **k))
+    real = late_rows_module._read_files
+    monkeypatch.setattr(late_rows_module, "_read_files", lambda p, rels, *a, **k: read.extend(rels) or real(p, rels, *a, **k))
     found = late_rows(TableSnapshot.open(str(path)), 0, last)
     assert sorted(found.rows["id"].to_pylist()) == [10, 15]
-    added = [a.path for a in delta_meta._History.read(str(path), 0, 4).added]
+    added = [a.path for a in history._History.read(str(path), 0, 4).added]
     assert sorted(read) == sorted(added[2:])  # the two files without a late row were never read
 
 
@@ -166,7 +167,7 @@ def test_a_parquet_footer_rules_a_file_out_only_when_its_exact_statistics_do(tmp
         pos = pa.array([None if d is None else T0 + dt.timedelta(seconds=10, milliseconds=7) + d for d, _ in rows], pa.timestamp(unit))
         pq.write_table(pa.table({"pos": pos, "id": pa.array([i for _, i in rows], pa.int64())}), f, row_group_size=group,
                        use_deprecated_int96_timestamps=int96)
-        return delta_meta._may_hold_late(fs, f, last)
+        return late_rows_module._may_hold_late(fs, f, last)
 
     step = dt.timedelta(milliseconds=1)
     if int96:  # Spark's legacy timestamps: no ordered statistics, the file is read
@@ -199,7 +200,7 @@ def test_wanted_rows_by_kernels_equal_those_by_expression() -> None:
         for since in (None, T0 + dt.timedelta(seconds=2)):
             for after in (None, _at(3, 4), _at(-1, 0)):
                 for upto in (None, T0 + dt.timedelta(seconds=4), T0):
-                    wanted = delta_meta._Wanted(since=since, after=after, upto=upto)
+                    wanted = positions._Wanted(since=since, after=after, upto=upto)
                     by_kernels = wanted.rows(table)
                     assert by_kernels == table.filter(wanted.expression(table.schema)), (unit, since, after, upto)
                     assert by_kernels["pos"].null_count == by_kernels["id"].null_count == 0
@@ -214,10 +215,10 @@ def test_positions_read_as_plain_parquet_equal_those_read_through_deltalake(tmp_
     _append(path, [(4, 8), (5, 9), (None, 10)])
     snap = TableSnapshot.open(str(path))
     assert snap.plain
-    wanted = delta_meta._Wanted(since=T0 + dt.timedelta(seconds=2))
-    plain = delta_meta._positions(snap, wanted)  # the file without an id does not read as the schema says: the dataset reads
+    wanted = positions._Wanted(since=T0 + dt.timedelta(seconds=2))
+    plain = positions._positions(snap, wanted)  # the file without an id does not read as the schema says: the dataset reads
     snap.__dict__["plain"] = False
-    assert plain.sort_by("id") == delta_meta._positions(snap, wanted).sort_by("id")
+    assert plain.sort_by("id") == positions._positions(snap, wanted).sort_by("id")
     assert sorted(plain["id"].to_pylist()) == [7, 8, 9]  # (the rows without an id have no position)
     # ... they are bad rows, to be quarantined (the log has no null count for a column a file lacks)
     assert sorted(bad_position_rows(str(path))["id"].to_pylist(), key=str) == [10, None, None]

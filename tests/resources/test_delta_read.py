@@ -14,7 +14,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from lineage.core.positions import Position
-from resources.storage import delta_meta, delta_read
+from resources.storage import delta_meta, delta_read, statistics
 from resources.storage.delta_meta import TableSnapshot
 
 T0 = dt.datetime(2026, 1, 1)
@@ -105,7 +105,7 @@ def test_every_jvm_free_read_of_a_table_with_deletion_vectors_and_column_mapping
     assert delta_meta.find_block_end(snap, _at(10, 10), FAR, 100) == delta_meta.BlockEnd(_at(121, 121), 100, snap.version)
     assert delta_meta.count_block(p, _at(10, 10), _at(110, 110)) == 90
     assert delta_meta.bad_position_rows(snap).num_rows == 0
-    assert delta_meta._max_id(snap.files, p) == 1999
+    assert statistics._max_id(snap.files, p) == 1999
     # late rows after version 1 at or before id 1800: version 2's rows there, those the DELETE marked
     # deleted since too (they arrived late: a later delete does not undo that, as with a writer that
     # rewrites files); the DELETE's files (the same files with a vector) add none

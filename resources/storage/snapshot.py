@@ -1,0 +1,183 @@
+"""One version of a Delta table, opened once (:class:`TableSnapshot`: its log, its file list with
+flattened statistics, how its rows are read), and what its metadata says: table properties such as
+the change data feed, and deletion vectors (:func:`deletion_vectors`). JVM-free, through the
+``deltalake`` package. :class:`RemovedDataError` lives here, the one error every reader of a
+snapshot raises when files or commits it needs were removed.
+
+The modules that read a snapshot build on this one: :mod:`resources.storage.statistics`,
+:mod:`resources.storage.history`, :mod:`resources.storage.positions`,
+:mod:`resources.storage.prefetch` (which opens many snapshots ahead of their use and hands them to
+:meth:`TableSnapshot.open`) and :mod:`resources.storage.late_rows`.
+
+May import: ``lineage``, ``delta_log``, ``delta_read``, ``warehouse``; none of the modules above.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import dataclasses
+import functools
+import re
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lineage.core.errors import ProcessingError
+from lineage.core.positions import Position
+from resources.storage import delta_log, delta_read
+from resources.storage.warehouse import is_object_store
+
+
+class TableSnapshot:
+    """One version of a Delta table, opened once. Planning a block asks the base table for its
+    mark, its null and late rows and the block's end: one snapshot answers all of them, so the
+    table and its file list are read once and every answer describes the same version."""
+
+    def __init__(self, path: str, table: Any | None) -> None:
+        self.path = path
+        self.table = table  # deltalake.DeltaTable; None when there is no table at ``path``
+        self.after: dict[Position, pa.Table] = {}  # every row after a position, read ahead (see prefetch)
+
+    @classmethod
+    def open(cls, path: str, version: int | None = None, *, at_least: int | None = None) -> TableSnapshot:
+        """``path`` at ``version`` (default the newest: inside
+        :func:`~resources.storage.prefetch.prefetched`, the one it opened, unless it is older than
+        version ``at_least``)."""
+        if version is None and (ready := _PREFETCHED.get()) is not None and path in ready:
+            snap = ready[path].result()  # (None: reading it failed; read again here, which says why)
+            if snap is not None and (at_least is None or snap.version is None or snap.version >= at_least):
+                return snap
+        return cls(path, delta_log.open_table(path, version))
+
+    @functools.cached_property
+    def version(self) -> int | None:
+        return None if self.table is None else int(self.table.version())
+
+    @functools.cached_property
+    def columns(self) -> frozenset[str]:
+        return frozenset() if self.table is None else frozenset(f.name for f in self.table.schema().fields)
+
+    @functools.cached_property
+    def row_count(self) -> int | None:
+        """Rows in this version, from the files' statistics (None: no table or no statistics). With
+        deletion vectors, the rows before the deletions they mark (the add actions as ``deltalake``
+        lists them do not carry the vectors' cardinality): an upper bound."""
+        return self._total("num_records")
+
+    @functools.cached_property
+    def size_bytes(self) -> int | None:
+        """Bytes of this version's data files (None: no table, or the log does not say)."""
+        return self._total("size_bytes")
+
+    def _total(self, column: str) -> int | None:
+        files = self.files
+        if self.table is None or column not in files.column_names:
+            return None
+        return int(pc.sum(files[column]).as_py() or 0)
+
+    @functools.cached_property
+    def native(self) -> bool:
+        """Whether ``pyarrow``'s own file systems reach this version's data files: a table at a
+        local path or in object storage (see :func:`_native_path`) whose log names its files
+        relative to it."""
+        return self.table is not None and _native_path(self.path) and (
+            self.files.num_rows == 0 or not pc.any(pc.match_substring_regex(self.files["path"], r"://|^/")).as_py())
+
+    @functools.cached_property
+    def plain(self) -> bool:
+        """Whether this version's rows are its data files read whole as plain Parquet: no deletion
+        vectors, column mapping or partition columns, every file reached natively (:attr:`native`)
+        by a path that needs no decoding. (Then ``pos``/``id`` are read file by file, without
+        deltalake's dataset.)"""
+        if self.table is None or not self.native:
+            return False
+        proto = self.table.protocol()
+        if not (proto.min_reader_version == 1
+                or (proto.min_reader_version == 3 and set(proto.reader_features or ()) <= _PLAIN_READER_FEATURES)):
+            return False
+        meta = self.table.metadata()
+        if meta.partition_columns or (meta.configuration or {}).get("delta.columnMapping.mode", "none") != "none":
+            return False
+        return self.files.num_rows == 0 or not pc.any(pc.match_substring(self.files["path"], "%")).as_py()
+
+    @functools.cached_property
+    def position_schema(self) -> pa.Schema:
+        """``pos`` and ``id`` as the table's schema types them (what its rows are read as)."""
+        table: Any = self.table  # (a table: only rows of one are read)
+        full = pa.schema(table.schema().to_arrow())
+        return pa.schema([full.field(c).remove_metadata() for c in ("pos", "id")])
+
+    @functools.cached_property
+    def files(self) -> pa.Table:
+        """The data files with their flattened statistics (one row per add action), named by the
+        table's column names (with column mapping the log keeps them under physical names)."""
+        return pa.table({}) if self.table is None else delta_read.logical_files(self.table, self.physical_names)
+
+    @functools.cached_property
+    def physical_names(self) -> dict[str, str]:
+        """``{physical name: column name}`` of this version's columns stored under another name
+        (column mapping; empty without): :func:`delta_read.physical_names`, read once."""
+        return {} if self.table is None else delta_read.physical_names(self.table)
+
+    @functools.cached_property
+    def scanned(self) -> bool:
+        """Whether this version's rows are read through deltalake's DataFusion reader (column
+        mapping or deletion vectors: see :func:`delta_read.needs_scan`)."""
+        return self.table is not None and delta_read.needs_scan(self.table)
+
+    @functools.cached_property
+    def file_reader(self) -> delta_read.FileReader:
+        """Reads chosen data files of this version with its column names (column mapping)."""
+        return delta_read.FileReader(self.table, self.physical_names)
+
+
+#: Reader features that leave a table's data files readable as plain Parquet.
+_PLAIN_READER_FEATURES = frozenset({"timestampNtz"})
+
+
+_PREFETCHED: contextvars.ContextVar[dict[str, concurrent.futures.Future[TableSnapshot | None]] | None] = \
+    contextvars.ContextVar("tidemark_prefetched", default=None)
+
+
+def _snapshot(source: str | TableSnapshot) -> TableSnapshot:
+    """``source`` if it is a snapshot already, else the newest version of the table at that path."""
+    return source if isinstance(source, TableSnapshot) else TableSnapshot.open(source)
+
+
+def _native_path(path: str) -> bool:
+    """Whether ``pyarrow``'s own file systems take the table location ``path`` as
+    :func:`~resources.storage.warehouse.arrow_filesystem` gives it: a local path without a scheme,
+    or object storage (not e.g. ``file:/x`` or ``file://localhost/x``, on which
+    ``SubTreeFileSystem`` aborts the process)."""
+    return is_object_store(path) or re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", path) is None
+
+
+class RemovedDataError(ProcessingError):
+    """Data files or commits Tidemark needs were removed (compacted by OPTIMIZE then deleted by
+    VACUUM, or dropped by log retention) and no other route gives the same answer exactly. The
+    message names the table, the version or file and the cause; callers add the topic and the
+    command that lets it go on."""
+
+
+def _property_on(snap: TableSnapshot, name: str) -> bool:
+    """Whether the table's boolean property ``name`` is true (False without a table)."""
+    conf = snap.table.metadata().configuration if snap.table is not None else {}
+    return str(conf.get(name, "false")).lower() == "true"
+
+
+def change_feed_enabled(snap: TableSnapshot) -> bool:
+    return _property_on(snap, "delta.enableChangeDataFeed")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeletionVectors:
+    enabled: bool  # delta.enableDeletionVectors: writes may add deletion vectors
+    feature: bool  # the table's protocol has the reader feature: the deltalake reader refuses its rows
+
+
+def deletion_vectors(snap: TableSnapshot) -> DeletionVectors:
+    """Whether the table (``snap``) writes deletion vectors and has their reader feature (JVM-free)."""
+    features = (snap.table.protocol().reader_features or []) if snap.table is not None else []
+    return DeletionVectors(_property_on(snap, "delta.enableDeletionVectors"), "deletionVectors" in features)
