@@ -58,6 +58,7 @@ from bench.shared import (  # noqa: E402
     make_sdp_project,
     sdp_table_path,
     sdp_update,
+    spark_job_mark,
 )
 from resources.core.settings import Settings  # noqa: E402
 from resources.spark.session import cached_delta_jars  # noqa: E402
@@ -154,15 +155,19 @@ def make_lineage(base: Path, maxstep: int) -> Path:
 
 def tidemark_refresh(engine: Engine, topic: str = TOPIC) -> tuple[float, str, str]:
     """Bring the view up to date: (seconds, strategies, what the blocks' statistics say)."""
+    before = spark_job_mark(engine.spark)
     t0 = time.monotonic()
     results = [r for r in engine.run_until_caught_up([topic]) if r.processed]
     took = time.monotonic() - t0
+    after = spark_job_mark(engine.spark)
     if not results:
         raise BenchError(f"Tidemark processed nothing for {topic} after the change")
     strategies = "+".join(str(r.stats.get("strategy", "?")) for r in results)
     detail = "; ".join(f"{r.stats.get('strategy_reason', r.reason)} ("
                        + ", ".join(f"{k} {r.stats[k]}" for k in STAT_KEYS if r.stats.get(k) not in (None, {}))
                        + ")" for r in results)
+    if before is not None and after is not None:
+        detail += f"; Spark jobs {after - before}"
     return took, strategies, detail
 
 

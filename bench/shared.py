@@ -38,6 +38,17 @@ class BenchError(Exception):
 # ------------------------------------------------------------------ data
 
 
+def spark_job_mark(spark: Any) -> int | None:
+    """The newest Spark job id so far (-1: none yet), to count the jobs a step starts; None on a
+    Spark Connect session (no status tracker). Tidemark sets no job group, so every job is in the
+    tracker's group None; ids are sequential, so the count survives ``spark.ui.retainedJobs``."""
+    try:
+        tracker = spark.sparkContext.statusTracker()
+    except Exception:  # noqa: BLE001 - Connect: no SparkContext
+        return None
+    return max(tracker.getJobIdsForGroup(None), default=-1)
+
+
 def append_orders(path: str, start_id: int, n: int, customers: int, t0: dt.datetime, span: float = 1.05,
                   step_us: int = 10_000) -> None:
     """``n`` orders ``(pos, id, customer_id, amount)`` with ids from ``start_id``, in (pos, id)

@@ -14,7 +14,7 @@ import functools
 import io
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
@@ -70,21 +70,23 @@ def rederive(eng: UnitContext, topic: Topic, work: MergeWork, *, everything: Dat
     every = functools.reduce(lambda a, b: a.unionByName(b), [
         out_of(f"tm_{name}", rows, tables).withColumn(PART, F.lit(name))
         for name, rows, tables in parts]).localCheckpoint(eager=True)
-    if not every.where(F.col(PART) == "alone").isEmpty():
+    # the unit's checks and its row count, in one Spark action over the rows computed above
+    got = _checks(every, key, found=work.found, view_types=work.view_types)
+    if got["alone"]:
         raise ProcessingError(
             f"topic '{topic.name}' ({topic.where}): row_wise, but its transform makes rows from "
             f"{', '.join(spec.depends_on[1:]) or 'its other inputs'} without any base row (e.g. an outer join "
             f"keeping a reference row without base rows), so a view row does not always come from one base row; "
             f"remove 'row_wise' from the topic")
     if work.found is not None:
-        _check_found(work, every.where(F.col(PART) == "old").drop(PART))
+        _found_checked(work, got["differ"])
     out = every.where(F.col(PART).isin("even", "odd")).drop(PART)
-    twice = out.groupBy(*[F.col(spark_io.quote(k)) for k in key]).count().where(F.col("count") > 1)
-    if first := twice.limit(1).collect():
+    if got["twice"]:
+        first = got["most"]
         raise ProcessingError(
             f"topic '{topic.name}' ({topic.where}): row_wise, but over the unit's base rows taken in two "
-            f"parts the transform gives key ({', '.join(repr(first[0][k]) for k in key)}) of {', '.join(key)} to "
-            f"{first[0]['count']} rows ({twice.count()} key(s) more than once): a view row comes from several base "
+            f"parts the transform gives key ({', '.join(repr(first[k]) for k in key)}) of {', '.join(key)} to "
+            f"{got['most_n']} rows ({got['twice']} key(s) more than once): a view row comes from several base "
             f"rows (an aggregate) or the key does not tell base rows apart; fix the key or remove 'row_wise' "
             f"from the topic")
     col = cluster_column(spec, work.columns)
@@ -97,7 +99,7 @@ def rederive(eng: UnitContext, topic: Topic, work: MergeWork, *, everything: Dat
     work.rederived = out
     work.affected.append(("; ".join(label for label, _ in work.rows) + " (re-derived alone: row_wise)",
                           out.select(*key)))
-    work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; row_wise: {out.count()} rows "
+    work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; row_wise: {got['rows']} rows "
                                                               f"re-derived from the base rows found, not from the "
                                                               f"full base")
 
@@ -156,7 +158,7 @@ def _in_view(eng: UnitContext, topic: Topic, work: MergeWork, last: Position, ev
     dropped rows); the transform does not copy every base column as it is (:func:`copies_base`:
     a view column computed from it would hold other values, and a row whose join column was
     computed would not be found). What neither can show, the unit checks over the rows it found
-    (:func:`_check_found`): the transform over their base columns, at the versions the view
+    (:func:`_checks`): the transform over their base columns, at the versions the view
     applied, gives back exactly those rows (a transform edited since the rows were written
     fails it)."""
     from pyspark.sql.types import MapType
@@ -185,21 +187,44 @@ def _in_view(eng: UnitContext, topic: Topic, work: MergeWork, last: Position, ev
     return reverse.matching_any(rows, changed_rows).localCheckpoint(eager=True)
 
 
-def _check_found(work: MergeWork, old: DataFrame) -> None:
-    """The rows :func:`_in_view` found against ``old``, the transform over their base columns at
-    the versions the view applied, in the view's column types: the same rows, each as often, or
-    :class:`NotInViewError` (the unit then scans the base as for any view)."""
+def _checks(every: DataFrame, key: list[str], *, found: DataFrame | None, view_types: dict[str, Any]) -> Any:
+    """What :func:`rederive` checks of its rows ``every`` (marked by part, ``PART``), in one Spark
+    action: ``rows`` the rows made from the base rows found (parts ``even`` and ``odd``), ``alone``
+    the rows made from no base row, ``twice`` the keys given to more than one of the found rows
+    (``most``: one of them, ``most_n``: its rows), and, when the unit looked its base rows up in
+    the view, ``differ`` the rows in which ``found`` and the transform over their base columns at
+    the versions the view applied (part ``old``, in the view's column types) differ, each row as
+    often as it occurs (0: the same rows)."""
     from pyspark.sql import functions as F
 
-    found = work.found
-    if found is None:
-        return
-    again = old.select(*[F.col(spark_io.quote(c)).cast(work.view_types[c]).alias(c) for c in found.columns])
-    differ = again.exceptAll(found).unionByName(found.exceptAll(again))
-    if not differ.isEmpty():
+    part = F.col(PART)
+    per_key = every.groupBy(*[F.col(spark_io.quote(k)) for k in key]).agg(
+        F.count(F.when(part.isin("even", "odd"), 1)).alias("tm_n"),
+        F.count(F.when(part == "alone", 1)).alias("tm_alone"))
+    checks = per_key.agg(
+        F.coalesce(F.sum("tm_n"), F.lit(0)).alias("rows"), F.coalesce(F.sum("tm_alone"), F.lit(0)).alias("alone"),
+        F.count(F.when(F.col("tm_n") > 1, 1)).alias("twice"),
+        F.max_by(F.struct(*[F.col(spark_io.quote(k)) for k in key]), F.col("tm_n")).alias("most"),
+        F.max("tm_n").alias("most_n"))
+    if found is not None:
+        cols = [F.col(spark_io.quote(c)) for c in found.columns]
+        again = every.where(part == "old").select(
+            *[F.col(spark_io.quote(c)).cast(view_types[c]).alias(c) for c in found.columns])
+        sign = "_tm_sign"
+        counted = again.withColumn(sign, F.lit(1)).unionByName(found.withColumn(sign, F.lit(-1))).groupBy(*cols).agg(
+            F.sum(sign).alias(sign))
+        checks = checks.crossJoin(counted.agg(F.coalesce(F.sum(F.abs(sign)), F.lit(0)).alias("differ")))
+    return checks.collect()[0]
+
+
+def _found_checked(work: MergeWork, differ: int) -> None:
+    """The rows :func:`_in_view` found against the transform over their base columns (``differ``
+    rows differ, see :func:`_checks`): the same rows, each as often, or :class:`NotInViewError` (the
+    unit then scans the base as for any view)."""
+    if differ:
         raise NotInViewError(
             f"the base rows joining a changed row were looked up in the view, but the transform over its rows' base "
-            f"columns does not give those rows back ({differ.count()} row(s) differ), so they were read from the base")
+            f"columns does not give those rows back ({differ} row(s) differ), so they were read from the base")
     work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; the base rows joining a "
                                                               f"changed row found in the view, not by a scan of "
                                                               f"the base")

@@ -208,6 +208,30 @@ def test_a_row_wise_declaration_that_cannot_hold_is_refused_with_the_reason(spar
     eng.close()
 
 
+@pytest.mark.spark
+def test_a_row_wise_units_checks_count_what_they_say(spark):
+    """The checks of a row-wise unit (rows made from no base row, a key given twice, the rows found
+    in the view against their re-derivation) and its row count, which one Spark action computes."""
+    from pyspark.sql.types import LongType
+
+    from platform_assets.views.row_wise import _checks
+    from platform_assets.views.work import PART
+
+    every = spark.createDataFrame(
+        [(1, "a", "even"), (2, "b", "odd"), (3, "c", "even"), (3, "c", "odd"), (3, "c", "odd"), (9, "z", "old"),
+         (8, "y", "old"), (None, "n", "alone")], f"id long, v string, {PART} string")
+    found = spark.createDataFrame([(9, "z"), (8, "x")], "id long, v string")
+    types = {"id": LongType(), "v": every.schema["v"].dataType}
+    got = _checks(every, ["id"], found=found, view_types=types)
+    assert (got["rows"], got["alone"], got["twice"], got["most"]["id"], got["most_n"], got["differ"]) == \
+        (5, 1, 1, 3, 3, 2)
+    clean = _checks(every.where(f"{PART} <> 'alone' AND id <> 3"), ["id"], found=None, view_types=types)
+    assert (clean["rows"], clean["alone"], clean["twice"], clean["most_n"]) == (2, 0, 0, 1)
+    assert "differ" not in clean.asDict()
+    empty = _checks(every.where("false"), ["id"], found=found.where("false"), view_types=types)
+    assert (empty["rows"], empty["alone"], empty["twice"], empty["differ"]) == (0, 0, 0, 0)
+
+
 def test_the_lineage_refuses_row_wise_with_additive_or_off_a_merge_topic(tmp_path: Path) -> None:
     topic = ("- table: mart.x\n  depends_on: [stage.orders]\n  processor: merge\n  transforms: [x.sql]\n"
              "  key: [day]\n  late_rows: rederive\n  additive: {count: n}\n  row_wise: true\n"
