@@ -52,6 +52,8 @@ class Health:
     version: int | None  # None: no table at ``path``
     files: int = 0
     small_files: int = 0
+    binned_bytes: int = 0  # the bytes in files under the target size (those deltalake's compaction rewrites)
+    positions: bool = False  # the table has a ``pos`` column (a fact or a source: blocks are ranges of it)
     #: a table kept in small files (``kept_small``): its files over OVERSIZED times the target (a full
     #: recompute or a MERGE that packed the rows it rewrote into a few files)
     oversized_files: int = 0
@@ -80,6 +82,15 @@ class Health:
     def small_bytes(self) -> int:
         """A data file below this size is small."""
         return self.target_bytes // 2 if self.kept_small else SMALL_FILE_BYTES
+
+    @property
+    def in_position_order(self) -> bool:
+        """Compaction rewrites the whole table ordered by ``pos`` (its row groups then prune a
+        planner's range reads by their statistics) instead of binning the files under the target
+        size (which deltalake concatenates in no particular order): for a table with positions, not
+        kept in small files, whose files under the target hold at least half its bytes, so the
+        rewrite costs at most twice the binning it replaces."""
+        return self.positions and not self.kept_small and self.binned_bytes * 2 >= self.bytes
 
     @property
     def deleted_share(self) -> float:

@@ -43,10 +43,10 @@ from resources.storage.health import (
 from resources.storage.warehouse import storage_options
 
 #: Rows per row group of the files compaction writes: a reader that wants a range of ``pos`` (the next
-#: block's end, the newest position) reads only the groups whose statistics allow it. deltalake's
-#: compaction does not keep the binned files' order (it interleaves their batches), but the rows
-#: of a group mostly come from a few neighbouring blocks: on 2,000 compacted blocks each of the
-#: 25 groups spanned ~1.2 of the 30 days (``bench/maintenance.py``), and planning reads one or two.
+#: block's end, the newest position) reads only the groups whose statistics allow it. A table with
+#: positions whose files under the target size hold most of it is rewritten in ``pos`` order (``Health.in_position_order``:
+#: deltalake's Z-order by that one column), so each group holds a narrow range of it; else the files
+#: under the target size are binned, which concatenates them in no particular order.
 COMPACT_ROW_GROUP_ROWS = 8_192
 #: The smallest target of a table kept in files of a given number of rows (``health``'s ``rows_per_file``).
 MIN_TARGET_FILE_BYTES = 256 * 1024
@@ -119,6 +119,8 @@ def health(table: str, path: str, needs: list[Need] | tuple[Need, ...] = (), *,
                checkpoint=max(checkpoints) if checkpoints else None, oldest_log=min(commits) if commits else None,
                needs=tuple(needs), warnings=tuple(warnings), target_bytes=target)
     return dataclasses.replace(h, small_files=sum(1 for s in sizes if s < h.small_bytes),
+                               binned_bytes=int(sum(s for s in sizes if s < target)),
+                               positions="pos" in snap.columns,
                                oversized_files=sum(1 for s in sizes if s > OVERSIZED * target) if h.kept_small else 0)
 
 
@@ -181,9 +183,10 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
              force_compact: bool = False, purge: Purge | None = None,
              point: Callable[[str], None] | None = None) -> Report:
     """Purge ``h``'s deletion vectors when they mark enough rows deleted (``purge``; skipped, and said,
-    without one), compact ``h``'s table when it has small files (Z-order by ``cluster_by`` when given), write a
-    checkpoint after a compaction or a purge or when many commits follow the last one, then remove what is
-    older than the retention and the consumers' horizon. ``retain_hours`` below
+    without one), compact ``h``'s table when it has small files (Z-order by ``cluster_by`` when given;
+    the whole table in ``pos`` order when its small files are most of it, ``Health.in_position_order``),
+    write a checkpoint after a compaction or a purge or when many commits follow the last one, then
+    remove what is older than the retention and the consumers' horizon. ``retain_hours`` below
     :data:`SAFE_RETAIN_HOURS` skips the cleanup unless ``writers_idle`` (the files of a commit in
     flight are not in the log yet). ``point(name)`` is called between the steps (``maintain:purged``, ``maintain:compacted``,
     ``maintain:checkpointed``, ``maintain:vacuumed``, ``maintain:log-cleaning`` after the first log
@@ -220,14 +223,20 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
         report.skipped.append(f"compaction: deltalake cannot rewrite a table with column mapping (delta.columnMapping.mode "
                               f"= {mapping}); compact it with Spark: OPTIMIZE delta.`{h.path}`")
     elif wanted:
+        ordered = () if cluster_by else ("pos",) if h.in_position_order else ()
         if dry_run:
-            report.compacted = {"numFilesRemoved": h.files if recluster else h.small_files, "planned": True}
-            if recluster:
-                report.clustered_by = cluster_by
+            report.compacted = {"numFilesRemoved": h.files if recluster or ordered else h.small_files, "planned": True}
+            if recluster or ordered:
+                report.clustered_by = cluster_by or ordered
         elif cluster_by and (recluster or not h.kept_small):  # a kept-small table's small files are binned
             report.compacted = _retry(f"{h.table}: Z-order", lambda: table().optimize.z_order(
                 list(cluster_by), target_size=h.target_bytes, max_concurrent_tasks=2))
             report.clustered_by = cluster_by
+        elif ordered:  # Z-order by one column: the rows sorted by it
+            report.compacted = _retry(f"{h.table}: compaction in pos order", lambda: table().optimize.z_order(
+                list(ordered), target_size=h.target_bytes, max_concurrent_tasks=2,
+                writer_properties=WriterProperties(max_row_group_size=COMPACT_ROW_GROUP_ROWS)))
+            report.clustered_by = ordered
         else:
             # a table kept in small files: only the files under half its target are binned (into files
             # of up to that size), so the files a clustered build wrote stay as they are

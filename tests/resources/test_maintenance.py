@@ -3,6 +3,7 @@ keeps every version a consumer needs (real ``deltalake`` tables)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import random
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from resources.storage import health
 from resources.storage import maintenance as m
 
 
@@ -220,6 +222,18 @@ def test_a_table_kept_in_small_files_is_compacted_only_in_its_small_files(tmp_pa
     assert rows_of(path) == before
 
 
+def test_the_rewrite_in_pos_order_is_for_tables_with_positions_mostly_in_files_under_the_target():
+    """deltalake's compaction rewrites every file under the target size; the rewrite in pos order
+    rewrites every file, so it is chosen where that costs at most twice as much, and only for a
+    table with positions that is not kept in small files on purpose."""
+    target = health.TARGET_FILE_BYTES
+    h = m.Health("fact.f", "/x", 3, files=20, small_files=19, bytes=10 * target, binned_bytes=5 * target, positions=True)
+    assert h.in_position_order
+    assert not dataclasses.replace(h, binned_bytes=5 * target - 1).in_position_order, "mostly in large files"
+    assert not dataclasses.replace(h, positions=False).in_position_order, "no pos column (a view, a replica)"
+    assert not dataclasses.replace(h, target_bytes=target // 4).in_position_order, "kept in small files"
+
+
 def rows_of(path: str) -> list[tuple[int, int]]:
     t = DeltaTable(path).to_pyarrow_table()
     return sorted(zip(t["id"].to_pylist(), t["c"].to_pylist(), strict=True))
@@ -238,13 +252,21 @@ def test_compaction_writes_small_row_groups_and_planning_reads_the_compacted_fil
         ids = range(b * per, (b + 1) * per)
         write_deltalake(path, pa.table({"pos": pa.array([t0 + dt.timedelta(seconds=i) for i in ids], pa.timestamp("us")),
                                         "id": pa.array(ids, pa.int64())}), mode="append")
-    r = m.maintain(m.health("fact.f", path), cleanup=False)
-    assert r.compacted["numFilesRemoved"] == n and r.compacted["numFilesAdded"] == 1
+    h = m.health("fact.f", path)
+    assert h.positions and h.binned_bytes == h.bytes and h.in_position_order
+    assert m.maintain(h, dry_run=True).clustered_by == ("pos",)
+    r = m.maintain(h, cleanup=False)
+    assert r.compacted["numFilesRemoved"] == n and r.compacted["numFilesAdded"] == 1 and r.clustered_by == ("pos",)
     (file,) = DeltaTable(path).file_uris()
     meta = pq.ParquetFile(file.removeprefix("file://")).metadata
     assert meta.num_row_groups == -(-n * per // m.COMPACT_ROW_GROUP_ROWS) > 1
-    ids = pq.read_table(file.removeprefix("file://"), columns=["id"])["id"].to_pylist()
-    assert sorted(ids) == list(range(n * per))  # (deltalake interleaves the files it bins: not in (pos, id) order)
+    pos = pq.read_table(file.removeprefix("file://"), columns=["pos"])["pos"].to_pylist()
+    assert pos == sorted(pos) and len(pos) == n * per, "the small files are rewritten in pos order"
+    spans = [(meta.row_group(g).column(0).statistics.min, meta.row_group(g).column(0).statistics.max)
+             for g in range(meta.num_row_groups)]
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), "row groups hold disjoint pos ranges"
+    log = DeltaTable(path).history(1)[0]
+    assert log["operation"] == "OPTIMIZE", "a compaction, not a change of data (readers run no unit for it)"
     # the next block's end and the newest position, read through the row groups' statistics
     last = Position(t0 + dt.timedelta(seconds=n * per - 500), n * per - 500)
     end = delta_meta.find_block_end(path, last, t0 + dt.timedelta(days=1), 100)
