@@ -352,7 +352,7 @@ def main() -> int:
     p.add_argument("--small-blocks", type=int, default=100, help="the smaller size planning is also measured at")
     p.add_argument("--rows-per-block", type=int, default=100, help="rows per block")
     p.add_argument("--repeat", type=int, default=7, help="query repetitions per table and phase (best is reported)")
-    p.add_argument("--plan-repeat", type=int, default=9, help="planning repetitions per size and state (best)")
+    p.add_argument("--plan-repeat", type=int, default=25, help="planning repetitions per size and state (best)")
     p.add_argument("--quick", action="store_true", help="--blocks 200 --small-blocks 20 --rows-per-block 50 --repeat 3")
     p.add_argument("--no-view", action="store_true", help="leave out the materialized view on the fact")
     p.add_argument("--master", default="local[2]", help="Spark master")
