@@ -276,7 +276,7 @@ def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: c
         append_new_keys(spark, path, layout, source, commit)
         return
     spark_io.run_merge(spark, _scd1_sql(path, layout, None, key_ranges(layout, source)), merge_source(spark, source),
-                       app_id=commit.app_id, seq=commit.version, meta=commit.meta)
+                       app_id=commit.app_id, seq=commit.version, meta=commit.meta, in_hand=True)
 
 
 def spilled_effect(spark: SparkSession, spilled: cdc_columns.Spilled, layout: Layout, first: int, *, table: str) -> DataFrame:
@@ -508,4 +508,4 @@ def apply_multiset(spark: SparkSession, path: str, layout: Layout, effect: Multi
            f"VALUES ({', '.join('s.' + quote(c) for c in insert_cols)})")
     if effect.truncated_at is not None:
         sql += "\nWHEN NOT MATCHED BY SOURCE THEN DELETE"
-    spark_io.run_merge(spark, sql, source, app_id=commit.app_id, seq=commit.version, meta=commit.meta)
+    spark_io.run_merge(spark, sql, source, app_id=commit.app_id, seq=commit.version, meta=commit.meta, in_hand=True)

@@ -364,14 +364,16 @@ def rows_of_keys(keys: DataFrame, rows: DataFrame, cols: list[str]) -> DataFrame
 
 
 def merge_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[str], columns: list[str], present: str,
-               delete_missing: bool, app_id: str, seq: int, meta: str, target_filter: str = "") -> None:
+               delete_missing: bool, app_id: str, seq: int, meta: str, target_filter: str = "",
+               in_hand: bool = False) -> None:
     """One Delta MERGE of ``source`` into the table at ``dest`` on ``key`` (null-safe): rows whose
     ``present`` column is true are inserted or, where any column differs, updated (an unchanged row
     is not rewritten, so the change feed shows only real changes); keys whose ``present`` is null are
     deleted (``delete_missing``). Idempotent by ``(app_id, seq)`` (Delta's ``txnAppId``/``txnVersion``
     for DML, as session settings) and self-describing (``meta`` as the commit's ``userMetadata``).
     ``target_filter``: a predicate on the target (alias ``t``) that every row of a key in ``source``
-    satisfies, added to the condition so that Delta skips the files it excludes."""
+    satisfies, added to the condition so that Delta skips the files it excludes. ``in_hand``: see
+    :func:`run_merge`."""
     on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key) + (f" AND ({target_filter})" if target_filter else "")
     values = [c for c in columns if c not in key]
     differs = " OR ".join(f"NOT (t.{quote(c)} <=> s.{quote(c)})" for c in values)
@@ -381,7 +383,7 @@ def merge_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[s
               + ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in values) + "\n" if values else "")
            + f"WHEN NOT MATCHED AND s.{present} THEN INSERT ({', '.join(map(quote, columns))}) "
            + f"VALUES ({', '.join('s.' + quote(c) for c in columns)})")
-    run_merge(spark, sql, source, app_id=app_id, seq=seq, meta=meta)
+    run_merge(spark, sql, source, app_id=app_id, seq=seq, meta=meta, in_hand=in_hand)
 
 
 def add_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[str], count: str, sums: list[str],
@@ -558,14 +560,22 @@ def _await_look_aheads(timeout: float | None = None) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
-def run_merge(spark: SparkSession, sql: str, source: DataFrame, *, app_id: str, seq: int, meta: str) -> None:
+def run_merge(spark: SparkSession, sql: str, source: DataFrame, *, app_id: str, seq: int, meta: str,
+              in_hand: bool = False) -> None:
     """Run a ``MERGE`` statement whose ``{source}`` is ``source`` as one Delta commit carrying
     ``txnAppId=app_id``/``txnVersion=seq`` (Delta's idempotency settings for DML, as session
-    settings: a replay is skipped) and ``meta`` as its ``userMetadata``."""
+    settings: a replay is skipped) and ``meta`` as its ``userMetadata``.
+
+    ``in_hand``: the source is rows already computed (a local relation, a local checkpoint, and
+    deterministic operators over them), which give the same rows each time they are read. Delta
+    copies a source that is not a Delta scan (``localCheckpoint``) before the MERGE's two passes
+    over it, so that both see the same rows; such a source needs no copy
+    (``spark.databricks.delta.merge.materializeSource = none``)."""
     name = f"tm_merge_{uuid.uuid4().hex[:10]}"
     source.createOrReplaceTempView(name)
     confs = {"spark.databricks.delta.write.txnAppId": app_id, "spark.databricks.delta.write.txnVersion": str(seq),
-             "spark.databricks.delta.commitInfo.userMetadata": meta}
+             "spark.databricks.delta.commitInfo.userMetadata": meta,
+             **({"spark.databricks.delta.merge.materializeSource": "none"} if in_hand else {})}
     try:
         for k, v in confs.items():
             spark.conf.set(k, v)

@@ -354,7 +354,8 @@ class MergeProcessor:
                     elif work.strategy.incremental:
                         spark_io.merge_into(eng.spark, opened.out, dest, key=list(spec.key), columns=work.columns,
                                             present=PRESENT, delete_missing=spec.delete_missing, app_id=app_id,
-                                            seq=block.seq, meta=meta, target_filter=work.prune)
+                                            seq=block.seq, meta=meta, target_filter=work.prune,
+                                            in_hand=work.rederived is not None)  # rows of a local checkpoint
                     else:
                         spark_io.save_unit(
                             opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
