@@ -294,7 +294,7 @@ def describe(h: Health, r: Report) -> list[str]:
         added = r.compacted.get("numFilesAdded")
         how = f" Z-ordered by {', '.join(r.clustered_by)}" if r.clustered_by else ""
         lines.append(f"{verb}compact{'ed' if not verb else ''}{how}: {removed} files -> "
-                     f"{added if added is not None else '?'} file(s)")
+                     f"{added if added is not None else '?'} file(s){', in pos order' if r.in_pos_order else ''}")
     if r.horizon_checkpoint is not None:
         lines.append(f"{verb}checkpoint at the consumers' horizon v{r.horizon_checkpoint}")
     if r.checkpoint is not None:

@@ -152,6 +152,7 @@ class Report:
     compacted: dict[str, Any] = field(default_factory=dict)  # files removed/added, bytes, by deltalake's optimize
     purged: dict[str, Any] = field(default_factory=dict)  # files rewritten without their deleted rows (a Purge)
     clustered_by: tuple[str, ...] = ()
+    in_pos_order: bool = False  # compacted by a rewrite of the whole table in ``pos`` order (Health.in_position_order)
     checkpoint: int | None = None  # the version a checkpoint was written at
     horizon_checkpoint: int | None = None  # a checkpoint written at the consumers' horizon, so older log can go
     vacuumed: list[str] = field(default_factory=list)  # data files deleted

@@ -223,20 +223,21 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
         report.skipped.append(f"compaction: deltalake cannot rewrite a table with column mapping (delta.columnMapping.mode "
                               f"= {mapping}); compact it with Spark: OPTIMIZE delta.`{h.path}`")
     elif wanted:
-        ordered = () if cluster_by else ("pos",) if h.in_position_order else ()
+        ordered = not cluster_by and h.in_position_order
         if dry_run:
             report.compacted = {"numFilesRemoved": h.files if recluster or ordered else h.small_files, "planned": True}
-            if recluster or ordered:
-                report.clustered_by = cluster_by or ordered
+            if recluster:
+                report.clustered_by = cluster_by
+            report.in_pos_order = ordered
         elif cluster_by and (recluster or not h.kept_small):  # a kept-small table's small files are binned
             report.compacted = _retry(f"{h.table}: Z-order", lambda: table().optimize.z_order(
                 list(cluster_by), target_size=h.target_bytes, max_concurrent_tasks=2))
             report.clustered_by = cluster_by
         elif ordered:  # Z-order by one column: the rows sorted by it
             report.compacted = _retry(f"{h.table}: compaction in pos order", lambda: table().optimize.z_order(
-                list(ordered), target_size=h.target_bytes, max_concurrent_tasks=2,
+                ["pos"], target_size=h.target_bytes, max_concurrent_tasks=2,
                 writer_properties=WriterProperties(max_row_group_size=COMPACT_ROW_GROUP_ROWS)))
-            report.clustered_by = ordered
+            report.in_pos_order = True
         else:
             # a table kept in small files: only the files under half its target are binned (into files
             # of up to that size), so the files a clustered build wrote stay as they are

@@ -69,7 +69,7 @@ def test_maintain_keeps_what_a_lagging_view_needs_and_every_topic_goes_on_exactl
     # Maintenance with no retention at all: only what a consumer needs survives.
     code, out = cli(args, capsys, "maintain", "--retain-hours", "0", "--writers-idle")
     assert code == 0, out
-    assert "stage.orders v39: 40 files, 40 small" in out and "compacted: 40 files -> 1 file(s)" in out, out
+    assert "stage.orders v39: 40 files, 40 small" in out and "compacted: 40 files -> 1 file(s), in pos order" in out, out
     assert f"kept versions from v{eng.store.get('mart.wide').source_version}" in out
     assert files(eng, "stage.orders") == 1
     assert "error" not in out.lower() and "Traceback" not in out
