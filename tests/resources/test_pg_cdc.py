@@ -387,20 +387,26 @@ def test_snapshot_is_consistent_with_the_stream_under_concurrent_writers(pg: str
         threads = [threading.Thread(target=writer, args=(s,)) for s in range(3)]
         for th in threads:
             th.start()
+        def committed(n: int) -> None:
+            """Wait (by count, not by time: a loaded machine's writers stall on locks) for ``n`` commits."""
+            deadline = time.monotonic() + 60
+            while commits["ok"] < n and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert commits["ok"] >= n, f"the writers committed {commits['ok']} of {n} in 60 s ({commits['failed']} failed)"
+
         try:
-            time.sleep(0.5)
+            committed(10)
             with src.snapshot() as snap:
                 committed_before = commits["ok"]
-                time.sleep(0.3)  # writers keep committing while the snapshot is read
+                committed(committed_before + 5)  # writers keep committing while the snapshot is read
                 items = {r["id"]: r for b in snap.rows("sn.items", batch_rows=64) for r in b.to_pylist()}
                 bag = Counter(r["v"] for b in snap.rows("sn.bag") for r in b.to_pylist())
                 lsn = snap.lsn
-            time.sleep(0.5)
+            committed(commits["ok"] + 10)
         finally:
             stop.set()
             for th in threads:
                 th.join()
-        assert committed_before > 10 and commits["ok"] > committed_before + 10
         state = {"items": items, "bag": bag}
         apply(state, read_all(src, lsn))
         final_items = {r[0]: {"id": r[0], "v": r[1], "note": r[2]} for r in query(pg, "SELECT id, v, note FROM sn.items")}
