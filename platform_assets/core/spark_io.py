@@ -566,11 +566,12 @@ def run_merge(spark: SparkSession, sql: str, source: DataFrame, *, app_id: str, 
     ``txnAppId=app_id``/``txnVersion=seq`` (Delta's idempotency settings for DML, as session
     settings: a replay is skipped) and ``meta`` as its ``userMetadata``.
 
-    ``in_hand``: the source is rows already computed (a local relation, a local checkpoint, and
-    deterministic operators over them), which give the same rows each time they are read. Delta
-    copies a source that is not a Delta scan (``localCheckpoint``) before the MERGE's two passes
-    over it, so that both see the same rows; such a source needs no copy
-    (``spark.databricks.delta.merge.materializeSource = none``)."""
+    ``in_hand``: the source is rows already computed in a local checkpoint (and deterministic
+    operators over them), which give the same rows each time they are read. Delta copies a source
+    that is not a Delta scan (``localCheckpoint``) before the MERGE's two passes over it, so that
+    both see the same rows; such a source needs no copy
+    (``spark.databricks.delta.merge.materializeSource = none``). Not for a large local relation
+    from Arrow: reading it twice cost more than the copy (a CDC unit of 1M events, bench/cdc_apply.py)."""
     name = f"tm_merge_{uuid.uuid4().hex[:10]}"
     source.createOrReplaceTempView(name)
     confs = {"spark.databricks.delta.write.txnAppId": app_id, "spark.databricks.delta.write.txnVersion": str(seq),
