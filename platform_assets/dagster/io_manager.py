@@ -102,9 +102,10 @@ class OffsetIOManager(dg.ConfigurableIOManager):
             return None
 
         def start() -> SparkSession:
-            from resources.spark.session import session_started
+            from resources.spark.session import ivy_resolution, session_started
 
-            return session_started(resource.spark_session)
+            with ivy_resolution(resource.spark_config):  # (two runs on a fresh machine resolve one at a time)
+                return session_started(resource.spark_session)
         return start
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:

@@ -3,10 +3,13 @@ shuffles. Built lazily (only when a processor needs it), never at import time.""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -50,10 +53,56 @@ def build_spark_session(settings: Settings, *, app_name: str = "tidemark", ui: b
     """
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder
-    for k, v in spark_config(settings, app_name=app_name, ui=ui).items():
+    conf = spark_config(settings, app_name=app_name, ui=ui)
+    if "spark.jars.packages" not in conf:
+        return session_started(_get_or_create(SparkSession, conf))
+    with ivy_resolution(conf):  # another process may have resolved (and remembered) the jars meanwhile
+        return session_started(_get_or_create(SparkSession, spark_config(settings, app_name=app_name, ui=ui)))
+
+
+def _get_or_create(session_class: type[SparkSession], conf: dict[str, str]) -> SparkSession:
+    builder = session_class.builder
+    for k, v in conf.items():
         builder = builder.config(k, v)
-    return session_started(builder.getOrCreate())
+    return builder.getOrCreate()
+
+
+#: How long a process waits for another one resolving jars through Ivy before it gives up.
+IVY_WAIT_S = 900.0
+
+
+@contextmanager
+def ivy_resolution(conf: dict[str, str] | None = None, *, wait_s: float = IVY_WAIT_S) -> Iterator[None]:
+    """Held while a JVM this process starts resolves ``spark.jars.packages`` through Ivy (Delta's
+    jars on first use, the S3A jars): one process at a time per user. Two JVMs resolving into one
+    Ivy cache at once break each other's downloads (``impossible to move part file to definitive
+    one`` and then ``UNRESOLVED DEPENDENCIES``: seen when two test workers, or two Dagster runs,
+    start on a fresh machine). Nothing is held when ``conf`` has no packages to resolve. An
+    exclusive ``flock`` on ``ivy.lock`` beside the remembered jar lists, so a process that dies
+    holding it frees it."""
+    if conf is not None and "spark.jars.packages" not in conf:
+        yield
+        return
+    path = _jar_cache_file().parent / "ivy.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # (not inherited by the JVM: PEP 446)
+    try:
+        deadline, said = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StorageError(f"another process has been resolving Spark jars through Ivy for over {wait_s:.0f} s "
+                                       f"(it holds {path}); check network access to Maven Central") from None
+                if not said:
+                    log.info("waiting for another process resolving Spark jars through Ivy (%s)", path)
+                    said = True
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 def spark_config(settings: Settings, *, app_name: str = "tidemark", ui: bool = False,
@@ -344,7 +393,14 @@ def resolve_s3_jars(timeout: float = 900.0) -> list[str]:
     from Maven Central through Spark's Ivy, remember them, and return their paths.
 
     In a child process: Spark resolves ``spark.jars.packages`` only when a JVM is launched, and
-    this process may already run one (a session without the S3A jars)."""
+    this process may already run one (a session without the S3A jars). One process at a time
+    (:func:`ivy_resolution`)."""
+    with ivy_resolution():
+        jars = cached_s3_jars()  # resolved by another process while this one waited
+        return jars or _resolve_s3_jars(timeout)
+
+
+def _resolve_s3_jars(timeout: float) -> list[str]:
     import json
     import subprocess
     import sys
