@@ -302,15 +302,17 @@ class Follower:
     # ------------------------------------------------------------------ one unit
     def _run_one(self, w: Work) -> None:
         try:
-            from resources.spark.session import make_active
+            from resources.spark.session import job_group, make_active
 
-            make_active(self._engine().spark)  # (what Spark Connect returns binds to the thread's active session)
-            if w.replicator is not None:
-                event = self._replicator_unit(w)
-            elif w.name == EVENTS:
-                event = self._intake_unit(w)
-            else:
-                event = Event(w.name, result=self._engine().run_topic(w.name))
+            spark = self._engine().spark
+            make_active(spark)  # (what Spark Connect returns binds to the thread's active session)
+            with job_group(spark, f"tidemark:{w.name}"):
+                if w.replicator is not None:
+                    event = self._replicator_unit(w)
+                elif w.name == EVENTS:
+                    event = self._intake_unit(w)
+                else:
+                    event = Event(w.name, result=self._engine().run_topic(w.name))
             self._done(w, event)
         except TopicLockedError as exc:  # another follower or run holds it: it runs it
             self._done(w, Event(w.name, wait=f"held elsewhere: {first_line(exc)}"))

@@ -304,6 +304,23 @@ def _connect_url(spark: SparkSession) -> str:
 _siblings: weakref.WeakKeyDictionary[SparkSession, tuple[list[SparkSession], float]] = weakref.WeakKeyDictionary()
 
 
+@contextmanager
+def job_group(spark: SparkSession, group: str) -> Iterator[None]:
+    """The Spark jobs this thread starts meanwhile belong to job group ``group`` (the Spark UI's and
+    the event log's ``spark.jobGroup.id``: ``bench/event_log.py`` sums a unit's jobs by it). A
+    classic session only (a thread-local property of the driver); on Spark Connect, nothing."""
+    if is_connect(spark):
+        yield
+        return
+    sc = spark.sparkContext
+    before = sc.getLocalProperty("spark.jobGroup.id")
+    sc.setLocalProperty("spark.jobGroup.id", group)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", before)  # type: ignore[arg-type]  # (None unsets it)
+
+
 def is_connect(spark: SparkSession) -> bool:
     """Whether ``spark`` is a Spark Connect client session (its catalog is the server's)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")

@@ -349,3 +349,23 @@ def test_the_engine_looks_a_committed_tables_txn_state_ahead_when_its_next_unit_
     spark_io._await_look_aheads(120)
     assert all(not t.is_alive() and t.session is None for t in threads)
     assert bool(threads) == is_connect(spark)
+
+
+def test_a_units_jobs_are_in_its_job_group_and_the_threads_group_is_restored(spark) -> None:
+    """``job_group``: what a follower's unit runs is in ``tidemark:<topic>`` (the Spark UI's job group,
+    what ``bench/event_log.py`` sums by); the thread's group before is back after (Connect: nothing)."""
+    from resources.spark.session import is_connect, job_group
+
+    if is_connect(spark):
+        with job_group(spark, "tidemark:t"):
+            assert spark.range(3).count() == 3
+        return
+    sc = spark.sparkContext
+    before = set(sc.statusTracker().getJobIdsForGroup("tidemark:t"))
+    with job_group(spark, "tidemark:t"):
+        assert spark.range(3).count() == 3
+    assert set(sc.statusTracker().getJobIdsForGroup("tidemark:t")) - before
+    assert sc.getLocalProperty("spark.jobGroup.id") is None
+    after = set(sc.statusTracker().getJobIdsForGroup("tidemark:t"))
+    spark.range(2).count()
+    assert set(sc.statusTracker().getJobIdsForGroup("tidemark:t")) == after
