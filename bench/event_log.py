@@ -2,9 +2,10 @@
 
     TIDEMARK_SPARK_CONF="spark.eventLog.enabled=true;spark.eventLog.dir=/tmp/ev;spark.eventLog.compress=false" \\
         .venv/bin/python bench/freshness.py --dev 6m --mode follow --home /tmp/fb
-    .venv/bin/python bench/event_log.py /tmp/ev/local-*  [--since-s 180] [--top 25]
+    .venv/bin/python bench/event_log.py /tmp/ev/eventlog_v2_local-*  [--since-s 180] [--top 25]
 
-Reads one uncompressed event log (a JSON event per line) and prints, per job description (Delta's
+Reads one application's uncompressed event log (a JSON event per line; Spark 4 writes it as a
+directory of rolled ``events_<n>_*`` files, read in order, or one file) and prints, per job description (Delta's
 status texts such as ``Compute snapshot for version: N``, or Spark's call site; numbers shown as
 ``N``) and per job group (``tidemark follow`` puts each unit's jobs in the group
 ``tidemark:<topic>``): the jobs, their wall seconds (submission to completion, summed: jobs that
@@ -20,12 +21,25 @@ import collections
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
-def _describe(props: dict[str, str]) -> str:
-    text = props.get("spark.job.description") or props.get("callSite.short") or "?"
+def _describe(props: dict[str, str], stages: list[dict[str, Any]]) -> str:
+    text = (props.get("spark.job.description") or props.get("callSite.short")
+            or (stages[-1].get("Stage Name") if stages else None) or "?")
     return re.sub(r"\d+", "N", text.splitlines()[0])[:90]
+
+
+def _events(path: Path) -> Iterator[dict[str, Any]]:
+    files = [path] if path.is_file() else sorted(path.glob("events_*"), key=lambda p: int(p.name.split("_")[1]))
+    if not files:
+        raise SystemExit(f"{path}: no Spark event log there (spark.eventLog.compress=false?)")
+    for file in files:
+        with file.open(errors="replace") as f:
+            for line in f:
+                yield json.loads(line)
 
 
 def summarize(path: Path, since_s: float = 0.0) -> tuple[dict[str, list[float]], dict[str, list[float]], float]:
@@ -34,26 +48,24 @@ def summarize(path: Path, since_s: float = 0.0) -> tuple[dict[str, list[float]],
     jobs: dict[int, dict[str, object]] = {}
     stage_job: dict[int, int] = {}
     task_ms: collections.Counter[int] = collections.Counter()
-    with path.open(errors="replace") as f:
-        for line in f:
-            e = json.loads(line)
-            kind = e.get("Event")
-            if kind == "SparkListenerApplicationStart":
-                start = e["Timestamp"]
-            elif kind == "SparkListenerJobStart":
-                props = e.get("Properties") or {}
-                jobs[e["Job ID"]] = {"t0": e["Submission Time"], "desc": _describe(props),
-                                     "group": props.get("spark.jobGroup.id") or "(none)"}
-                for sid in e.get("Stage IDs", []):
-                    stage_job[sid] = e["Job ID"]
-            elif kind == "SparkListenerJobEnd" and e["Job ID"] in jobs:
-                jobs[e["Job ID"]]["t1"] = e["Completion Time"]
-                end = e["Completion Time"]
-            elif kind == "SparkListenerTaskEnd":
-                job = stage_job.get(e["Stage ID"])
-                metrics = e.get("Task Metrics") or {}
-                if job is not None:
-                    task_ms[job] += int(metrics.get("Executor Run Time", 0))
+    for e in _events(path):
+        kind = e.get("Event")
+        if kind == "SparkListenerApplicationStart":
+            start = e["Timestamp"]
+        elif kind == "SparkListenerJobStart":
+            props = e.get("Properties") or {}
+            jobs[e["Job ID"]] = {"t0": e["Submission Time"], "desc": _describe(props, e.get("Stage Infos") or []),
+                                 "group": props.get("spark.jobGroup.id") or "(none)"}
+            for sid in e.get("Stage IDs", []):
+                stage_job[sid] = e["Job ID"]
+        elif kind == "SparkListenerJobEnd" and e["Job ID"] in jobs:
+            jobs[e["Job ID"]]["t1"] = e["Completion Time"]
+            end = e["Completion Time"]
+        elif kind == "SparkListenerTaskEnd":
+            job = stage_job.get(e["Stage ID"])
+            metrics = e.get("Task Metrics") or {}
+            if job is not None:
+                task_ms[job] += int(metrics.get("Executor Run Time", 0))
     by_desc: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
     by_group: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
     first = (start or 0) + since_s * 1000
@@ -78,7 +90,7 @@ def _print(title: str, table: dict[str, list[float]], top: int) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("log", type=Path, help="an uncompressed Spark event log file")
+    p.add_argument("log", type=Path, help="an application's uncompressed Spark event log (its directory or file)")
     p.add_argument("--since-s", type=float, default=0.0, help="leave out jobs submitted in the first seconds")
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args()
