@@ -153,7 +153,7 @@ class StepProcessor:
             meta = protocol.commit_metadata(topic, block.seq, last=block.last, next_=block.next,
                                             source_version=planned.source_version, run_id=eng.run_id, owner=eng.owner)
             with eng.phases.timed("write"):
-                out, observed = spark_io.observe_output(opened.out)
+                out, observed = spark_io.observe_output(spark_io.one_file_if_small(opened.out, planned.base_rows))
                 spark_io.save_unit(out.write.format("delta").mode("append").option("mergeSchema", "true"), dest,
                                    app_id=app_id, seq=block.seq, meta=meta)
                 eng.register(spec.destination)

@@ -442,3 +442,32 @@ def test_an_engine_never_stops_a_session_it_did_not_start(spark, settings, tmp_p
     worker.join()
     assert seen["session"] is spark
     assert spark.range(3).count() == 3  # still running
+
+
+def _files_added(path: str, version: int) -> int:
+    commit = Path(path) / "_delta_log" / f"{version:020d}.json"
+    return sum(1 for line in commit.read_text().splitlines() if json.loads(line).get("add"))
+
+
+def test_a_small_block_from_several_base_files_lands_as_one_file(spark, settings, tmp_path, monkeypatch):
+    """A block of a few rows read from three base files (three feeder commits) adds one file to its
+    destination; above ``SMALL_BLOCK_ROWS`` base rows the output keeps its partitions."""
+    from platform_assets.core import spark_io
+
+    eng = _engine(spark, settings, tmp_path, maxstep=1000)
+    write_users(eng.settings)
+    events = make_events(90, distinct_pos=90, micro=True, seed=4)
+    for part in (events[:30], events[30:60], events[60:]):
+        write_rows(eng.settings, "stage.events", part)
+    r = eng.run_topic("fact.events")
+    assert r.processed and r.base_rows == 90 and r.rows > 1
+    assert _files_added(eng.path("fact.events"), r.delta_version) == 1
+
+    monkeypatch.setattr(spark_io, "SMALL_BLOCK_ROWS", 10)
+    more = make_events(90, start_id=1000, start=T0 + dt.timedelta(hours=2), distinct_pos=90, micro=True, seed=5)
+    for part in (more[:30], more[30:60], more[60:]):
+        write_rows(eng.settings, "stage.events", part)
+    r = eng.run_topic("fact.events")
+    assert r.processed and r.base_rows == 90
+    assert _files_added(eng.path("fact.events"), r.delta_version) > 1
+    assert sorted(_rows(spark, eng.path("fact.events"))) == sorted(_full_recompute(spark, eng))
