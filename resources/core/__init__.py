@@ -1,3 +1,4 @@
-"""Settings, child processes and the alert notifier: what every other room of ``resources`` uses.
+"""Settings, child processes, the alert notifier and a pid-file lock (``pidlock``): what every other
+room of ``resources`` uses.
 
 May import: ``lineage``; nothing else of ``resources``."""

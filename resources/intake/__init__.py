@@ -1,5 +1,5 @@
 """Event intake's outside world: the HTTP collector (``collector``), its incoming log
-(``incoming_log``), the event store and queue (``event_store``, ``event_queue``) and the collector's pid-file lock
-(``pidlock``).
+(``incoming_log``, locked by ``resources.core.pidlock``) and the event store and queue (``event_store``,
+``event_queue``).
 
 May import: ``lineage``, ``resources.core``, ``resources.storage``."""

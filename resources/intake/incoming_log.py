@@ -44,7 +44,7 @@ import orjson
 
 from lineage.core.errors import TidemarkError
 from lineage.intake.bodies import loads_exact
-from resources.intake.pidlock import PidFileLock
+from resources.core.pidlock import PidFileLock
 
 NAME_RE = re.compile(r"^incoming\.tok=(?P<token>[A-Za-z0-9_-]+)\.(?P<start>\d{8}T\d{12}Z)\.log$")
 _TS_FORMAT = "%Y%m%dT%H%M%S%fZ"

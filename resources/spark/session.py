@@ -3,7 +3,6 @@ shuffles. Built lazily (only when a processor needs it), never at import time.""
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import time
@@ -13,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from resources.core.pidlock import PidFileLock
 from resources.core.settings import Settings
 from resources.storage.warehouse import S3Settings, StorageError, is_object_store, s3_packages
 
@@ -54,17 +54,13 @@ def build_spark_session(settings: Settings, *, app_name: str = "tidemark", ui: b
     from pyspark.sql import SparkSession
 
     conf = spark_config(settings, app_name=app_name, ui=ui)
-    if "spark.jars.packages" not in conf:
-        return session_started(_get_or_create(SparkSession, conf))
-    with ivy_resolution(conf):  # another process may have resolved (and remembered) the jars meanwhile
-        return session_started(_get_or_create(SparkSession, spark_config(settings, app_name=app_name, ui=ui)))
-
-
-def _get_or_create(session_class: type[SparkSession], conf: dict[str, str]) -> SparkSession:
-    builder = session_class.builder
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    return builder.getOrCreate()
+    with ivy_resolution(conf):
+        if "spark.jars.packages" in conf:  # another process may have resolved (and remembered) them while this one waited
+            conf = spark_config(settings, app_name=app_name, ui=ui)
+        builder = SparkSession.builder
+        for k, v in conf.items():
+            builder = builder.config(k, v)
+        return session_started(builder.getOrCreate())
 
 
 #: How long a process waits for another one resolving jars through Ivy before it gives up.
@@ -78,31 +74,36 @@ def ivy_resolution(conf: dict[str, str] | None = None, *, wait_s: float = IVY_WA
     Ivy cache at once break each other's downloads (``impossible to move part file to definitive
     one`` and then ``UNRESOLVED DEPENDENCIES``: seen when two test workers, or two Dagster runs,
     start on a fresh machine). Nothing is held when ``conf`` has no packages to resolve. An
-    exclusive ``flock`` on ``ivy.lock`` beside the remembered jar lists, so a process that dies
-    holding it frees it."""
+    :class:`~resources.core.pidlock.PidFileLock` on ``ivy.lock`` beside the remembered jar lists, so
+    a process that dies holding it frees it (its file descriptor is not inherited by the JVM: PEP 446)."""
     if conf is not None and "spark.jars.packages" not in conf:
         yield
         return
     path = _jar_cache_file().parent / "ivy.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # (not inherited by the JVM: PEP 446)
+    lock = PidFileLock(path, _IvyHeld)
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        try:
+            lock.acquire()
+            break
+        except _IvyHeld as held:
+            if time.monotonic() >= deadline:
+                raise StorageError(f"another process (pid {held.pid}) has been resolving Spark jars through Ivy for over "
+                                   f"{wait_s:.0f} s (it holds {path}); check network access to Maven Central") from None
+            if not said:
+                log.info("waiting for process %s, resolving Spark jars through Ivy (%s)", held.pid, path)
+                said = True
+            time.sleep(0.2)
     try:
-        deadline, said = time.monotonic() + wait_s, False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise StorageError(f"another process has been resolving Spark jars through Ivy for over {wait_s:.0f} s "
-                                       f"(it holds {path}); check network access to Maven Central") from None
-                if not said:
-                    log.info("waiting for another process resolving Spark jars through Ivy (%s)", path)
-                    said = True
-                time.sleep(0.2)
         yield
     finally:
-        os.close(fd)  # (releases the lock)
+        lock.release()
+
+
+class _IvyHeld(Exception):
+    def __init__(self, pid: str) -> None:
+        super().__init__(pid)
+        self.pid = pid
 
 
 def spark_config(settings: Settings, *, app_name: str = "tidemark", ui: bool = False,

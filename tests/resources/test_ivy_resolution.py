@@ -66,7 +66,7 @@ def test_a_holder_that_dies_frees_the_lock(cache_env: dict[str, str]) -> None:
 def test_waiting_too_long_says_who_holds_what(cache_env: dict[str, str], tmp_path: Path) -> None:
     proc = _holder(cache_env, 600.0)
     try:
-        with pytest.raises(StorageError, match=r"resolving Spark jars through Ivy for over 1 s .*ivy\.lock"):
+        with pytest.raises(StorageError, match=r"another process \(pid \d+\) has been resolving Spark jars through Ivy for over 1 s .*ivy\.lock"):
             with ivy_resolution(wait_s=1.0):
                 pass
     finally:

@@ -1,6 +1,8 @@
 """An exclusive lock on a file that names its holder's pid: one collector per incoming log (a file
-on the collector's own disk, which only processes of that host append to). ``flock`` releases it
-when the holder closes it or dies (SIGKILL included), so a crash never leaves it held.
+on the collector's own disk, which only processes of that host append to), one process at a time
+resolving Spark jars into the user's Ivy cache (:func:`resources.spark.session.ivy_resolution`).
+``flock`` releases it when the holder closes it or dies (SIGKILL included), so a crash never
+leaves it held.
 
 The processors do not use it: the intake's batch processor and stream loops, like every other
 processor, lock a record of the offset store (:mod:`platform_assets.core.locks`), which holds
