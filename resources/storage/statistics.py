@@ -19,7 +19,7 @@ from lineage.core.positions import Position, to_naive_utc
 from lineage.spec.model import TopicSpec
 from lineage.views.refresh import InputChange, Sizes, cluster_column
 from resources.storage import delta_log, delta_read
-from resources.storage.snapshot import RemovedDataError, TableSnapshot, deletion_vectors
+from resources.storage.snapshot import RemovedDataError, TableSnapshot
 
 #: Delta truncates timestamp statistics to milliseconds; widen pruning ranges by this much.
 STATS_SLACK = dt.timedelta(milliseconds=2)
@@ -113,8 +113,7 @@ def unit_sizes(base: TableSnapshot, snap: TableSnapshot, changes: Sequence[Input
     return Sizes(base_bytes=base.size_bytes, base_rows=base.row_count, view_bytes=snap.size_bytes,
                  view_files=snap.files.num_rows, view_rows=snap.row_count,
                  inputs_bytes={t: int(n or 0) for t, n in sizes.items()}, view_columns=len(snap.columns),
-                 clustered=_clustered_by(snap, cluster_column(spec, list(snap.columns))),
-                 deletion_vectors=deletion_vectors(snap).enabled)
+                 clustered=_clustered_by(snap, cluster_column(spec, list(snap.columns))))
 
 
 def _clustered_by(snap: TableSnapshot, column: str | None) -> bool:
