@@ -62,7 +62,8 @@ class TableLayoutOptions(NamedTuple):
     deletes: Deletes
     scd: Scd
     change_feed: bool
-    deletion_vectors: bool
+    #: None: on for a replica Tidemark creates (or copies again), an existing one left as it is
+    deletion_vectors: bool | None
 
 
 class ReplicatorSpec(_Strict):
@@ -81,11 +82,14 @@ class ReplicatorSpec(_Strict):
     change_feed: bool = Field(True, description="keep Delta's Change Data Feed on the replicas: views that join a "
                                                 "replica refresh by the rows it changed; false: every unit's MERGE "
                                                 "writes no change files (faster), and such views recompute in full")
-    deletion_vectors: bool = Field(False, description="opt in to Delta deletion vectors on the replicas: a MERGE marks "
-                                                      "the rows it replaces instead of rewriting their files (faster "
-                                                      "when changes are spread over the table), but the `deltalake` "
-                                                      "reader (pandas, polars, JVM-free tools) cannot read the rows "
-                                                      "of such a table; Spark can")
+    deletion_vectors: bool | None = Field(None, description="Delta deletion vectors on the replicas: a MERGE marks the "
+                                                             "rows it replaces instead of rewriting their files (a "
+                                                             "10,000-change unit onto 10M rows: 9.8 s against 15.8 s). "
+                                                             "Unset: on for the replicas Tidemark creates or copies "
+                                                             "again, an existing replica left as it is; true or false: "
+                                                             "set on every replica. Read such a table with Spark or "
+                                                             "deltalake's DataFusion reader (QueryBuilder), not its "
+                                                             "pyarrow dataset (to_pandas, to_pyarrow_table)")
     on_drop: Literal["keep", "drop"] = Field("keep", description="a table dropped in the source: keep its replica "
                                                                  "(no more changes) or drop it")
     options: dict[str, TableOptions] = Field(default_factory=dict, description="per table name or pattern")

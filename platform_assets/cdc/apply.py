@@ -55,7 +55,9 @@ class Layout:
     scd: Scd = Scd.TYPE1
     deletes: Deletes = Deletes.HARD
     change_feed: bool = True
-    deletion_vectors: bool = False
+    #: None: on (the replicator's default for a replica it creates); an existing replica's own
+    #: setting is kept by the replicator, not here
+    deletion_vectors: bool | None = False
 
     @property
     def multiset(self) -> bool:
@@ -74,9 +76,9 @@ class Layout:
 
     def properties(self) -> dict[str, str]:
         """The replica's table properties (:data:`REPLICA_PROPERTIES`, the change feed and deletion
-        vectors as configured)."""
+        vectors as configured; deletion vectors not set: on, for the replica this creates)."""
         return {**REPLICA_PROPERTIES, CHANGE_FEED: str(self.change_feed).lower(),
-                DELETION_VECTORS: str(self.deletion_vectors).lower()}
+                DELETION_VECTORS: str(self.deletion_vectors is not False).lower()}
 
 
 @dataclass(frozen=True)

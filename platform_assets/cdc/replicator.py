@@ -227,9 +227,10 @@ class ReplicatorUnit:
 
     def _properties(self, t: Table, snap: delta_meta.TableSnapshot) -> None:
         """The replica's change feed and deletion vectors (``snap``: its table now) set as its options
-        say (``change_feed``, ``deletion_vectors``), when they were set otherwise. Deletion vectors
-        turned off are dropped as a table feature (Delta rewrites the files that have one), so the
-        ``deltalake`` reader reads the replica again."""
+        say (``change_feed``, ``deletion_vectors``), when they were set otherwise (deletion vectors
+        not set: left as the replica has them). Deletion vectors turned off are dropped as a table
+        feature (Delta rewrites the files that have one), so ``deltalake``'s pyarrow dataset path
+        (``to_pandas``) reads the replica again."""
         if snap.table is None:
             return
         spark = self.engine.spark
@@ -237,6 +238,8 @@ class ReplicatorUnit:
             value = str(t.layout.change_feed).lower()
             spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.CHANGE_FEED}' = '{value}')")
             log.info("replicator %s: replica %s: %s = %s (change_feed)", self.spec.name, t.replica, cdc_apply.CHANGE_FEED, value)
+        if t.layout.deletion_vectors is None:  # not set: the replica keeps what it has
+            return
         done = spark_io.set_deletion_vectors(spark, t.path, t.layout.deletion_vectors, snap)
         if done:
             log.info("replicator %s: replica %s: %s (deletion_vectors: %s)", self.spec.name, t.replica, done,

@@ -68,11 +68,14 @@ def engine(spark: Any, settings: Settings) -> Engine:
 
 
 def replica(spark: Any, settings: Settings, table: str, *cols: str) -> list[tuple]:
-    """The replica's rows through Spark, checked equal to what the JVM-free ``deltalake`` reader sees."""
+    """The replica's rows through Spark, checked equal to what the JVM-free ``deltalake`` reader sees
+    (its DataFusion reader when the replica has deletion vectors, as new replicas do)."""
     from deltalake import DeltaTable
 
+    from resources.storage import delta_read
+
     rows = sorted(tuple(r) for r in spark.read.format("delta").load(settings.table_path(table)).select(*cols).collect())
-    jvm_free = DeltaTable(settings.table_path(table)).to_pyarrow_table(columns=list(cols)).to_pylist()
+    jvm_free = delta_read.read_rows(DeltaTable(settings.table_path(table)), cols).to_pylist()
     assert sorted((tuple(r[c] for c in cols) for r in jvm_free), key=repr) == sorted(rows, key=repr), table
     return rows
 
@@ -185,10 +188,13 @@ def test_change_feed_as_the_options_say_also_when_they_change(spark, settings: S
     assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Alice"), (1, "Bob"), (5, "Cy")]
 
 
-def test_deletion_vectors_when_opted_in_and_dropped_when_opted_out(spark, settings: Settings, tmp_path: Path) -> None:
-    """``deletion_vectors: true``: the replica's MERGEs mark replaced rows in deletion vectors (the
-    ``deltalake`` reader then refuses its rows, which is the opt-in's price); set back to false, the
-    next unit drops the table feature and the replica reads JVM-free again, its rows unchanged."""
+def test_deletion_vectors_on_new_replicas_dropped_when_turned_off_and_kept_off_when_unset(
+        spark, settings: Settings, tmp_path: Path) -> None:
+    """Unset, ``deletion_vectors`` is on for a replica the replicator creates: its MERGEs mark
+    replaced rows in deletion vectors, the ``deltalake`` DataFusion reader reads its rows exactly and
+    the pyarrow dataset path refuses them. Set to false, the next unit drops the table feature and
+    the replica reads through the pyarrow dataset again, its rows unchanged. Unset again, the
+    existing replica keeps what it has (no feature added back)."""
     from deltalake import DeltaTable
 
     def reader_features(s: Settings) -> list[str]:
@@ -196,7 +202,7 @@ def test_deletion_vectors_when_opted_in_and_dropped_when_opted_out(spark, settin
 
     s = setup(settings, tmp_path)
     lineage = s.lineage.read_text()
-    s.lineage.write_text(lineage.replace("    options:", "    deletion_vectors: true\n    options:"))
+    assert "deletion_vectors" not in lineage
     more = [event("customers", "c", 7, after={"id": i, "name": f"n{i}"}, key={"id": i}) for i in range(10, 40)]
     write_events(tmp_path, "0001.json", customers_events() + more)
     run(spark, s)
@@ -210,14 +216,22 @@ def test_deletion_vectors_when_opted_in_and_dropped_when_opted_out(spark, settin
     with pytest.raises(Exception, match="deletionVectors"):
         DeltaTable(path).to_pyarrow_table()
     others = [(i, f"n{i}") for i in range(10, 40)]
-    assert sorted(tuple(r) for r in spark.read.format("delta").load(path).select("id", "name").collect()) == [
-        (0, "Al"), (1, "Bob"), *others]
-    s.lineage.write_text(lineage)
+    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Al"), (1, "Bob"), *others]
+
+    s.lineage.write_text(lineage.replace("    options:", "    deletion_vectors: false\n    options:"))
     write_events(tmp_path, "0003.json", [event("customers", "c", 31, after={"id": 5, "name": "Cy"}, key={"id": 5}),
                                          event("customers", "d", 31, before={"id": 1, "name": "Bob"}, key={"id": 1})])
     run(spark, s)
     assert "deletionVectors" not in reader_features(s)
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 32
     assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Al"), (5, "Cy"), *others]
+
+    s.lineage.write_text(lineage)  # unset again: the replica keeps what it has
+    write_events(tmp_path, "0004.json", [event("customers", "u", 32, before={"id": 5, "name": "Cy"},
+                                               after={"id": 5, "name": "Cyd"}, key={"id": 5})])
+    run(spark, s)
+    assert "deletionVectors" not in reader_features(s)
+    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Al"), (5, "Cyd"), *others]
 
 
 @pytest.mark.parametrize("path", ["columns", "python"])
