@@ -34,7 +34,7 @@ two alternate which goes first), and, with ``--sdp``, a fresh ``spark-pipelines 
 view as a ``@dp.materialized_view`` (JVM start included), given ``--sdp-limit`` seconds per
 run: a run over the limit is killed, reported as such, and SDP is left out of larger sizes.
 Every result is checked equal to the full rebuild (row counts and ``exceptAll`` both ways,
-untimed); a difference exits 1. The targets of issue 18 are printed PASS, MISS or "not
+untimed); a difference exits 1. The targets of issues 18 and 56 are printed PASS, MISS or "not
 measured" (a size the run did not include); a miss still exits 0.
 """
 
@@ -111,6 +111,10 @@ SMALL_SHARE = {10_000_000: 0.10, 50_000_000: 0.05}  # 10 changed rows: Tidemark 
 MEDIUM_SHARE = 0.25  # 1,000 changed rows at 10M and 50M: incremental, and Tidemark / full at most
 LARGE_WITHIN = 1.10  # 100,000 changed rows: Tidemark / the faster of (Tidemark, full) at most
 APPEND_SHARE = 0.10  # 10,000 appended rows into the aggregating view at 10M: Tidemark / full at most
+#: issue 56's targets
+SMALL_SHARE_56 = {1_000_000: 1.0, 10_000_000: 0.15, 50_000_000: 0.10}  # 10 changed rows: Tidemark / full at most
+FULL_WITHIN = 1.10  # a unit on the full path: Tidemark / the plain rebuild of the same SQL at most
+APPEND_SHARE_56 = 0.05  # 10,000 appended orders at 10M and 50M, both views: Tidemark / full at most
 
 
 @dataclass
@@ -394,6 +398,35 @@ def print_targets(results: list[Result]) -> None:
     r = next((r for r in results if r.size == 10_000_000 and r.changed == 0 and r.view == AGGREGATE.topic), None)
     print(f"  {AGGREGATE.topic}: appended orders at 10,000,000 orders <= {APPEND_SHARE:.0%} of the full rebuild: "
           f"{_fmt(r.ratio if r else None, '.3f')} -> {verdict(r.ratio if r else None, APPEND_SHARE)}")
+    print_targets_56(results)
+
+
+def print_targets_56(results: list[Result]) -> None:
+    """Issue 56's targets, from the same results: 10 changed rows against the rebuild per size and
+    their growth from 1M to 50M, every unit on the full path against the plain rebuild, and appended
+    orders into both views at 10M and 50M."""
+    def find(size: int, changed: int, view: str) -> Result | None:
+        return next((r for r in results if r.size == size and r.changed == changed and r.view == view), None)
+
+    print("\ntargets (issue 56):")
+    for v in VIEWS:
+        for size, share in SMALL_SHARE_56.items():
+            r = find(size, 10, v.topic)
+            print(f"  {v.topic}: 10 changed rows at {size:,} orders <= {share:.2f} x the full rebuild: "
+                  f"{_fmt(r.ratio if r else None, '.3f')} -> {verdict(r.ratio if r else None, share)}")
+        lo, hi = find(1_000_000, 10, v.topic), find(50_000_000, 10, v.topic)
+        growth = hi.tm_s / lo.tm_s if lo and hi else None
+        print(f"  {v.topic}: 10 changed rows, refresh time 50,000,000 / 1,000,000 orders <= {SMALL_GROWTH}x: "
+              f"{_fmt(growth, '.2f')} -> {verdict(growth, SMALL_GROWTH)}")
+        full = [r for r in results if r.view == v.topic and r.strategy == "full"]
+        worst = max(full, key=lambda r: r.ratio, default=None)
+        print(f"  {v.topic}: every unit on the full path <= {FULL_WITHIN}x the plain rebuild ({len(full)} unit(s)): "
+              + (f"worst {worst.ratio:.3f} ({worst.size:,} orders, {worst.event})" if worst else "-")
+              + f" -> {verdict(worst.ratio if worst else None, FULL_WITHIN)}")
+        for size in (10_000_000, 50_000_000):
+            r = find(size, 0, v.topic)
+            print(f"  {v.topic}: appended orders at {size:,} orders <= {APPEND_SHARE_56:.0%} of the full rebuild: "
+                  f"{_fmt(r.ratio if r else None, '.3f')} -> {verdict(r.ratio if r else None, APPEND_SHARE_56)}")
 
 
 def main(argv: list[str] | None = None) -> int:
