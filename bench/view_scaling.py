@@ -362,40 +362,42 @@ def print_table(results: list[Result], customers: int) -> None:
     print_targets(results)
 
 
+def _find(results: list[Result], size: int, changed: int, view: str) -> Result | None:
+    """The result of ``view`` at ``size`` orders for the event of ``changed`` reference rows (0: the append)."""
+    return next((r for r in results if r.size == size and r.changed == changed and r.view == view), None)
+
+
 def print_targets(results: list[Result]) -> None:
     sizes = sorted({r.size for r in results})
     changes = sorted({r.changed for r in results if r.changed})
-
-    def find(size: int, changed: int, view: str) -> Result | None:
-        return next((r for r in results if r.size == size and r.changed == changed and r.view == view), None)
 
     print("\ntargets (issue 18):")
     small = changes[0] if changes else None
     for v in VIEWS:
         if small is None:
             break
-        lo, hi = find(sizes[0], small, v.topic), find(sizes[-1], small, v.topic)
+        lo, hi = _find(results, sizes[0], small, v.topic), _find(results, sizes[-1], small, v.topic)
         growth = hi.tm_s / lo.tm_s if lo and hi and len(sizes) > 1 else None
         exact = sizes[0] == 1_000_000 and sizes[-1] == 50_000_000
         print(f"  {v.topic}: {small:,} changed rows, refresh time {sizes[-1]:,} / {sizes[0]:,} orders "
               f"<= {SMALL_GROWTH}x: {_fmt(growth, '.2f')} -> {verdict(growth, SMALL_GROWTH)}"
               + ("" if exact or growth is None else " at these sizes (the target: 1,000,000 -> 50,000,000)"))
         for size, share in SMALL_SHARE.items():
-            r = find(size, small, v.topic)
+            r = _find(results, size, small, v.topic)
             print(f"  {v.topic}: {small:,} changed rows at {size:,} orders <= {share:.0%} of the full rebuild: "
                   f"{_fmt(r.ratio if r else None, '.3f')} -> {verdict(r.ratio if r else None, share)}")
         for size in (10_000_000, 50_000_000):
-            r = find(size, 1_000, v.topic)
+            r = _find(results, size, 1_000, v.topic)
             ok = None if r is None else (r.ratio if r.strategy == "incremental" else float("inf"))
             print(f"  {v.topic}: 1,000 changed rows at {size:,} orders, incremental and <= {MEDIUM_SHARE:.0%} of the full "
                   f"rebuild: {r.strategy + ' ' + format(r.ratio, '.3f') if r else '-'} -> {verdict(ok, MEDIUM_SHARE)}")
         for size in sizes:
-            r = find(size, 100_000, v.topic)
+            r = _find(results, size, 100_000, v.topic)
             within = None if r is None else r.tm_s / min(r.tm_s, r.full_s)
             print(f"  {v.topic}: 100,000 changed rows at {size:,} orders, within {LARGE_WITHIN}x of the faster of "
                   f"Tidemark's choice ({r.strategy if r else '-'}) and the full rebuild: {_fmt(within, '.2f')} -> "
                   f"{verdict(within, LARGE_WITHIN)}")
-    r = next((r for r in results if r.size == 10_000_000 and r.changed == 0 and r.view == AGGREGATE.topic), None)
+    r = _find(results, 10_000_000, 0, AGGREGATE.topic)
     print(f"  {AGGREGATE.topic}: appended orders at 10,000,000 orders <= {APPEND_SHARE:.0%} of the full rebuild: "
           f"{_fmt(r.ratio if r else None, '.3f')} -> {verdict(r.ratio if r else None, APPEND_SHARE)}")
     print_targets_56(results)
@@ -405,16 +407,13 @@ def print_targets_56(results: list[Result]) -> None:
     """Issue 56's targets, from the same results: 10 changed rows against the rebuild per size and
     their growth from 1M to 50M, every unit on the full path against the plain rebuild, and appended
     orders into both views at 10M and 50M."""
-    def find(size: int, changed: int, view: str) -> Result | None:
-        return next((r for r in results if r.size == size and r.changed == changed and r.view == view), None)
-
     print("\ntargets (issue 56):")
     for v in VIEWS:
         for size, share in SMALL_SHARE_56.items():
-            r = find(size, 10, v.topic)
+            r = _find(results, size, 10, v.topic)
             print(f"  {v.topic}: 10 changed rows at {size:,} orders <= {share:.2f} x the full rebuild: "
                   f"{_fmt(r.ratio if r else None, '.3f')} -> {verdict(r.ratio if r else None, share)}")
-        lo, hi = find(1_000_000, 10, v.topic), find(50_000_000, 10, v.topic)
+        lo, hi = _find(results, 1_000_000, 10, v.topic), _find(results, 50_000_000, 10, v.topic)
         growth = hi.tm_s / lo.tm_s if lo and hi else None
         print(f"  {v.topic}: 10 changed rows, refresh time 50,000,000 / 1,000,000 orders <= {SMALL_GROWTH}x: "
               f"{_fmt(growth, '.2f')} -> {verdict(growth, SMALL_GROWTH)}")
@@ -424,7 +423,7 @@ def print_targets_56(results: list[Result]) -> None:
               + (f"worst {worst.ratio:.3f} ({worst.size:,} orders, {worst.event})" if worst else "-")
               + f" -> {verdict(worst.ratio if worst else None, FULL_WITHIN)}")
         for size in (10_000_000, 50_000_000):
-            r = find(size, 0, v.topic)
+            r = _find(results, size, 0, v.topic)
             print(f"  {v.topic}: appended orders at {size:,} orders <= {APPEND_SHARE_56:.0%} of the full rebuild: "
                   f"{_fmt(r.ratio if r else None, '.3f')} -> {verdict(r.ratio if r else None, APPEND_SHARE_56)}")
 
