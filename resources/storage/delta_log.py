@@ -117,9 +117,36 @@ def commit_versions(names: Iterable[str]) -> list[int]:
 
 
 def read_commit(fs: pafs.FileSystem, log: str, version: int) -> list[dict[str, Any]]:
+    return parse_commit(read_commit_bytes(fs, log, version))
+
+
+def read_commit_bytes(fs: pafs.FileSystem, log: str, version: int) -> bytes:
+    """A commit file as it is written: one JSON action per line (not parsed)."""
     with fs.open_input_stream(f"{log}/{version:020d}.json") as f:
-        # (orjson: a compaction's commit has a line per file it removed, and planning reads it)
-        return [_action(line) for line in f.read().splitlines() if line.strip()]
+        return bytes(f.read())
+
+
+def parse_commit(raw: bytes) -> list[dict[str, Any]]:
+    # (orjson: a compaction's commit has a line per file it removed, and planning reads it)
+    return [_action(line) for line in raw.splitlines() if line.strip()]
+
+
+def rewrites_only(raw: bytes) -> bool:
+    """Whether a commit (:func:`read_commit_bytes`) is a rewrite that changes no row, told without
+    parsing it: ``add`` and ``remove`` actions only (at least one), each with ``"dataChange":false``,
+    after at most a ``commitInfo`` in the first line (where Spark and delta-rs write it) without
+    that key. A compaction's commit has a line per file it removed; this spares the planner parsing
+    them. Anything else, or the same written another way (spaces in the JSON, blank lines), answers
+    False: the caller then parses the commit."""
+    head = raw[:raw.find(b"\n")] if raw.startswith(b'{"commitInfo":') else b""
+    if b'"dataChange"' in head:
+        return False
+    files = raw.count(b'\n{"add":') + raw.count(b'\n{"remove":') + raw.startswith((b'{"add":', b'{"remove":'))
+    lines = raw.count(b"\n") + (not raw.endswith(b"\n"))
+    # One action per line, and a string value cannot hold the key unescaped: the counts are of the
+    # actions' own fields, so every add and remove has one, and it is false.
+    return (files > 0 and files + bool(head) == lines and raw.count(b'"dataChange"') == files
+            and raw.count(b'"dataChange":false') == files)
 
 
 def _action(line: bytes) -> dict[str, Any]:

@@ -57,21 +57,58 @@ class _Added:
 
 @dataclass
 class _History:
-    """The commits ``(after, upto]`` of a table, as far as its log still holds them."""
+    """The commits ``(after, upto]`` of a table, as far as its log still holds them.
+
+    A commit that only rewrites files (:func:`delta_log.rewrites_only`: a compaction, one line per
+    file it removed) is parsed only when :attr:`commits`, :attr:`removed_by` or :attr:`compacted` is
+    asked for: it adds no row, so the late-row check and most input changes never need its files."""
 
     after: int
     upto: int
     added: list[_Added] = field(default_factory=list)  # files added with dataChange, oldest first
-    compacted: set[str] = field(default_factory=set)  # files added without dataChange (rewritten rows)
-    removed_by: dict[str, tuple[int, str, bool]] = field(default_factory=dict)  # path -> (version, operation, dataChange)
     feed: dict[int, list[str]] = field(default_factory=dict)  # version -> the files its change data feed reads
     cdc_files: set[str] = field(default_factory=set)  # change data files (VACUUM deletes them by age alone)
-    commits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # version -> its actions
     data_changed: dict[int, bool] = field(default_factory=dict)  # version -> whether it changed any row
     #: version -> whether it only rewrote files (every add and remove with ``dataChange: false``, no
     #: metadata or protocol change): a compaction, or a purge of deletion vectors
     rewrite_only: dict[int, bool] = field(default_factory=dict)
     unreadable: list[int] = field(default_factory=list)  # versions gone from the log (log retention)
+    _commits: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    _unparsed: dict[int, bytes] = field(default_factory=dict)  # rewrite-only commits, as written
+    _files: tuple[dict[str, tuple[int, str, bool]], set[str]] | None = None
+
+    @property
+    def commits(self) -> dict[int, list[dict[str, Any]]]:
+        """version -> its actions."""
+        if self._unparsed:
+            self._commits.update((v, delta_log.parse_commit(raw)) for v, raw in self._unparsed.items())
+            self._unparsed.clear()
+            self._commits = dict(sorted(self._commits.items()))
+        return self._commits
+
+    @property
+    def removed_by(self) -> dict[str, tuple[int, str, bool]]:
+        """path -> (version, operation, dataChange) of the newest commit that removed it."""
+        return self._file_changes()[0]
+
+    @property
+    def compacted(self) -> set[str]:
+        """Files added without dataChange (rewritten rows)."""
+        return self._file_changes()[1]
+
+    def _file_changes(self) -> tuple[dict[str, tuple[int, str, bool]], set[str]]:
+        if self._files is None:
+            removed_by: dict[str, tuple[int, str, bool]] = {}
+            compacted: set[str] = set()
+            for version, actions in self.commits.items():
+                op = _operation(actions)
+                for a in actions:
+                    if act := a.get("remove"):
+                        removed_by[unquote(act["path"])] = (version, op, bool(act.get("dataChange", True)))
+                    elif (act := a.get("add")) and not act.get("dataChange", True):
+                        compacted.add(unquote(act["path"]))
+            self._files = removed_by, compacted
+        return self._files
 
     @classmethod
     def read(cls, path: str, after: int, upto: int, names: Mapping[str, str] | None = None) -> _History:
@@ -81,12 +118,15 @@ class _History:
         out = cls(after, upto)
         for version in range(after + 1, upto + 1):
             try:
-                actions = delta_log.read_commit(fs, log, version)
+                raw = delta_log.read_commit_bytes(fs, log, version)
             except (FileNotFoundError, OSError):
                 out.unreadable.append(version)
                 continue
-            out.commits[version] = actions
-            op = next((str(a["commitInfo"].get("operation") or "") for a in actions if a.get("commitInfo")), "")
+            if delta_log.rewrites_only(raw):
+                out._unparsed[version] = raw
+                out.feed[version], out.data_changed[version], out.rewrite_only[version] = [], False, True
+                continue
+            actions = out._commits[version] = delta_log.parse_commit(raw)
             cdc = [unquote(a["cdc"]["path"]) for a in actions if a.get("cdc")]
             out.cdc_files.update(cdc)
             data_files: list[str] = []
@@ -98,19 +138,13 @@ class _History:
             for a in actions:
                 for kind in ("add", "remove"):
                     act = a.get(kind)
-                    if not act:
+                    if not act or not act.get("dataChange", True):
                         continue
-                    rel, data = unquote(act["path"]), bool(act.get("dataChange", True))
-                    if data:
-                        data_files.append(rel)
-                    if kind == "remove":
-                        out.removed_by[rel] = (version, op, data)
-                    elif data:
-                        if not (act.get("deletionVector") and rel in removed):
-                            stats = delta_read.logical_stats(json.loads(act.get("stats") or "{}"), names or {})
-                            out.added.append(_Added(version, rel, stats, tuple(r for r in rewritten if r != rel)))
-                    else:
-                        out.compacted.add(rel)
+                    rel = unquote(act["path"])
+                    data_files.append(rel)
+                    if kind == "add" and not (act.get("deletionVector") and rel in removed):
+                        stats = delta_read.logical_stats(json.loads(act.get("stats") or "{}"), names or {})
+                        out.added.append(_Added(version, rel, stats, tuple(r for r in rewritten if r != rel)))
             # Without change data files the change feed reads the added and removed files themselves.
             out.feed[version] = cdc or data_files
             out.data_changed[version] = bool(cdc or data_files)
@@ -127,6 +161,10 @@ class _History:
         how = f"removed by {op or 'a commit'} at version {version}" if data else \
             f"compacted by {op or 'a commit'} at version {version}"
         return f"{how}, then deleted by VACUUM"
+
+
+def _operation(actions: list[dict[str, Any]]) -> str:
+    return next((str(a["commitInfo"].get("operation") or "") for a in actions if a.get("commitInfo")), "")
 
 
 def missing_files(path: str, rels: list[str]) -> list[str]:
