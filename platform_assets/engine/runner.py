@@ -315,12 +315,14 @@ class Engine:
             return LagRow(topic.name, rec.processor, rec.last, rec.next, None, None, rec.state, rec.owner,
                           f"offset store behind the Delta log: block {landed} landed, the store is at block "
                           f"{rec.seq}; the next run catches it up (recover)")
-        decision, base = self.decide(topic, rec, now)
+        step = topic.spec.processor is Processor.STEP
+        snap = delta_meta.TableSnapshot.open(self.path(topic.spec.base)) if step else None  # opened once
+        decision, base = self.decide(topic, rec, now, mark=delta_meta.table_mark(snap) if snap is not None else None)
         reason = decision.reason
         if topic.spec.processor is Processor.MERGE and not rec.pending:
             reason = self.merge.look(topic, rec).reason
-        elif decision.ready and not decision.retry and topic.spec.processor is Processor.STEP:
-            found = self.block_end(topic, rec, decision)
+        elif decision.ready and not decision.retry and step:
+            found = self.block_end(topic, rec, decision, snap)
             reason = f"ready: next block {found.rows} rows up to {found.end}" if found.end else decision.limit
         lag = None if rec.last.is_zero() else lag_seconds(rec.last, base.max_position)
         warning = ""

@@ -15,9 +15,11 @@ May import: pyarrow, deltalake, ``lineage.core``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -196,11 +198,56 @@ def read_parquet_range(file: str, fs: Any, columns: list[str], column: str, low:
     compaction by ``tidemark maintain``), is read in the few groups that can hold the range."""
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(file, filesystem=fs, coerce_int96_timestamp_unit="us")
+    meta = _FOOTERS.get(file, fs)
+    pf = pq.ParquetFile(file, filesystem=fs, coerce_int96_timestamp_unit="us", metadata=meta)
+    if meta is None:
+        _FOOTERS.put(file, fs, pf.metadata)
     groups = _row_groups(pf.metadata, column, low, high)
     if groups is None:
         return pf.read(columns=columns, use_threads=False)
     return pf.read_row_groups(groups, columns=columns, use_threads=False)
+
+
+class _Footers:
+    """The Parquet footers (``FileMetaData``) read last, by file: planning reads the newest file of
+    a base on every tick, and a compacted file's footer lists every row group's statistics. A
+    Delta data file is written once under a name of its own; the file's size and modification
+    time, looked up on each use, are part of the key all the same."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._footers: collections.OrderedDict[tuple[str, int, int], Any] = collections.OrderedDict()
+
+    @staticmethod
+    def _key(file: str, fs: Any) -> tuple[str, int, int] | None:
+        if fs is None:
+            return None
+        try:
+            info = fs.get_file_info(file)
+        except (OSError, ValueError):
+            return None
+        return None if info.size is None else (file, int(info.size), int(info.mtime_ns or 0))
+
+    def get(self, file: str, fs: Any) -> Any | None:
+        key = self._key(file, fs)
+        with self._lock:
+            meta = self._footers.get(key) if key is not None else None
+            if meta is not None:
+                self._footers.move_to_end(key)  # type: ignore[arg-type]
+        return meta
+
+    def put(self, file: str, fs: Any, meta: Any) -> None:
+        key = self._key(file, fs)
+        if key is None:
+            return
+        with self._lock:
+            self._footers[key] = meta
+            while len(self._footers) > self.size:
+                self._footers.popitem(last=False)
+
+
+_FOOTERS = _Footers()
 
 
 def _row_groups(meta: Any, column: str, low: dt.datetime | None, high: dt.datetime | None) -> list[int] | None:

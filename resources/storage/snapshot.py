@@ -14,11 +14,13 @@ May import: ``lineage``, ``delta_log``, ``delta_read``, ``warehouse``; none of t
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextvars
 import dataclasses
 import functools
 import re
+import threading
 from typing import Any
 
 import pyarrow as pa
@@ -49,7 +51,12 @@ class TableSnapshot:
             snap = ready[path].result()  # (None: reading it failed; read again here, which says why)
             if snap is not None and (at_least is None or snap.version is None or snap.version >= at_least):
                 return snap
-        return cls(path, delta_log.open_table(path, version))
+        if version is None and (snap := _NEWEST.get(path, at_least)) is not None:
+            return snap
+        snap = cls(path, delta_log.open_table(path, version))
+        if version is None:
+            _NEWEST.put(snap)
+        return snap
 
     @functools.cached_property
     def version(self) -> int | None:
@@ -139,6 +146,61 @@ _PLAIN_READER_FEATURES = frozenset({"timestampNtz"})
 
 _PREFETCHED: contextvars.ContextVar[dict[str, concurrent.futures.Future[TableSnapshot | None]] | None] = \
     contextvars.ContextVar("tidemark_prefetched", default=None)
+
+
+class _NewestSnapshots:
+    """The newest snapshot opened of each table, kept while it is still the newest version: a
+    resident process (the follower, the planner sensor's code server) plans every topic on every
+    tick, and a table that did not change is then not read again. Whether it changed costs two file
+    lookups: the snapshot's own commit file, unchanged (a table dropped and written anew starts over
+    at version 0), and no commit file after it. A snapshot of one version never changes (nothing
+    calls a mutating method on its ``deltalake`` table), so threads may share it. Bounded: the
+    tables used least recently are forgotten."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._snaps: collections.OrderedDict[str, tuple[TableSnapshot, tuple[str, int, int] | None]] = \
+            collections.OrderedDict()
+
+    def get(self, path: str, at_least: int | None) -> TableSnapshot | None:
+        with self._lock:
+            entry = self._snaps.get(path)
+        if entry is None:
+            return None
+        snap, mark = entry
+        version = snap.version
+        if version is None or (at_least is not None and version < at_least) or mark is None:
+            return None
+        try:
+            if delta_log.commit_mark(path, version) != mark or delta_log.newest_version(path, version) != version:
+                return None
+        except (OSError, ValueError):  # (the lookups failed: open the table, which says why)
+            return None
+        with self._lock:
+            if path in self._snaps:
+                self._snaps.move_to_end(path)
+        return snap
+
+    def put(self, snap: TableSnapshot) -> None:
+        if snap.version is None or not _native_path(snap.path):  # (file:/x: pyarrow cannot look its files up)
+            return
+        try:
+            mark = delta_log.commit_mark(snap.path, snap.version)
+        except (OSError, ValueError):
+            return
+        with self._lock:
+            self._snaps[snap.path] = (snap, mark)
+            self._snaps.move_to_end(snap.path)
+            while len(self._snaps) > self.size:
+                self._snaps.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._snaps.clear()
+
+
+_NEWEST = _NewestSnapshots()
 
 
 def _snapshot(source: str | TableSnapshot) -> TableSnapshot:

@@ -217,8 +217,9 @@ def test_positions_read_as_plain_parquet_equal_those_read_through_deltalake(tmp_
     assert snap.plain
     wanted = positions._Wanted(since=T0 + dt.timedelta(seconds=2))
     plain = positions._positions(snap, wanted)  # the file without an id does not read as the schema says: the dataset reads
-    snap.__dict__["plain"] = False
-    assert plain.sort_by("id") == positions._positions(snap, wanted).sort_by("id")
+    through_deltalake = TableSnapshot(str(path), snap.table)
+    through_deltalake.__dict__["plain"] = False
+    assert plain.sort_by("id") == positions._positions(through_deltalake, wanted).sort_by("id")
     assert sorted(plain["id"].to_pylist()) == [7, 8, 9]  # (the rows without an id have no position)
     # ... they are bad rows, to be quarantined (the log has no null count for a column a file lacks)
     assert sorted(bad_position_rows(str(path))["id"].to_pylist(), key=str) == [10, None, None]
@@ -289,6 +290,45 @@ def test_late_rows_are_found_exactly_after_optimize_and_vacuum(tmp_path: Path) -
     _append(path, [(4, 16)])
     assert sorted(late_rows(TableSnapshot.open(str(path)), topic_read, last).rows["id"].to_pylist()) == [11, 15, 16]
     assert missing_files(str(path), ["nothing.parquet", snap.files["path"][0].as_py()]) == ["nothing.parquet"]
+
+
+def test_a_compaction_commit_is_known_as_a_rewrite_without_parsing_it_and_answers_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compaction's commit (a line per file it removed) is told a rewrite from its bytes; its
+    files are parsed only when asked for, and then say what a commit parsed at once says."""
+    path = tmp_path / "base"
+    for first in range(1, 30, 5):
+        _append(path, [(i, i) for i in range(first, first + 5)])
+    DeltaTable(str(path)).optimize.compact()
+    _append(path, [(3, 31)])  # a late row after it
+    fs, log = delta_log.log_fs(str(path))
+    rewrite = DeltaTable(str(path)).version() - 1
+    raw = delta_log.read_commit_bytes(fs, log, rewrite)
+    assert delta_log.rewrites_only(raw)
+    assert not delta_log.rewrites_only(delta_log.read_commit_bytes(fs, log, rewrite + 1))  # an append
+    assert not delta_log.rewrites_only(delta_log.read_commit_bytes(fs, log, 0))  # metaData, protocol
+    assert not delta_log.rewrites_only(raw.replace(b'"dataChange":false', b'"dataChange": false', 1))  # parsed, not guessed
+    assert not delta_log.rewrites_only(raw.replace(b'"dataChange":false', b'"dataChange":true', 1))
+    line_end = raw.index(b"\n")
+    assert not delta_log.rewrites_only(raw[:line_end] + b'\n{"txn":{"appId":"a","version":1}}' + raw[line_end:])
+    no_flag = raw.replace(b',"dataChange":false', b"", 1).replace(b'"dataChange":false,', b"", 1)
+    assert not delta_log.rewrites_only(no_flag)  # a file without the flag (read as a data change)
+    assert not delta_log.rewrites_only(b'{"commitInfo":{"operation":"OPTIMIZE"}}\n')  # no file rewritten
+    assert not delta_log.rewrites_only(raw.replace(b"\n", b"\n\n", 1))  # a blank line: parsed
+
+    parsed: list[int] = []
+    real_parse = delta_log.parse_commit
+    monkeypatch.setattr(delta_log, "parse_commit", lambda r: parsed.append(len(real_parse(r))) or real_parse(r))
+    found = late_rows(TableSnapshot.open(str(path)), rewrite - 1, _at(15, 15))
+    assert found.rows["id"].to_pylist() == [31] and parsed == [2]  # the append's commitInfo and add only
+    lazy = history._History.read(str(path), 2, rewrite + 1)
+    assert lazy.rewrite_only[rewrite] and not lazy.data_changed[rewrite] and lazy.feed[rewrite] == []
+    monkeypatch.setattr(delta_log, "rewrites_only", lambda r: False)
+    eager = history._History.read(str(path), 2, rewrite + 1)
+    assert (lazy.removed_by, lazy.compacted) == (eager.removed_by, eager.compacted)
+    assert lazy.commits == eager.commits and list(lazy.commits) == list(range(3, rewrite + 2))
+    assert {v for v, _, data in lazy.removed_by.values() if not data} == {rewrite} and len(lazy.compacted) == 1
+    assert (lazy.added, lazy.feed, lazy.rewrite_only) == (eager.added, eager.feed, eager.rewrite_only)
 
 
 def test_late_rows_keep_every_column_their_files_have(tmp_path: Path) -> None:
@@ -538,3 +578,25 @@ def test_prefetched_snapshots_are_the_ones_open_returns_inside_the_block(tmp_pat
         assert delta_meta.TableSnapshot.open(paths[1]).version == 1
         fresh = delta_meta.TableSnapshot.open(paths[2])
         assert fresh.version == 0 and fresh.row_count == 2
+
+
+def test_the_newest_snapshot_is_reused_only_while_the_table_has_no_new_commit(tmp_path: Path) -> None:
+    """A resident process opens the newest version of a table on every tick: while no commit
+    follows it, the same snapshot answers; a new commit, or the table dropped and written anew,
+    opens the table again."""
+    path = tmp_path / "base"
+    _append(path, [(1, 1)])
+    first = TableSnapshot.open(str(path))
+    assert TableSnapshot.open(str(path)) is first and table_mark(str(path)).version == 0
+    assert TableSnapshot.open(str(path), at_least=1) is not first  # asked for a newer one: opened again
+    _append(path, [(2, 2)])
+    second = TableSnapshot.open(str(path))
+    assert second is not first and second.version == 1 and table_mark(str(path)).max_position == _at(2, 2)
+    assert TableSnapshot.open(str(path), 0) is not first and first.version == 0  # a version asked for is read
+    shutil.rmtree(path)
+    _append(path, [(5, 5)])
+    _append(path, [(6, 6), (7, 7)])  # version 1 again, another table
+    third = TableSnapshot.open(str(path))
+    assert third is not second and table_mark(str(path)).max_position == _at(7, 7)
+    shutil.rmtree(path)
+    assert TableSnapshot.open(str(path)).table is None  # gone: no snapshot of it is given

@@ -233,3 +233,27 @@ def test_a_file_in_pos_order_is_read_in_the_row_groups_that_can_hold_the_range(t
     # a file without statistics is read whole
     pq.write_table(table, file, row_group_size=100, write_statistics=False)
     assert read(t0 + dt.timedelta(seconds=950), None) == list(range(1000))
+
+
+def test_a_footer_read_before_is_reused_only_for_the_same_file(tmp_path: Path) -> None:
+    """Planning reads the newest file of a base on every tick: its footer is read once. The file
+    written anew at the same path (not what Delta does, but a footer must never outlive its file)
+    is read again."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    fs, file = pafs.LocalFileSystem(), str(tmp_path / "f.parquet")
+    t0 = dt.datetime(2026, 1, 1)
+
+    def write(n: int) -> None:
+        pq.write_table(pa.table({"pos": pa.array([t0 + dt.timedelta(seconds=i) for i in range(n)], pa.timestamp("us")),
+                                 "id": pa.array(range(n), pa.int64())}), file, row_group_size=100)
+
+    def read() -> list[int]:
+        return delta_read.read_parquet_range(file, fs, ["id"], "pos", t0 + dt.timedelta(seconds=450), None)["id"].to_pylist()
+
+    write(500)
+    assert read() == list(range(400, 500)) and delta_read._FOOTERS.get(file, fs) is not None
+    assert read() == list(range(400, 500))  # (the footer kept)
+    write(1000)
+    assert delta_read._FOOTERS.get(file, fs) is None and read() == list(range(400, 1000))
