@@ -32,7 +32,9 @@ Measured, at the full size (``--blocks``), in one run:
   block's end, the offset store's plan; and the topic's row of ``tidemark lag`` / ``explain``
   (``Engine._lag_row``). The topic's offset is at the end of block N-1, so the planned block is
   block N (its rows are checked). Best of ``--plan-repeat`` (after an untimed warm-up round) at
-  ``--small-blocks`` and at ``--blocks``, each in three states: ``no maintenance`` (the topic's last
+  ``--small-blocks`` and at ``--blocks``, each in three states (the maintained ones at both sizes with
+  their rounds interleaved, beside the Spark JVM, so that both sizes are planned in the same
+  conditions): ``no maintenance`` (the topic's last
   block planned on version N-1); ``maintained`` (the same offsets after maintenance: the first plan
   after it, whose late-row check reads the compaction's commit); ``maintained, steady`` (the topic's
   last block planned on the compacted version, as every later plan is; no commit follows it here, so
@@ -215,32 +217,51 @@ class PlanTimes:
     reason: str = ""
 
 
-def time_planning(eng: Engine, shape: Shape, at: Position, version: int, repeat: int) -> PlanTimes:
-    """Best-of timings of planning block N of ``mart.events_next`` (see the module docstring)."""
+@dataclass(frozen=True)
+class PlanCase:
+    """Planning block N of ``mart.events_next`` on one home: its consumer at ``at``, its last block
+    planned on ``version`` of the fact."""
+
+    eng: Engine
+    shape: Shape
+    at: Position
+    version: int
+
+
+def _plan_round(case: PlanCase, out: PlanTimes) -> None:
+    eng, shape = case.eng, case.shape
     topic = eng.lineage.topic(NEXT)
     want = shape.block_end(shape.blocks)
-    out = PlanTimes()
+    place_consumer(eng, case.at, case.version)
+    rec = eng.store.get(NEXT)
+    assert rec is not None
+    t = time.perf_counter()
+    row = eng._lag_row(topic, rec, eng.clock())  # what `tidemark lag` / `explain` compute for the topic
+    out.lag.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    planned = eng.plan_block(NEXT)
+    out.plan.append(time.perf_counter() - t)
+    if planned.block is None or planned.block.next != want or planned.base_rows != shape.rows:
+        raise BenchError(f"planning block {shape.blocks} of {NEXT} found {planned.block} ({planned.base_rows} rows, "
+                         f"{planned.reason}); expected {shape.rows} rows up to {want}")
+    if planned.warnings:
+        raise BenchError(f"planning {NEXT} warned: {'; '.join(planned.warnings)}")
+    out.reason = row.reason
+
+
+def time_planning(cases: list[PlanCase], repeat: int) -> list[PlanTimes]:
+    """Best-of timings of planning block N of ``mart.events_next`` (see the module docstring) in each
+    case, the cases' rounds interleaved so that what else the machine does weighs on each alike."""
+    outs = [PlanTimes() for _ in cases]
     for i in range(repeat + 1):  # the first round is an untimed warm-up
-        place_consumer(eng, at, version)
-        rec = eng.store.get(NEXT)
-        assert rec is not None
-        t = time.perf_counter()
-        row = eng._lag_row(topic, rec, eng.clock())  # what `tidemark lag` / `explain` compute for the topic
-        out.lag.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        planned = eng.plan_block(NEXT)
-        out.plan.append(time.perf_counter() - t)
-        if planned.block is None or planned.block.next != want or planned.base_rows != shape.rows:
-            raise BenchError(f"planning block {shape.blocks} of {NEXT} found {planned.block} ({planned.base_rows} rows, "
-                             f"{planned.reason}); expected {shape.rows} rows up to {want}")
-        if planned.warnings:
-            raise BenchError(f"planning {NEXT} warned: {'; '.join(planned.warnings)}")
-        out.reason = row.reason
-        if i == 0:
-            out.plan.clear()
-            out.lag.clear()
-    place_consumer(eng, at, version)  # not pending: maintenance sees the topic's needs as they were
-    return out
+        for case, out in zip(cases, outs, strict=True):
+            _plan_round(case, out)
+            if i == 0:
+                out.plan.clear()
+                out.lag.clear()
+    for case in cases:
+        place_consumer(case.eng, case.at, case.version)  # not pending: maintenance sees the topic's needs as they were
+    return outs
 
 
 def fact_version(eng: Engine) -> int:
@@ -397,10 +418,11 @@ def main() -> int:
             engines.append(eng)
             return eng, settings
 
-        def measure_plans(eng: Engine, shape: Shape, at: Position, version: int, state: str) -> None:
-            plans[(shape.blocks, state)] = t = time_planning(eng, shape, at, version, args.plan_repeat)
-            print(f"  planning at {shape.blocks:,} blocks, {state}: plan_block best {1000 * best(t.plan):.1f} ms, "
-                  f"lag row best {1000 * best(t.lag):.1f} ms; {NEXT}: {t.reason}", flush=True)
+        def measure_plans(state: str, *cases: PlanCase) -> None:
+            for case, t in zip(cases, time_planning(list(cases), args.plan_repeat), strict=True):
+                plans[(case.shape.blocks, state)] = t
+                print(f"  planning at {case.shape.blocks:,} blocks, {state}: plan_block best {1000 * best(t.plan):.1f} "
+                      f"ms, lag row best {1000 * best(t.lag):.1f} ms; {NEXT}: {t.reason}", flush=True)
 
         # -- the smaller size: planning only, no JVM
         small = Shape(args.small_blocks, args.rows_per_block, t0)
@@ -410,11 +432,12 @@ def main() -> int:
         place_consumer(eng_s, at_s, v_s)
         took += append_blocks(eng_s.path(FACT), small, small.blocks, small.blocks)
         print(f"\n[{small.blocks:,} blocks] written in {took:.1f} s; {FACT}: {fact_state(eng_s)}", flush=True)
-        measure_plans(eng_s, small, at_s, v_s, "no maintenance")
+        measure_plans("no maintenance", PlanCase(eng_s, small, at_s, v_s))
         print("\n".join(f"  maintain: {line}" for line in run_maintenance(eng_s)))
         print(f"  after: {FACT}: {fact_state(eng_s)}", flush=True)
-        measure_plans(eng_s, small, at_s, v_s, "maintained")
-        measure_plans(eng_s, small, at_s, fact_version(eng_s), "maintained, steady")
+        # (measured again beside the full size, in its conditions: see below)
+        small_cases = {"maintained": PlanCase(eng_s, small, at_s, v_s),
+                       "maintained, steady": PlanCase(eng_s, small, at_s, fact_version(eng_s))}
 
         # -- the full size
         full = Shape(args.blocks, args.rows_per_block, t0)
@@ -445,7 +468,7 @@ def main() -> int:
         place_consumer(eng, at, v_at)
         append_blocks(fact, full, full.blocks, full.blocks)
         print(f"  {FACT}: {fact_state(eng)}", flush=True)
-        measure_plans(eng, full, at, v_at, "no maintenance")
+        measure_plans("no maintenance", PlanCase(eng, full, at, v_at))
 
         results: dict[str, list[tuple[Any, ...]]] = {}
         loads.append(os.getloadavg()[0])
@@ -454,8 +477,10 @@ def main() -> int:
         maintain_lines = run_maintenance(eng)
         print("\n".join(f"  maintain: {line}" for line in maintain_lines))
         print(f"  after: {FACT}: {fact_state(eng)}", flush=True)
-        measure_plans(eng, full, at, v_at, "maintained")
-        measure_plans(eng, full, at, fact_version(eng), "maintained, steady")
+        # Each maintained state at both sizes, rounds interleaved: the same machine and the same
+        # Spark JVM beside them (the 100-block home was planned before the JVM started).
+        measure_plans("maintained", small_cases["maintained"], PlanCase(eng, full, at, v_at))
+        measure_plans("maintained, steady", small_cases["maintained, steady"], PlanCase(eng, full, at, fact_version(eng)))
         loads.append(os.getloadavg()[0])
         after = time_queries(spark, {"many blocks, maintained": fact, "written once (again)": once}, args.repeat,
                              results)
@@ -503,7 +528,7 @@ def print_report(args: argparse.Namespace, before: dict[str, list[float]], after
 
     print(f"\nJVM-free planning of the next block of {NEXT} (base {FACT}), best of {args.plan_repeat}, ms")
     print(f"{'blocks':>7}  {'state':<19} {'plan_block':>10} {'lag row':>9}")
-    for (blocks, state), t in plans.items():
+    for (blocks, state), t in sorted(plans.items(), key=lambda kv: kv[0][0]):
         print(f"{blocks:>7,}  {state:<19} {_ms(t.plan):>10} {_ms(t.lag):>9}")
     for state in ("no maintenance", "maintained", "maintained, steady"):
         a, b = plans[(small, state)], plans[(n, state)]
