@@ -246,6 +246,10 @@ class _Footers:
             while len(self._footers) > self.size:
                 self._footers.popitem(last=False)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._footers.clear()
+
 
 _FOOTERS = _Footers()
 

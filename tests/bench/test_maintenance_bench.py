@@ -33,7 +33,7 @@ def test_maintenance_bench_runs_at_tiny_sizes() -> None:
     assert "plan_block 24/18 blocks, no maintenance:" in out, out
     for blocks in ("18", "24"):
         for state in ("no maintenance", "maintained", "maintained, steady"):
-            assert re.search(rf"^\s+{blocks}  {state}\s+\d+\.\d\s+\d+\.\d$", out, re.M), (blocks, state, out)
+            assert re.search(rf"^\s+{blocks}  {state}\s+\d+\.\d\s+\d+\.\d\s+\d+\.\d$", out, re.M), (blocks, state, out)
     assert "query results equal on all 4" in out and "mart.daily equals the query over fact.events" in out, out
     assert out.count("strategy incremental") == 2, out
     assert "to reproduce: PYTHONPATH=. .venv/bin/python bench/maintenance.py --blocks 24" in out, out
