@@ -15,6 +15,10 @@ topic is looked at (:meth:`Engine.run_topic`: its lock, its planner rules, its u
 - a failure's backoff passed (2, 4, 8 ... 60 s): the failing topic is retried, the others go on;
 - or every ``full_every`` (30 s), whatever it said.
 
+A source the look finds ``$TIDEMARK_FOLLOW_CHECKPOINT_EVERY`` (10) commits past its newest
+checkpoint is checkpointed in the background (:mod:`~platform_assets.follow.checkpoints`), so the
+units that read it do not replay up to 100 commits (a ``deltalake`` writer's interval) each.
+
 A replicator is looked at (one unit, :meth:`ReplicatorUnit.run_once`) when its source moved since
 its last unit started, after a unit that did work, and every ``full_every``. The event intake
 (``events``, when an intake config is given: its batch destinations) runs
@@ -107,6 +111,11 @@ class Follower:
         from platform_assets.cdc.positions import every_setting
 
         self._positions_every = every_setting()  # a bad setting fails before anything runs
+        from platform_assets.follow.checkpoints import SourceCheckpoints
+        from platform_assets.follow.checkpoints import every_setting as checkpoint_every
+
+        reads = {t for w in self.works.values() for t in w.reads}
+        self.checkpoints = SourceCheckpoints(settings, set(lineage.sources) & reads, checkpoint_every())
         self._spark = spark
         self._main: Engine | None = None
         self._engines: list[Engine] = []
@@ -197,6 +206,7 @@ class Follower:
         if gone:
             log.warning("follow: Spark's JVM was gone before the follower closed it (a signal sent to the whole "
                         "process group?); any unit it cut short is finished by the next start")
+        self.checkpoints.close()
         self._main = None
         self._engines.clear()
         for src in self._sources.values():
@@ -272,6 +282,7 @@ class Follower:
                 continue
         changed = changed_tables(self._versions, versions)
         self._versions.update(versions)
+        self.checkpoints.saw({t: versions[t] for t in changed})
         return changed
 
     def _source(self, w: Work) -> Any:

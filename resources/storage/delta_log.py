@@ -434,16 +434,21 @@ def _read_txn(path: str, app_id: str, fs: pafs.FileSystem, log: str, commits: li
 PROBED_COMMITS = 64
 
 
+def last_checkpoint_hint(fs: pafs.FileSystem, log: str) -> int | None:
+    """The version ``_last_checkpoint`` names (None: no such file, or not readable). A hint: a
+    checkpoint written since may not be named yet."""
+    try:
+        with fs.open_input_stream(f"{log}/_last_checkpoint") as f:
+            return int(json.loads(f.read().decode("utf-8"))["version"])
+    except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _commits_since_checkpoint(fs: pafs.FileSystem, log: str) -> tuple[list[int], int | None]:
     """The versions of the commit files after the last checkpoint, newest first, and that
     checkpoint's version (None: none). From ``_last_checkpoint`` and a lookup per commit after it
     (not a listing of a log that log retention may keep long); by listing the log without it."""
-    checkpoint = None
-    try:
-        with fs.open_input_stream(f"{log}/_last_checkpoint") as f:
-            checkpoint = int(json.loads(f.read().decode("utf-8"))["version"])
-    except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
-        checkpoint = None
+    checkpoint = last_checkpoint_hint(fs, log)
     if checkpoint is not None:
         found: list[int] = []
         for version in range(checkpoint + 1, checkpoint + 1 + PROBED_COMMITS):
