@@ -10,22 +10,21 @@ mapping (``name`` and ``id``) and deletion vectors, through ``deltalake``'s own 
   read as it is, its physical columns named as the table names them (:class:`FileReader`).
 
 Nothing here parses the Delta log or a deletion vector itself; that is deltalake's job.
-May import: pyarrow, deltalake, ``lineage.core``.
+May import: pyarrow, deltalake, ``lineage.core``, ``resources.core``.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime as dt
 import re
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from lineage.core.errors import ProcessingError
+from resources.core.lru import Bounded
 
 #: Reader features the ``pyarrow`` dataset path of deltalake refuses and its DataFusion reader reads.
 SCANNED_FEATURES = frozenset({"deletionVectors", "columnMapping"})
@@ -215,9 +214,7 @@ class _Footers:
     time, looked up on each use, are part of the key all the same."""
 
     def __init__(self, size: int = 256) -> None:
-        self.size = size
-        self._lock = threading.Lock()
-        self._footers: collections.OrderedDict[tuple[str, int, int], Any] = collections.OrderedDict()
+        self._footers: Bounded[tuple[str, int, int], Any] = Bounded(size)
 
     @staticmethod
     def _key(file: str, fs: Any) -> tuple[str, int, int] | None:
@@ -231,24 +228,15 @@ class _Footers:
 
     def get(self, file: str, fs: Any) -> Any | None:
         key = self._key(file, fs)
-        with self._lock:
-            meta = self._footers.get(key) if key is not None else None
-            if meta is not None:
-                self._footers.move_to_end(key)  # type: ignore[arg-type]
-        return meta
+        return None if key is None else self._footers.get(key)
 
     def put(self, file: str, fs: Any, meta: Any) -> None:
         key = self._key(file, fs)
-        if key is None:
-            return
-        with self._lock:
-            self._footers[key] = meta
-            while len(self._footers) > self.size:
-                self._footers.popitem(last=False)
+        if key is not None:
+            self._footers.put(key, meta)
 
     def clear(self) -> None:
-        with self._lock:
-            self._footers.clear()
+        self._footers.clear()
 
 
 _FOOTERS = _Footers()

@@ -9,18 +9,16 @@ The modules that read a snapshot build on this one: :mod:`resources.storage.stat
 :mod:`resources.storage.prefetch` (which opens many snapshots ahead of their use and hands them to
 :meth:`TableSnapshot.open`) and :mod:`resources.storage.late_rows`.
 
-May import: ``lineage``, ``delta_log``, ``delta_read``, ``warehouse``; none of the modules above.
+May import: ``lineage``, ``resources.core``, ``delta_log``, ``delta_read``, ``warehouse``; none of the modules above.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import contextvars
 import dataclasses
 import functools
 import re
-import threading
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +26,7 @@ import pyarrow.compute as pc
 
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
+from resources.core.lru import Bounded
 from resources.storage import delta_log, delta_read
 from resources.storage.warehouse import is_object_store
 
@@ -158,28 +157,21 @@ class _NewestSnapshots:
     tables used least recently are forgotten."""
 
     def __init__(self, size: int = 64) -> None:
-        self.size = size
-        self._lock = threading.Lock()
-        self._snaps: collections.OrderedDict[str, tuple[TableSnapshot, tuple[str, int, int] | None]] = \
-            collections.OrderedDict()
+        self._snaps: Bounded[str, tuple[TableSnapshot, tuple[str, int, int]]] = Bounded(size)
 
     def get(self, path: str, at_least: int | None) -> TableSnapshot | None:
-        with self._lock:
-            entry = self._snaps.get(path)
+        entry = self._snaps.get(path)
         if entry is None:
             return None
         snap, mark = entry
         version = snap.version
-        if version is None or (at_least is not None and version < at_least) or mark is None:
+        if version is None or (at_least is not None and version < at_least):
             return None
         try:
             if delta_log.commit_mark(path, version) != mark or delta_log.newest_version(path, version) != version:
                 return None
         except (OSError, ValueError):  # (the lookups failed: open the table, which says why)
             return None
-        with self._lock:
-            if path in self._snaps:
-                self._snaps.move_to_end(path)
         return snap
 
     def put(self, snap: TableSnapshot) -> None:
@@ -189,15 +181,11 @@ class _NewestSnapshots:
             mark = delta_log.commit_mark(snap.path, snap.version)
         except (OSError, ValueError):
             return
-        with self._lock:
-            self._snaps[snap.path] = (snap, mark)
-            self._snaps.move_to_end(snap.path)
-            while len(self._snaps) > self.size:
-                self._snaps.popitem(last=False)
+        if mark is not None:
+            self._snaps.put(snap.path, (snap, mark))
 
     def clear(self) -> None:
-        with self._lock:
-            self._snaps.clear()
+        self._snaps.clear()
 
 
 _NEWEST = _NewestSnapshots()
