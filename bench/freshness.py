@@ -204,7 +204,7 @@ def run_follow(home: Path, seconds: float, warmup_s: float, streaming: bool = Fa
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEMARK_", "DAGSTER_"))
-           or k in ("TIDEMARK_SPARK_MASTER", "TIDEMARK_FOLLOW_THREADS", "TIDEMARK_SPARK_CONF")}
+           or k in ("TIDEMARK_SPARK_MASTER", "TIDEMARK_FOLLOW_THREADS", "TIDEMARK_SPARK_CONF", "TIDEMARK_FOLLOW_CHECKPOINT_EVERY")}
     env["TIDEMARK_HOME"] = str(home)
     home.mkdir(parents=True, exist_ok=True)
     py = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
