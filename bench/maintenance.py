@@ -259,8 +259,11 @@ def _plan_round(case: PlanCase, out: PlanTimes) -> None:
     out.plan.append(time.perf_counter() - t)
     place_consumer(eng, case.at, case.version)
     t = time.perf_counter()
-    eng.plan_block(NEXT)  # the same plan in a process that planned on this version already
+    again = eng.plan_block(NEXT)  # the same plan in a process that planned on this version already
     out.warm.append(time.perf_counter() - t)
+    if (again.block, again.base_rows) != (planned.block, planned.base_rows):
+        raise BenchError(f"planning {NEXT} again with the snapshot kept found {again.block} ({again.base_rows} rows); "
+                         f"opened anew: {planned.block} ({planned.base_rows} rows)")
     if planned.block is None or planned.block.next != want or planned.base_rows != shape.rows:
         raise BenchError(f"planning block {shape.blocks} of {NEXT} found {planned.block} ({planned.base_rows} rows, "
                          f"{planned.reason}); expected {shape.rows} rows up to {want}")

@@ -13,7 +13,7 @@ one written twice (by the table's writer and here) holds the same state.
 
 ``$TIDEMARK_FOLLOW_CHECKPOINT_EVERY``: the commits after which a source is checkpointed (default
 10, Spark's interval), or ``off``. A source that cannot be checkpointed (no write access, a
-protocol ``deltalake`` cannot write) is said once and left alone.
+protocol ``deltalake`` cannot write) is said once and tried again every 10 minutes.
 
 May import: ``lineage``, ``resources``.
 """
@@ -23,18 +23,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from lineage.core.errors import first_line
-
-if TYPE_CHECKING:
-    from resources.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
 EVERY_ENV = "TIDEMARK_FOLLOW_CHECKPOINT_EVERY"
 DEFAULT_EVERY = 10
+RETRY_S = 600.0  # a source that could not be checkpointed is tried again after this long
 
 
 def every_setting() -> int | None:
@@ -48,15 +46,17 @@ def every_setting() -> int | None:
 
 
 class SourceCheckpoints:
-    """Checkpoints the ``tables`` (sources) whose new versions the follower sees (:meth:`saw`)."""
+    """Checkpoints the sources ``paths`` (``{table: location}``) whose new versions the follower
+    sees (:meth:`saw`)."""
 
-    def __init__(self, settings: Settings, tables: set[str], every: int | None) -> None:
-        self.settings, self.tables, self.every = settings, tables, every
+    def __init__(self, paths: dict[str, str], every: int | None) -> None:
+        self.paths, self.every = paths, every
         self._known: dict[str, int] = {}  # table -> the newest checkpoint version seen or written
         self._busy: set[str] = set()
-        self._failed: dict[str, str] = {}  # table -> why it cannot be checkpointed (said once)
+        self._failed: dict[str, tuple[str, float]] = {}  # table -> why it failed, and when to try again
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
         self.written: dict[str, int] = {}  # table -> checkpoints written
 
     def saw(self, versions: dict[str, int | None]) -> None:
@@ -64,23 +64,24 @@ class SourceCheckpoints:
         newest checkpoint is checkpointed in the background."""
         if self.every is None:
             return
+        now = time.monotonic()
         for table, version in versions.items():
-            if version is None or table not in self.tables or table in self._failed:
+            if version is None or table not in self.paths or version - self._known.get(table, -1) < self.every:
                 continue
-            if version - self._known.get(table, -1) < self.every:
+            if table in self._failed and now < self._failed[table][1]:
                 continue
             with self._lock:
-                if table in self._busy:
+                if self._closed or table in self._busy:
                     continue
                 self._busy.add(table)
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="tidemark-checkpoint")
-            self._pool.submit(self._checkpoint, table, version)
+                self._pool.submit(self._checkpoint, table, version)
 
     def _checkpoint(self, table: str, version: int) -> None:
         from resources.storage import delta_log
 
-        path = self.settings.table_path(table)
+        path = self.paths[table]
         try:
             newest = delta_log.last_checkpoint_hint(*delta_log.log_fs(path))
             if newest is not None and version - newest < (self.every or 0):
@@ -93,17 +94,22 @@ class SourceCheckpoints:
             current.create_checkpoint()
             self._known[table] = written
             self.written[table] = self.written.get(table, 0) + 1
+            self._failed.pop(table, None)
             log.debug("follow: checkpointed source %s at v%s", table, written)
-        except Exception as exc:  # noqa: BLE001 - a source this process cannot write: left alone
-            self._failed[table] = first_line(exc)
-            log.warning("follow: cannot checkpoint source %s (%s); its readers replay its commits since its "
-                        "newest checkpoint. Not tried again by this follower (%s=off stops trying any)",
-                        table, first_line(exc), EVERY_ENV)
+        except Exception as exc:  # noqa: BLE001 - e.g. no write access: tried again later, said once
+            why = first_line(exc)
+            if table not in self._failed:
+                log.warning("follow: cannot checkpoint source %s (%s); its readers replay its commits since its "
+                            "newest checkpoint. Tried again every %.0f s (%s=off stops trying)",
+                            table, why, RETRY_S, EVERY_ENV)
+            self._failed[table] = (why, time.monotonic() + RETRY_S)
         finally:
             with self._lock:
                 self._busy.discard(table)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -115,7 +115,11 @@ class Follower:
         from platform_assets.follow.checkpoints import every_setting as checkpoint_every
 
         reads = {t for w in self.works.values() for t in w.reads}
-        self.checkpoints = SourceCheckpoints(settings, set(lineage.sources) & reads, checkpoint_every())
+        # Where each table read lives (a source may have a path of its own), as Engine.path says.
+        self._paths = {t: settings.table_path(t, src.spec.path if (src := lineage.sources.get(t)) else None)
+                       for t in reads}
+        self.checkpoints = SourceCheckpoints({t: self._paths[t] for t in set(lineage.sources) & reads},
+                                             checkpoint_every())
         self._spark = spark
         self._main: Engine | None = None
         self._engines: list[Engine] = []
@@ -275,9 +279,9 @@ class Follower:
         from resources.storage.delta_log import newest_version
 
         versions: dict[str, int | None] = {}
-        for table in {t for w in self.works.values() for t in w.reads}:
+        for table, path in self._paths.items():
             try:
-                versions[table] = newest_version(self.settings.table_path(table), self._versions.get(table))
+                versions[table] = newest_version(path, self._versions.get(table))
             except Exception:  # noqa: BLE001 - a table being created or unreadable now: looked at next time
                 continue
         changed = changed_tables(self._versions, versions)

@@ -128,7 +128,8 @@ def read_commit_bytes(fs: pafs.FileSystem, log: str, version: int) -> bytes:
 
 def parse_commit(raw: bytes) -> list[dict[str, Any]]:
     # (orjson: a compaction's commit has a line per file it removed, and planning reads it)
-    return [_action(line) for line in raw.splitlines() if line.strip()]
+    # (lines end at "\n" only, as rewrites_only counts them: a JSON string holds no raw "\r" or "\n")
+    return [_action(line) for line in raw.split(b"\n") if line.strip()]
 
 
 def rewrites_only(raw: bytes) -> bool:

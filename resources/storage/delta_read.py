@@ -197,10 +197,11 @@ def read_parquet_range(file: str, fs: Any, columns: list[str], column: str, low:
     compaction by ``tidemark maintain``), is read in the few groups that can hold the range."""
     import pyarrow.parquet as pq
 
-    meta = _FOOTERS.get(file, fs)
+    key = _FOOTERS.key(file, fs)
+    meta = _FOOTERS.get(key)
     pf = pq.ParquetFile(file, filesystem=fs, coerce_int96_timestamp_unit="us", metadata=meta)
-    if meta is None:
-        _FOOTERS.put(file, fs, pf.metadata)
+    if meta is None and key is not None:
+        _FOOTERS.put(key, pf.metadata)
     groups = _row_groups(pf.metadata, column, low, high)
     if groups is None:
         return pf.read(columns=columns, use_threads=False)
@@ -217,7 +218,8 @@ class _Footers:
         self._footers: Bounded[tuple[str, int, int], Any] = Bounded(size)
 
     @staticmethod
-    def _key(file: str, fs: Any) -> tuple[str, int, int] | None:
+    def key(file: str, fs: Any) -> tuple[str, int, int] | None:
+        """The file's path, size and modification time (None: not found, or no file system given)."""
         if fs is None:
             return None
         try:
@@ -226,14 +228,11 @@ class _Footers:
             return None
         return None if info.size is None else (file, int(info.size), int(info.mtime_ns or 0))
 
-    def get(self, file: str, fs: Any) -> Any | None:
-        key = self._key(file, fs)
+    def get(self, key: tuple[str, int, int] | None) -> Any | None:
         return None if key is None else self._footers.get(key)
 
-    def put(self, file: str, fs: Any, meta: Any) -> None:
-        key = self._key(file, fs)
-        if key is not None:
-            self._footers.put(key, meta)
+    def put(self, key: tuple[str, int, int], meta: Any) -> None:
+        self._footers.put(key, meta)
 
     def clear(self) -> None:
         self._footers.clear()

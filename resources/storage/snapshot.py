@@ -156,7 +156,7 @@ class _NewestSnapshots:
     calls a mutating method on its ``deltalake`` table), so threads may share it. Bounded: the
     tables used least recently are forgotten."""
 
-    def __init__(self, size: int = 64) -> None:
+    def __init__(self, size: int = 256) -> None:
         self._snaps: Bounded[str, tuple[TableSnapshot, tuple[str, int, int]]] = Bounded(size)
 
     def get(self, path: str, at_least: int | None) -> TableSnapshot | None:

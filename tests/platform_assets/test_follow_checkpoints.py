@@ -42,7 +42,7 @@ def test_a_source_ten_commits_past_its_checkpoint_is_checkpointed_and_reads_the_
     path = _source(settings, "stage.a", 12)  # versions 0..11, deltalake checkpoints every 100
     other = _source(settings, "stage.b", 12)
     assert _hint(path) is None
-    cps = SourceCheckpoints(settings, {"stage.a", "stage.c"}, 10)
+    cps = SourceCheckpoints({t: settings.table_path(t) for t in ("stage.a", "stage.c")}, 10)
     try:
         cps.saw({"stage.a": 11, "stage.b": 11})  # stage.b is not a source of this lineage: left alone
         _settle(cps)
@@ -64,7 +64,8 @@ def test_a_source_ten_commits_past_its_checkpoint_is_checkpointed_and_reads_the_
         assert _hint(path) == 26 and cps.written == {"stage.a": 2}
         assert sorted(DeltaTable(path).to_pyarrow_table()["id"].to_pylist()) == sorted([*range(12), *range(5), *range(9), 0])
 
-        # A source that cannot be checkpointed (here its _last_checkpoint is a directory): said once, left alone.
+        # A source that cannot be checkpointed (here its _last_checkpoint is a directory): said once,
+        # tried again only after RETRY_S.
         broken = _source(settings, "stage.c", 11)
         (Path(broken) / "_delta_log" / "_last_checkpoint").mkdir()
         with caplog.at_level("WARNING"):
@@ -73,9 +74,17 @@ def test_a_source_ten_commits_past_its_checkpoint_is_checkpointed_and_reads_the_
             cps.saw({"stage.c": 30})
             _settle(cps)
         said = [r.getMessage() for r in caplog.records if "cannot checkpoint source stage.c" in r.getMessage()]
-        assert len(said) == 1 and EVERY_ENV in said[0] and "stage.c" in cps._failed
+        assert len(said) == 1 and EVERY_ENV in said[0] and "stage.c" in cps._failed and cps.written == {"stage.a": 2}
+        cps._failed["stage.c"] = (cps._failed["stage.c"][0], 0.0)  # its retry is due, and the cause is gone:
+        (Path(broken) / "_delta_log" / "_last_checkpoint").rmdir()
+        cps.saw({"stage.c": 31})
+        _settle(cps)
+        assert "stage.c" not in cps._failed and cps.written["stage.c"] == 1
+        assert (Path(broken) / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
     finally:
         cps.close()
+    cps.saw({"stage.a": 99})  # closed: nothing more starts
+    assert not cps._busy and cps.written["stage.a"] == 2
 
 
 def test_the_checkpoint_setting_is_a_number_of_commits_or_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -87,10 +96,41 @@ def test_the_checkpoint_setting_is_a_number_of_commits_or_off(monkeypatch: pytes
     assert every_setting() is None
     settings = Settings.from_env({}, home=tmp_path)
     path = _source(settings, "stage.a", 12)
-    cps = SourceCheckpoints(settings, {"stage.a"}, every_setting())
+    cps = SourceCheckpoints({"stage.a": path}, every_setting())
     cps.saw({"stage.a": 11})
     cps.close()
     assert _hint(path) is None
     monkeypatch.setenv(EVERY_ENV, "0")
     with pytest.raises(ConfigError, match=f"{EVERY_ENV}='0'"):
         every_setting()
+
+
+def test_the_follower_looks_at_and_checkpoints_a_source_where_its_own_path_says(tmp_path: Path) -> None:
+    """A source with a ``path`` of its own is watched and checkpointed there, as Engine.path reads it."""
+    from lineage.spec.loader import load_lineage
+    from platform_assets.follow.loop import Follower
+
+    elsewhere = tmp_path / "lake" / "orders"
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "o.sql").write_text("SELECT * FROM block\n")
+    lin = tmp_path / "lineage"
+    lin.mkdir()
+    (lin / "l.yaml").write_text(f"""sources:
+  - table: stage.orders
+    path: {elsewhere}
+topics:
+  - table: fact.orders
+    depends_on: [stage.orders]
+    transforms: [../sql/o.sql]
+""")
+    settings = Settings.from_env({}, home=tmp_path / "home", lineage=lin)
+    for i in range(11):
+        write_deltalake(str(elsewhere), pa.table({"id": pa.array([i], pa.int64())}), mode="append")
+    follower = Follower(settings, load_lineage(settings.lineage))
+    try:
+        assert follower._paths["stage.orders"] == str(elsewhere) and follower.checkpoints.paths == {"stage.orders": str(elsewhere)}
+        assert "stage.orders" in follower._changed_tables() and follower._versions["stage.orders"] == 10
+        _settle(follower.checkpoints)
+        assert _hint(str(elsewhere)) == 10
+    finally:
+        follower.close()

@@ -327,7 +327,11 @@ def test_a_compaction_commit_is_known_as_a_rewrite_without_parsing_it_and_answer
     eager = history._History.read(str(path), 2, rewrite + 1)
     assert (lazy.removed_by, lazy.compacted) == (eager.removed_by, eager.compacted)
     assert lazy.commits == eager.commits and list(lazy.commits) == list(range(3, rewrite + 2))
-    assert {v for v, _, data in lazy.removed_by.values() if not data} == {rewrite} and len(lazy.compacted) == 1
+    def files(version: int) -> set[str]:
+        return set(DeltaTable(str(path), version=version).get_add_actions(flatten=True)["path"].to_pylist())
+
+    assert lazy.removed_by == {rel: (rewrite, "OPTIMIZE", False) for rel in files(rewrite - 1)} and len(files(rewrite - 1)) == 6
+    assert lazy.compacted == files(rewrite) and len(lazy.compacted) == 1
     assert (lazy.added, lazy.feed, lazy.rewrite_only) == (eager.added, eager.feed, eager.rewrite_only)
 
 
@@ -593,10 +597,12 @@ def test_the_newest_snapshot_is_reused_only_while_the_table_has_no_new_commit(tm
     second = TableSnapshot.open(str(path))
     assert second is not first and second.version == 1 and table_mark(str(path)).max_position == _at(2, 2)
     assert TableSnapshot.open(str(path), 0) is not first and first.version == 0  # a version asked for is read
+    size = (path / "_delta_log" / f"{1:020d}.json").stat().st_size
     shutil.rmtree(path)
-    _append(path, [(5, 5)])
-    _append(path, [(6, 6), (7, 7)])  # version 1 again, another table
+    _append(path, [(1, 1)])
+    _append(path, [(3, 3)])  # version 1 again, another table: a commit file of the same size, a newer time
+    assert (path / "_delta_log" / f"{1:020d}.json").stat().st_size == size
     third = TableSnapshot.open(str(path))
-    assert third is not second and table_mark(str(path)).max_position == _at(7, 7)
+    assert third is not second and table_mark(str(path)).max_position == _at(3, 3)
     shutil.rmtree(path)
     assert TableSnapshot.open(str(path)).table is None  # gone: no snapshot of it is given

@@ -253,7 +253,7 @@ def test_a_footer_read_before_is_reused_only_for_the_same_file(tmp_path: Path) -
         return delta_read.read_parquet_range(file, fs, ["id"], "pos", t0 + dt.timedelta(seconds=450), None)["id"].to_pylist()
 
     write(500)
-    assert read() == list(range(400, 500)) and delta_read._FOOTERS.get(file, fs) is not None
+    assert read() == list(range(400, 500)) and delta_read._FOOTERS.get(delta_read._FOOTERS.key(file, fs)) is not None
     assert read() == list(range(400, 500))  # (the footer kept)
     write(1000)
-    assert delta_read._FOOTERS.get(file, fs) is None and read() == list(range(400, 1000))
+    assert delta_read._FOOTERS.get(delta_read._FOOTERS.key(file, fs)) is None and read() == list(range(400, 1000))
