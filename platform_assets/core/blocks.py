@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Block, Position
 from lineage.spec.model import Topic
-from platform_assets.core import spark_io
+from platform_assets.core import spark_io, table_reads
 from platform_assets.core.protocol import Planned
 from resources.state.offsets import OffsetRecord
 from resources.storage import delta_log, delta_meta
@@ -93,12 +93,10 @@ def block_df(ctx: UnitContext, base: str, block: Block, version: int | None,
     lp, li = spark_io.ts_literal(block.last.pos), F.lit(block.last.id).cast("bigint")
     np_, ni = spark_io.ts_literal(block.next.pos), F.lit(block.next.id).cast("bigint")
     pos, id_ = F.col("pos"), F.col("id")
-    reader = spark.read.format("delta")
     if snapshot is not None:
         version = snapshot.read_version
-    if version is not None:
-        reader = reader.option("versionAsOf", version)
-    df = (reader.load(ctx.path(base))
+    rows = table_reads.read_version(spark, ctx.path(base), version, low=block.last.pos, high=block.next.pos)
+    df = (rows
           .where((pos >= lp) & (pos <= np_) & id_.isNotNull())  # a row without an id is quarantined instead
           .where(((pos > lp) | (id_ > li)) & ((pos < np_) | (id_ <= ni))))
     if snapshot is not None and snapshot.max_id is not None:
@@ -110,10 +108,7 @@ def block_df(ctx: UnitContext, base: str, block: Block, version: int | None,
 def rows_upto(spark: SparkSession, path: str, end: Position, version: int | None) -> DataFrame:
     """The rows of the table at ``path`` (at Delta ``version``; None: the newest) whose ``(pos, id)``
     is at most ``end``."""
-    reader = spark.read.format("delta")
-    if version is not None:
-        reader = reader.option("versionAsOf", version)
-    return upto(reader.load(path), end)
+    return upto(table_reads.read_version(spark, path, version, high=end.pos), end)
 
 
 def upto(rows: DataFrame, end: Position) -> DataFrame:

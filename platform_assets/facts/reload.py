@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
 from lineage.spec.model import Topic
-from platform_assets.core import faults, protocol, spark_io
+from platform_assets.core import faults, protocol, spark_io, table_reads
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
 from resources.state.offsets import OffsetRecord
 from resources.storage import delta_log
@@ -41,10 +41,7 @@ class ReloadProcessor:
             return StepResult(topic.name, False, decision.reason)
         with eng.phases.timed("transform"):
             eng.register_tables(topic)
-            reader = eng.spark.read.format("delta")
-            if base.version is not None:
-                reader = reader.option("versionAsOf", base.version)
-            base_df = reader.load(eng.path(topic.spec.base))
+            base_df = table_reads.read_version(eng.spark, eng.path(topic.spec.base), base.version)
             base_df.createOrReplaceTempView("block")
             spark_io.run_statements(eng.spark, topic, "before")
             out = spark_io.transform(eng.spark, topic, base_df, paths={t: eng.path(t) for t in topic.spec.depends_on})

@@ -26,7 +26,7 @@ from lineage.core.errors import ProcessingError
 from lineage.core.positions import Block
 from lineage.planning.planner import Decision
 from lineage.spec.model import Topic
-from platform_assets.core import blocks, faults, protocol, spark_io
+from platform_assets.core import blocks, faults, protocol, spark_io, table_reads
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
 from resources.state.offsets import OffsetRecord
 from resources.storage import delta_log, delta_meta
@@ -132,9 +132,20 @@ class StepProcessor:
                 eng.register_tables(topic)
                 block_df = blocks.block_df(eng, topic.spec.base, block, planned.source_version, planned.snapshot)
                 spark_io.run_statements(eng.spark, topic, "before")
-                out = spark_io.transform(eng.spark, topic, block_df, paths={t: eng.path(t) for t in topic.spec.depends_on})
+                out = spark_io.transform(eng.spark, topic, block_df, tables=self._joined(topic),
+                                         paths={t: eng.path(t) for t in topic.spec.depends_on})
             faults.crashpoint("transformed")
         return OpenBlock(topic, planned, started, block.seq, out=out, landed=landed)
+
+    def _joined(self, topic: Topic) -> dict[str, str]:
+        """The other inputs the block's SQL reads (``depends_on`` after the base), pinned at their
+        newest versions as temporary views (:func:`table_reads.pin_inputs`): read as one version,
+        from its files where it is plain, not through Spark's state of a table that changed since the
+        last block. An input without a table yet is left to the catalog (its error names it)."""
+        eng = self.engine
+        versions = {t: v for t in topic.spec.depends_on[1:]
+                    if (v := delta_meta.TableSnapshot.open(eng.path(t)).version) is not None}
+        return table_reads.pin_inputs(eng, topic, versions, "tm_step_in", [])
 
     def finish(self, opened: OpenBlock) -> StepResult:
         eng = self.engine

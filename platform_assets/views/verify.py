@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
 from lineage.spec.model import Processor, Topic
-from platform_assets.core import blocks, spark_io
+from platform_assets.core import blocks, spark_io, table_reads
 from platform_assets.core.protocol import data_app_id
-from platform_assets.views import inputs as view_inputs
 from resources.storage import delta_log, delta_meta
 
 if TYPE_CHECKING:
@@ -107,7 +106,7 @@ def verify(engine: UnitContext, topic: Topic, *, sample: int = 0, show: int = 20
         base = blocks.rows_upto(spark, eng.path(spec.base), end, None if version is None else int(version))
         base.createOrReplaceTempView(f"tm_verify_{tag}")
         views.append(f"tm_verify_{tag}")
-        pinned = view_inputs.pin_inputs(eng, topic, {t: v for t, v in inputs.items() if t != spec.base}, f"tm_verify_in_{tag}",
+        pinned = table_reads.pin_inputs(eng, topic, {t: v for t, v in inputs.items() if t != spec.base}, f"tm_verify_in_{tag}",
                                   views)
         want = spark_io.transform(spark, topic, base, view=views[0], tables=pinned,
                                   paths={t: eng.path(t) for t in spec.depends_on})

@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from lineage.spec.model import Topic
 from lineage.views.refresh import InputChange, Strategy
-from platform_assets.core import protocol
+from platform_assets.core import protocol, table_reads
 from platform_assets.core.protocol import data_app_id
-from platform_assets.views import inputs as view_inputs
 from resources.storage import delta_log, delta_meta
 
 if TYPE_CHECKING:
@@ -91,7 +90,7 @@ class MergeWork:
     def pin(self, eng: UnitContext, topic: Topic, versions: dict[str, int], prefix: str) -> dict[str, str]:
         """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version:
         lineage table -> view name (for :func:`spark_io.transform`'s ``tables``)."""
-        return view_inputs.pin_inputs(eng, topic, versions, prefix, self.views)
+        return table_reads.pin_inputs(eng, topic, versions, prefix, self.views)
 
 
 def newest_commit(topic: Topic, dest: str) -> delta_log.CommitStats | None:

@@ -39,6 +39,9 @@ LOCAL_CONF = {
     "spark.sql.adaptive.enabled": "true",
     # Delta's automatic checkpoints every 10 commits keep the log cheap to read for any reader.
     "spark.databricks.delta.properties.defaults.checkpointInterval": "10",
+    # A version read from the files its log names (platform_assets.core.table_reads) gives Spark
+    # up to 1,000 file paths: looked up on the driver, not by a listing job.
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000",
 }
 
 

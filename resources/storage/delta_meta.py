@@ -37,6 +37,7 @@ from resources.storage.positions import (
     bad_position_rows,
     count_block,
     count_upto,
+    files_in_range,
     find_block_end,
     freshness,
     table_mark,
@@ -56,7 +57,7 @@ from resources.storage.snapshot import (
     change_feed_enabled,
     deletion_vectors,
 )
-from resources.storage.statistics import STATS_SLACK, unit_sizes
+from resources.storage.statistics import STATS_SLACK, unit_sizes, widened
 
 __all__ = [
     "KEPT_SECONDS",
@@ -74,6 +75,7 @@ __all__ = [
     "count_block",
     "count_upto",
     "deletion_vectors",
+    "files_in_range",
     "find_block_end",
     "freshness",
     "input_change",
@@ -87,4 +89,5 @@ __all__ = [
     "snapshot_read",
     "table_mark",
     "unit_sizes",
+    "widened",
 ]

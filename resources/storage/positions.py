@@ -136,17 +136,27 @@ def _read_positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | Non
         columns=["pos", "id"], filter=wanted.expression(snap.position_schema)))
 
 
-def _plain_positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | None, high: dt.datetime | None) -> pa.Table:
-
-    files, target = snap.files, snap.position_schema
+def files_in_range(snap: TableSnapshot, low: dt.datetime | None, high: dt.datetime | None) -> list[str]:
+    """The data files of ``snap`` (their paths as its log names them) whose statistics allow a
+    ``pos`` in ``[low, high]`` (None: unbounded; callers widen bounds that come from rows by
+    :data:`STATS_SLACK`). A file without statistics is always one of them."""
+    files = snap.files
+    if files.num_rows == 0:
+        return []
     keep = pa.array([True] * files.num_rows)
-    if low is not None and "max.pos" in files.column_names:  # (a file without statistics is read)
+    if low is not None and "max.pos" in files.column_names:
         keep = pc.and_(keep, pc.invert(pc.fill_null(pc.less(files["max.pos"], pa.scalar(low, files["max.pos"].type)), False)))
     if high is not None and "min.pos" in files.column_names:
         keep = pc.and_(keep, pc.invert(pc.fill_null(pc.greater(files["min.pos"], pa.scalar(high, files["min.pos"].type)), False)))
+    return pc.filter(files["path"], keep).to_pylist()
+
+
+def _plain_positions(snap: TableSnapshot, wanted: _Wanted, low: dt.datetime | None, high: dt.datetime | None) -> pa.Table:
+
+    target = snap.position_schema
     fs = arrow_filesystem(snap.path)[0]
     parts = []
-    for rel in pc.filter(files["path"], keep).to_pylist():
+    for rel in files_in_range(snap, low, high):
         # (a compacted file, in small row groups, is read in those that can hold the range)
         part = delta_read.read_parquet_range(delta_log.join_path(snap.path, rel), fs, ["pos", "id"], "pos", low, high)
         if part.column_names != ["pos", "id"]:

@@ -50,7 +50,7 @@ class TableSnapshot:
             snap = ready[path].result()  # (None: reading it failed; read again here, which says why)
             if snap is not None and (at_least is None or snap.version is None or snap.version >= at_least):
                 return snap
-        if version is None and (snap := _NEWEST.get(path, at_least)) is not None:
+        if (snap := _NEWEST.get(path, at_least, version)) is not None:
             return snap
         snap = cls(path, delta_log.open_table(path, version))
         if version is None:
@@ -159,16 +159,18 @@ class _NewestSnapshots:
     def __init__(self, size: int = 256) -> None:
         self._snaps: Bounded[str, tuple[TableSnapshot, tuple[str, int, int]]] = Bounded(size)
 
-    def get(self, path: str, at_least: int | None) -> TableSnapshot | None:
+    def get(self, path: str, at_least: int | None, version: int | None = None) -> TableSnapshot | None:
+        """The kept snapshot of ``path`` if it is still the newest (at least version ``at_least``),
+        or with ``version``, if it is that version (newest or not: a version never changes)."""
         entry = self._snaps.get(path)
         if entry is None:
             return None
         snap, mark = entry
-        version = snap.version
-        if version is None or (at_least is not None and version < at_least):
+        have = snap.version
+        if have is None or (at_least is not None and have < at_least) or (version is not None and have != version):
             return None
         try:
-            if delta_log.commit_mark(path, version) != mark or delta_log.newest_version(path, version) != version:
+            if delta_log.commit_mark(path, have) != mark or (version is None and delta_log.newest_version(path, have) != have):
                 return None
         except (OSError, ValueError):  # (the lookups failed: open the table, which says why)
             return None

@@ -51,6 +51,12 @@ def _plus(ts: dt.datetime, delta: dt.timedelta) -> dt.datetime:
         return dt.datetime.max
 
 
+def widened(low: dt.datetime | None, high: dt.datetime | None) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """A ``pos`` range of rows widened by :data:`STATS_SLACK` each way: the range of statistics
+    that may describe a file holding such a row (None: unbounded)."""
+    return (None if low is None else _minus(low, STATS_SLACK)), (None if high is None else _plus(high, STATS_SLACK))
+
+
 def _ids_known_from(files: pa.Table, floor: dt.datetime) -> bool:
     """Whether the statistics show no null ``id`` in the files that hold rows at or after
     ``floor`` (a row with a null id has no position, so it cannot be the newest)."""

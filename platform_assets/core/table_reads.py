@@ -1,0 +1,116 @@
+"""A lineage table at one Delta version as a Spark DataFrame (:func:`read_version`), the one way
+processors read a table at a version they planned on, and a transform's inputs pinned at versions
+as temporary views (:func:`pin_inputs`).
+
+A plain version (no deletion vectors, column mapping or partition columns: see
+:attr:`~resources.storage.snapshot.TableSnapshot.plain`) is read straight from the Parquet files
+its log names, with the schema its log gives, both read JVM-free by ``deltalake`` (the snapshot the
+planner already opened, usually). Spark's Delta reader would first rebuild the table's state at
+that version and filter its file list, two or three Spark jobs for every version it has not seen
+(``Compute snapshot for version``, ``Filtering files for query``); a resident follower reads a new
+version of each input for nearly every unit, so those jobs were most of a small unit's Spark time
+(docs/benchmarks.md, stop 65). The rows are the same: the version's rows are exactly its data
+files' rows, and a file written before a column was added reads that column as null, as Delta
+reads it. Any other table, or a version with more files than :data:`DIRECT_MAX_FILES`, is read
+through Delta.
+
+``$TIDEMARK_DIRECT_IO=off`` reads every table through Delta (to compare, or to rule this out).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from lineage.core.errors import ConfigError
+from platform_assets.core import spark_io
+from resources.storage import delta_meta
+from resources.storage.warehouse import is_object_store
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from lineage.spec.model import Topic
+    from platform_assets.core.context import UnitContext
+
+#: At most this many files are read directly (Spark looks each given file up on the driver, at
+#: most this many without a listing job: ``spark.sql.sources.parallelPartitionDiscovery.threshold``,
+#: set to it in Tidemark's sessions); object stores, where each lookup is a request, fewer.
+DIRECT_MAX_FILES = 1000
+DIRECT_MAX_OBJECTS = 100
+
+ENV = "TIDEMARK_DIRECT_IO"
+
+
+def direct_io_on() -> bool:
+    """Whether plain versions are read from their files (``$TIDEMARK_DIRECT_IO``: on, the
+    default, or off); any other value is refused."""
+    value = os.environ.get(ENV, "on").strip().lower()
+    if value not in ("on", "off"):
+        raise ConfigError(f"${ENV}={os.environ.get(ENV)!r}: expected on or off")
+    return value == "on"
+
+
+def read_version(spark: SparkSession, path: str, version: int | None, *,
+                 low: dt.datetime | None = None, high: dt.datetime | None = None) -> DataFrame:
+    """The table at ``path`` at Delta ``version`` (None: the newest), as Spark reads ``path``.
+    ``low``/``high``: the caller keeps only rows with a ``pos`` in that range, so only the files whose
+    statistics allow one need be read."""
+    direct = _direct(spark, path, version, low, high) if direct_io_on() else None
+    if direct is not None:
+        return direct
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(path)
+
+
+def _direct(spark: SparkSession, path: str, version: int | None, low: dt.datetime | None,
+            high: dt.datetime | None) -> DataFrame | None:
+    """The version read from its files, or None where Delta must read it."""
+    from pyspark.sql.types import StructType
+
+    snap = delta_meta.TableSnapshot.open(path, version)
+    if snap.table is None or not snap.plain or (version is not None and snap.version != version):
+        return None
+    files = (delta_meta.files_in_range(snap, *delta_meta.widened(low, high)) if (low or high)
+             else snap.files["path"].to_pylist())
+    if len(files) > (DIRECT_MAX_OBJECTS if is_object_store(path) else DIRECT_MAX_FILES):
+        return None
+    schema = StructType.fromJson(_public(json.loads(snap.table.schema().to_json())))
+    if not files:
+        return spark.createDataFrame([], schema)
+    root = path.rstrip("/")
+    return spark.read.schema(schema).parquet(*(f"{root}/{rel}" for rel in files))
+
+
+def _public(schema: Any) -> Any:
+    """A Delta schema (as JSON) without the ``delta.*`` field metadata Delta's own reader leaves out
+    of what it returns (generation expressions, identity, column mapping): a transform that copies
+    a column must not carry them into its destination."""
+    if isinstance(schema, dict):
+        out = {k: _public(v) for k, v in schema.items()}
+        if isinstance(out.get("metadata"), dict):
+            out["metadata"] = {k: v for k, v in out["metadata"].items() if not k.startswith("delta.")}
+        return out
+    if isinstance(schema, list):
+        return [_public(v) for v in schema]
+    return schema
+
+
+def pin_inputs(ctx: UnitContext, topic: Topic, versions: dict[str, int], prefix: str, views: list[str]) -> dict[str, str]:
+    """Temporary views of the inputs ``topic``'s SQL reads, each at the given Delta version (read
+    by :func:`read_version`): lineage table -> view name (for :func:`spark_io.transform`'s
+    ``tables``); the names are added to ``views`` (to drop when done). None for a Python
+    transform: it reads what it names (:func:`lineage.views.refresh.inexact` says what that costs)."""
+    out: dict[str, str] = {}
+    if topic.python:
+        return out
+    for i, table in enumerate(spark_io.tables_read(topic, versions)):
+        name = f"{prefix}_{i}"
+        read_version(ctx.spark, ctx.path(table), versions[table]).createOrReplaceTempView(name)
+        views.append(name)
+        out[table] = name
+    return out

@@ -1,0 +1,108 @@
+"""A table at a version as Spark reads it (``platform_assets.core.table_reads``): a plain version
+straight from its files gives exactly the rows Delta's reader gives, any other through Delta (real
+Spark + Delta, the session-scoped ``spark``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from lineage.core.errors import ConfigError
+from platform_assets.core import table_reads
+from resources.storage import delta_meta
+
+pytestmark = pytest.mark.spark
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def _rows(first: int, n: int, **extra: list) -> pa.Table:
+    return pa.table({"pos": pa.array([T0 + dt.timedelta(seconds=i) for i in range(first, first + n)], pa.timestamp("us", "UTC")),
+                     "id": pa.array(range(first, first + n), pa.int64()), **extra})
+
+
+def _sorted(df) -> list[tuple]:
+    return sorted(tuple(r) for r in df.collect())
+
+
+def _through_delta(df) -> bool:
+    """Whether Spark reads ``df`` through Delta's file index (else from the files it was given)."""
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    assert "FileScan" in plan, plan
+    return "DeltaFileIndex" in plan or "TahoeLogFileIndex" in plan
+
+
+def _delta(spark, path: str, version: int | None):
+    reader = spark.read.format("delta")
+    return (reader.option("versionAsOf", version) if version is not None else reader).load(path)
+
+
+def test_a_plain_version_reads_from_its_files_with_the_rows_delta_reads(spark, tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    write_deltalake(path, _rows(0, 5))
+    write_deltalake(path, _rows(5, 5, note=pa.array(list("abcde"))), mode="append", schema_mode="merge")  # a column added
+    write_deltalake(path, _rows(10, 5, note=pa.array(list("fghij"))), mode="append")
+    for version in (0, 1, 2, None):
+        direct = table_reads._direct(spark, path, version, None, None)
+        assert direct is not None, f"version {version} of a plain table should be read from its files"
+        assert not _through_delta(direct) and _through_delta(_delta(spark, path, version))
+        assert direct.schema.names == _delta(spark, path, version).schema.names
+        assert _sorted(direct) == _sorted(_delta(spark, path, version)), f"version {version}"
+    # the rows of the first file read the added column as null, as Delta reads them
+    assert [r.note for r in table_reads.read_version(spark, path, 1).collect() if r.id < 5] == [None] * 5
+
+
+def test_a_pos_range_reads_only_the_files_that_may_hold_it(spark, tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    for first in (0, 10, 20):
+        write_deltalake(path, _rows(first, 10), mode="append")
+    low, high = (T0 + dt.timedelta(seconds=12)).replace(tzinfo=None), (T0 + dt.timedelta(seconds=14)).replace(tzinfo=None)
+    df = table_reads.read_version(spark, path, 2, low=low, high=high)
+    assert len(df.inputFiles()) == 1
+    assert sorted(r.id for r in df.collect()) == list(range(10, 20))
+    # a range at a file's edge keeps the neighbour whose statistics (cut to milliseconds) may hold it
+    edge = (T0 + dt.timedelta(seconds=9)).replace(tzinfo=None)
+    assert len(table_reads.read_version(spark, path, 2, low=edge, high=edge).inputFiles()) >= 1
+    assert table_reads.read_version(spark, path, 2, low=T0.replace(tzinfo=None) - dt.timedelta(days=1),
+                                    high=T0.replace(tzinfo=None) - dt.timedelta(hours=1)).count() == 0
+
+
+def test_other_tables_and_the_off_switch_read_through_delta(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parted = str(tmp_path / "parted")
+    write_deltalake(parted, _rows(0, 6, part=pa.array(["a", "b"] * 3)), partition_by=["part"])
+    assert table_reads._direct(spark, parted, 0, None, None) is None  # partition values live in the log
+    assert _through_delta(table_reads.read_version(spark, parted, 0))
+    assert _sorted(table_reads.read_version(spark, parted, 0)) == _sorted(_delta(spark, parted, 0))
+
+    plain = str(tmp_path / "plain")
+    write_deltalake(plain, _rows(0, 3))
+    assert not _through_delta(table_reads.read_version(spark, plain, 0))
+    monkeypatch.setenv(table_reads.ENV, "off")
+    assert _through_delta(table_reads.read_version(spark, plain, 0))
+    assert table_reads.read_version(spark, plain, 0).count() == 3
+    monkeypatch.setenv(table_reads.ENV, "sometimes")
+    with pytest.raises(ConfigError, match="TIDEMARK_DIRECT_IO"):
+        table_reads.direct_io_on()
+
+
+def test_too_many_files_read_through_delta(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = str(tmp_path / "t")
+    for first in range(0, 4):
+        write_deltalake(path, _rows(first, 1), mode="append")
+    monkeypatch.setattr(table_reads, "DIRECT_MAX_FILES", 3)
+    assert table_reads._direct(spark, path, 3, None, None) is None
+    assert table_reads.read_version(spark, path, 3).count() == 4
+
+
+def test_a_version_kept_in_the_process_is_opened_once(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    write_deltalake(path, _rows(0, 2))
+    newest = delta_meta.TableSnapshot.open(path)
+    assert delta_meta.TableSnapshot.open(path, 0) is newest  # the same version: the snapshot kept
+    write_deltalake(path, _rows(2, 2), mode="append")
+    assert delta_meta.TableSnapshot.open(path, 0) is newest  # still that version, though no longer the newest
+    assert delta_meta.TableSnapshot.open(path).version == 1
