@@ -306,7 +306,7 @@ def start_for_new_topic(topic: Topic, dest: str) -> tuple[Position, int, str]:
 # ------------------------------------------------------------------ 4. statistics
 
 
-def block_figures(dest: str, commit: delta_log.CommitStats, observed: spark_io.BlockObservation | None,
+def block_figures(dest: str, commit: delta_log.CommitStats, observed: spark_io.BlockObservation | spark_io.Counted | None,
                   run_id: str) -> spark_io.BlockFigures:
     """Rows and every column's null count of what ``commit`` added: observed during this run's
     write (``run_id`` wrote the commit), else (the data landed before a crash, or another writer's

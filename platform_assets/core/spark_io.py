@@ -161,6 +161,17 @@ class BlockObservation:
         return BlockFigures(int(got["rows"]), {c: int(got.get(f"n{i}") or 0) for i, c in enumerate(self.columns)})
 
 
+@dataclass(frozen=True)
+class Counted:
+    """A unit's figures counted before its write (the rows committed from the driver:
+    :mod:`platform_assets.core.driver_writes`), read as a :class:`BlockObservation` is."""
+
+    counted: BlockFigures
+
+    def figures(self) -> BlockFigures:
+        return self.counted
+
+
 #: A step block of at most this many base rows is written as one file (:func:`one_file_if_small`).
 SMALL_BLOCK_ROWS = 100_000
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
 from lineage.spec.model import Topic
-from platform_assets.core import faults, protocol, spark_io, table_reads
+from platform_assets.core import driver_writes, faults, protocol, spark_io, table_reads
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
 from resources.state.offsets import OffsetRecord
-from resources.storage import delta_log
+from resources.storage import delta_log, delta_meta
 from resources.storage.meta_tables import write_etl_log
 
 if TYPE_CHECKING:
@@ -46,7 +46,9 @@ class ReloadProcessor:
             spark_io.run_statements(eng.spark, topic, "before")
             out = spark_io.transform(eng.spark, topic, base_df, paths={t: eng.path(t) for t in topic.spec.depends_on})
         number = protocol.next_seq(rec, eng.path(topic.spec.destination), topic.name)
-        return OpenBlock(topic, Planned(None, f"reload {number}", source_version=base.version), started, number,
+        counted = None if base.version is None else delta_meta.TableSnapshot.open(eng.path(topic.spec.base), base.version).row_count
+        rows = -1 if counted is None else counted  # (rows before deletions, with deletion vectors: at least as many)
+        return OpenBlock(topic, Planned(None, f"reload {number}", base_rows=rows, source_version=base.version), started, number,
                          out=out, base_mark=base.max_position or Position.zero())
 
     def finish(self, opened: OpenBlock) -> StepResult:
@@ -61,9 +63,12 @@ class ReloadProcessor:
                                         run_id=eng.run_id, owner=eng.owner)
         app_id = data_app_id(topic.name)
         with eng.phases.timed("write"):
-            out, observed = spark_io.observe_output(opened.out)
-            spark_io.save_unit(out.write.format("delta").mode("overwrite").option("overwriteSchema", "true"), dest,
-                               app_id=app_id, seq=seq, meta=meta)
+            observed: spark_io.BlockObservation | spark_io.Counted | None = driver_writes.commit_small(opened.out, dest, mode="overwrite", input_rows=opened.planned.base_rows,
+                                                  app_id=app_id, seq=seq, meta=meta)
+            if observed is None:
+                out, observed = spark_io.observe_output(opened.out)
+                spark_io.save_unit(out.write.format("delta").mode("overwrite").option("overwriteSchema", "true"), dest,
+                                   app_id=app_id, seq=seq, meta=meta)
             eng.register(topic.spec.destination)
             committed = delta_log.find_txn_commit(dest, app_id, seq)
         if committed is None:

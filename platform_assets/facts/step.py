@@ -26,7 +26,7 @@ from lineage.core.errors import ProcessingError
 from lineage.core.positions import Block
 from lineage.planning.planner import Decision
 from lineage.spec.model import Topic
-from platform_assets.core import blocks, faults, protocol, spark_io, table_reads
+from platform_assets.core import blocks, driver_writes, faults, protocol, spark_io, table_reads
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
 from resources.state.offsets import OffsetRecord
 from resources.storage import delta_log, delta_meta
@@ -157,16 +157,19 @@ class StepProcessor:
         app_id = data_app_id(topic.name)
         landed = opened.landed
         recovered = landed is not None  # written before a crash: only the offset must catch up
-        observed = None
+        observed: spark_io.BlockObservation | spark_io.Counted | None = None
         if landed is None:
             if opened.out is None:
                 raise ProcessingError(f"topic '{topic.name}': block {block.seq} has no output to write")
             meta = protocol.commit_metadata(topic, block.seq, last=block.last, next_=block.next,
                                             source_version=planned.source_version, run_id=eng.run_id, owner=eng.owner)
             with eng.phases.timed("write"):
-                out, observed = spark_io.observe_output(spark_io.one_file_if_small(opened.out, planned.base_rows))
-                spark_io.save_unit(out.write.format("delta").mode("append").option("mergeSchema", "true"), dest,
-                                   app_id=app_id, seq=block.seq, meta=meta)
+                observed = driver_writes.commit_small(opened.out, dest, mode="append", input_rows=planned.base_rows,
+                                                      app_id=app_id, seq=block.seq, meta=meta)
+                if observed is None:
+                    out, observed = spark_io.observe_output(spark_io.one_file_if_small(opened.out, planned.base_rows))
+                    spark_io.save_unit(out.write.format("delta").mode("append").option("mergeSchema", "true"), dest,
+                                       app_id=app_id, seq=block.seq, meta=meta)
                 eng.register(spec.destination)
                 landed = delta_log.find_txn_commit(dest, app_id, block.seq)
             if landed is None:

@@ -1,0 +1,106 @@
+"""A small unit's output committed from the driver by ``deltalake`` (:func:`commit_small`): Spark
+computes the rows, they come to the driver as Arrow, and one ``deltalake`` commit lands them with
+the unit's ``txn`` (``txnAppId``/``txnVersion``) and ``userMetadata``, exactly as the commit
+protocol has a Spark write land them (DESIGN.md: Delta stores through ``delta-spark`` and
+``deltalake``; Tidemark's intake and meta tables write through ``deltalake`` already).
+
+Why: Spark's Delta writer rebuilds the destination's state at its newest version before each
+commit, to look the transaction up (Delta 4.x does not take it from the checksum file), a Spark job
+or two for every unit, whose output is often a few dozen rows. ``deltalake`` reads the
+destination's log JVM-free, usually from the snapshot this process keeps
+(:class:`~resources.storage.snapshot.TableSnapshot`), and commits in milliseconds.
+
+Only where the commit is the one Spark would write (:func:`refusal` says why not): a table that
+exists, whose protocol ``deltalake`` writes as Spark does (reader version 1; writer version up to
+4, or 7 with only ``appendOnly``, ``invariants`` or ``changeDataFeed``), without partition columns,
+CHECK constraints, invariants, generated, identity or default columns, and whose columns are the
+output's, with the same types. Any other unit, and every unit with ``$TIDEMARK_DIRECT_IO=off``,
+is written by Spark.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from platform_assets.core import spark_io, table_reads
+from resources.storage import delta_meta
+from resources.storage.warehouse import storage_options
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+#: Units of at most this many input rows (a step block's base rows, a reload's base) are committed
+#: from the driver: their output comes to it whole.
+MAX_ROWS = spark_io.SMALL_BLOCK_ROWS
+
+_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "changeDataFeed"})
+_COLUMN_KEYS = ("delta.generationExpression", "delta.identity", "CURRENT_DEFAULT", "delta.invariants",
+                "delta.columnMapping")
+
+
+def refusal(snap: delta_meta.TableSnapshot, out_schema: Any) -> str | None:
+    """None when ``deltalake`` may commit rows of ``out_schema`` (a Spark ``StructType``) to the
+    table whose newest version is ``snap`` as Spark's writer would; else why not."""
+    table = snap.table
+    if table is None:
+        return "no table yet"
+    proto = table.protocol()
+    features = set(proto.writer_features or ())
+    if proto.min_reader_version != 1 or not (proto.min_writer_version <= 4 or (proto.min_writer_version == 7
+                                                                                and features <= _WRITER_FEATURES)):
+        return f"protocol ({proto.min_reader_version}, {proto.min_writer_version}, {sorted(features)})"
+    meta = table.metadata()
+    if meta.partition_columns:
+        return "partition columns"
+    if any(k.startswith("delta.constraints.") for k in (meta.configuration or {})):
+        return "CHECK constraints"
+    fields = json.loads(table.schema().to_json())["fields"]
+    if any(k.startswith(_COLUMN_KEYS) for f in fields for k in (f.get("metadata") or {})):
+        return "generated, identity, default or constrained columns"
+    have = {f["name"]: _type(f["type"]) for f in fields}
+    want = {f["name"]: _type(f["type"]) for f in json.loads(out_schema.json())["fields"]}
+    if have != want:
+        return "the output's columns are not the table's"
+    return None
+
+
+def _type(t: Any) -> Any:
+    """A schema type (JSON) without nullability and metadata: what must match for a commit."""
+    if isinstance(t, dict):
+        return {k: _type(v) for k, v in t.items() if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")}
+    if isinstance(t, list):
+        return [_type(v) for v in t]
+    return t
+
+
+def commit_small(out: DataFrame, dest: str, *, mode: str, input_rows: int, app_id: str, seq: int,
+                 meta: str) -> spark_io.Counted | None:
+    """Commit ``out`` to the table at ``dest`` (``mode``: ``append`` or ``overwrite``) from the
+    driver as the unit ``(app_id, seq)`` with ``meta`` as its ``userMetadata``, and return its
+    figures (counted on the driver); None, having written nothing, where Spark must write it (``input_rows`` above
+    :data:`MAX_ROWS` or unknown, :func:`refusal`, or ``$TIDEMARK_DIRECT_IO=off``). A unit whose
+    transaction the table recorded already is not written again (as Spark's writer skips it)."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    if not (0 <= input_rows <= MAX_ROWS) or not table_reads.direct_io_on():
+        return None
+    snap = delta_meta.TableSnapshot.open(dest)
+    table = snap.table
+    if table is None or refusal(snap, out.schema) is not None:
+        return None
+    target = pa.schema(table.schema().to_arrow())
+    rows = out.toArrow()
+    try:
+        rows = rows.select(target.names).cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
+        return None  # (e.g. a null in a NOT NULL column: Spark's writer says so)
+    figures = spark_io.Counted(spark_io.BlockFigures(rows.num_rows, {c: rows.column(c).null_count for c in out.columns}))
+    recorded = table.transaction_version(app_id)
+    if recorded is not None and recorded >= seq:
+        return figures
+    write_deltalake(dest, rows, mode=mode, storage_options=storage_options(dest),  # type: ignore[call-overload]
+                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=seq)],
+                                                       custom_metadata={"userMetadata": meta}))
+    return figures
