@@ -30,10 +30,6 @@ from resources.storage.warehouse import storage_options
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-#: Units of at most this many input rows (a step block's base rows, a reload's base) are committed
-#: from the driver: their output comes to it whole.
-MAX_ROWS = spark_io.SMALL_BLOCK_ROWS
-
 _WRITER_FEATURES = frozenset({"appendOnly", "invariants", "changeDataFeed"})
 _COLUMN_KEYS = ("delta.generationExpression", "delta.identity", "CURRENT_DEFAULT", "delta.invariants",
                 "delta.columnMapping")
@@ -78,13 +74,14 @@ def commit_small(out: DataFrame, dest: str, *, mode: str, input_rows: int, app_i
                  meta: str) -> spark_io.Counted | None:
     """Commit ``out`` to the table at ``dest`` (``mode``: ``append`` or ``overwrite``) from the
     driver as the unit ``(app_id, seq)`` with ``meta`` as its ``userMetadata``, and return its
-    figures (counted on the driver); None, having written nothing, where Spark must write it (``input_rows`` above
-    :data:`MAX_ROWS` or unknown, :func:`refusal`, or ``$TIDEMARK_DIRECT_IO=off``). A unit whose
+    figures (counted on the driver); None, having written nothing, where Spark must write it:
+    ``input_rows`` unknown or above :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` (the
+    output comes to the driver whole), :func:`refusal`, or ``$TIDEMARK_DIRECT_IO=off``. A unit whose
     transaction the table recorded already is not written again (as Spark's writer skips it)."""
     import pyarrow as pa
     from deltalake import CommitProperties, Transaction, write_deltalake
 
-    if not (0 <= input_rows <= MAX_ROWS) or not table_reads.direct_io_on():
+    if not (0 <= input_rows <= spark_io.SMALL_BLOCK_ROWS) or not table_reads.direct_io_on():
         return None
     snap = delta_meta.TableSnapshot.open(dest)
     table = snap.table

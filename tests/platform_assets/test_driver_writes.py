@@ -108,7 +108,7 @@ def test_spark_writes_what_deltalake_would_not_write_as_spark_does(spark, tmp_pa
         out = _out(spark).selectExpr("CAST(id AS INT) AS id", "name")
     elif case == "too many rows":
         _out(spark).write.format("delta").save(path)
-        rows = driver_writes.MAX_ROWS + 1
+        rows = spark_io.SMALL_BLOCK_ROWS + 1
     before = DeltaTable(path).version() if case != "no table" else None
     assert driver_writes.commit_small(out, path, mode="append", input_rows=rows, app_id="app", seq=1, meta="{}") is None
     if before is not None:
