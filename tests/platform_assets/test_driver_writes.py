@@ -70,6 +70,7 @@ def _out(spark, rows: int = 3):
     return spark.createDataFrame([(i, f"v{i}") for i in range(rows)], "id long, name string")
 
 
+@pytest.mark.fast
 def test_a_transaction_the_table_recorded_is_not_written_again(spark, tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     _out(spark).write.format("delta").save(path)
