@@ -101,3 +101,17 @@ def commit_small(out: DataFrame, dest: str, *, mode: str, input_rows: int, app_i
                     commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=seq)],
                                                        custom_metadata={"userMetadata": meta}))
     return figures
+
+
+def write_unit(out: DataFrame, dest: str, *, mode: str, options: dict[str, str], input_rows: int, app_id: str,
+               seq: int, meta: str, one_file: bool = False) -> spark_io.Counted | spark_io.BlockObservation:
+    """Land ``out`` in the table at ``dest`` as the unit ``(app_id, seq)``: committed from the driver
+    (:func:`commit_small`) where it may be, else by Spark's Delta writer in ``mode`` with
+    ``options`` (``one_file``: a small block's output in one file, :func:`spark_io.one_file_if_small`).
+    Returns what gives the unit's figures (:func:`protocol.block_figures`)."""
+    counted = commit_small(out, dest, mode=mode, input_rows=input_rows, app_id=app_id, seq=seq, meta=meta)
+    if counted is not None:
+        return counted
+    spark_out, observed = spark_io.observe_output(spark_io.one_file_if_small(out, input_rows) if one_file else out)
+    spark_io.save_unit(spark_out.write.format("delta").mode(mode).options(**options), dest, app_id=app_id, seq=seq, meta=meta)
+    return observed

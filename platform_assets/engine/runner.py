@@ -23,7 +23,7 @@ from lineage.core.errors import OffsetError, ProcessingError, TidemarkError, Top
 from lineage.core.positions import Position
 from lineage.planning.planner import Decision, TableMark, TopicState, lag_seconds, plan_topic
 from lineage.spec.model import Lineage, Processor, Topic
-from platform_assets.core import blocks, protocol, spark_io
+from platform_assets.core import blocks, protocol, spark_io, table_reads
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, UnitProcessor, data_app_id
 from platform_assets.facts.reload import ReloadProcessor
 from platform_assets.facts.step import StepProcessor, pending
@@ -85,6 +85,7 @@ class Engine:
         owner: str | None = None,
         clock: Callable[[], dt.datetime] = utcnow,
     ) -> None:
+        table_reads.direct_io_on()  # a bad $TIDEMARK_DIRECT_IO is refused before anything runs
         self.settings = settings
         self.lineage = lineage
         check_warehouse(settings.warehouse)  # an object store that cannot be reached fails here, naming the fix

@@ -63,12 +63,8 @@ class ReloadProcessor:
                                         run_id=eng.run_id, owner=eng.owner)
         app_id = data_app_id(topic.name)
         with eng.phases.timed("write"):
-            observed: spark_io.BlockObservation | spark_io.Counted | None = driver_writes.commit_small(opened.out, dest, mode="overwrite", input_rows=opened.planned.base_rows,
-                                                  app_id=app_id, seq=seq, meta=meta)
-            if observed is None:
-                out, observed = spark_io.observe_output(opened.out)
-                spark_io.save_unit(out.write.format("delta").mode("overwrite").option("overwriteSchema", "true"), dest,
-                                   app_id=app_id, seq=seq, meta=meta)
+            observed = driver_writes.write_unit(opened.out, dest, mode="overwrite", options={"overwriteSchema": "true"},
+                                                input_rows=opened.planned.base_rows, app_id=app_id, seq=seq, meta=meta)
             eng.register(topic.spec.destination)
             committed = delta_log.find_txn_commit(dest, app_id, seq)
         if committed is None:

@@ -18,6 +18,7 @@ row's output lands exactly once.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -145,7 +146,9 @@ class StepProcessor:
         eng = self.engine
         versions = {t: v for t in topic.spec.depends_on[1:]
                     if (v := delta_meta.TableSnapshot.open(eng.path(t)).version) is not None}
-        return table_reads.pin_inputs(eng, topic, versions, "tm_step_in", [])
+        # one name per topic: a unit of another topic on this session cannot replace them before this
+        # block's output is written (Spark Connect resolves a view when the write runs)
+        return table_reads.pin_inputs(eng, topic, versions, "tm_step_in_" + re.sub(r"\W", "_", topic.name), [])
 
     def finish(self, opened: OpenBlock) -> StepResult:
         eng = self.engine
@@ -164,12 +167,9 @@ class StepProcessor:
             meta = protocol.commit_metadata(topic, block.seq, last=block.last, next_=block.next,
                                             source_version=planned.source_version, run_id=eng.run_id, owner=eng.owner)
             with eng.phases.timed("write"):
-                observed = driver_writes.commit_small(opened.out, dest, mode="append", input_rows=planned.base_rows,
-                                                      app_id=app_id, seq=block.seq, meta=meta)
-                if observed is None:
-                    out, observed = spark_io.observe_output(spark_io.one_file_if_small(opened.out, planned.base_rows))
-                    spark_io.save_unit(out.write.format("delta").mode("append").option("mergeSchema", "true"), dest,
-                                       app_id=app_id, seq=block.seq, meta=meta)
+                observed = driver_writes.write_unit(opened.out, dest, mode="append", options={"mergeSchema": "true"},
+                                                    input_rows=planned.base_rows, app_id=app_id, seq=block.seq, meta=meta,
+                                                    one_file=True)
                 eng.register(spec.destination)
                 landed = delta_log.find_txn_commit(dest, app_id, block.seq)
             if landed is None:

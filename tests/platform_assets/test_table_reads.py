@@ -106,3 +106,15 @@ def test_a_version_kept_in_the_process_is_opened_once(tmp_path: Path) -> None:
     write_deltalake(path, _rows(2, 2), mode="append")
     assert delta_meta.TableSnapshot.open(path, 0) is newest  # still that version, though no longer the newest
     assert delta_meta.TableSnapshot.open(path).version == 1
+
+
+def test_a_bad_direct_io_setting_is_refused_before_an_engine_runs(settings, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from lineage.spec.loader import load_lineage
+    from platform_assets.engine.runner import Engine
+    from tests.platform_assets.shop import write_lineage
+
+    lineage = load_lineage(write_lineage(tmp_path))
+    monkeypatch.setenv(table_reads.ENV, "yes")
+    with pytest.raises(ConfigError, match="TIDEMARK_DIRECT_IO='yes': expected on or off"):
+        Engine(settings, lineage)
