@@ -21,14 +21,22 @@ is written by Spark.
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
+from lineage.core.errors import first_line
 from platform_assets.core import spark_io, table_reads
 from resources.storage import delta_meta
 from resources.storage.warehouse import storage_options
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+    from deltalake import CommitProperties
     from pyspark.sql import DataFrame
+
+    from platform_assets.core.keyed_merge import Clauses
+
+log = logging.getLogger(__name__)
 
 _WRITER_FEATURES = frozenset({"appendOnly", "invariants", "changeDataFeed"})
 _COLUMN_KEYS = ("delta.generationExpression", "delta.identity", "CURRENT_DEFAULT", "delta.invariants",
@@ -38,6 +46,19 @@ _COLUMN_KEYS = ("delta.generationExpression", "delta.identity", "CURRENT_DEFAULT
 def refusal(snap: delta_meta.TableSnapshot, out_schema: Any) -> str | None:
     """None when ``deltalake`` may commit rows of ``out_schema`` (a Spark ``StructType``) to the
     table whose newest version is ``snap`` as Spark's writer would; else why not."""
+    why = table_refusal(snap)
+    if why is not None or snap.table is None:
+        return why or "no table yet"
+    have = {f["name"]: _type(f["type"]) for f in json.loads(snap.table.schema().to_json())["fields"]}
+    want = {f["name"]: _type(f["type"]) for f in json.loads(out_schema.json())["fields"]}
+    if have != want:
+        return "the output's columns are not the table's"
+    return None
+
+
+def table_refusal(snap: delta_meta.TableSnapshot) -> str | None:
+    """None when ``deltalake`` writes the table whose newest version is ``snap`` as Spark's writer
+    would (its protocol, partitioning, constraints and columns); else why not."""
     table = snap.table
     if table is None:
         return "no table yet"
@@ -54,10 +75,6 @@ def refusal(snap: delta_meta.TableSnapshot, out_schema: Any) -> str | None:
     fields = json.loads(table.schema().to_json())["fields"]
     if any(k.startswith(_COLUMN_KEYS) for f in fields for k in (f.get("metadata") or {})):
         return "generated, identity, default or constrained columns"
-    have = {f["name"]: _type(f["type"]) for f in fields}
-    want = {f["name"]: _type(f["type"]) for f in json.loads(out_schema.json())["fields"]}
-    if have != want:
-        return "the output's columns are not the table's"
     return None
 
 
@@ -78,8 +95,7 @@ def commit_small(out: DataFrame, dest: str, *, mode: str, input_rows: int, app_i
     ``input_rows`` unknown or above :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` (the
     output comes to the driver whole), :func:`refusal`, or ``$TIDEMARK_DIRECT_IO=off``. A unit whose
     transaction the table recorded already is not written again (as Spark's writer skips it)."""
-    import pyarrow as pa
-    from deltalake import CommitProperties, Transaction, write_deltalake
+    from deltalake import write_deltalake
 
     if not (0 <= input_rows <= spark_io.SMALL_BLOCK_ROWS) or not table_reads.direct_io_on():
         return None
@@ -87,20 +103,92 @@ def commit_small(out: DataFrame, dest: str, *, mode: str, input_rows: int, app_i
     table = snap.table
     if table is None or refusal(snap, out.schema) is not None:
         return None
-    target = pa.schema(table.schema().to_arrow())
-    rows = out.toArrow()
-    try:
-        rows = rows.select(target.names).cast(target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
+    rows = _cast(out.toArrow(), table, only=True)
+    if rows is None:
         return None  # (e.g. a null in a NOT NULL column: Spark's writer says so)
     figures = spark_io.Counted(spark_io.BlockFigures(rows.num_rows, {c: rows.column(c).null_count for c in out.columns}))
-    recorded = table.transaction_version(app_id)
-    if recorded is not None and recorded >= seq:
-        return figures
-    write_deltalake(dest, rows, mode=mode, storage_options=storage_options(dest),  # type: ignore[call-overload]
-                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=seq)],
-                                                       custom_metadata={"userMetadata": meta}))
+    if not _recorded(table, app_id, seq):
+        write_deltalake(dest, rows, mode=mode, storage_options=storage_options(dest),  # type: ignore[call-overload]
+                        commit_properties=_unit(app_id, seq, meta))
     return figures
+
+
+def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
+                max_rows: int) -> bool:
+    """Commit ``clauses`` (:mod:`~platform_assets.core.keyed_merge`) with ``source`` into the table
+    at ``dest`` from the driver, by ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with
+    ``meta`` as its ``userMetadata``. False, having written nothing, where Spark must: a table of
+    more than ``max_rows`` rows, a source of more than
+    :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows, :func:`table_refusal`, a source
+    without the table's columns, ``$TIDEMARK_DIRECT_IO=off``, or a MERGE ``deltalake`` refused (said
+    in the log: a type it cannot compare, a concurrent commit). A Spark MERGE of the same unit after
+    a commit that did land is skipped by its ``txn``. A unit the table recorded already is not
+    written again."""
+    from deltalake import DeltaTable
+
+    if not table_reads.direct_io_on():
+        return False
+    snap = delta_meta.TableSnapshot.open(dest)
+    table = snap.table
+    if table is None or snap.row_count is None or snap.row_count > max_rows or table_refusal(snap) is not None:
+        return False
+    rows = _cast(source.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow(), table, only=False)
+    if rows is None or rows.num_rows > spark_io.SMALL_BLOCK_ROWS:
+        return False
+    if _recorded(table, app_id, seq):
+        return True
+    target = DeltaTable(dest, storage_options=storage_options(dest))
+    builder = target.merge(rows, predicate=clauses.on(), source_alias="s", target_alias="t",
+                           commit_properties=_unit(app_id, seq, meta))
+    if clauses.delete:
+        builder = builder.when_matched_delete(predicate=clauses.delete)
+    if clauses.update:
+        builder = builder.when_matched_update(updates=clauses.update[1], predicate=clauses.update[0])
+    builder = builder.when_not_matched_insert(updates=clauses.insert[1], predicate=clauses.insert[0])
+    try:
+        builder.execute()
+        if not _recorded(target, app_id, seq):  # a MERGE that changes nothing commits nothing; Spark's still commits
+            target.create_write_transaction([], mode="append", schema=target.schema(),
+                                            commit_properties=_unit(app_id, seq, meta))
+    except Exception as exc:  # noqa: BLE001 - Spark's MERGE of the same unit follows (skipped if this one landed)
+        log.warning("unit %s of %s: deltalake's MERGE into %s failed, so Spark's runs instead: %s", seq, app_id, dest,
+                    first_line(exc)[:300])
+        return False
+    return True
+
+
+def _cast(rows: pa.Table, table: Any, *, only: bool) -> pa.Table | None:
+    """``rows`` with the table's columns cast to its types (``only``: those columns alone, in its
+    order; else other columns kept as they are); None when a column is missing or cannot be cast."""
+    import pyarrow as pa
+
+    target = pa.schema(table.schema().to_arrow())
+    if only:
+        try:
+            return rows.select(target.names).cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
+            return None
+    if not set(target.names) <= set(rows.column_names):
+        return None
+    try:
+        columns = [rows.column(f.name).cast(target.field(f.name).type) if f.name in target.names else rows.column(f.name)
+                   for f in rows.schema]
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    return pa.table(columns, names=rows.column_names)
+
+
+def _recorded(table: Any, app_id: str, seq: int) -> bool:
+    """Whether the table (a ``DeltaTable``) recorded the transaction ``(app_id, seq)`` already."""
+    recorded = table.transaction_version(app_id)
+    return recorded is not None and recorded >= seq
+
+
+def _unit(app_id: str, seq: int, meta: str) -> CommitProperties:
+    """A commit's ``txn`` and ``userMetadata``, as Spark's writer records them for a unit."""
+    from deltalake import CommitProperties, Transaction
+
+    return CommitProperties(app_transactions=[Transaction(app_id=app_id, version=seq)], custom_metadata={"userMetadata": meta})
 
 
 def write_unit(out: DataFrame, dest: str, *, mode: str, options: dict[str, str], input_rows: int, app_id: str,

@@ -387,49 +387,6 @@ def rows_of_keys(keys: DataFrame, rows: DataFrame, cols: list[str]) -> DataFrame
                          *[F.col(f"l.{quote(c)}") for c in rows.columns if c not in cols])
 
 
-def merge_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[str], columns: list[str], present: str,
-               delete_missing: bool, app_id: str, seq: int, meta: str, target_filter: str = "",
-               in_hand: bool = False) -> None:
-    """One Delta MERGE of ``source`` into the table at ``dest`` on ``key`` (null-safe): rows whose
-    ``present`` column is true are inserted or, where any column differs, updated (an unchanged row
-    is not rewritten, so the change feed shows only real changes); keys whose ``present`` is null are
-    deleted (``delete_missing``). Idempotent by ``(app_id, seq)`` (Delta's ``txnAppId``/``txnVersion``
-    for DML, as session settings) and self-describing (``meta`` as the commit's ``userMetadata``).
-    ``target_filter``: a predicate on the target (alias ``t``) that every row of a key in ``source``
-    satisfies, added to the condition so that Delta skips the files it excludes. ``in_hand``: see
-    :func:`run_merge`."""
-    on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key) + (f" AND ({target_filter})" if target_filter else "")
-    values = [c for c in columns if c not in key]
-    differs = " OR ".join(f"NOT (t.{quote(c)} <=> s.{quote(c)})" for c in values)
-    sql = (f"MERGE INTO delta.`{dest}` t USING {{source}} s ON {on}\n"
-           + (f"WHEN MATCHED AND s.{present} IS NULL THEN DELETE\n" if delete_missing else "")
-           + (f"WHEN MATCHED AND s.{present} AND ({differs}) THEN UPDATE SET "
-              + ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in values) + "\n" if values else "")
-           + f"WHEN NOT MATCHED AND s.{present} THEN INSERT ({', '.join(map(quote, columns))}) "
-           + f"VALUES ({', '.join('s.' + quote(c) for c in columns)})")
-    run_merge(spark, sql, source, app_id=app_id, seq=seq, meta=meta, in_hand=in_hand)
-
-
-def add_into(spark: SparkSession, source: DataFrame, dest: str, *, key: list[str], count: str, sums: list[str],
-             types: dict[str, str], delete_missing: bool, app_id: str, seq: int, meta: str, target_filter: str = "") -> None:
-    """One Delta MERGE adding ``source`` (per key: the change of ``count`` and of each of ``sums``)
-    to the table at ``dest`` (an additive view): a group's count and sums grow by the source's, a
-    group whose count reaches 0 is deleted (``delete_missing``), a new group with a positive count is
-    inserted, a group whose every change is 0 is not rewritten. Results are cast to ``types`` (the
-    view's column types). Idempotent and self-describing as :func:`merge_into`."""
-    on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key) + (f" AND ({target_filter})" if target_filter else "")
-    cols = [count, *sums]
-    n = quote(count)
-    changes = " OR ".join(f"s.{quote(c)} <> 0" for c in cols)
-    sql = (f"MERGE INTO delta.`{dest}` t USING {{source}} s ON {on}\n"
-           + (f"WHEN MATCHED AND t.{n} + s.{n} <= 0 THEN DELETE\n" if delete_missing else "")
-           + f"WHEN MATCHED AND ({changes}) THEN UPDATE SET "
-           + ", ".join(f"t.{quote(c)} = CAST(coalesce(t.{quote(c)}, 0) + s.{quote(c)} AS {types[c]})" for c in cols) + "\n"
-           + f"WHEN NOT MATCHED AND s.{n} > 0 THEN INSERT ({', '.join(map(quote, [*key, *cols]))}) "
-           + f"VALUES ({', '.join([*(f's.{quote(k)}' for k in key), *(f'CAST(s.{quote(c)} AS {types[c]})' for c in cols)])})")
-    run_merge(spark, sql, source, app_id=app_id, seq=seq, meta=meta)
-
-
 #: Delta's optimistic concurrency: a commit that lost to a concurrent one touching the same files.
 _CONFLICT = re.compile(r"DELTA_CONCURRENT_|Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception"
                        r"|DELTA_METADATA_CHANGED|MetadataChangedException|DELTA_PROTOCOL_CHANGED|ProtocolChangedException")

@@ -31,6 +31,7 @@ from resources.storage.warehouse import is_object_store
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
     from lineage.spec.model import Topic
     from platform_assets.core.context import UnitContext
@@ -70,8 +71,6 @@ def read_version(spark: SparkSession, path: str, version: int | None, *,
 def _direct(spark: SparkSession, path: str, version: int | None, low: dt.datetime | None,
             high: dt.datetime | None) -> DataFrame | None:
     """The version read from its files, or None where Delta must read it."""
-    from pyspark.sql.types import StructType
-
     snap = delta_meta.TableSnapshot.open(path, version)
     if snap.table is None or not snap.plain or (version is not None and snap.version != version):
         return None
@@ -79,11 +78,29 @@ def _direct(spark: SparkSession, path: str, version: int | None, low: dt.datetim
              else snap.files["path"].to_pylist())
     if len(files) > (DIRECT_MAX_OBJECTS if is_object_store(path) else DIRECT_MAX_FILES):
         return None
-    schema = StructType.fromJson(_public(json.loads(snap.table.schema().to_json())))
+    schema = _schema(snap)
     if not files:
         return spark.createDataFrame([], schema)
     root = path.rstrip("/")
     return spark.read.schema(schema).parquet(*(f"{root}/{rel}" for rel in files))
+
+
+def schema_of(spark: SparkSession, path: str) -> StructType:
+    """The newest schema of the table at ``path`` as Spark reads it, from its log JVM-free (Spark's
+    reader would rebuild the table's state first); through Delta when direct reads are off."""
+    snap = delta_meta.TableSnapshot.open(path)
+    if snap.table is None or not direct_io_on():
+        return spark.read.format("delta").load(path).schema
+    return _schema(snap)
+
+
+def _schema(snap: delta_meta.TableSnapshot) -> StructType:
+    """The schema of ``snap`` (a version of an existing table) as Spark reads it."""
+    from pyspark.sql.types import StructType
+
+    if snap.table is None:
+        raise ValueError(f"{snap.path}: no table")
+    return StructType.fromJson(_public(json.loads(snap.table.schema().to_json())))
 
 
 def _public(schema: Any) -> Any:

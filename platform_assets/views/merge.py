@@ -44,7 +44,7 @@ import pyarrow as pa
 from lineage.core.errors import ProcessingError, first_line
 from lineage.spec.model import LateRows, Topic, TopicSpec
 from lineage.views.refresh import CLUSTER_FILES, CLUSTER_ROWS, Strategy, choose, cluster_column
-from platform_assets.core import blocks, faults, protocol, spark_io
+from platform_assets.core import blocks, driver_writes, faults, keyed_merge, protocol, spark_io, table_reads
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
 from platform_assets.views.additive import (
     added_source,
@@ -209,10 +209,10 @@ class MergeProcessor:
             work.nullable = frozenset(f.name for f in full.schema.fields if f.nullable and f.name in spec.additive.sums)
         if not strategy.incremental:
             return full, work
-        target = spark.read.format("delta").load(dest)
-        work.view_types = {f.name: f.dataType for f in target.schema.fields}
-        added = [c for c in full.columns if c not in target.columns]
-        gone = [c for c in target.columns if c not in full.columns]
+        target = table_reads.schema_of(spark, dest)
+        work.view_types = {f.name: f.dataType for f in target.fields}
+        added = [c for c in full.columns if c not in target.names]
+        gone = [c for c in target.names if c not in full.columns]
         if added or gone:  # the transform's columns changed: every row must be recomputed
             why = f"the transform's columns changed (added: {', '.join(added) or '-'}; removed: {', '.join(gone) or '-'})"
             work.strategy = Strategy(False, f"full recompute because {why}", fallback=True)
@@ -345,17 +345,19 @@ class MergeProcessor:
                                      str(spec.deletion_vectors).lower())
                     if work.adds:
                         add = additive(topic)
-                        spark_io.add_into(eng.spark, opened.out, dest, key=list(spec.key), count=add.count, sums=add.sums,
-                                          types=work.types, delete_missing=spec.delete_missing, app_id=app_id,
-                                          seq=block.seq, meta=meta, target_filter=work.prune)
+                        keyed_merge.merge(eng.spark, keyed_merge.add_clauses(list(spec.key), add.count, add.sums, work.types,
+                                                                             spec.delete_missing),
+                                          opened.out, dest, app_id=app_id, seq=block.seq, meta=meta,
+                                          target_filter=work.prune)
                     elif work.append:
-                        spark_io.save_unit(opened.out.write.format("delta").mode("append"), dest, app_id=app_id,
-                                           seq=block.seq, meta=meta)
+                        driver_writes.write_unit(opened.out, dest, mode="append", options={}, input_rows=planned.base_rows,
+                                                 app_id=app_id, seq=block.seq, meta=meta)
                     elif work.strategy.incremental:
-                        spark_io.merge_into(eng.spark, opened.out, dest, key=list(spec.key), columns=work.columns,
-                                            present=PRESENT, delete_missing=spec.delete_missing, app_id=app_id,
-                                            seq=block.seq, meta=meta, target_filter=work.prune,
-                                            in_hand=work.rederived is not None)  # rows of a local checkpoint
+                        keyed_merge.merge(eng.spark, keyed_merge.rows_clauses(list(spec.key), work.columns, PRESENT,
+                                                                              spec.delete_missing),
+                                          opened.out, dest, app_id=app_id, seq=block.seq, meta=meta,
+                                          target_filter=work.prune,
+                                          in_hand=work.rederived is not None)  # rows of a local checkpoint
                     else:
                         spark_io.save_unit(
                             opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")

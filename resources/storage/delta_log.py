@@ -293,19 +293,25 @@ def commit_stats(version: int, actions: list[dict[str, Any]]) -> CommitStats:
 
 
 def _int_metrics(raw: Any) -> dict[str, int]:
+    """A commit's integer ``operationMetrics``, by Spark's names (``deltalake`` writes
+    ``num_target_rows_inserted`` where Spark writes ``numTargetRowsInserted``)."""
     out: dict[str, int] = {}
     for k, v in (raw or {}).items() if isinstance(raw, dict) else ():
         try:
-            out[str(k)] = int(v)
+            out[_camel(str(k))] = int(v)
         except (TypeError, ValueError):
             continue
     return out
 
 
-#: operationMetrics that count rows a commit inserted, updated or deleted (Spark Delta and delta-rs names).
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+#: operationMetrics that count rows a commit inserted, updated or deleted (Spark's names: :func:`_int_metrics`).
 CHANGE_METRICS = ("numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted", "numUpdatedRows",
-                  "numDeletedRows", "num_added_rows", "num_updated_rows", "num_deleted_rows", "num_target_rows_inserted",
-                  "num_target_rows_updated", "num_target_rows_deleted")
+                  "numDeletedRows", "numAddedRows")
 
 
 def changed_rows(commit: CommitStats) -> int | None:
