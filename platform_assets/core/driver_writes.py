@@ -21,10 +21,8 @@ is written by Spark.
 from __future__ import annotations
 
 import json
-import logging
 from typing import TYPE_CHECKING, Any
 
-from lineage.core.errors import first_line
 from platform_assets.core import spark_io, table_reads
 from resources.storage import delta_meta
 from resources.storage.warehouse import storage_options
@@ -33,10 +31,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from deltalake import CommitProperties
     from pyspark.sql import DataFrame
-
-    from platform_assets.core.keyed_merge import Clauses
-
-log = logging.getLogger(__name__)
 
 _WRITER_FEATURES = frozenset({"appendOnly", "invariants", "changeDataFeed"})
 _COLUMN_KEYS = ("delta.generationExpression", "delta.identity", "CURRENT_DEFAULT", "delta.invariants",
@@ -103,61 +97,17 @@ def commit_small(out: DataFrame, dest: str, *, mode: str, input_rows: int, app_i
     table = snap.table
     if table is None or refusal(snap, out.schema) is not None:
         return None
-    rows = _cast(out.toArrow(), table, only=True)
+    rows = cast_to(out.toArrow(), table, only=True)
     if rows is None:
         return None  # (e.g. a null in a NOT NULL column: Spark's writer says so)
     figures = spark_io.Counted(spark_io.BlockFigures(rows.num_rows, {c: rows.column(c).null_count for c in out.columns}))
-    if not _recorded(table, app_id, seq):
+    if not recorded(table, app_id, seq):
         write_deltalake(dest, rows, mode=mode, storage_options=storage_options(dest),  # type: ignore[call-overload]
-                        commit_properties=_unit(app_id, seq, meta))
+                        commit_properties=unit_commit(app_id, seq, meta))
     return figures
 
 
-def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
-                max_rows: int) -> bool:
-    """Commit ``clauses`` (:mod:`~platform_assets.core.keyed_merge`) with ``source`` into the table
-    at ``dest`` from the driver, by ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with
-    ``meta`` as its ``userMetadata``. False, having written nothing, where Spark must: a table of
-    more than ``max_rows`` rows, a source of more than
-    :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows, :func:`table_refusal`, a source
-    without the table's columns, ``$TIDEMARK_DIRECT_IO=off``, or a MERGE ``deltalake`` refused (said
-    in the log: a type it cannot compare, a concurrent commit). A Spark MERGE of the same unit after
-    a commit that did land is skipped by its ``txn``. A unit the table recorded already is not
-    written again."""
-    from deltalake import DeltaTable
-
-    if not table_reads.direct_io_on():
-        return False
-    snap = delta_meta.TableSnapshot.open(dest)
-    table = snap.table
-    if table is None or snap.row_count is None or snap.row_count > max_rows or table_refusal(snap) is not None:
-        return False
-    rows = _cast(source.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow(), table, only=False)
-    if rows is None or rows.num_rows > spark_io.SMALL_BLOCK_ROWS:
-        return False
-    if _recorded(table, app_id, seq):
-        return True
-    target = DeltaTable(dest, storage_options=storage_options(dest))
-    builder = target.merge(rows, predicate=clauses.on(), source_alias="s", target_alias="t",
-                           commit_properties=_unit(app_id, seq, meta))
-    if clauses.delete:
-        builder = builder.when_matched_delete(predicate=clauses.delete)
-    if clauses.update:
-        builder = builder.when_matched_update(updates=clauses.update[1], predicate=clauses.update[0])
-    builder = builder.when_not_matched_insert(updates=clauses.insert[1], predicate=clauses.insert[0])
-    try:
-        builder.execute()
-        if not _recorded(target, app_id, seq):  # a MERGE that changes nothing commits nothing; Spark's still commits
-            target.create_write_transaction([], mode="append", schema=target.schema(),
-                                            commit_properties=_unit(app_id, seq, meta))
-    except Exception as exc:  # noqa: BLE001 - Spark's MERGE of the same unit follows (skipped if this one landed)
-        log.warning("unit %s of %s: deltalake's MERGE into %s failed, so Spark's runs instead: %s", seq, app_id, dest,
-                    first_line(exc)[:300])
-        return False
-    return True
-
-
-def _cast(rows: pa.Table, table: Any, *, only: bool) -> pa.Table | None:
+def cast_to(rows: pa.Table, table: Any, *, only: bool) -> pa.Table | None:
     """``rows`` with the table's columns cast to its types (``only``: those columns alone, in its
     order; else other columns kept as they are); None when a column is missing or cannot be cast."""
     import pyarrow as pa
@@ -178,13 +128,13 @@ def _cast(rows: pa.Table, table: Any, *, only: bool) -> pa.Table | None:
     return pa.table(columns, names=rows.column_names)
 
 
-def _recorded(table: Any, app_id: str, seq: int) -> bool:
+def recorded(table: Any, app_id: str, seq: int) -> bool:
     """Whether the table (a ``DeltaTable``) recorded the transaction ``(app_id, seq)`` already."""
     recorded = table.transaction_version(app_id)
     return recorded is not None and recorded >= seq
 
 
-def _unit(app_id: str, seq: int, meta: str) -> CommitProperties:
+def unit_commit(app_id: str, seq: int, meta: str) -> CommitProperties:
     """A commit's ``txn`` and ``userMetadata``, as Spark's writer records them for a unit."""
     from deltalake import CommitProperties, Transaction
 

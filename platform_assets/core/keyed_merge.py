@@ -2,7 +2,7 @@
 :func:`add_rows`: an additive view's groups grow by the unit's contributions), written once as
 :class:`Clauses` and run by either engine:
 
-* from the driver by ``deltalake`` (:func:`platform_assets.core.driver_writes.merge_small`), for a
+* from the driver by ``deltalake`` (:func:`merge_small`), for a
   view of at most :data:`SMALL_VIEW_ROWS` rows and a source of at most
   :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows. A Spark MERGE first rebuilds the
   view's state at its newest version and copies its source, eight or nine Spark jobs and about
@@ -20,14 +20,20 @@ engines' names). The clauses are SQL both read: backquoted names, ``IS [NOT] DIS
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from platform_assets.core import driver_writes, spark_io
+from lineage.core.errors import first_line
+from platform_assets.core import driver_writes, spark_io, table_reads
 from platform_assets.core.spark_io import quote
+from resources.storage import delta_meta
+from resources.storage.warehouse import storage_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
 
 #: A view of at most this many rows is MERGEd from the driver (delta-rs rewrites the files holding
 #: the keys; at 1M rows in one file that took 0.5 s here). Read at call time.
@@ -93,10 +99,54 @@ def merge(spark: SparkSession, clauses: Clauses, source: DataFrame, dest: str, *
           target_filter: str = "", in_hand: bool = False) -> None:
     """One commit of ``clauses`` with ``source`` into the view at ``dest``, idempotent by ``(app_id,
     seq)`` and carrying ``meta`` as its ``userMetadata``: from the driver where it may be
-    (:func:`~platform_assets.core.driver_writes.merge_small`), else a Spark MERGE (``target_filter``:
+    (:func:`merge_small`), else a Spark MERGE (``target_filter``:
     a predicate on ``t`` that every row of a key in ``source`` satisfies, so that Delta skips the
     files it excludes; ``in_hand``: see :func:`~platform_assets.core.spark_io.run_merge`)."""
-    if driver_writes.merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS):
+    if merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS):
         return
     spark_io.run_merge(spark, clauses.spark_sql(dest, target_filter), source, app_id=app_id, seq=seq, meta=meta,
                        in_hand=in_hand)
+
+
+def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
+                max_rows: int) -> bool:
+    """Commit ``clauses`` with ``source`` into the table
+    at ``dest`` from the driver, by ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with
+    ``meta`` as its ``userMetadata``. False, having written nothing, where Spark must: a table of
+    more than ``max_rows`` rows, a source of more than
+    :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows, :func:`~platform_assets.core.driver_writes.table_refusal`, a source
+    without the table's columns, ``$TIDEMARK_DIRECT_IO=off``, or a MERGE ``deltalake`` refused (said
+    in the log: a type it cannot compare, a concurrent commit). A Spark MERGE of the same unit after
+    a commit that did land is skipped by its ``txn``. A unit the table recorded already is not
+    written again."""
+    from deltalake import DeltaTable
+
+    if not table_reads.direct_io_on():
+        return False
+    snap = delta_meta.TableSnapshot.open(dest)
+    table = snap.table
+    if table is None or snap.row_count is None or snap.row_count > max_rows or driver_writes.table_refusal(snap) is not None:
+        return False
+    rows = driver_writes.cast_to(source.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow(), table, only=False)
+    if rows is None or rows.num_rows > spark_io.SMALL_BLOCK_ROWS:
+        return False
+    if driver_writes.recorded(table, app_id, seq):
+        return True
+    target = DeltaTable(dest, storage_options=storage_options(dest))
+    builder = target.merge(rows, predicate=clauses.on(), source_alias="s", target_alias="t",
+                           commit_properties=driver_writes.unit_commit(app_id, seq, meta))
+    if clauses.delete:
+        builder = builder.when_matched_delete(predicate=clauses.delete)
+    if clauses.update:
+        builder = builder.when_matched_update(updates=clauses.update[1], predicate=clauses.update[0])
+    builder = builder.when_not_matched_insert(updates=clauses.insert[1], predicate=clauses.insert[0])
+    try:
+        builder.execute()
+        if not driver_writes.recorded(target, app_id, seq):  # a MERGE that changes nothing commits nothing; Spark's still commits
+            target.create_write_transaction([], mode="append", schema=target.schema(),
+                                            commit_properties=driver_writes.unit_commit(app_id, seq, meta))
+    except Exception as exc:  # noqa: BLE001 - Spark's MERGE of the same unit follows (skipped if this one landed)
+        log.warning("unit %s of %s: deltalake's MERGE into %s failed, so Spark's runs instead: %s", seq, app_id, dest,
+                    first_line(exc)[:300])
+        return False
+    return True

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from platform_assets.core import driver_writes, keyed_merge, table_reads
+from platform_assets.core import keyed_merge, table_reads
 from resources.storage import delta_log
 
 pytestmark = pytest.mark.spark
@@ -103,7 +103,7 @@ def test_rederived_rows_merged_from_the_driver_equal_sparks_merge(spark, tmp_pat
         assert (m["numTargetRowsInserted"], m["numTargetRowsUpdated"], m["numTargetRowsDeleted"]) == (1, 2, 1), m
         assert delta_log.changed_rows(landed) == 4
     # the same unit again (a retry after a crash) writes nothing
-    assert driver_writes.merge_small(clauses, source, driver, app_id="tidemark:mart.v", seq=7, meta="{}", max_rows=100)
+    assert keyed_merge.merge_small(clauses, source, driver, app_id="tidemark:mart.v", seq=7, meta="{}", max_rows=100)
     assert DeltaTable(driver).version() == 1
     # a unit that changes nothing still commits its txn, as Spark's MERGE does (deltalake's commits nothing)
     for path in (driver, by_spark):
@@ -164,7 +164,7 @@ def test_spark_merges_where_the_driver_may_not(spark, tmp_path: Path, monkeypatc
             monkeypatch.setattr(keyed_merge, "SMALL_VIEW_ROWS", 0)
         if "DIRECT_IO" in why:
             monkeypatch.setenv(table_reads.ENV, "off")
-        assert not driver_writes.merge_small(clauses, source, path, app_id="a", seq=1, meta="{}",
+        assert not keyed_merge.merge_small(clauses, source, path, app_id="a", seq=1, meta="{}",
                                              max_rows=keyed_merge.SMALL_VIEW_ROWS), why
         assert DeltaTable(path).version() == 0, why  # nothing written
         keyed_merge.merge(spark, clauses, source, path, app_id="a", seq=1, meta="{}")
@@ -175,7 +175,7 @@ def test_spark_merges_where_the_driver_may_not(spark, tmp_path: Path, monkeypatc
     path = str(tmp_path / "v9")
     _view(spark, path, view)
     narrow = source.drop("tags")
-    assert not driver_writes.merge_small(clauses, narrow, path, app_id="a", seq=1, meta="{}", max_rows=10)
+    assert not keyed_merge.merge_small(clauses, narrow, path, app_id="a", seq=1, meta="{}", max_rows=10)
     with pytest.raises(Exception):  # noqa: B017, PT011 - Delta 4's message for it is an internal error
         keyed_merge.merge(spark, clauses, narrow, path, app_id="a", seq=1, meta="{}")
 
