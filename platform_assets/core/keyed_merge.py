@@ -99,9 +99,9 @@ def merge(spark: SparkSession, clauses: Clauses, source: DataFrame, dest: str, *
           target_filter: str = "", in_hand: bool = False) -> None:
     """One commit of ``clauses`` with ``source`` into the view at ``dest``, idempotent by ``(app_id,
     seq)`` and carrying ``meta`` as its ``userMetadata``: from the driver where it may be
-    (:func:`merge_small`), else a Spark MERGE (``target_filter``:
-    a predicate on ``t`` that every row of a key in ``source`` satisfies, so that Delta skips the
-    files it excludes; ``in_hand``: see :func:`~platform_assets.core.spark_io.run_merge`)."""
+    (:func:`merge_small`), else a Spark MERGE (``target_filter``: a predicate on ``t`` that every
+    row of a key in ``source`` satisfies, so that Delta skips the files it excludes; ``in_hand``:
+    see :func:`~platform_assets.core.spark_io.run_merge`)."""
     if merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS):
         return
     spark_io.run_merge(spark, clauses.spark_sql(dest, target_filter), source, app_id=app_id, seq=seq, meta=meta,
@@ -110,15 +110,14 @@ def merge(spark: SparkSession, clauses: Clauses, source: DataFrame, dest: str, *
 
 def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
                 max_rows: int) -> bool:
-    """Commit ``clauses`` with ``source`` into the table
-    at ``dest`` from the driver, by ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with
-    ``meta`` as its ``userMetadata``. False, having written nothing, where Spark must: a table of
-    more than ``max_rows`` rows, a source of more than
-    :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows, :func:`~platform_assets.core.driver_writes.table_refusal`, a source
-    without the table's columns, ``$TIDEMARK_DIRECT_IO=off``, or a MERGE ``deltalake`` refused (said
-    in the log: a type it cannot compare, a concurrent commit). A Spark MERGE of the same unit after
-    a commit that did land is skipped by its ``txn``. A unit the table recorded already is not
-    written again."""
+    """Commit ``clauses`` with ``source`` into the table at ``dest`` from the driver, by
+    ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta`` as its ``userMetadata``.
+    False, having written nothing, where Spark must: a table of more than ``max_rows`` rows, a
+    source of more than :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows or without the
+    table's columns, :func:`~platform_assets.core.driver_writes.table_refusal`,
+    ``$TIDEMARK_DIRECT_IO=off``, or a MERGE ``deltalake`` refused (said in the log: a type it cannot
+    compare, a concurrent commit; Spark's MERGE of the same unit is skipped by its ``txn`` if this
+    one did land). A unit the table recorded already is not written again."""
     from deltalake import DeltaTable
 
     if not table_reads.direct_io_on():
