@@ -51,6 +51,7 @@ if [ "${TIDEMARK_TEST_CONNECT:-1}" != "0" ] && [ "$selective" = "0" ]; then
     tests/platform_assets/test_merge.py::test_reverse_join_rederives_only_the_affected_keys \
     tests/platform_assets/test_merge.py::test_late_rows_are_rederived_into_the_view_and_counted \
     tests/platform_assets/test_merge_additive.py::test_an_additive_view_adds_contributions_and_equals_a_recompute_after_every_unit \
+    tests/platform_assets/test_keyed_merge.py::test_rederived_rows_merged_from_the_driver_equal_sparks_merge \
     tests/platform_assets/test_cdc.py::test_seed_examples_replicated_exactly_once_and_resumed \
     tests/platform_assets/test_cdc.py::test_a_unit_never_splits_a_transaction \
     "tests/platform_assets/test_cdc.py::test_the_replicas_of_a_unit_land_at_once_each_on_a_session_of_its_own[columns]" \
