@@ -1,6 +1,6 @@
-"""A unit's rows MERGEd into a view by key (:func:`merge_rows`: re-derived rows replace the view's;
-:func:`add_rows`: an additive view's groups grow by the unit's contributions), written once as
-:class:`Clauses` and run by either engine:
+"""A unit's rows MERGEd into a view by key (:func:`merge`), written once as :class:`Clauses`
+(:func:`rows_clauses`: re-derived rows replace the view's; :func:`add_clauses`: an additive view's
+groups grow by the unit's contributions) and run by either engine:
 
 * from the driver by ``deltalake`` (:func:`merge_small`), for a
   view of at most :data:`SMALL_VIEW_ROWS` rows and a source of at most
@@ -126,11 +126,11 @@ def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, 
     table = snap.table
     if table is None or snap.row_count is None or snap.row_count > max_rows or driver_writes.table_refusal(snap) is not None:
         return False
+    if driver_writes.recorded(table, app_id, seq):  # landed before: nothing to compute
+        return True
     rows = driver_writes.cast_to(source.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow(), table, only=False)
     if rows is None or rows.num_rows > spark_io.SMALL_BLOCK_ROWS:
         return False
-    if driver_writes.recorded(table, app_id, seq):
-        return True
     target = DeltaTable(dest, storage_options=storage_options(dest))
     builder = target.merge(rows, predicate=clauses.on(), source_alias="s", target_alias="t",
                            commit_properties=driver_writes.unit_commit(app_id, seq, meta))
