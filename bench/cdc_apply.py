@@ -223,7 +223,7 @@ def run_cdc(spark: SparkSession, settings: Settings, reader: str) -> tuple[float
     from platform_assets.cdc import apply as cdc_apply
     from platform_assets.cdc import replicator as cdc
     from platform_assets.cdc import run as cdc_run
-    from platform_assets.core import spark_io
+    from platform_assets.core import keyed_merge, spark_io
     from platform_assets.engine.runner import Engine
     from resources.cdc.debezium import DebeziumFileSource
 
@@ -238,6 +238,7 @@ def run_cdc(spark: SparkSession, settings: Settings, reader: str) -> tuple[float
         timer.wrap(DebeziumFileSource, "read_columns", "read columns")
         timer.wrap(cdc_columns, "reduce_scd1", "reduce columns")
     timer.wrap(spark_io, "run_merge", "MERGE")
+    timer.wrap(keyed_merge, "merge_arrow", "MERGE from the driver (or declined)")
     engine = Engine(settings, load_lineage(settings.lineage), spark=spark, owner="bench-cdc")
     try:
         t0 = time.monotonic()

@@ -57,7 +57,7 @@ def _noting(f: Any, how: str, landed: list[str]) -> Any:
 def child(base: Path, name: str, path: str) -> None:
     """Run replicator ``name`` until caught up on ``path``; print its figures as one JSON line."""
     from lineage.spec.loader import load_lineage
-    from platform_assets.cdc import apply as cdc_apply
+    from platform_assets.cdc import scd1 as cdc_scd1
     from platform_assets.cdc.run import run_replicator
     from platform_assets.engine.runner import Engine
     from resources.cdc.postgres import PostgresSource
@@ -67,7 +67,7 @@ def child(base: Path, name: str, path: str) -> None:
         PostgresSource.read_columns = None  # type: ignore[assignment,method-assign]
     landed: list[str] = []  # which MERGE landed each replica's unit
     for fn, how in (("apply_scd1_spilled", "spilled"), ("apply_scd1_columns", "memory"), ("apply_scd1", "python")):
-        setattr(cdc_apply, fn, _noting(getattr(cdc_apply, fn), how, landed))
+        setattr(cdc_scd1, fn, _noting(getattr(cdc_scd1, fn), how, landed))
     settings = settings_of(base)
     spark = build_spark_session(settings, app_name=f"tidemark-bench-big-tx-{path}")
     spark.range(1).count()

@@ -62,7 +62,7 @@ class TableLayoutOptions(NamedTuple):
     deletes: Deletes
     scd: Scd
     change_feed: bool
-    #: None: on for a replica Tidemark creates (or copies again), an existing one left as it is
+    #: None: off while the replica is small, on once it is not (platform_assets.cdc.apply.ensure_replica)
     deletion_vectors: bool | None
 
 
@@ -85,11 +85,12 @@ class ReplicatorSpec(_Strict):
     deletion_vectors: bool | None = Field(None, description="Delta deletion vectors on the replicas: a MERGE marks the "
                                                              "rows it replaces instead of rewriting their files (a "
                                                              "10,000-change unit onto 10M rows: 9.8 s against 15.8 s). "
-                                                             "Unset: on for the replicas Tidemark creates or copies "
-                                                             "again, an existing replica left as it is; true or false: "
-                                                             "set on every replica. Read such a table with Spark or "
-                                                             "deltalake's DataFusion reader (QueryBuilder), not its "
-                                                             "pyarrow dataset (to_pandas, to_pyarrow_table)")
+                                                             "Unset: off while a replica holds at most 1,000,000 rows "
+                                                             "(its MERGEs then run from the driver, without Spark), "
+                                                             "turned on once it holds more, never turned off; true or "
+                                                             "false: set on every replica. Read a table with them with "
+                                                             "Spark or deltalake's DataFusion reader (QueryBuilder), "
+                                                             "not its pyarrow dataset (to_pandas, to_pyarrow_table)")
     on_drop: Literal["keep", "drop"] = Field("keep", description="a table dropped in the source: keep its replica "
                                                                  "(no more changes) or drop it")
     options: dict[str, TableOptions] = Field(default_factory=dict, description="per table name or pattern")

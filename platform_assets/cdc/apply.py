@@ -4,7 +4,8 @@ The net effect of the batch is computed by :mod:`lineage.cdc.changes` (latest ch
 followed through before-images, TOAST values carried, multiset copies counted); here it becomes a
 local relation and one ``MERGE`` carrying the unit's ``txnAppId``/``txnVersion`` and
 ``userMetadata`` (:func:`platform_assets.core.spark_io.run_merge`), so a replayed unit never applies
-twice. Replica layouts (besides the source's columns):
+twice (keyed SCD1 replicas: :mod:`platform_assets.cdc.scd1`, from the driver where the replica is
+small). Replica layouts (besides the source's columns):
 
 * SCD1 (default): ``_sequence_num`` (the last change applied to the row), ``_commit_ts`` (its
   source commit time), with ``deletes: soft`` also ``_deleted``;
@@ -15,12 +16,12 @@ twice. Replica layouts (besides the source's columns):
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lineage.cdc import columns as cdc_columns
 from lineage.cdc.changes import UNKNOWN, BatchEffect, MultisetEffect, TableSchema, key_identity
@@ -31,6 +32,8 @@ from platform_assets.core.spark_io import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
 
 SEQ, COMMIT_TS, DELETED, COPY = "_sequence_num", "_commit_ts", "_deleted", "_copy"
 VALID_FROM, VALID_TO, CURRENT = "_valid_from", "_valid_to", "_is_current"
@@ -44,6 +47,11 @@ DELETION_VECTORS = spark_io.DELETION_VECTORS
 REPLICA_PROPERTIES = {CHANGE_FEED: "true", DELETION_VECTORS: "false"}
 #: set on a replica when a source column widens (int -> bigint, ...): only then
 TYPE_WIDENING = "delta.enableTypeWidening"
+#: A replica of at most this many rows is MERGEd from the driver by ``deltalake`` (no Spark job: a
+#: few thousand changes onto 100,000 rows in a fraction of a second), unless it has deletion vectors
+#: (``deltalake`` does not write them); past it, Spark MERGEs, and an unset ``deletion_vectors``
+#: turns them on (:func:`ensure_replica`). Read at call time.
+SMALL_REPLICA_ROWS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -55,8 +63,8 @@ class Layout:
     scd: Scd = Scd.TYPE1
     deletes: Deletes = Deletes.HARD
     change_feed: bool = True
-    #: None: on (the replicator's default for a replica it creates); an existing replica's own
-    #: setting is kept by the replicator, not here
+    #: None: off for a replica it creates, turned on once the replica outgrows the driver's MERGE
+    #: (:func:`ensure_replica`), never turned off
     deletion_vectors: bool | None = False
 
     @property
@@ -76,9 +84,9 @@ class Layout:
 
     def properties(self) -> dict[str, str]:
         """The replica's table properties (:data:`REPLICA_PROPERTIES`, the change feed and deletion
-        vectors as configured; deletion vectors not set: on, for the replica this creates)."""
+        vectors as configured; deletion vectors not set: off, for the replica this creates)."""
         return {**REPLICA_PROPERTIES, CHANGE_FEED: str(self.change_feed).lower(),
-                DELETION_VECTORS: str(self.deletion_vectors is not False).lower()}
+                DELETION_VECTORS: str(self.deletion_vectors is True).lower()}
 
 
 @dataclass(frozen=True)
@@ -129,10 +137,17 @@ def merge_source(spark: SparkSession, table: pa.Table) -> DataFrame:
 
 
 def ensure_replica(spark: SparkSession, path: str, layout: Layout) -> bool:
-    """Create the replica (empty, with its properties) when it does not exist; True if created."""
-    from resources.storage.delta_log import open_table
+    """Create the replica (empty, with its properties) when it does not exist; True if created. An
+    existing replica whose ``deletion_vectors`` is unset gets them once it holds more than
+    :data:`SMALL_REPLICA_ROWS` rows (its MERGEs are Spark's from then on: :func:`merge_effect`)."""
+    from resources.storage.delta_meta import TableSnapshot, deletion_vectors
 
-    if open_table(path) is not None:  # JVM-free, and works over Spark Connect too
+    snap = TableSnapshot.open(path)  # JVM-free, and works over Spark Connect too
+    if snap.table is not None:
+        if (layout.deletion_vectors is None and (snap.row_count or 0) > SMALL_REPLICA_ROWS
+                and not deletion_vectors(snap).enabled):
+            log.info("replica at %s: %s rows, past %s: %s", path, snap.row_count, SMALL_REPLICA_ROWS,
+                     spark_io.set_deletion_vectors(spark, path, True, snap))
         return False
     cols = ", ".join(f"{quote(n)} {t}" for n, t in layout.columns())
     props = ", ".join(f"'{k}' = '{v}'" for k, v in layout.properties().items())
@@ -211,14 +226,14 @@ def _copy_window(cols: list[str]) -> Any:
     return Window.partitionBy(*[F.col(quote(c)) for c in cols]).orderBy(F.lit(1))
 
 
-# ------------------------------------------------------------------ keyed replicas (SCD1, SCD2)
+# ------------------------------------------------------------------ keyed replicas (SCD2; SCD1: scd1.py)
 
 
-def _ts(v: dt.datetime) -> dt.datetime:
+def ts(v: dt.datetime) -> dt.datetime:
     return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v
 
 
-def _origin_fill(spark: SparkSession, source: DataFrame, path: str, layout: Layout, unknown_any: bool,
+def origin_fill(spark: SparkSession, source: DataFrame, path: str, layout: Layout, unknown_any: bool,
                  current_only: bool) -> DataFrame:
     """Columns marked unknown (TOAST values the batch never sent) taken from the replica row of the
     effect's origin key, as it is before the MERGE."""
@@ -245,188 +260,6 @@ def _origin_fill(spark: SparkSession, source: DataFrame, path: str, layout: Layo
     return joined.select(*out, *rest)
 
 
-def apply_scd1(spark: SparkSession, path: str, layout: Layout, effect: BatchEffect, commit: Commit) -> None:
-    names = [c.name for c in layout.schema.columns]
-    cols = [(c.name, c.type) for c in layout.schema.columns] + [(SEQ, "bigint"), (COMMIT_TS, "timestamp"),
-                                                                  (PRESENT, "boolean")]
-    key_types = [(f"_tm_o_{k}", layout.schema.column(k).type) for k in layout.key]  # type: ignore[union-attr]
-    rows, unknown_any = [], False
-    for eff in effect.effects.values():
-        values = eff.values or dict(zip(layout.key, eff.key, strict=True))
-        unknown = eff.unknown if eff.present else []
-        unknown_any = unknown_any or bool(unknown)
-        rows.append((*[None if values.get(c) is UNKNOWN else values.get(c) for c in names], eff.seq, _ts(eff.commit_time),
-                     eff.present, *(eff.origin if unknown and eff.origin else [None] * len(layout.key)), unknown))
-    tbl = arrow_table(cols + key_types, [r[:-1] for r in rows]).append_column(
-        UNKNOWN_COLS, pa.array([r[-1] for r in rows], type=pa.list_(pa.string())))
-    if effect.truncated_at is None and not unknown_any and new_keys_only(path, layout, tbl):
-        append_new_keys(spark, path, layout, tbl, commit)
-        return
-    source = _origin_fill(spark, merge_source(spark, tbl), path, layout, unknown_any, current_only=False)
-    spark_io.run_merge(spark, _scd1_sql(path, layout, effect.truncated_at, key_ranges(layout, tbl)), source,
-                       app_id=commit.app_id, seq=commit.version, meta=commit.meta)
-
-
-def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: cdc_columns.ColumnEffect, commit: Commit) -> None:
-    """:func:`apply_scd1` for an effect reduced on columns (:func:`lineage.cdc.columns.reduce_scd1`):
-    the same MERGE, its source the effect's rows as they are (no value to fill from the replica)."""
-    rows = effect.rows
-    source = pa.table({**{c.name: rows[c.name].cast(arrow_type(c.type)) for c in layout.schema.columns},
-                       SEQ: rows[cdc_columns.SEQ], COMMIT_TS: rows[cdc_columns.TIME].cast(arrow_type("timestamp")),
-                       PRESENT: rows[cdc_columns.PRESENT]})
-    if new_keys_only(path, layout, source):
-        append_new_keys(spark, path, layout, source, commit)
-        return
-    # (Delta copies this source before its two passes, as by default: without the copy it reads the local
-    # relation twice, and 1M events onto 5M rows took 41.9-47.4 s in the MERGE against 31.4 s; bench/cdc_apply.py)
-    spark_io.run_merge(spark, _scd1_sql(path, layout, None, key_ranges(layout, source)), merge_source(spark, source),
-                       app_id=commit.app_id, seq=commit.version, meta=commit.meta)
-
-
-def spilled_effect(spark: SparkSession, spilled: cdc_columns.Spilled, layout: Layout, first: int, *, table: str) -> DataFrame:
-    """:func:`lineage.cdc.columns.reduce_scd1` in Spark, over a table's changes spilled to Parquet
-    (a read too big to hold): the last touch of every key, numbered ``first + _tm_row``. Raises
-    :class:`~lineage.cdc.columns.NotColumnar` and :class:`~lineage.cdc.changes.BatchError` as it does (one
-    aggregate over the file, before anything is written)."""
-    from functools import reduce
-
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F  # noqa: N812
-
-    from lineage.cdc.changes import BatchError, Op
-
-    c = cdc_columns
-    df = spark.read.parquet(spilled.path).where(F.col(c.ROW) < spilled.rows_below)
-    op = F.col(c.OP)
-    is_upd, is_del = op == Op.UPDATE.value, op == Op.DELETE.value
-    sets = (op == Op.INSERT.value) | is_upd
-    has_before = F.coalesce(F.col(c.HAS_BEFORE), F.lit(False))
-    same_key = reduce(lambda a, b: a & b, [F.col(quote(k)).eqNullSafe(F.col(quote(c.before(k)))) for k in layout.key])
-    clears = is_del | (is_upd & has_before & ~same_key)
-    flags = {"delete without a before-image": is_del & ~has_before,
-             **{f"a null value of key column {k!r}": sets & F.col(quote(k)).isNull() for k in layout.key},
-             **{f"a before-image without key column {k!r}": clears & F.col(quote(c.before(k))).isNull() for k in layout.key}}
-    found = df.agg(*[F.max(cond.cast("int")).alias(f"f{i}") for i, cond in enumerate(flags.values())]).first()
-    bad = [what for i, what in enumerate(flags) if found is not None and found[f"f{i}"] == 1]
-    if bad and bad[0] == "delete without a before-image":
-        raise BatchError(f"{table}: a DELETE without a before-image (the source sent no old key)")
-    if bad:
-        raise c.NotColumnar(bad[0])
-    names = [col.name for col in layout.schema.columns]
-    seq = (F.col(c.ROW) + F.lit(first)).alias(c.SEQ)
-    set_rows = df.where(sets).select(*[F.col(quote(n)) for n in names], seq, F.col(c.TIME), F.lit(True).alias(PRESENT))
-    cleared = df.where(clears).select(
-        *[(F.col(quote(c.before(col.name))) if col.name in layout.key else F.lit(None).cast(col.type)).alias(col.name)
-          for col in layout.schema.columns], seq, F.col(c.TIME), F.lit(False).alias(PRESENT))
-    last = Window.partitionBy(*[F.col(quote(k)) for k in layout.key]).orderBy(F.col(c.SEQ).desc())
-    return (set_rows.unionByName(cleared).withColumn("_tm_rank", F.row_number().over(last))
-            .where(F.col("_tm_rank") == 1).drop("_tm_rank"))
-
-
-def apply_scd1_spilled(spark: SparkSession, path: str, layout: Layout, effect: DataFrame, commit: Commit) -> None:
-    """:func:`apply_scd1_columns` for an effect :func:`spilled_effect` computed in Spark: the same MERGE."""
-    from pyspark.sql import functions as F  # noqa: N812
-
-    source = effect.select(*[F.col(quote(col.name)).cast(col.type).alias(col.name) for col in layout.schema.columns],
-                           F.col(cdc_columns.SEQ).alias(SEQ), F.col(cdc_columns.TIME).cast("timestamp").alias(COMMIT_TS),
-                           F.col(PRESENT))
-    spark_io.run_merge(spark, _scd1_sql(path, layout, None), source, app_id=commit.app_id, seq=commit.version,
-                       meta=commit.meta)
-
-
-#: Key column types whose values the Delta log's file statistics hold exactly (see :func:`new_keys_only`).
-INTEGER_TYPES = frozenset({"tinyint", "smallint", "int", "bigint"})
-
-
-def new_keys_only(path: str, layout: Layout, source: pa.Table) -> bool:
-    """Whether no row of the replica at ``path`` can share a key with a row of ``source`` (an SCD1
-    MERGE's source, :data:`PRESENT` per row): its first key column is an integer whose lowest value in
-    ``source`` is above the highest of every replica file, by the Delta log's statistics (read
-    without a JVM; a file without them, or any doubt, answers False). The MERGE of such a source
-    would only insert its present rows: serial keys of new rows (an orders or history table), the
-    common case of OLTP tables. With deletion vectors or soft deletes the statistics still count
-    the rows marked, so the answer stays safe."""
-    from resources.storage.delta_log import open_table
-    from resources.storage.delta_meta import TableSnapshot
-
-    first = layout.schema.column(layout.key[0]) if layout.key else None
-    if first is None or source.num_rows == 0 or first.type not in INTEGER_TYPES:
-        return False
-    low = pc.min(source.column(layout.key[0])).as_py()
-    snap = TableSnapshot(path, open_table(path))  # the newest version, never one read ahead earlier
-    if low is None or snap.table is None:
-        return False
-    try:
-        files = snap.files
-    except Exception:  # noqa: BLE001 - a log this reader cannot list: the MERGE decides
-        return False
-    if files.num_rows == 0:
-        return True
-    high = f"max.{layout.key[0]}"
-    if high not in files.column_names or files[high].null_count:
-        return False
-    top = pc.max(files[high]).as_py()
-    return isinstance(top, int) and low > top
-
-
-def append_new_keys(spark: SparkSession, path: str, layout: Layout, source: pa.Table, commit: Commit) -> None:
-    """What the SCD1 MERGE does with a source :func:`new_keys_only` vouches for, as one append (no
-    scan of the replica): its present rows, in the replica's columns and types, in one commit
-    carrying the unit's txn id and metadata as the MERGE's would (a replay lands nothing twice)."""
-    from pyspark.sql import functions as F  # noqa: N812
-
-    rows = source.filter(pc.fill_null(source.column(PRESENT), False))
-    frame = local_frame(spark, rows.select([n for n, _ in layout.columns() if n != DELETED]))
-    cols = [(F.lit(False) if n == DELETED else F.col(quote(n))).cast(t).alias(n) for n, t in layout.columns()]
-    spark_io.save_unit(frame.select(*cols).write.format("delta").mode("append"), path, app_id=commit.app_id,
-                       seq=commit.version, meta=commit.meta)
-
-
-def key_ranges(layout: Layout, source: pa.Table) -> list[tuple[str, str, str]]:
-    """``(column, lowest, highest)`` of each key column of a MERGE's source, as exact SQL literal text
-    (:func:`spark_io.sql_literal`: integers, decimals, dates, printable strings; a column of another type is
-    left out). Every replica row a source row matches has its key in these ranges, so adding them to
-    the MERGE's condition changes no match, and Delta skips by the files' statistics every replica
-    file whose keys lie outside: a unit that changes recent keys (new rows, fresh rows updated)
-    reads and rewrites only the files holding them, not the whole replica."""
-    out: list[tuple[str, str, str]] = []
-    if source.num_rows == 0:
-        return out
-    for k in layout.key:
-        bounds = pc.min_max(source.column(k))
-        lo, hi = spark_io.sql_literal(bounds["min"].as_py()), spark_io.sql_literal(bounds["max"].as_py())
-        if lo is not None and hi is not None:
-            out.append((k, lo, hi))
-    return out
-
-
-def _scd1_sql(path: str, layout: Layout, truncated_at: int | None, ranges: Sequence[tuple[str, str, str]] = ()) -> str:
-    """The MERGE of an SCD1 effect (source ``s``: the source's columns, ``_sequence_num``, ``_commit_ts``
-    and ``_tm_present``): a key's newer state replaces the replica's, an absent one deletes it
-    (``deletes: soft``: marks it), a TRUNCATE removes every row it saw. ``ranges``
-    (:func:`key_ranges`) join the condition, except with a TRUNCATE (its clause is about the rows
-    no source row matches, wherever they are)."""
-    names = [c.name for c in layout.schema.columns]
-    on = " AND ".join([f"t.{quote(k)} = s.{quote(k)}" for k in layout.key]
-                      + ([f"t.{quote(k)} BETWEEN {lo} AND {hi}" for k, lo, hi in ranges] if truncated_at is None else []))
-    soft = layout.deletes is Deletes.SOFT
-    non_key = [c for c in names if c not in layout.key]
-    sets = ", ".join([f"t.{quote(c)} = s.{quote(c)}" for c in non_key] + [f"t.{SEQ} = s.{SEQ}", f"t.{COMMIT_TS} = s.{COMMIT_TS}"]
-                     + ([f"t.{DELETED} = false"] if soft else []))
-    insert_cols = names + [SEQ, COMMIT_TS] + ([DELETED] if soft else [])
-    insert_vals = [f"s.{quote(c)}" for c in names + [SEQ, COMMIT_TS]] + (["false"] if soft else [])
-    gone = (f"UPDATE SET t.{DELETED} = true, t.{SEQ} = s.{SEQ}, t.{COMMIT_TS} = s.{COMMIT_TS}" if soft else "DELETE")
-    sql = (f"MERGE INTO delta.`{path}` t USING {{source}} s ON {on}\n"
-           f"WHEN MATCHED AND NOT s.{PRESENT} AND s.{SEQ} > t.{SEQ} THEN {gone}\n"
-           f"WHEN MATCHED AND s.{PRESENT} AND s.{SEQ} > t.{SEQ} THEN UPDATE SET {sets}\n"
-           f"WHEN NOT MATCHED AND s.{PRESENT} THEN INSERT ({', '.join(map(quote, insert_cols))}) "
-           f"VALUES ({', '.join(insert_vals)})")
-    if truncated_at is not None:
-        trunc = f"UPDATE SET t.{DELETED} = true" if soft else "DELETE"
-        sql += f"\nWHEN NOT MATCHED BY SOURCE AND t.{SEQ} < {truncated_at} THEN {trunc}"
-    return sql
-
-
 def apply_scd2(spark: SparkSession, path: str, layout: Layout, effect: BatchEffect, commit: Commit) -> None:
     """Every transaction's state of a key becomes a row; the key's current row is closed at the
     first new state's time (a delete or a key change closes it and adds nothing)."""
@@ -443,19 +276,19 @@ def apply_scd2(spark: SparkSession, path: str, layout: Layout, effect: BatchEffe
             continue
         # close the replica's current row of this key (match key set), at the first new state's time
         rows.append((*[None] * len(names), *eff.key, *[None] * len(layout.key), versions[0][1], None,
-                     _ts(versions[0][2]), False, False))
+                     ts(versions[0][2]), False, False))
         unknowns.append([])
         for i, (values, seq, at, _xid) in enumerate(versions):
             if values is None:
                 continue
-            until = _ts(versions[i + 1][2]) if i + 1 < len(versions) else None
+            until = ts(versions[i + 1][2]) if i + 1 < len(versions) else None
             unknown = [c for c, v in values.items() if v is UNKNOWN]
             rows.append((*[None if values.get(c) is UNKNOWN else values.get(c) for c in names], *[None] * len(layout.key),
-                         *(eff.origin if unknown and eff.origin else [None] * len(layout.key)), seq, _ts(at), until,
+                         *(eff.origin if unknown and eff.origin else [None] * len(layout.key)), seq, ts(at), until,
                          until is None, True))
             unknowns.append(unknown)
     tbl = arrow_table(cols, rows).append_column(UNKNOWN_COLS, pa.array(unknowns, type=pa.list_(pa.string())))
-    source = _origin_fill(spark, merge_source(spark, tbl), path, layout, any(unknowns), current_only=True)
+    source = origin_fill(spark, merge_source(spark, tbl), path, layout, any(unknowns), current_only=True)
     on = " AND ".join(f"t.{quote(k)} = s._tm_mk_{k}" for k in layout.key) + f" AND t.{CURRENT}"
     insert_cols = names + [SEQ, VALID_FROM, VALID_TO, CURRENT]
     sql = (f"MERGE INTO delta.`{path}` t USING {{source}} s ON {on}\n"

@@ -62,6 +62,7 @@ from lineage.core.positions import ZERO_TS, Position
 from lineage.spec.model import Replicator
 from platform_assets.cdc import apply as cdc_apply
 from platform_assets.cdc import ddl as cdc_ddl
+from platform_assets.cdc import scd1 as cdc_scd1
 from platform_assets.cdc.apply import Commit, Layout
 from platform_assets.cdc.positions import Positions
 from platform_assets.cdc.units import (
@@ -228,7 +229,8 @@ class ReplicatorUnit:
     def _properties(self, t: Table, snap: delta_meta.TableSnapshot) -> None:
         """The replica's change feed and deletion vectors (``snap``: its table now) set as its options
         say (``change_feed``, ``deletion_vectors``), when they were set otherwise (deletion vectors
-        not set: left as the replica has them). Deletion vectors turned off are dropped as a table
+        not set: turned on once the replica outgrows the driver's MERGE, by
+        :func:`~platform_assets.cdc.apply.ensure_replica`). Deletion vectors turned off are dropped as a table
         feature (Delta rewrites the files that have one), so ``deltalake``'s pyarrow dataset path
         (``to_pandas``) reads the replica again."""
         if snap.table is None:
@@ -238,7 +240,7 @@ class ReplicatorUnit:
             value = str(t.layout.change_feed).lower()
             spark.sql(f"ALTER TABLE delta.`{t.path}` SET TBLPROPERTIES ('{cdc_apply.CHANGE_FEED}' = '{value}')")
             log.info("replicator %s: replica %s: %s = %s (change_feed)", self.spec.name, t.replica, cdc_apply.CHANGE_FEED, value)
-        if t.layout.deletion_vectors is None:  # not set: the replica keeps what it has
+        if t.layout.deletion_vectors is None:  # not set: see cdc_apply.ensure_replica
             return
         done = spark_io.set_deletion_vectors(spark, t.path, t.layout.deletion_vectors, snap)
         if done:
@@ -670,7 +672,7 @@ class ReplicatorUnit:
             for name, spilled in (cols.spilled or {}).items():
                 t = self.tables[name]
                 self._check_columns(t, pq.read_schema(spilled.path).names)
-                df = cdc_apply.spilled_effect(self.engine.spark, spilled, t.layout, first, table=name)
+                df = cdc_scd1.spilled_effect(self.engine.spark, spilled, t.layout, first, table=name)
                 runs[name] = Run(first + spilled.first_row, first + spilled.last_row, spilled.count,
                                  spilled.oldest or ZERO_TS, spilled.lsn, functools.partial(self._land_spilled, t, df, spilled))
         except (cdc_columns.NotColumnar, BatchError) as exc:
@@ -685,11 +687,11 @@ class ReplicatorUnit:
             raise cdc_columns.NotColumnar(f"{t.source}: the read holds no column {', '.join(missing)}")
 
     def _land_spilled(self, t: Table, effect: Any, spilled: cdc_columns.Spilled, commit: Commit) -> dict[str, int]:
-        cdc_apply.apply_scd1_spilled(self.engine.spark, t.path, t.layout, effect, commit)
+        cdc_scd1.apply_scd1_spilled(self.engine.spark, t.path, t.layout, effect, commit)
         return spilled.counts
 
     def _land_columns(self, t: Table, effect: cdc_columns.ColumnEffect, commit: Commit) -> dict[str, int]:
-        cdc_apply.apply_scd1_columns(self.spark, t.path, t.layout, effect, commit)
+        cdc_scd1.apply_scd1_columns(self.spark, t.path, t.layout, effect, commit)
         return effect.counts
 
     def _apply_tables(self, jobs: list[tuple[str, list[Any]]], unit: int, seq_of: dict[int, Any], result: CdcResult,
@@ -821,7 +823,7 @@ class ReplicatorUnit:
                 cdc_apply.apply_multiset(spark, t.path, t.layout, effect, commit)
                 return effect.counts
             keyed = reduce_keyed(changes, t.layout.schema, t.layout.key, history=t.layout.scd is Scd.TYPE2)
-            (cdc_apply.apply_scd2 if t.layout.scd is Scd.TYPE2 else cdc_apply.apply_scd1)(spark, t.path, t.layout, keyed, commit)
+            (cdc_apply.apply_scd2 if t.layout.scd is Scd.TYPE2 else cdc_scd1.apply_scd1)(spark, t.path, t.layout, keyed, commit)
             return keyed.counts
 
         return Run(changes[0].seq, changes[-1].seq, len(changes), min(n.commit_time for n in changes), last_tx.lsn, land)

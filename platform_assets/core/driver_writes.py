@@ -89,22 +89,39 @@ def commit_small(out: DataFrame, dest: str, *, mode: str, input_rows: int, app_i
     ``input_rows`` unknown or above :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` (the
     output comes to the driver whole), :func:`refusal`, or ``$TIDEMARK_DIRECT_IO=off``. A unit whose
     transaction the table recorded already is not written again (as Spark's writer skips it)."""
-    from deltalake import write_deltalake
-
     if not (0 <= input_rows <= spark_io.SMALL_BLOCK_ROWS) or not table_reads.direct_io_on():
         return None
     snap = delta_meta.TableSnapshot.open(dest)
     table = snap.table
     if table is None or refusal(snap, out.schema) is not None:
         return None
-    rows = cast_to(out.toArrow(), table, only=True)
+    rows = _commit(out.toArrow(), table, dest, mode=mode, app_id=app_id, seq=seq, meta=meta)
     if rows is None:
         return None  # (e.g. a null in a NOT NULL column: Spark's writer says so)
-    figures = spark_io.Counted(spark_io.BlockFigures(rows.num_rows, {c: rows.column(c).null_count for c in out.columns}))
-    if not recorded(table, app_id, seq):
-        write_deltalake(dest, rows, mode=mode, storage_options=storage_options(dest),  # type: ignore[call-overload]
+    return spark_io.Counted(spark_io.BlockFigures(rows.num_rows, {c: rows.column(c).null_count for c in out.columns}))
+
+
+def commit_arrow(rows: pa.Table, dest: str, *, mode: str, app_id: str, seq: int, meta: str) -> bool:
+    """:func:`commit_small` of rows in the driver already (the table's columns, in any order, of
+    types that cast to its own): False, having written nothing, where Spark must write them."""
+    if not table_reads.direct_io_on():
+        return False
+    snap = delta_meta.TableSnapshot.open(dest)
+    if snap.table is None or table_refusal(snap) is not None:
+        return False
+    return _commit(rows, snap.table, dest, mode=mode, app_id=app_id, seq=seq, meta=meta) is not None
+
+
+def _commit(rows: pa.Table, table: Any, dest: str, *, mode: str, app_id: str, seq: int, meta: str) -> pa.Table | None:
+    """``rows`` cast to the table's columns and committed as the unit (unless it landed already);
+    None, having written nothing, when they do not cast."""
+    from deltalake import write_deltalake
+
+    cast = cast_to(rows, table, only=True)
+    if cast is not None and not recorded(table, app_id, seq):
+        write_deltalake(dest, cast, mode=mode, storage_options=storage_options(dest),  # type: ignore[call-overload]
                         commit_properties=unit_commit(app_id, seq, meta))
-    return figures
+    return cast
 
 
 def cast_to(rows: pa.Table, table: Any, *, only: bool) -> pa.Table | None:

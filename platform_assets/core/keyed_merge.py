@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lineage.core.errors import first_line
 from platform_assets.core import driver_writes, spark_io, table_reads
@@ -31,6 +31,7 @@ from resources.storage import delta_meta
 from resources.storage.warehouse import storage_options
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
@@ -40,33 +41,46 @@ log = logging.getLogger(__name__)
 SMALL_VIEW_ROWS = 1_000_000
 
 
+#: What a clause does to the rows it holds for: ``column -> expression`` (``UPDATE SET`` /
+#: ``INSERT VALUES``), or None: ``DELETE``.
+Action = dict[str, str] | None
+
+
 @dataclass(frozen=True)
 class Clauses:
-    """A MERGE of source ``s`` into target ``t`` on ``key`` (null-safe): ``delete`` (a predicate:
-    matched rows it holds for are deleted), ``update`` (predicate and ``column -> expression``:
-    matched rows it holds for are updated), ``insert`` (the same for unmatched source rows)."""
+    """A MERGE of source ``s`` into target ``t`` on ``key`` (null-safe, unless ``null_safe`` is
+    False: plain equality, for keys that are never null): ``matched`` (``(predicate, action)`` in
+    order: a matched row takes the first whose predicate holds), ``insert`` (predicate and
+    ``column -> expression``: unmatched source rows it holds for are inserted; None: none) and
+    ``by_source`` (``(predicate, action)`` for target rows no source row matches)."""
 
     key: tuple[str, ...]
-    delete: str | None
-    update: tuple[str, dict[str, str]] | None
-    insert: tuple[str, dict[str, str]]
+    matched: tuple[tuple[str, Action], ...]
+    insert: tuple[str, dict[str, str]] | None
+    by_source: tuple[tuple[str, Action], ...] = ()
+    null_safe: bool = True
 
     def on(self, target_filter: str = "") -> str:
         """The join condition, with ``target_filter`` (Spark SQL on ``t``) when given."""
-        on = " AND ".join(f"(t.{quote(k)} IS NOT DISTINCT FROM s.{quote(k)})" for k in self.key)
+        eq = "IS NOT DISTINCT FROM" if self.null_safe else "="
+        on = " AND ".join(f"(t.{quote(k)} {eq} s.{quote(k)})" for k in self.key)
         return on + (f" AND ({target_filter})" if target_filter else "")
 
     def spark_sql(self, dest: str, target_filter: str = "") -> str:
         """The ``MERGE`` statement for Spark, its source named ``{source}``."""
-        sql = f"MERGE INTO delta.`{dest}` t USING {{source}} s ON {self.on(target_filter)}\n"
-        if self.delete:
-            sql += f"WHEN MATCHED AND ({self.delete}) THEN DELETE\n"
-        if self.update:
-            when, sets = self.update
-            sql += f"WHEN MATCHED AND ({when}) THEN UPDATE SET " + ", ".join(f"t.{quote(c)} = {e}" for c, e in sets.items()) + "\n"
-        when, values = self.insert
-        return sql + (f"WHEN NOT MATCHED AND ({when}) THEN INSERT ({', '.join(map(quote, values))}) "
-                      f"VALUES ({', '.join(values.values())})")
+        def then(action: Action, insert: bool = False) -> str:
+            if action is None:
+                return "DELETE"
+            if insert:
+                return f"INSERT ({', '.join(map(quote, action))}) VALUES ({', '.join(action.values())})"
+            return "UPDATE SET " + ", ".join(f"t.{quote(c)} = {e}" for c, e in action.items())
+
+        lines = [f"MERGE INTO delta.`{dest}` t USING {{source}} s ON {self.on(target_filter)}"]
+        lines += [f"WHEN MATCHED AND ({when}) THEN {then(action)}" for when, action in self.matched]
+        if self.insert:
+            lines.append(f"WHEN NOT MATCHED AND ({self.insert[0]}) THEN {then(self.insert[1], insert=True)}")
+        lines += [f"WHEN NOT MATCHED BY SOURCE AND ({when}) THEN {then(action)}" for when, action in self.by_source]
+        return "\n".join(lines)
 
 
 def rows_clauses(key: list[str], columns: list[str], present: str, delete_missing: bool) -> Clauses:
@@ -76,9 +90,10 @@ def rows_clauses(key: list[str], columns: list[str], present: str, delete_missin
     values = [c for c in columns if c not in key]
     differs = " OR ".join(f"(t.{quote(c)} IS DISTINCT FROM s.{quote(c)})" for c in values)
     mark = f"s.{quote(present)}"
-    return Clauses(tuple(key), f"{mark} IS NULL" if delete_missing else None,
-                   (f"{mark} AND ({differs})", {c: f"s.{quote(c)}" for c in values}) if values else None,
-                   (mark, {c: f"s.{quote(c)}" for c in columns}))
+    matched: list[tuple[str, Action]] = [(f"{mark} IS NULL", None)] if delete_missing else []
+    if values:
+        matched.append((f"{mark} AND ({differs})", {c: f"s.{quote(c)}" for c in values}))
+    return Clauses(tuple(key), tuple(matched), (mark, {c: f"s.{quote(c)}" for c in columns}))
 
 
 def add_clauses(key: list[str], count: str, sums: list[str], types: dict[str, str], delete_missing: bool) -> Clauses:
@@ -88,10 +103,10 @@ def add_clauses(key: list[str], count: str, sums: list[str], types: dict[str, st
     ``types`` (the view's column types, Spark's names)."""
     cols = [count, *sums]
     n = quote(count)
+    grow: tuple[str, Action] = (" OR ".join(f"(s.{quote(c)} <> 0)" for c in cols),
+                                {c: f"CAST((coalesce(t.{quote(c)}, 0) + s.{quote(c)}) AS {types[c]})" for c in cols})
     return Clauses(
-        tuple(key), f"(t.{n} + s.{n}) <= 0" if delete_missing else None,
-        (" OR ".join(f"(s.{quote(c)} <> 0)" for c in cols),
-         {c: f"CAST((coalesce(t.{quote(c)}, 0) + s.{quote(c)}) AS {types[c]})" for c in cols}),
+        tuple(key), (((f"(t.{n} + s.{n}) <= 0", None),) if delete_missing else ()) + (grow,),
         (f"(s.{n} > 0)", {**{k: f"s.{quote(k)}" for k in key}, **{c: f"CAST(s.{quote(c)} AS {types[c]})" for c in cols}}))
 
 
@@ -112,33 +127,67 @@ def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, 
                 max_rows: int) -> bool:
     """Commit ``clauses`` with ``source`` into the table at ``dest`` from the driver, by
     ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta`` as its ``userMetadata``.
-    False, having written nothing, where Spark must: a table of more than ``max_rows`` rows, a
-    source of more than :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows or without the
-    table's columns, :func:`~platform_assets.core.driver_writes.table_refusal`,
-    ``$TIDEMARK_DIRECT_IO=off``, or a MERGE ``deltalake`` refused (said in the log: a type it cannot
-    compare, a concurrent commit; Spark's MERGE of the same unit is skipped by its ``txn`` if this
-    one did land). A unit the table recorded already is not written again."""
-    from deltalake import DeltaTable
-
-    if not table_reads.direct_io_on():
+    False, having written nothing, where Spark must: a source of more than
+    :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows, or :func:`merge_arrow` says so."""
+    target = _driver_target(dest, max_rows)
+    if target is None:
         return False
+    if driver_writes.recorded(target, app_id, seq):  # landed before: nothing to compute
+        return True
+    rows = source.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow()
+    if rows.num_rows > spark_io.SMALL_BLOCK_ROWS:
+        return False
+    return _merge(clauses, rows, target, dest, app_id=app_id, seq=seq, meta=meta)
+
+
+def merge_arrow(clauses: Clauses, rows: pa.Table, dest: str, *, app_id: str, seq: int, meta: str,
+                max_rows: int) -> bool:
+    """Commit ``clauses`` with ``rows`` (the source, in the driver already) into the table at
+    ``dest`` from the driver, by ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta``
+    as its ``userMetadata``. False, having written nothing, where Spark must: a table of more than
+    ``max_rows`` rows, a source without the table's columns,
+    :func:`~platform_assets.core.driver_writes.table_refusal`, ``$TIDEMARK_DIRECT_IO=off``, or a
+    MERGE ``deltalake`` refused (said in the log: a type it cannot compare, a concurrent commit;
+    Spark's MERGE of the same unit is skipped by its ``txn`` if this one did land). A unit the
+    table recorded already is not written again."""
+    target = _driver_target(dest, max_rows)
+    if target is None:
+        return False
+    if driver_writes.recorded(target, app_id, seq):
+        return True
+    return _merge(clauses, rows, target, dest, app_id=app_id, seq=seq, meta=meta)
+
+
+def _driver_target(dest: str, max_rows: int) -> Any | None:
+    """The table at ``dest`` (its newest version, a ``DeltaTable``) where ``deltalake`` may MERGE
+    into it as Spark would: at most ``max_rows`` rows, :func:`~platform_assets.core.driver_writes.table_refusal`
+    None, direct I/O on; else None."""
+    if not table_reads.direct_io_on():
+        return None
     snap = delta_meta.TableSnapshot.open(dest)
     table = snap.table
     if table is None or snap.row_count is None or snap.row_count > max_rows or driver_writes.table_refusal(snap) is not None:
-        return False
-    if driver_writes.recorded(table, app_id, seq):  # landed before: nothing to compute
-        return True
-    rows = driver_writes.cast_to(source.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow(), table, only=False)
-    if rows is None or rows.num_rows > spark_io.SMALL_BLOCK_ROWS:
+        return None
+    return table
+
+
+def _merge(clauses: Clauses, source: pa.Table, table: Any, dest: str, *, app_id: str, seq: int, meta: str) -> bool:
+    from deltalake import DeltaTable
+
+    rows = driver_writes.cast_to(source, table, only=False)
+    if rows is None:
         return False
     target = DeltaTable(dest, storage_options=storage_options(dest))
     builder = target.merge(rows, predicate=clauses.on(), source_alias="s", target_alias="t",
                            commit_properties=driver_writes.unit_commit(app_id, seq, meta))
-    if clauses.delete:
-        builder = builder.when_matched_delete(predicate=clauses.delete)
-    if clauses.update:
-        builder = builder.when_matched_update(updates=clauses.update[1], predicate=clauses.update[0])
-    builder = builder.when_not_matched_insert(updates=clauses.insert[1], predicate=clauses.insert[0])
+    for when, action in clauses.matched:
+        builder = (builder.when_matched_delete(predicate=when) if action is None
+                   else builder.when_matched_update(updates=action, predicate=when))
+    if clauses.insert:
+        builder = builder.when_not_matched_insert(updates=clauses.insert[1], predicate=clauses.insert[0])
+    for when, action in clauses.by_source:
+        builder = (builder.when_not_matched_by_source_delete(predicate=when) if action is None
+                   else builder.when_not_matched_by_source_update(updates=action, predicate=when))
     try:
         builder.execute()
         if not driver_writes.recorded(target, app_id, seq):  # a MERGE that changes nothing commits nothing; Spark's still commits

@@ -188,17 +188,23 @@ def test_change_feed_as_the_options_say_also_when_they_change(spark, settings: S
     assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Alice"), (1, "Bob"), (5, "Cy")]
 
 
-def test_deletion_vectors_on_new_replicas_dropped_when_turned_off_and_kept_off_when_unset(
-        spark, settings: Settings, tmp_path: Path) -> None:
-    """Unset, ``deletion_vectors`` is on for a replica the replicator creates: its MERGEs mark
-    replaced rows in deletion vectors, the ``deltalake`` DataFusion reader reads its rows exactly and
-    the pyarrow dataset path refuses them. Set to false, the next unit drops the table feature and
-    the replica reads through the pyarrow dataset again, its rows unchanged. Unset again, the
-    existing replica keeps what it has (no feature added back)."""
+def test_deletion_vectors_unset_come_on_past_the_drivers_merge_dropped_when_turned_off(
+        spark, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset, ``deletion_vectors`` is off for a replica the replicator creates, whose MERGEs run
+    from the driver (``deltalake``) while it holds at most ``SMALL_REPLICA_ROWS`` rows: the pyarrow
+    dataset path reads it. Past that, the next unit turns them on and Spark's MERGE marks replaced
+    rows in deletion vectors: the DataFusion reader reads its rows exactly, the pyarrow dataset path
+    refuses them. Set to false, the next unit drops the table feature and the replica reads through
+    the pyarrow dataset again, its rows unchanged; unset again, a small replica stays without them."""
     from deltalake import DeltaTable
+
+    from platform_assets.cdc import apply as cdc_apply
 
     def reader_features(s: Settings) -> list[str]:
         return DeltaTable(s.table_path("replica.customers")).protocol().reader_features or []
+
+    def last_commit(path: str) -> dict[str, Any]:
+        return DeltaTable(path).history(1)[0]
 
     s = setup(settings, tmp_path)
     lineage = s.lineage.read_text()
@@ -210,27 +216,42 @@ def test_deletion_vectors_on_new_replicas_dropped_when_turned_off_and_kept_off_w
                                                after={"id": 0, "name": "Al"}, key={"id": 0})])
     run(spark, s)
     path = s.table_path("replica.customers")
+    assert "deletionVectors" not in reader_features(s)
+    small = last_commit(path)
+    assert small["operation"] == "MERGE" and "delta-rs" in small.get("clientVersion", ""), small  # from the driver
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 32
+    others = [(i, f"n{i}") for i in range(10, 40)]
+    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Al"), (1, "Bob"), *others]
+
+    monkeypatch.setattr(cdc_apply, "SMALL_REPLICA_ROWS", 10)  # the replica's 32 rows are past it now
+    write_events(tmp_path, "0003.json", [event("customers", "u", 31, before={"id": 1, "name": "Bob"},
+                                               after={"id": 1, "name": "Bo"}, key={"id": 1})])
+    run(spark, s)
     assert "deletionVectors" in reader_features(s)
     metrics = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").collect()[0]["operationMetrics"]
     assert int(metrics["numTargetDeletionVectorsAdded"]) > 0, metrics  # rows marked, not files rewritten
     with pytest.raises(Exception, match="deletionVectors"):
         DeltaTable(path).to_pyarrow_table()
-    others = [(i, f"n{i}") for i in range(10, 40)]
-    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Al"), (1, "Bob"), *others]
+    assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Al"), (1, "Bo"), *others]
 
     s.lineage.write_text(lineage.replace("    options:", "    deletion_vectors: false\n    options:"))
-    write_events(tmp_path, "0003.json", [event("customers", "c", 31, after={"id": 5, "name": "Cy"}, key={"id": 5}),
-                                         event("customers", "d", 31, before={"id": 1, "name": "Bob"}, key={"id": 1})])
+    write_events(tmp_path, "0004.json", [event("customers", "c", 32, after={"id": 5, "name": "Cy"}, key={"id": 5}),
+                                         event("customers", "d", 32, before={"id": 1, "name": "Bo"}, key={"id": 1})])
     run(spark, s)
     assert "deletionVectors" not in reader_features(s)
     assert DeltaTable(path).to_pyarrow_table().num_rows == 32
     assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Al"), (5, "Cy"), *others]
 
-    s.lineage.write_text(lineage)  # unset again: the replica keeps what it has
-    write_events(tmp_path, "0004.json", [event("customers", "u", 32, before={"id": 5, "name": "Cy"},
+    monkeypatch.undo()
+    s.lineage.write_text(lineage)  # unset again, the replica small: no vectors come back
+    write_events(tmp_path, "0005.json", [event("customers", "u", 33, before={"id": 5, "name": "Cy"},
                                                after={"id": 5, "name": "Cyd"}, key={"id": 5})])
     run(spark, s)
     assert "deletionVectors" not in reader_features(s)
+    # (the dropped feature left the writer feature checkpointProtection, which deltalake does not
+    # write: Spark MERGEs this replica from now on)
+    assert "checkpointProtection" in (DeltaTable(path).protocol().writer_features or [])
+    assert last_commit(path)["operation"] == "MERGE" and "clientVersion" not in last_commit(path)
     assert replica(spark, s, "replica.customers", "id", "name") == [(0, "Al"), (5, "Cyd"), *others]
 
 
@@ -245,6 +266,7 @@ def test_the_replicas_of_a_unit_land_at_once_each_on_a_session_of_its_own(
 
     from lineage.core.errors import TidemarkError
     from platform_assets.cdc import apply as cdc_apply
+    from platform_assets.cdc import scd1 as cdc_scd1
     from platform_assets.core import spark_io
 
     third = ("names", names_events()) if path == "python" else (
@@ -277,8 +299,9 @@ def test_the_replicas_of_a_unit_land_at_once_each_on_a_session_of_its_own(
         return landing
 
     together = home("together")
+    monkeypatch.setattr(cdc_apply, "SMALL_REPLICA_ROWS", -1)  # Spark's MERGEs (small replicas: the driver's, below)
     monkeypatch.setattr(spark_io, "run_merge", spy(spark_io.run_merge))
-    monkeypatch.setattr(cdc_apply, "append_new_keys", spy(cdc_apply.append_new_keys))
+    monkeypatch.setattr(cdc_scd1, "append_new_keys", spy(cdc_scd1.append_new_keys))
     results = run(spark, together)
     monkeypatch.undo()
     assert not results[0].paused and results[0].changes == len(lines), results[0]
@@ -290,7 +313,7 @@ def test_the_replicas_of_a_unit_land_at_once_each_on_a_session_of_its_own(
         assert apps == {f"tidemark:replica.{t}"}, (t, apps)
 
     monkeypatch.setenv("TIDEMARK_CDC_APPLY_THREADS", "1")
-    one_by_one = home("one_by_one")
+    one_by_one = home("one_by_one")  # and MERGEd from the driver
     run(spark, one_by_one)
     assert rows(together) == rows(one_by_one)
     assert rows(together)["orders"] == [(0, 0), (1, 10), (2, 21), (3, 30), (4, 40)]

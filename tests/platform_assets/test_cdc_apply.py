@@ -26,12 +26,23 @@ from lineage.cdc.changes import (
 )
 from lineage.cdc.replicas import Deletes, Scd
 from platform_assets.cdc import apply as cdc_apply
+from platform_assets.cdc import scd1 as cdc_scd1
 from platform_assets.cdc.apply import Commit, Layout
 
 pytestmark = pytest.mark.spark
 T0 = dt.datetime(2026, 1, 1)
 CUSTOMERS = TableSchema("mydb.customers", (Column("id", "int"), Column("name", "string")), key=("id",))
 NOKEY = TableSchema("mydb.names", (Column("name", "string"),))
+
+
+@pytest.fixture(params=["driver", "spark"])
+def merge_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An SCD1 replica MERGEd (and appended) from the driver by ``deltalake``, as a small replica
+    is, or by Spark, as a replica past ``SMALL_REPLICA_ROWS`` is: the same rows either way."""
+    if request.param == "spark":
+        monkeypatch.setattr(cdc_apply, "SMALL_REPLICA_ROWS", -1)
+        monkeypatch.setenv("TIDEMARK_DIRECT_IO", "off")  # the append of new keys too
+    return str(request.param)
 
 
 def tx(xid: int, *changes: RowChange) -> Transaction:
@@ -55,7 +66,7 @@ def apply(spark, path: str, layout: Layout, batch: list[Transaction], first_seq:
     elif layout.scd is Scd.TYPE2:
         cdc_apply.apply_scd2(spark, path, layout, reduce_keyed(numbered, layout.schema, layout.key, history=True), commit)
     else:
-        cdc_apply.apply_scd1(spark, path, layout, reduce_keyed(numbered, layout.schema, layout.key), commit)
+        cdc_scd1.apply_scd1(spark, path, layout, reduce_keyed(numbered, layout.schema, layout.key), commit)
 
 
 SEED_PK = [tx(1, ch(Op.INSERT, id=0, name="alice")), tx(2, ch(Op.UPDATE, before={"id": 0}, id=1, name="alice")),
@@ -65,7 +76,7 @@ SEED_PK = [tx(1, ch(Op.INSERT, id=0, name="alice")), tx(2, ch(Op.UPDATE, before=
 
 
 @pytest.mark.parametrize("split", [None, 2, 3, 4])
-def test_seed_example_with_primary_key_in_any_batching(spark, tmp_path: Path, split: int | None) -> None:
+def test_seed_example_with_primary_key_in_any_batching(merge_engine: str, spark, tmp_path: Path, split: int | None) -> None:
     path = str(tmp_path / "customers")
     layout = Layout(CUSTOMERS, ("id",))
     cdc_apply.ensure_replica(spark, path, layout)
@@ -78,7 +89,7 @@ def test_seed_example_with_primary_key_in_any_batching(spark, tmp_path: Path, sp
 
 
 @pytest.mark.fast
-def test_replay_of_a_unit_is_skipped_by_its_txn_version(spark, tmp_path: Path) -> None:
+def test_replay_of_a_unit_is_skipped_by_its_txn_version(merge_engine: str, spark, tmp_path: Path) -> None:
     path = str(tmp_path / "customers")
     layout = Layout(CUSTOMERS, ("id",))
     cdc_apply.ensure_replica(spark, path, layout)
@@ -123,7 +134,7 @@ def test_unchanged_toast_value_is_kept_from_the_replica_also_across_a_key_change
     assert got == {5: (big, 2), 2: ("b", 7)}
 
 
-def test_soft_deletes_and_truncate(spark, tmp_path: Path) -> None:
+def test_soft_deletes_and_truncate(merge_engine: str, spark, tmp_path: Path) -> None:
     path = str(tmp_path / "soft")
     layout = Layout(CUSTOMERS, ("id",), deletes=Deletes.SOFT)
     cdc_apply.ensure_replica(spark, path, layout)
@@ -168,7 +179,7 @@ def test_an_empty_arrow_batch_becomes_an_empty_frame_of_its_schema(spark):
     assert one.collect()[0]["id"] == 7
 
 
-def test_nan_float_keys_are_one_key_in_the_merge_the_spilled_reduction_and_multiset_counts(spark, tmp_path: Path) -> None:
+def test_nan_float_keys_are_one_key_in_the_merge_the_spilled_reduction_and_multiset_counts(merge_engine: str, spark, tmp_path: Path) -> None:
     """PostgreSQL float8 and Spark: NaN = NaN. A NaN key inserted, then updated in later units (the MERGE's
     ``ON`` matches it; the spilled reduction in Spark keeps one row), stays one row; a multiset's NaN row
     deleted in a later unit loses a copy (its current count found for a NaN collected from Spark)."""
@@ -187,9 +198,9 @@ def test_nan_float_keys_are_one_key_in_the_merge_the_spilled_reduction_and_multi
                              c.TIME: pa.array([dt.datetime(2026, 1, 1, tzinfo=dt.UTC)] * 3, pa.timestamp("us", tz="UTC"))}),
                    spill)
     spilled = c.Spilled(spill, 3, 3, 0, 2, None, 10, 0, 3, 0)
-    effect = cdc_apply.spilled_effect(spark, spilled, layout, 10, table="s.f")
+    effect = cdc_scd1.spilled_effect(spark, spilled, layout, 10, table="s.f")
     assert [(r["v"], r[c.SEQ], r[c.PRESENT]) for r in effect.collect()] == [("e", 12, True)]
-    cdc_apply.apply_scd1_spilled(spark, path, layout, effect, Commit("tidemark:test", 3, "{}"))
+    cdc_scd1.apply_scd1_spilled(spark, path, layout, effect, Commit("tidemark:test", 3, "{}"))
     got = rows(spark, path, "k", "v", "_sequence_num")
     assert len(got) == 1 and math.isnan(got[0][0]) and got[0][1:] == ("e", 12)
     nokey = TableSchema("s.g", (Column("x", "double"), Column("v", "string")))
@@ -205,7 +216,7 @@ def test_nan_float_keys_are_one_key_in_the_merge_the_spilled_reduction_and_multi
 def test_key_ranges_are_exact_literals_of_the_sources_lowest_and_highest_keys() -> None:
     def ranges(key: tuple[str, ...], **cols: pa.Array) -> list[tuple[str, str, str]]:
         schema = TableSchema("s.t", tuple(Column(n, "string") for n in cols), key=key)
-        return cdc_apply.key_ranges(Layout(schema, key), pa.table(cols))
+        return cdc_scd1.key_ranges(Layout(schema, key), pa.table(cols))
 
     assert ranges(("id",), id=pa.array([7, 3, None, 12])) == [("id", "3", "12")]
     assert ranges(("a", "b"), a=pa.array(["m", "b'x", "z"]), b=pa.array([dt.date(2026, 1, 2), dt.date(2025, 5, 1), None])) == [
@@ -215,14 +226,15 @@ def test_key_ranges_are_exact_literals_of_the_sources_lowest_and_highest_keys() 
     assert ranges(("id",), id=pa.array([], pa.int64())) == []
 
 
-def test_a_merge_reads_only_the_replica_files_of_its_key_range(spark, tmp_path: Path) -> None:
-    """Recent keys changed: the replica's files of older keys are not even opened (they are moved
-    away while the MERGE runs: a read of one would fail it), and no match is missed."""
+def test_a_merge_reads_only_the_replica_files_of_its_key_range(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recent keys changed: the replica's files of older keys are not even opened by Spark's MERGE
+    (they are moved away while the MERGE runs: a read of one would fail it), and no match is missed."""
     import shutil
     from urllib.parse import unquote, urlparse
 
     from pyspark.sql import functions as F  # noqa: N812
 
+    monkeypatch.setattr(cdc_apply, "SMALL_REPLICA_ROWS", -1)
     path = str(tmp_path / "customers")
     layout = Layout(CUSTOMERS, ("id",))
     cdc_apply.ensure_replica(spark, path, layout)
@@ -249,7 +261,7 @@ def test_a_merge_reads_only_the_replica_files_of_its_key_range(spark, tmp_path: 
 
 
 @pytest.mark.parametrize("soft", [False, True])
-def test_a_unit_of_new_keys_only_is_appended_not_merged(spark, tmp_path: Path, soft: bool) -> None:
+def test_a_unit_of_new_keys_only_is_appended_not_merged(merge_engine: str, spark, tmp_path: Path, soft: bool) -> None:
     path = str(tmp_path / "customers")
     layout = Layout(CUSTOMERS, ("id",), deletes=Deletes.SOFT if soft else Deletes.HARD)
     cdc_apply.ensure_replica(spark, path, layout)

@@ -411,14 +411,14 @@ def test_keyed_replicas_take_the_columnar_path_and_end_equal_after_sigkills(sett
     key changes, also spilled to Parquet and reduced in Spark (``TIDEMARK_CDC_SPILL_ROWS``); killed at
     each crash point of a unit, spilling or not, then run to the end: equal to the source."""
     from lineage.cdc import columns as cdc_columns
-    from platform_assets.cdc import apply as cdc_apply
+    from platform_assets.cdc import scd1 as cdc_scd1
 
     sql(pg, "CREATE SCHEMA s8", "CREATE TABLE s8.k (id int PRIMARY KEY, v int)")
     s = setup(settings, tmp_path, pg, "s8", maxstep=30)
     env = {"TM_TEST_DSN": pg}
     assert tidemark(s, "cdc", "run", "s8", env=env).returncode == 0  # the snapshot
     calls = {"reduce_scd1": 0, "apply_scd1_spilled": 0, "apply_scd1": 0}
-    for module, name in ((cdc_columns, "reduce_scd1"), (cdc_apply, "apply_scd1_spilled"), (cdc_apply, "apply_scd1")):
+    for module, name in ((cdc_columns, "reduce_scd1"), (cdc_scd1, "apply_scd1_spilled"), (cdc_scd1, "apply_scd1")):
         monkeypatch.setattr(module, name, _counted(getattr(module, name), name, calls))
     _random_dml(pg, "s8", 80, 40, keyed_only=True)
     run(spark, s, "s8")

@@ -34,10 +34,17 @@ def test_clauses_read_the_same_in_sparks_merge() -> None:
                    "WHEN NOT MATCHED AND (s.`_tm_present`) THEN INSERT (`k`, `Country`, `n`) "
                    "VALUES (s.`k`, s.`Country`, s.`n`)")
     keep = keyed_merge.rows_clauses(["k"], ["k"], PRESENT, delete_missing=False)
-    assert keep.delete is None and keep.update is None  # nothing but the key: insert only
+    assert keep.matched == ()  # nothing but the key: insert only
     add = keyed_merge.add_clauses(["k"], "n", ["amount"], {"n": "bigint", "amount": "decimal(18,2)"}, delete_missing=True)
-    assert add.update is not None
-    assert add.update[1]["amount"] == "CAST((coalesce(t.`amount`, 0) + s.`amount`) AS decimal(18,2))"
+    assert [action is None for _, action in add.matched] == [True, False]  # the delete first
+    assert add.matched[1][1] == {"n": "CAST((coalesce(t.`n`, 0) + s.`n`) AS bigint)",
+                                 "amount": "CAST((coalesce(t.`amount`, 0) + s.`amount`) AS decimal(18,2))"}
+    soft = keyed_merge.Clauses(("id",), (("NOT s.p", {"gone": "true"}), ("s.p", {"v": "s.v"})), None,
+                               by_source=(("t.seq < 5", None),), null_safe=False)
+    assert soft.spark_sql("/w/r") == ("MERGE INTO delta.`/w/r` t USING {source} s ON (t.`id` = s.`id`)\n"
+                                      "WHEN MATCHED AND (NOT s.p) THEN UPDATE SET t.`gone` = true\n"
+                                      "WHEN MATCHED AND (s.p) THEN UPDATE SET t.`v` = s.v\n"
+                                      "WHEN NOT MATCHED BY SOURCE AND (t.seq < 5) THEN DELETE")
 
 
 def _view(spark: Any, path: str, rows: list[tuple[Any, ...]], **options: str) -> None:
