@@ -63,6 +63,7 @@ class Pace:
     rate: float = 0.0
     stop: threading.Event = field(default_factory=threading.Event)
     written: int = 0
+    txs: int = 0  # source transactions committed
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -112,6 +113,7 @@ def writer(url: str, w: int, writers: int, rows: int, per_tx: int, pace: Pace, e
                 done += 3 * third
                 with pace.lock:
                     pace.written += 3 * third
+                    pace.txs += 1
     except Exception as exc:  # noqa: BLE001 - reported by the main thread
         errors.append(f"writer {w}: {type(exc).__name__}: {exc}")
 
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         spark = build_spark_session(settings, app_name="tidemark-bench-cdc-throughput")
         engine, rep, source, seen = observed_replicator(settings, "bt", spark, "bench-throughput")
         lags: list[tuple[float, float]] = []  # (source commit time, lag s)
+        landed: set[int] = set()  # the LSNs of the source transactions applied
         units: list[tuple[float, int]] = []  # (duration s, changes)
 
         def applied(result: Any, duration_s: float, now: float) -> None:
@@ -166,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 for tx in seen:
                     c = tx.commit_time.replace(tzinfo=dt.UTC).timestamp()
                     lags.append((c, now - c))
+                    landed.add(tx.lsn)
             seen.clear()
 
         def unit() -> bool:
@@ -200,7 +204,12 @@ def main(argv: list[str] | None = None) -> int:
                 while unit():
                     pass
                 return
-            while time.monotonic() - busy[0] < 5.0:  # the follower did no work for 5 s: caught up
+            # every transaction the writers committed applied (a unit still running when the follower
+            # last reported has not reported them yet), then no work for 5 s
+            deadline = time.monotonic() + 600
+            while (len(landed) < pace.txs or time.monotonic() - busy[0] < 5.0) and time.monotonic() < deadline:
+                if follow_errors:
+                    raise BenchError("follow: " + "; ".join(follow_errors))
                 time.sleep(0.2)
 
         try:
@@ -209,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
             lags.clear()
             units.clear()
+            landed.clear()
             print(f"snapshot: 3 tables of {args.rows:,} rows in {time.monotonic() - t:.1f} s (untimed)", flush=True)
             if args.mode == "follow":
                 follower = Follower(settings, engine.lineage, names=["cdc:bt"], spark=spark, report=followed)

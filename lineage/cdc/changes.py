@@ -112,7 +112,8 @@ Change = RowChange | DdlChange
 class Transaction:
     """A committed source transaction: its changes in order. ``lsn`` is the commit LSN (what a
     replica records as applied; the next read starts after it); ``end_lsn`` the position after
-    the commit record (what the source is acknowledged up to)."""
+    the commit record, where the next transaction's commit record may begin (a read through this
+    one ends at ``end_lsn - 1``: :class:`resources.cdc.postgres.ReadResult`)."""
 
     xid: int
     lsn: int

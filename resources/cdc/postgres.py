@@ -55,7 +55,7 @@ class SlotPosition:
 
     confirmed_flush: int  # acknowledged up to here
     restart: int  # WAL kept from here
-    current: int  # pg_current_wal_lsn()
+    current: int  # pg_current_wal_flush_lsn(): what logical decoding can send up to (a read never passes it)
     retained_bytes: int  # current - restart: WAL the slot holds on the server's disk
     active: bool  # a reader is connected right now
 
@@ -67,9 +67,12 @@ class SlotPosition:
 
 class ReadResult(list[Any]):
     """The transactions of :meth:`PostgresSource.read` (a list), plus ``end``: the source holds
-    nothing more of the selection committed after ``after`` and at or before ``end`` — once every
-    returned transaction is applied, acknowledging ``end`` is safe (it moves the slot past WAL
-    without changes, so an idle selection does not pin WAL forever). ``caught_up``: the read
+    nothing more of the selection whose commit LSN is after ``after`` and at or before ``end`` —
+    once every returned transaction is applied, acknowledging ``end`` is safe (it moves the slot
+    past WAL without changes, so an idle selection does not pin WAL forever). ``end`` is one byte
+    before where the read stopped (the last commit record's end, or how far the server had
+    decoded): the next transaction's commit record may begin right there (two transactions
+    committing together), and ``read(end)`` reads commits after ``end``. ``caught_up``: the read
     stopped because it reached the server's WAL end as of the call."""
 
     def __init__(self, txs: Sequence[Any], end: int, caught_up: bool) -> None:
@@ -180,7 +183,7 @@ class PostgresSource:
 
     def _slot_row(self, conn: psycopg.Connection[Any], slot: str | None = None) -> tuple[Any, ...] | None:
         return conn.execute("SELECT plugin, database, confirmed_flush_lsn::text, restart_lsn::text, active,"
-                            " pg_current_wal_lsn()::text, active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                            " pg_current_wal_flush_lsn()::text, active_pid FROM pg_replication_slots WHERE slot_name = %s",
                             (slot or self.slot,)).fetchone()
 
     def _require_slot(self, conn: psycopg.Connection[Any], slot: str | None = None) -> tuple[Any, ...]:
@@ -234,7 +237,7 @@ class PostgresSource:
         """Every parked slot of this source (by slot name) and where it stands."""
         with self._sql() as conn:
             rows = conn.execute("SELECT slot_name, plugin, database, confirmed_flush_lsn::text, restart_lsn::text, active,"
-                                " pg_current_wal_lsn()::text, active_pid FROM pg_replication_slots WHERE slot_name LIKE %s",
+                                " pg_current_wal_flush_lsn()::text, active_pid FROM pg_replication_slots WHERE slot_name LIKE %s",
                                 (f"{self.slot}\\_p\\_%",)).fetchall()
         return {r[0]: _position(r[1:]) for r in rows if self._is_parked(r[0])}
 
@@ -402,7 +405,7 @@ class PostgresSource:
                 if reply:
                     self._status(repl)
                 if decoder.open is None and wal_end >= limit:  # everything committed up to limit has arrived
-                    return ReadResult(txs, max(end, min(wal_end, limit)), limit == target)
+                    return ReadResult(txs, max(end, min(wal_end, limit) - 1), limit == target)
                 continue
             last_data = now
             msg = data[25:]  # XLogData: 'w', start, end, clock
@@ -411,7 +414,7 @@ class PostgresSource:
             tx = decoder.feed(msg)
             if tx is None or tx.lsn <= after:
                 continue
-            end = tx.end_lsn
+            end = tx.end_lsn - 1  # (a commit record may begin at tx.end_lsn: the next read must take it)
             if tx.changes:  # a transaction of unwanted changes only is left out: `end` covers it
                 txs.append(tx)
                 rows += tx.rows

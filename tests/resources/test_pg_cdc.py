@@ -234,7 +234,7 @@ def test_read_ack_position_and_retry(pg: str) -> None:
         before = src.position()
         assert before.confirmed_flush < before.current and not before.active
         txs = src.read(0)
-        assert len(txs) == 5 and txs.caught_up and txs.end >= txs[-1].end_lsn
+        assert len(txs) == 5 and txs.caught_up and txs.end >= txs[-1].end_lsn - 1
         assert src.position().confirmed_flush == before.confirmed_flush  # read acknowledges nothing
         upto = txs[2].lsn
         sql(pg, "INSERT INTO pos.t VALUES (10, 0)")
@@ -247,7 +247,31 @@ def test_read_ack_position_and_retry(pg: str) -> None:
         assert src.position().confirmed_flush == txs[1].end_lsn
         last = src.read(0)
         src.ack(last.end)
-        assert src.position().confirmed_flush >= last[-1].end_lsn and src.read(0) == []
+        assert src.position().confirmed_flush >= last[-1].end_lsn - 1 and src.read(0) == []
+
+
+def test_a_transaction_committed_right_after_a_read_s_last_one_is_read_next(pg: str) -> None:
+    """Two transactions committed one after the other, the second's commit record beginning where
+    the first's ends (nothing written between the two COMMITs): a read that stops after the first
+    (``max_changes``), then a read from where it ended, returns the second. (A read that ended at
+    the first's ``end_lsn`` skipped it: the server starts decoding after the position asked for.)"""
+    with source(pg, "adj", "CREATE TABLE adj.t (id int PRIMARY KEY)") as src:
+        start = src.read(0).end
+        for attempt in range(20):
+            with psycopg.connect(pg, autocommit=False) as one, psycopg.connect(pg, autocommit=False) as two:
+                one.execute(f"INSERT INTO adj.t VALUES ({2 * attempt})")
+                two.execute(f"INSERT INTO adj.t VALUES ({2 * attempt + 1})")
+                one.commit()
+                two.commit()
+            first = src.read(start, max_changes=1)
+            assert len(first) == 1 and first.end == first[0].end_lsn - 1
+            second = src.read(first.end)
+            assert [tx.xid for tx in second] != [first[0].xid] and len(second) == 1, (attempt, first, second)
+            adjacent = second[0].lsn == first[0].end_lsn
+            start = second.end
+            if adjacent:
+                break
+        assert adjacent, "no two commit records were adjacent in 20 tries: the case was not tried"
 
 
 def test_wanted_drops_changes_without_counting_them(pg: str) -> None:
@@ -259,7 +283,7 @@ def test_wanted_drops_changes_without_counting_them(pg: str) -> None:
         got = src.read(0, max_changes=1, wanted=lambda table, lsn: table != "wa.paused")
         assert len(got) == 1 and changes(got) == [RowChange("wa.a", Op.INSERT, after={"id": 1})]  # no empty transactions
         got2 = src.read(got[-1].lsn, max_changes=1, wanted=lambda table, lsn: table != "wa.paused")
-        assert changes(got2) == [RowChange("wa.a", Op.INSERT, after={"id": 2})] and got2.end == got2[-1].end_lsn
+        assert changes(got2) == [RowChange("wa.a", Op.INSERT, after={"id": 2})] and got2.end == got2[-1].end_lsn - 1
         assert len(changes(read_all(src))) == 7
 
 
