@@ -452,7 +452,7 @@ class ReplicatorUnit:
         are; else moved to ``upto`` (they had nothing before it), to look further next unit."""
         store = self.engine.store
         for replica, rec in list(self.gone.items()):
-            if caught_up and (self._horizon is None or upto >= self._horizon):
+            if caught_up and (self._horizon is None or upto + 1 >= self._horizon):  # (read through upto: ReadResult.end)
                 why = (f"dropped: its source table is no longer in the source's catalog or selection, and no rename or "
                        f"drop of it was seen after {format_lsn(applied_lsn(rec) or 0)}; the replica is kept as it was "
                        f"(copied again if its table comes back)")

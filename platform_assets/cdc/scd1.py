@@ -83,7 +83,10 @@ def merge_effect(spark: SparkSession, path: str, layout: Layout, clauses: keyed_
     from the driver where it may be (:func:`~platform_assets.core.keyed_merge.merge_arrow`, a replica
     of at most :data:`~platform_assets.cdc.apply.SMALL_REPLICA_ROWS` rows), else Spark's MERGE, with the source's key ranges
     (``ranges``: :func:`key_ranges`) in its condition."""
-    if keyed_merge.merge_arrow(clauses, source, path, app_id=commit.app_id, seq=commit.version, meta=commit.meta,
+    rows = source  # (the driver's MERGE takes every replica column from its source; its clauses set _deleted)
+    if layout.deletes is Deletes.SOFT and DELETED not in source.column_names:
+        rows = source.append_column(DELETED, pa.repeat(pa.scalar(False), source.num_rows))
+    if keyed_merge.merge_arrow(clauses, rows, path, app_id=commit.app_id, seq=commit.version, meta=commit.meta,
                                max_rows=cdc_apply.SMALL_REPLICA_ROWS):
         return
     # (Delta copies this source before its two passes, as by default: without the copy it reads the local

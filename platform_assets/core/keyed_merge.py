@@ -194,6 +194,10 @@ def _merge(clauses: Clauses, source: pa.Table, table: Any, dest: str, *, app_id:
             target.create_write_transaction([], mode="append", schema=target.schema(),
                                             commit_properties=driver_writes.unit_commit(app_id, seq, meta))
     except Exception as exc:  # noqa: BLE001 - Spark's MERGE of the same unit follows (skipped if this one landed)
+        if driver_writes.recorded(DeltaTable(dest, storage_options=storage_options(dest)), app_id, seq):
+            log.warning("unit %s of %s: deltalake's MERGE into %s landed, then failed: %s", seq, app_id, dest,
+                        first_line(exc)[:300])  # (e.g. a post-commit checkpoint)
+            return True
         log.warning("unit %s of %s: deltalake's MERGE into %s failed, so Spark's runs instead: %s", seq, app_id, dest,
                     first_line(exc)[:300])
         return False

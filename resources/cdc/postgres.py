@@ -61,8 +61,10 @@ class SlotPosition:
 
     @property
     def behind_bytes(self) -> int:
-        """WAL written after the acknowledged position (not all of it holds changes)."""
-        return max(0, self.current - self.confirmed_flush)
+        """WAL written after the acknowledged position (not all of it holds changes; a read ends one
+        byte before the WAL it reached, so 1 counts as none)."""
+        behind = self.current - self.confirmed_flush
+        return behind if behind > 1 else 0
 
 
 class ReadResult(list[Any]):
@@ -405,7 +407,9 @@ class PostgresSource:
                 if reply:
                     self._status(repl)
                 if decoder.open is None and wal_end >= limit:  # everything committed up to limit has arrived
-                    return ReadResult(txs, max(end, min(wal_end, limit) - 1), limit == target)
+                    # (decoded past limit: every commit at or before it is read; decoded up to it: a commit
+                    # record may begin right there)
+                    return ReadResult(txs, max(end, min(wal_end - 1, limit)), limit == target)
                 continue
             last_data = now
             msg = data[25:]  # XLogData: 'w', start, end, clock

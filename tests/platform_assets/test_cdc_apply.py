@@ -45,6 +45,13 @@ def merge_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     return str(request.param)
 
 
+def written_by(path: str) -> str:
+    """Which engine wrote the replica's newest commit: ``driver`` (deltalake) or ``spark``."""
+    from deltalake import DeltaTable
+
+    return "driver" if "delta-rs" in DeltaTable(path).history(1)[0].get("clientVersion", "") else "spark"
+
+
 def tx(xid: int, *changes: RowChange) -> Transaction:
     return Transaction(xid, 100 + xid, T0 + dt.timedelta(seconds=xid), tuple(changes))
 
@@ -84,6 +91,7 @@ def test_seed_example_with_primary_key_in_any_batching(merge_engine: str, spark,
     seq = 2
     for i, b in enumerate(batches, 1):
         apply(spark, path, layout, b, seq, i)
+        assert written_by(path) == merge_engine
         seq += sum(t.rows for t in b)
     assert rows(spark, path, "id", "name", "_sequence_num") == [(0, "Alice", 6), (1, "Bob", 8)]
 
@@ -140,6 +148,7 @@ def test_soft_deletes_and_truncate(merge_engine: str, spark, tmp_path: Path) -> 
     cdc_apply.ensure_replica(spark, path, layout)
     apply(spark, path, layout, [tx(1, ch(Op.INSERT, id=1, name="a"), ch(Op.INSERT, id=2, name="b"))], 1, 1)
     apply(spark, path, layout, [tx(2, ch(Op.DELETE, before={"id": 1}))], 3, 2)
+    assert written_by(path) == merge_engine
     assert rows(spark, path, "id", "name", "_deleted") == [(1, "a", True), (2, "b", False)]
     apply(spark, path, layout, [tx(3, ch(Op.INSERT, id=1, name="again"))], 4, 3)
     assert rows(spark, path, "id", "name", "_deleted") == [(1, "again", False), (2, "b", False)]
@@ -147,7 +156,11 @@ def test_soft_deletes_and_truncate(merge_engine: str, spark, tmp_path: Path) -> 
     cdc_apply.ensure_replica(spark, hard, Layout(CUSTOMERS, ("id",)))
     apply(spark, hard, Layout(CUSTOMERS, ("id",)), [tx(1, ch(Op.INSERT, id=1, name="a"), ch(Op.INSERT, id=2, name="b"))], 1, 1)
     apply(spark, hard, Layout(CUSTOMERS, ("id",)), [tx(2, RowChange("mydb.customers", Op.TRUNCATE)), tx(3, ch(Op.INSERT, id=3, name="c"))], 3, 2)
+    assert written_by(hard) == merge_engine  # (WHEN NOT MATCHED BY SOURCE ... DELETE)
     assert rows(spark, hard, "id", "name") == [(3, "c")]
+    apply(spark, path, layout, [tx(4, RowChange("mydb.customers", Op.TRUNCATE)), tx(5, ch(Op.INSERT, id=5, name="e"))], 5, 4)
+    assert written_by(path) == merge_engine  # (... UPDATE SET _deleted = true)
+    assert rows(spark, path, "id", "name", "_deleted") == [(1, "again", True), (2, "b", True), (5, "e", False)]
 
 
 def test_scd2_history_follows_every_transaction_and_closes_changed_keys(spark, tmp_path: Path) -> None:
