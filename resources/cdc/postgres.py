@@ -73,7 +73,7 @@ class ReadResult(list[Any]):
     once every returned transaction is applied, acknowledging ``end`` is safe (it moves the slot
     past WAL without changes, so an idle selection does not pin WAL forever). ``end`` is one byte
     before where the read stopped (the last commit record's end, or how far the server had
-    decoded): the next transaction's commit record may begin right there (two transactions
+    decoded; at most the read's limit): the next transaction's commit record may begin right there (two transactions
     committing together), and ``read(end)`` reads commits after ``end``. ``caught_up``: the read
     stopped because it reached the server's WAL end as of the call."""
 
