@@ -139,7 +139,7 @@ def merge_source(spark: SparkSession, table: pa.Table) -> DataFrame:
 def ensure_replica(spark: SparkSession, path: str, layout: Layout) -> bool:
     """Create the replica (empty, with its properties) when it does not exist; True if created. An
     existing replica whose ``deletion_vectors`` is unset gets them once it holds more than
-    :data:`SMALL_REPLICA_ROWS` rows (its MERGEs are Spark's from then on: :func:`merge_effect`)."""
+    :data:`SMALL_REPLICA_ROWS` rows (its MERGEs are Spark's from then on: :func:`~platform_assets.cdc.scd1.merge_effect`)."""
     from resources.storage.delta_meta import TableSnapshot, deletion_vectors
 
     snap = TableSnapshot.open(path)  # JVM-free, and works over Spark Connect too

@@ -8,7 +8,6 @@ only new keys come (:func:`append_new_keys`).
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -34,8 +33,6 @@ from platform_assets.core.spark_io import quote
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-log = logging.getLogger(__name__)
-
 
 def apply_scd1(spark: SparkSession, path: str, layout: Layout, effect: BatchEffect, commit: Commit) -> None:
     names = [c.name for c in layout.schema.columns]
@@ -54,14 +51,11 @@ def apply_scd1(spark: SparkSession, path: str, layout: Layout, effect: BatchEffe
     if effect.truncated_at is None and not unknown_any and new_keys_only(path, layout, tbl):
         append_new_keys(spark, path, layout, tbl, commit)
         return
-    clauses = scd1_clauses(layout, effect.truncated_at)
+    filled = None
     if unknown_any:  # values to carry from the replica: Spark joins them in
-        source = cdc_apply.origin_fill(spark, cdc_apply.merge_source(spark, tbl), path, layout, unknown_any, current_only=False)
-        spark_io.run_merge(spark, clauses.spark_sql(path, ranges_filter(layout, tbl) if effect.truncated_at is None else ""), source,
-                           app_id=commit.app_id, seq=commit.version, meta=commit.meta)
-        return
-    merge_effect(spark, path, layout, clauses, tbl.drop_columns([UNKNOWN_COLS, *(n for n, _ in key_types)]), commit,
-                 ranges=effect.truncated_at is None)
+        filled = cdc_apply.origin_fill(spark, cdc_apply.merge_source(spark, tbl), path, layout, unknown_any, current_only=False)
+    merge_effect(spark, path, layout, tbl.drop_columns([UNKNOWN_COLS, *(n for n, _ in key_types)]), commit,
+                 truncated_at=effect.truncated_at, spark_source=filled)
 
 
 def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: cdc_columns.ColumnEffect, commit: Commit) -> None:
@@ -74,25 +68,29 @@ def apply_scd1_columns(spark: SparkSession, path: str, layout: Layout, effect: c
     if new_keys_only(path, layout, source):
         append_new_keys(spark, path, layout, source, commit)
         return
-    merge_effect(spark, path, layout, scd1_clauses(layout, None), source, commit)
+    merge_effect(spark, path, layout, source, commit)
 
 
-def merge_effect(spark: SparkSession, path: str, layout: Layout, clauses: keyed_merge.Clauses, source: pa.Table,
-                 commit: Commit, *, ranges: bool = True) -> None:
-    """One commit of ``clauses`` with ``source`` (the effect's rows, in the driver) into the replica:
-    from the driver where it may be (:func:`~platform_assets.core.keyed_merge.merge_arrow`, a replica
-    of at most :data:`~platform_assets.cdc.apply.SMALL_REPLICA_ROWS` rows), else Spark's MERGE, with the source's key ranges
-    (``ranges``: :func:`key_ranges`) in its condition."""
+def merge_effect(spark: SparkSession, path: str, layout: Layout, source: pa.Table, commit: Commit, *,
+                 truncated_at: int | None = None, spark_source: DataFrame | None = None) -> None:
+    """One commit of :func:`scd1_clauses` with ``source`` (the effect's rows, in the driver) into
+    the replica: from the driver where it may be (:func:`~platform_assets.core.keyed_merge.merge_arrow`,
+    a replica of at most :data:`~platform_assets.cdc.apply.SMALL_REPLICA_ROWS` rows), else Spark's
+    MERGE, with the source's key ranges in its condition (:func:`ranges_filter`; not with a
+    TRUNCATE). ``spark_source``: the same rows as Spark computes them, with values carried from
+    the replica: Spark's MERGE of those."""
+    clauses = scd1_clauses(layout, truncated_at)
     rows = source  # (the driver's MERGE takes every replica column from its source; its clauses set _deleted)
     if layout.deletes is Deletes.SOFT and DELETED not in source.column_names:
         rows = source.append_column(DELETED, pa.repeat(pa.scalar(False), source.num_rows))
-    if keyed_merge.merge_arrow(clauses, rows, path, app_id=commit.app_id, seq=commit.version, meta=commit.meta,
-                               max_rows=cdc_apply.SMALL_REPLICA_ROWS):
+    if spark_source is None and keyed_merge.merge_arrow(clauses, rows, path, app_id=commit.app_id, seq=commit.version,
+                                                        meta=commit.meta, max_rows=cdc_apply.SMALL_REPLICA_ROWS):
         return
     # (Delta copies this source before its two passes, as by default: without the copy it reads the local
     # relation twice, and 1M events onto 5M rows took 41.9-47.4 s in the MERGE against 31.4 s; bench/cdc_apply.py)
-    spark_io.run_merge(spark, clauses.spark_sql(path, ranges_filter(layout, source) if ranges else ""),
-                       cdc_apply.merge_source(spark, source), app_id=commit.app_id, seq=commit.version, meta=commit.meta)
+    spark_io.run_merge(spark, clauses.spark_sql(path, ranges_filter(layout, source) if truncated_at is None else ""),
+                       cdc_apply.merge_source(spark, source) if spark_source is None else spark_source,
+                       app_id=commit.app_id, seq=commit.version, meta=commit.meta)
 
 
 def spilled_effect(spark: SparkSession, spilled: cdc_columns.Spilled, layout: Layout, first: int, *, table: str) -> DataFrame:
