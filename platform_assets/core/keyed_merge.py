@@ -21,6 +21,7 @@ engines' names). The clauses are SQL both read: backquoted names, ``IS [NOT] DIS
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -129,15 +130,11 @@ def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, 
     ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta`` as its ``userMetadata``.
     False, having written nothing, where Spark must: a source of more than
     :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows, or :func:`merge_arrow` says so."""
-    target = _driver_target(dest, max_rows)
-    if target is None:
-        return False
-    if driver_writes.recorded(target, app_id, seq):  # landed before: nothing to compute
-        return True
-    rows = source.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow()
-    if rows.num_rows > spark_io.SMALL_BLOCK_ROWS:
-        return False
-    return _merge(clauses, rows, target, dest, app_id=app_id, seq=seq, meta=meta)
+    def rows() -> pa.Table | None:
+        got = source.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow()
+        return None if got.num_rows > spark_io.SMALL_BLOCK_ROWS else got
+
+    return _merge_driven(clauses, rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows)
 
 
 def merge_arrow(clauses: Clauses, rows: pa.Table, dest: str, *, app_id: str, seq: int, meta: str,
@@ -150,12 +147,20 @@ def merge_arrow(clauses: Clauses, rows: pa.Table, dest: str, *, app_id: str, seq
     MERGE ``deltalake`` refused (said in the log: a type it cannot compare, a concurrent commit;
     Spark's MERGE of the same unit is skipped by its ``txn`` if this one did land). A unit the
     table recorded already is not written again."""
+    return _merge_driven(clauses, lambda: rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows)
+
+
+def _merge_driven(clauses: Clauses, rows: Callable[[], pa.Table | None], dest: str, *, app_id: str, seq: int,
+                  meta: str, max_rows: int) -> bool:
+    """:func:`merge_arrow` with the source computed by ``rows`` only where the driver may MERGE and
+    the unit has not landed (None: too big for the driver)."""
     target = _driver_target(dest, max_rows)
     if target is None:
         return False
-    if driver_writes.recorded(target, app_id, seq):
+    if driver_writes.recorded(target, app_id, seq):  # landed before: nothing to compute
         return True
-    return _merge(clauses, rows, target, dest, app_id=app_id, seq=seq, meta=meta)
+    source = rows()
+    return source is not None and _merge(clauses, source, target, dest, app_id=app_id, seq=seq, meta=meta)
 
 
 def _driver_target(dest: str, max_rows: int) -> Any | None:
