@@ -54,7 +54,8 @@ DEFAULT_HOPS = ("stage.customers:dim.customers", "fact.order_items:mart.daily_re
 DEFAULT_CHAIN = "stage.order_items,fact.order_items,mart.daily_revenue"
 TARGET_SLACK_S = 5.0  # per hop: issue 55's target is delay + 5 s
 CHAIN_SLACK_S = 15.0  # the whole chain: the sum of the delays + 15 s
-MODES = ("runs", "follow", "dagster", "streaming", "streaming-naive")
+MODES = ("runs", "follow", "dagster", "streaming", "streaming-wait", "streaming-naive")
+STREAMING_JOINS = {"streaming": "stream", "streaming-wait": "wait", "streaming-naive": "naive"}
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ def run_follow(home: Path, seconds: float, warmup_s: float, streaming: str | Non
     process and Spark session running every unit as it becomes due; local Spark, or
     ``TIDEMARK_SPARK_MASTER``) on a fresh state dir for ``seconds``, then stopped (SIGTERM). Their
     output goes to ``<home>/follow.log``. ``streaming``: ``bench/streaming_chain.py`` (Spark
-    Structured Streaming, the baseline) instead of ``tidemark follow``; ``"naive"`` with ``--naive-join``."""
+    Structured Streaming, the baseline) instead of ``tidemark follow``, with that ``--join``."""
     import signal
     import subprocess
 
@@ -211,8 +212,8 @@ def run_follow(home: Path, seconds: float, warmup_s: float, streaming: str | Non
     py = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
     subprocess.run([py, "-m", "platform_assets.demo.feeder", "--seed", os.environ.get("SEED_ORDERS", "3000"),
                     "--iterations", "0"], cwd=ROOT, env=env, check=True, capture_output=True)
-    runner = ([py, str(ROOT / "bench" / "streaming_chain.py"), *(["--naive-join"] if streaming == "naive" else [])]
-              if streaming else [py, "-m", "platform_assets.cli", "follow"])
+    runner = ([py, str(ROOT / "bench" / "streaming_chain.py"), "--join", streaming] if streaming
+              else [py, "-m", "platform_assets.cli", "follow"])
     what = "the Structured Streaming chain" if streaming else "tidemark follow"
     with open(home / "follow.log", "wb") as log:
         procs = [subprocess.Popen(runner, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True),
@@ -275,7 +276,8 @@ def main() -> int:
                         "follow (tidemark follow: one resident process runs every unit, and the feeder), dagster "
                         "(./scripts/dev.sh with TIDEMARK_MODE=follow: a tidemark_follow run), streaming (the same "
                         "chain as Spark Structured Streaming runs it: bench/streaming_chain.py, and the feeder; order "
-                        "lines wait for their order by a stream-stream join) or streaming-naive (the same with each "
+                        "lines wait for their order by a stream-stream join), streaming-wait (each micro-batch of order lines "
+                        "joined once fact.orders holds what stage.orders held) or streaming-naive (the same with each "
                         "micro-batch of order lines joined to fact.orders of that moment: faster, and lines whose order "
                         "is not there yet get nulls)")
     args = p.parse_args()
@@ -296,9 +298,9 @@ def main() -> int:
         home = (Path(args.home) / mode if len(modes) > 1 else Path(args.home)) if args.home else \
             Path(tempfile.mkdtemp(prefix=f"tidemark-freshness-{mode}-"))
         print(f"== mode {mode}", flush=True)
-        if mode in ("follow", "streaming", "streaming-naive"):
+        if mode == "follow" or mode in STREAMING_JOINS:
             # (DevExited keeps the state dir)
-            run_follow(home, seconds, warmup, streaming={"streaming": "joined", "streaming-naive": "naive"}.get(mode))
+            run_follow(home, seconds, warmup, streaming=STREAMING_JOINS.get(mode))
         else:
             run_dev(home, seconds, warmup, mode="follow" if mode == "dagster" else "runs")
         results[mode] = measure(argparse.Namespace(**{**vars(args), "home": str(home),

@@ -1,7 +1,7 @@
 """The demo's chain as Spark Structured Streaming runs it: the baseline ``bench/freshness.py --mode
 streaming`` measures Tidemark's continuous mode against (issue 55).
 
-    .venv/bin/python bench/streaming_chain.py [--home .tidemark] [--trigger 1] [--seconds 600] [--naive-join]
+    .venv/bin/python bench/streaming_chain.py [--home .tidemark] [--trigger 1] [--seconds 600] [--join stream|wait|naive]
 
 One SparkSession (local, as ``tidemark follow`` starts it, or ``TIDEMARK_SPARK_MASTER``), four
 queries on Delta ``readStream`` sources with ``foreachBatch`` running the demo's own SQL
@@ -17,10 +17,13 @@ queries on Delta ``readStream`` sources with ``foreachBatch`` running the demo's
   of its line's (Spark needs it to drop old state). A line is written as soon as its order is in
   ``fact.orders``, one whose order never comes once the watermark passes it, with nulls: what the
   demo's SQL with Tidemark's ``depends_on: [.., fact.orders]`` and ``delay`` gives. Appended, with
-  the change data feed on, for the next query. ``--naive-join`` instead joins each micro-batch to
-  the ``fact.orders`` of that moment, as the demo's SQL reads: a line whose order is not there yet
-  gets null customer attributes (measured: nearly every line fed during a run), so that chain is
-  faster and wrong;
+  the change data feed on, for the next query. ``--join wait`` instead runs the demo's SQL in
+  ``foreachBatch`` once ``fact.orders`` holds every order ``stage.orders`` held when the
+  micro-batch began (the orders' newest ``pos``, from the Delta statistics), checked every 0.1 s:
+  exact where a line is committed after its order, as the demo's feeder does, and without the
+  join's state. ``--join naive`` joins each micro-batch to the ``fact.orders`` of that moment, as
+  the demo's SQL reads: a line whose order is not there yet gets null customer attributes
+  (measured: nearly every line fed during a run), so that chain is faster and wrong;
 - ``fact.order_items`` -> ``mart.daily_revenue``: the change feed of ``fact.order_items``; each
   micro-batch re-derives the ``(day, country)`` groups its rows touch from the whole fact and
   MERGEs them (what a hand-written incremental view does).
@@ -59,6 +62,19 @@ def _sql(name: str, paths: dict[str, str]) -> str:
     return text
 
 
+def _stream_join_sql(delay_s: float) -> str:
+    """The demo's ``fact_order_items.sql`` joined to ``orders_stream`` (``fact.orders`` as a stream)
+    instead of ``fact.orders``, an order's ``pos`` within ``delay_s`` of its line's."""
+    watermark = f"{delay_s:g} seconds"
+    sql = (SQL / "fact_order_items.sql").read_text()
+    joined = sql.replace("LEFT JOIN fact.orders o ON o.order_id = i.order_id",
+                         "LEFT JOIN orders_stream o ON o.order_id = i.order_id\n"
+                         f"  AND o.pos BETWEEN i.pos - INTERVAL {watermark} AND i.pos + INTERVAL {watermark}")
+    if joined == sql:
+        raise RuntimeError("demo/sql/fact_order_items.sql no longer has the join this baseline rewrites")
+    return joined
+
+
 def _meta(base: str, version: int) -> str:
     return json.dumps({"base": base, "source_version": int(version)})
 
@@ -73,13 +89,13 @@ class Chain:
     """The four queries on one session (see the module docstring)."""
 
     def __init__(self, spark: Any, settings: Settings, trigger_s: float, checkpoints: Path, *,
-                 delay_s: float | None = None) -> None:
-        """``delay_s``: the order lines' watermark (their stream-stream join); None joins each
-        micro-batch to the ``fact.orders`` of that moment (``--naive-join``)."""
+                 join: str = "stream", delay_s: float = 5.0) -> None:
+        """``join``: how order lines meet their orders (``stream``, ``wait`` or ``naive``, see the
+        module docstring); ``delay_s``: the watermark of ``stream``."""
         self.spark, self.checkpoints = spark, checkpoints
         self.paths = {t: settings.table_path(t) for t in TABLES}
         self.trigger = f"{trigger_s:g} seconds"
-        self.delay_s = delay_s
+        self.join, self.delay_s = join, delay_s
         self.queries: list[Any] = []
 
     def _start(self, name: str, table: str, fn: Any, *, cdf: bool = False, df: Any = None) -> None:
@@ -101,10 +117,30 @@ class Chain:
         ]
 
     def _start_lines(self) -> None:
-        if self.delay_s is None:
-            self._start("fact_order_items", "stage.order_items", self._step("fact.order_items", "fact_order_items.sql"))
+        if self.join == "stream":
+            self._start("fact_order_items", "stage.order_items", self._append("fact.order_items"), df=self._lines_joined())
             return
-        self._start("fact_order_items", "stage.order_items", self._append("fact.order_items"), df=self._lines_joined())
+        step = self._step("fact.order_items", "fact_order_items.sql")
+        self._start("fact_order_items", "stage.order_items", self._after_orders(step) if self.join == "wait" else step)
+
+    def _after_orders(self, step: Any) -> Any:
+        """``step`` once ``fact.orders`` holds the newest order ``stage.orders`` held when the
+        micro-batch began (at most 60 s of waiting), read JVM-free from the Delta statistics."""
+        from resources.storage.delta_meta import table_mark
+
+        def newest(table: str) -> Any:
+            mark = table_mark(self.paths[table], positions=False).max_position
+            return mark.pos if mark is not None else None
+
+        def run(batch: Any, batch_id: int) -> None:
+            want, deadline = newest("stage.orders"), time.monotonic() + 60
+            while want is not None and time.monotonic() < deadline:
+                have = newest("fact.orders")
+                if have is not None and have >= want:
+                    break
+                time.sleep(0.1)
+            step(batch, batch_id)
+        return run
 
     def _lines_joined(self) -> Any:
         """The demo's ``fact_order_items.sql`` over two streams: the order lines as ``block``,
@@ -114,13 +150,7 @@ class Chain:
         for view, table in (("block", "stage.order_items"), ("orders_stream", "fact.orders")):
             (self.spark.readStream.format("delta").load(self.paths[table]).withWatermark("pos", watermark)
              .createOrReplaceTempView(view))
-        sql = (SQL / "fact_order_items.sql").read_text()
-        joined = sql.replace("LEFT JOIN fact.orders o ON o.order_id = i.order_id",
-                             "LEFT JOIN orders_stream o ON o.order_id = i.order_id\n"
-                             f"  AND o.pos BETWEEN i.pos - INTERVAL {watermark} AND i.pos + INTERVAL {watermark}")
-        if joined == sql:
-            raise RuntimeError("demo/sql/fact_order_items.sql no longer has the join this baseline rewrites")
-        return self.spark.sql(joined)
+        return self.spark.sql(_stream_join_sql(self.delay_s))
 
     def _append(self, dest: str) -> Any:
         def run(batch: Any, batch_id: int) -> None:
@@ -188,15 +218,16 @@ def main() -> int:
     p.add_argument("--home", help="state dir (default: TIDEMARK_HOME or .tidemark)")
     p.add_argument("--trigger", type=float, default=1.0, help="seconds between micro-batches (default 1)")
     p.add_argument("--seconds", type=float, default=3600.0, help="stop after this long (default 1 h)")
-    p.add_argument("--naive-join", action="store_true",
-                   help="join each micro-batch of order lines to the fact.orders of that moment (lines whose order "
-                        "is not there yet get nulls) instead of a stream-stream join with the topic's delay")
+    p.add_argument("--join", choices=("stream", "wait", "naive"), default="stream",
+                   help="how order lines meet their orders: a stream-stream join with the topic's delay as watermark "
+                        "(default), the demo's SQL once fact.orders holds what stage.orders held (wait), or the "
+                        "fact.orders of that moment (naive: lines whose order is not there yet get nulls)")
     args = p.parse_args()
     settings = Settings.from_env(home=args.home)
     from lineage.spec.loader import load_lineage
 
     delay = load_lineage(settings.lineage).topic("fact.order_items").spec.delay
-    delay_s = None if args.naive_join else (delay.total_seconds() if delay else 5.0)
+    delay_s = delay.total_seconds() if delay else 5.0
     from resources.spark.session import build_spark_session
 
     spark = build_spark_session(settings, app_name="tidemark-streaming-baseline")
@@ -205,11 +236,12 @@ def main() -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    chain = Chain(spark, settings, args.trigger, settings.home / "streaming-checkpoints", delay_s=delay_s)
+    chain = Chain(spark, settings, args.trigger, settings.home / "streaming-checkpoints", join=args.join, delay_s=delay_s)
     waiting = chain.starts()
     print(f"streaming: {len(waiting)} queries, trigger {args.trigger:g} s, each started once the table it joins exists; "
-          + ("order lines joined to fact.orders of the moment (--naive-join)" if delay_s is None else
-             f"order lines joined to fact.orders as a stream, watermark {delay_s:g} s"), flush=True)
+          + {"stream": f"order lines joined to fact.orders as a stream, watermark {delay_s:g} s",
+             "wait": "order lines joined once fact.orders holds what stage.orders held",
+             "naive": "order lines joined to fact.orders of the moment"}[args.join], flush=True)
     end = time.monotonic() + args.seconds
     try:
         while not stop.is_set() and time.monotonic() < end:

@@ -62,4 +62,27 @@ def test_the_streaming_baseline_runs_the_demos_own_sql_on_delta_paths() -> None:
     assert "LEFT JOIN delta.`/w/fact/orders` o ON" in sc._sql("fact_order_items.sql", paths)
     assert json.loads(sc._meta("fact.order_items", 7)) == {"base": "fact.order_items", "source_version": 7}
     fb = _bench()
-    assert set(fb.MODES) == {"runs", "follow", "dagster", "streaming"}
+    assert set(fb.MODES) == {"runs", "follow", "dagster", "streaming", "streaming-wait", "streaming-naive"}
+    assert set(fb.STREAMING_JOINS) == set(fb.MODES) - {"runs", "follow", "dagster"}
+    joined = sc._stream_join_sql(5.0)  # the order lines meet fact.orders as a stream, within the delay
+    assert "LEFT JOIN orders_stream o ON o.order_id = i.order_id\n  AND o.pos BETWEEN i.pos - INTERVAL 5 seconds " \
+           "AND i.pos + INTERVAL 5 seconds" in joined and "fact.orders" not in joined
+
+
+def test_the_lines_check_counts_order_lines_without_their_orders_customer(tmp_path: Path) -> None:
+    from resources.core.settings import Settings
+
+    fb = _bench()
+    settings = Settings.from_env({}, home=tmp_path / "home")
+    write_deltalake(settings.table_path("fact.orders"), pa.table({
+        "order_id": pa.array([1, 2, 3], pa.int64()), "customer_id": pa.array([10, 20, None], pa.int64()),
+        "country": pa.array(["DE", "FR", None])}))
+    items = {"order_id": pa.array([1, 1, 2, 3, 4], pa.int64()), "customer_id": pa.array([10, 10, 20, None, None], pa.int64()),
+             "country": pa.array(["DE", "DE", "FR", None, None])}
+    write_deltalake(settings.table_path("fact.order_items"), pa.table(items))
+    # (order 3 has no customer itself, order 4 never came: neither line is wrong)
+    assert fb.lines_check(settings) == "fact.order_items: 5 order lines, each with its order's customer and country"
+    wrong = {**items, "customer_id": pa.array([10, None, 20, None, None], pa.int64()),
+             "country": pa.array(["DE", None, "XX", None, None])}
+    write_deltalake(settings.table_path("fact.order_items"), pa.table(wrong), mode="overwrite")
+    assert fb.lines_check(settings).startswith("fact.order_items: 5 order lines, 2 WITHOUT their order's customer")
