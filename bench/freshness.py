@@ -5,7 +5,7 @@
     .venv/bin/python bench/freshness.py --dev 10m --mode follow   # tidemark follow and the feeder instead
     .venv/bin/python bench/freshness.py --dev 10m --mode dagster  # dev.sh in follow mode (a tidemark_follow run)
     .venv/bin/python bench/freshness.py --dev 10m --mode follow,streaming   # beside Spark Structured Streaming
-    .venv/bin/python bench/freshness.py --dev 5m --mode follow,streaming,streaming-naive
+    .venv/bin/python bench/freshness.py --dev 5m --mode follow,streaming,streaming-wait,streaming-naive
 
 Run it beside ``./scripts/dev.sh`` (the feeder appends ``FEED_ORDERS`` orders every
 ``FEED_INTERVAL`` seconds and Dagster's planner sensor turns them into blocks). It reads the
