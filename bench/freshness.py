@@ -271,7 +271,7 @@ def main() -> int:
                         "removed after) for DURATION (e.g. 10m), then measure its rows after the first 3 minutes")
     p.add_argument("--mode", default="runs",
                    help="with --dev, one or more of (comma-separated, run one after the other, each on a fresh state "
-                        "dir, then their p95s side by side with the ratio of the first to the last): runs "
+                        "dir, then their p95s side by side with the ratio of the first to each other): runs "
                         "(./scripts/dev.sh with TIDEMARK_MODE=runs: Dagster's planner sensor, a run per unit; default), "
                         "follow (tidemark follow: one resident process runs every unit, and the feeder), dagster "
                         "(./scripts/dev.sh with TIDEMARK_MODE=follow: a tidemark_follow run), streaming (the same "

@@ -166,11 +166,11 @@ class Chain:
          .option("userMetadata", _meta("stage.customers", version)).save(paths["dim.customers"]))
 
     def _step(self, dest: str, sql: str) -> Any:
+        append = self._append(dest)
+
         def run(batch: Any, batch_id: int) -> None:
             batch.createOrReplaceTempView("block")  # in the query's own session
-            writer = (batch.sparkSession.sql(_sql(sql, self.paths)).write.format("delta").mode("append")
-                      .option("txnAppId", f"stream:{dest}").option("txnVersion", batch_id))
-            writer.save(self.paths[dest])
+            append(batch.sparkSession.sql(_sql(sql, self.paths)), batch_id)
         return run
 
     def _mart(self, batch: Any, batch_id: int) -> None:
