@@ -2,9 +2,12 @@
 (:func:`rows_clauses`: re-derived rows replace the view's; :func:`add_clauses`: an additive view's
 groups grow by the unit's contributions) and run by either engine:
 
-* from the driver by ``deltalake`` (:func:`merge_small`), for a
-  view of at most :data:`SMALL_VIEW_ROWS` rows and a source of at most
-  :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows. A Spark MERGE first rebuilds the
+* from the driver by ``deltalake`` (:func:`merge_small`), for a source of at most
+  :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows into a view of at most
+  :data:`SMALL_VIEW_ROWS` rows, or into a larger view whose :class:`TargetFilter` leaves files of at
+  most that many rows by their statistics (delta-rs prunes its scan by the same filter and rewrites
+  only those files: 12 files of 50,000 rows in 0.2 s, where Spark's MERGE took 4-6 s at 10M-50M
+  rows, docs/benchmarks.md). A Spark MERGE first rebuilds the
   view's state at its newest version and copies its source, eight or nine Spark jobs and about
   three seconds for a unit of a few dozen rows (docs/benchmarks.md, stop 68); ``deltalake`` reads
   the log and merges in tens of milliseconds;
@@ -20,8 +23,9 @@ engines' names). The clauses are SQL both read: backquoted names, ``IS [NOT] DIS
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +44,39 @@ log = logging.getLogger(__name__)
 #: A view of at most this many rows is MERGEd from the driver (delta-rs rewrites the files holding
 #: the keys; at 1M rows in one file that took 0.5 s here). Read at call time.
 SMALL_VIEW_ROWS = 1_000_000
+
+
+@dataclass(frozen=True)
+class TargetFilter:
+    """What every target row of a key in a MERGE's source satisfies, as the values its columns
+    take there (``(column, values)`` pairs; a None among the values: a null), so that either engine
+    skips the files whose statistics exclude them. Exact by construction where the caller builds
+    it (the values read from the very rows the unit replaces). Empty: no filter."""
+
+    values: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+    @classmethod
+    def of(cls, values: Mapping[str, Collection[Any]]) -> TargetFilter:
+        """The filter on the columns of ``values`` whose every value has exact literal text (a
+        column without is left out: a weaker filter, still true of the rows)."""
+        return cls(tuple((c, tuple(vs)) for c, vs in values.items()
+                         if spark_io.one_of("x", list(vs)) is not None))
+
+    def sql(self) -> str:
+        """The filter as SQL on ``t`` ("" when empty); ``FALSE`` for a column given no values."""
+        return " AND ".join(f"({spark_io.one_of(f't.{quote(c)}', vs)})" for c, vs in self.values)
+
+    @property
+    def portable(self) -> bool:
+        """Whether DataFusion (``deltalake``'s MERGE) reads :meth:`sql` as Spark does: integers,
+        booleans, dates and strings without quotes or backslashes (Spark's escapes and decimal
+        suffix are its own)."""
+        return all(v is None or isinstance(v, (int, dt.date)) and not isinstance(v, dt.datetime)
+                   or isinstance(v, str) and "'" not in v and "\\" not in v
+                   for _, vs in self.values for v in vs)
+
+    def columns(self) -> dict[str, tuple[Any, ...]]:
+        return dict(self.values)
 
 
 #: What a clause does to the rows it holds for: ``column -> expression`` (``UPDATE SET`` /
@@ -112,78 +149,92 @@ def add_clauses(key: list[str], count: str, sums: list[str], types: dict[str, st
 
 
 def merge(spark: SparkSession, clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
-          target_filter: str = "", in_hand: bool = False) -> None:
+          target_filter: TargetFilter | None = None, in_hand: bool = False) -> None:
     """One commit of ``clauses`` with ``source`` into the view at ``dest``, idempotent by ``(app_id,
     seq)`` and carrying ``meta`` as its ``userMetadata``: from the driver where it may be
-    (:func:`merge_small`), else a Spark MERGE (``target_filter``: a predicate on ``t`` that every
-    row of a key in ``source`` satisfies, so that Delta skips the files it excludes; ``in_hand``:
+    (:func:`merge_small`), else a Spark MERGE (``target_filter``: what every row of a key in
+    ``source`` satisfies in the view, so that the MERGE skips the files it excludes; ``in_hand``:
     see :func:`~platform_assets.core.spark_io.run_merge`)."""
-    if merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS):
+    within = target_filter or TargetFilter()
+    if merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS, within=within):
         return
-    spark_io.run_merge(spark, clauses.spark_sql(dest, target_filter), source, app_id=app_id, seq=seq, meta=meta,
+    spark_io.run_merge(spark, clauses.spark_sql(dest, within.sql()), source, app_id=app_id, seq=seq, meta=meta,
                        in_hand=in_hand)
 
 
 def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
-                max_rows: int) -> bool:
+                max_rows: int, within: TargetFilter | None = None) -> bool:
     """Commit ``clauses`` with ``source`` into the table at ``dest`` from the driver, by
     ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta`` as its ``userMetadata``.
     False, having written nothing, where Spark must: a source of more than
-    :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows, or :func:`merge_arrow` says so."""
+    :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows, or :func:`merge_arrow` says so
+    (``within``: see there)."""
     def rows() -> pa.Table | None:
         got = source.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow()
         return None if got.num_rows > spark_io.SMALL_BLOCK_ROWS else got
 
-    return _merge_driven(clauses, rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows)
+    return _merge_driven(clauses, rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows,
+                         within=within or TargetFilter())
 
 
 def merge_arrow(clauses: Clauses, rows: pa.Table, dest: str, *, app_id: str, seq: int, meta: str,
-                max_rows: int) -> bool:
+                max_rows: int, within: TargetFilter | None = None) -> bool:
     """Commit ``clauses`` with ``rows`` (the source, in the driver already) into the table at
     ``dest`` from the driver, by ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta``
     as its ``userMetadata``. False, having written nothing, where Spark must: a table of more than
-    ``max_rows`` rows, a source without the table's columns,
+    ``max_rows`` rows (unless ``within``, a filter true of the table's rows of the source's keys,
+    leaves files of at most that many rows: it then joins the MERGE's condition), a source without
+    the table's columns,
     :func:`~platform_assets.core.driver_writes.table_refusal`, ``$TIDEMARK_DIRECT_IO=off``, or a
     MERGE ``deltalake`` refused (said in the log: a type it cannot compare, a concurrent commit;
     Spark's MERGE of the same unit is skipped by its ``txn`` if this one did land). A unit the
     table recorded already is not written again."""
-    return _merge_driven(clauses, lambda: rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows)
+    return _merge_driven(clauses, lambda: rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows,
+                         within=within or TargetFilter())
 
 
 def _merge_driven(clauses: Clauses, rows: Callable[[], pa.Table | None], dest: str, *, app_id: str, seq: int,
-                  meta: str, max_rows: int) -> bool:
+                  meta: str, max_rows: int, within: TargetFilter) -> bool:
     """:func:`merge_arrow` with the source computed by ``rows`` only where the driver may MERGE and
     the unit has not landed (None: too big for the driver)."""
-    target = _driver_target(dest, max_rows)
-    if target is None:
+    driven = _driver_target(dest, max_rows, within)
+    if driven is None:
         return False
+    target, on = driven
     if driver_writes.recorded(target, app_id, seq):  # landed before: nothing to compute
         return True
     source = rows()
-    return source is not None and _merge(clauses, source, target, dest, app_id=app_id, seq=seq, meta=meta)
+    return source is not None and _merge(clauses, source, target, dest, on, app_id=app_id, seq=seq, meta=meta)
 
 
-def _driver_target(dest: str, max_rows: int) -> Any | None:
-    """The table at ``dest`` (its newest version, a ``DeltaTable``) where ``deltalake`` may MERGE
-    into it as Spark would: at most ``max_rows`` rows, :func:`~platform_assets.core.driver_writes.table_refusal`
-    None, direct I/O on; else None."""
+def _driver_target(dest: str, max_rows: int, within: TargetFilter) -> tuple[Any, str] | None:
+    """The table at ``dest`` (its newest version, a ``DeltaTable``) and the MERGE's condition,
+    where ``deltalake`` may MERGE into it as Spark would: at most ``max_rows`` rows, or ``within``
+    (then part of the condition) leaving files of at most that many rows by their statistics;
+    :func:`~platform_assets.core.driver_writes.table_refusal` None, direct I/O on. Else None."""
     if not table_reads.direct_io_on():
         return None
     snap = delta_meta.TableSnapshot.open(dest)
     table = snap.table
-    if table is None or snap.row_count is None or snap.row_count > max_rows or driver_writes.table_refusal(snap) is not None:
+    if table is None or snap.row_count is None or driver_writes.table_refusal(snap) is not None:
         return None
-    return table
+    if snap.row_count <= max_rows:
+        return table, within.sql() if within.values and within.portable else ""
+    if not (within.values and within.portable):
+        return None
+    held = snap.rows_holding(within.columns())
+    return (table, within.sql()) if held is not None and held <= max_rows else None
 
 
-def _merge(clauses: Clauses, source: pa.Table, table: Any, dest: str, *, app_id: str, seq: int, meta: str) -> bool:
+def _merge(clauses: Clauses, source: pa.Table, table: Any, dest: str, target_filter: str, *, app_id: str, seq: int,
+           meta: str) -> bool:
     from deltalake import DeltaTable
 
     rows = driver_writes.cast_to(source, table, only=False)
     if rows is None:
         return False
     target = DeltaTable(dest, storage_options=storage_options(dest))
-    builder = target.merge(rows, predicate=clauses.on(), source_alias="s", target_alias="t",
+    builder = target.merge(rows, predicate=clauses.on(target_filter), source_alias="s", target_alias="t",
                            commit_properties=driver_writes.unit_commit(app_id, seq, meta))
     for when, action in clauses.matched:
         builder = (builder.when_matched_delete(predicate=when) if action is None

@@ -23,7 +23,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -349,6 +349,17 @@ def sql_literal(value: Any) -> str | None:
     if isinstance(value, str) and _PLAIN.fullmatch(value):
         return sql_string(value)
     return None
+
+
+def one_of(column: str, values: Collection[Any]) -> str | None:
+    """SQL text: ``column`` (as written) equals one of ``values``, a null by ``IS NULL``; ``FALSE``
+    for no values. None when a value has no exact literal text (:func:`sql_literal`)."""
+    texts = [sql_literal(v) for v in values if v is not None]
+    if None in texts:
+        return None
+    conds = ([f"{column} IN ({', '.join(t for t in texts if t is not None)})"] if texts else []) \
+        + ([f"{column} IS NULL"] if None in values else [])
+    return " OR ".join(conds) or "FALSE"
 
 
 def sql_string(text: str) -> str:

@@ -17,6 +17,7 @@ from lineage.core.positions import Position
 from lineage.spec.model import AdditiveSpec, Topic
 from lineage.views.refresh import Strategy
 from platform_assets.core import spark_io
+from platform_assets.core.keyed_merge import TargetFilter
 from platform_assets.views import reverse
 from platform_assets.views.work import LOCAL_KEYS, MergeWork, newest_commit
 
@@ -135,9 +136,8 @@ def added_source(eng: UnitContext, topic: Topic, work: MergeWork) -> DataFrame |
         return None
     work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; additive: {len(rows)} groups "
                                                               f"changed by the moved rows' contributions")
-    work.prune = " AND ".join(f"({c})" for c in (reverse.one_of(f"t.{spark_io.quote(k)}", {r[k] for r in rows})
-                                                 for k in key)
-                              if c is not None) if len(rows) <= reverse.NARROW_VALUES else ""
+    work.prune = TargetFilter.of({k: {r[k] for r in rows} for k in key}) if len(rows) <= reverse.NARROW_VALUES \
+        else TargetFilter()
     return groups.drop("_tm_nulls", "_tm_minus", "_tm_alone")
 
 

@@ -12,7 +12,7 @@ data skipping uses (:func:`matching_any`), the re-derivation narrowed to the aff
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lineage.core.errors import first_line
@@ -20,6 +20,7 @@ from lineage.core.positions import Position
 from lineage.spec.model import Topic
 from lineage.views.refresh import Strategy, cluster_column
 from platform_assets.core import blocks, spark_io
+from platform_assets.core.keyed_merge import TargetFilter
 from platform_assets.views.work import LOCAL_KEYS, MergeWork, refuse_strict
 
 if TYPE_CHECKING:
@@ -196,39 +197,27 @@ def narrow(rows: DataFrame, cols: list[str], keys: list[Any] | None) -> DataFram
         return rows
     for i, c in enumerate(cols):
         values = {k[i] for k in keys}
-        cond = one_of(spark_io.quote(c), values) if len(values) <= NARROW_VALUES else None
+        cond = spark_io.one_of(spark_io.quote(c), values) if len(values) <= NARROW_VALUES else None
         if cond is not None:  # else many values, or a type without exact literal text: the semi join alone
             rows = rows.where(F.expr(cond))
     return rows
 
 
-def one_of(column: str, values: Collection[Any]) -> str | None:
-    """SQL text: ``column`` (as written) equals one of ``values``, a null by ``IS NULL``; ``FALSE``
-    for no values. None when a value has no exact literal text (:func:`spark_io.sql_literal`)."""
-    texts = [spark_io.sql_literal(v) for v in values if v is not None]
-    if None in texts:
-        return None
-    conds = ([f"{column} IN ({', '.join(t for t in texts if t is not None)})"] if texts else []) \
-        + ([f"{column} IS NULL"] if None in values else [])
-    return " OR ".join(conds) or "FALSE"
-
-
-def prune(eng: UnitContext, topic: Topic, work: MergeWork, key: list[str], key_rows: list[Any] | None) -> str:
+def prune(eng: UnitContext, topic: Topic, work: MergeWork, key: list[str], key_rows: list[Any] | None) -> TargetFilter:
     """The values the view's clustering column (:func:`cluster_column`) takes in the view's rows
-    of the affected keys, as a predicate on the MERGE's target: exact by construction (read
+    of the affected keys, as a filter on the MERGE's target: exact by construction (read
     from those very rows, which only this unit writes while it holds the topic), and cheap to
-    find (two columns of the view, the keys as literals). With it Delta skips, by the files'
-    statistics, every file the affected rows are not in, where the MERGE would read them all.
-    "" when the keys were not collected, are many, or the values have no exact literal."""
+    find (two columns of the view, the keys as literals). With it either engine skips, by the
+    files' statistics, every file the affected rows are not in, where the MERGE would read them
+    all. Empty when the keys were not collected, are many, or the values have no exact literal."""
     col = cluster_column(topic.spec, work.columns)
     if not key_rows or len(key_rows) > NARROW_VALUES or col is None or col in key:
-        return ""
+        return TargetFilter()
     if work.held is not None:  # a row-wise unit that only moved rows: their old rows are the view's
-        return one_of(f"t.{spark_io.quote(col)}", work.held) or ""
+        return TargetFilter.of({col: work.held})
     view = eng.spark.read.format("delta").load(eng.path(topic.spec.destination))
     held = narrow(view, key, key_rows).select(col).distinct()
     _, rows = spark_io.small_local(eng.spark, held, NARROW_VALUES)
     if rows is None:
-        return ""
-    # FALSE when the view holds none of the keys (all inserts)
-    return one_of(f"t.{spark_io.quote(col)}", [r[0] for r in rows]) or ""
+        return TargetFilter()
+    return TargetFilter.of({col: [r[0] for r in rows]})  # no values: FALSE (the view holds none of the keys)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from lineage.spec.model import Topic
 from lineage.views.refresh import InputChange, Strategy
 from platform_assets.core import protocol, table_reads
+from platform_assets.core.keyed_merge import TargetFilter
 from platform_assets.core.protocol import data_app_id
 from resources.storage import delta_log, delta_meta
 
@@ -39,9 +40,9 @@ class MergeWork:
     built: bool = True  # the view holds a commit of this topic
     #: Incremental: the affected keys by where they come from (label, keys), see MergeProcessor.derive.
     affected: list[tuple[str, DataFrame]] = field(default_factory=list)
-    #: Incremental: a predicate on the view's rows (SQL, alias ``t``) that every row of an affected key
-    #: satisfies; the MERGE adds it to its condition so Delta reads only the files it may hold ("": none).
-    prune: str = ""
+    #: Incremental: what every row of an affected key in the view satisfies; the MERGE adds it to its
+    #: condition so that it reads only the files that may hold such rows (empty: no filter).
+    prune: TargetFilter = field(default_factory=TargetFilter)
     #: The view as the unit was derived (its table None before the first build), read again by the write.
     view: delta_meta.TableSnapshot | None = None
     #: Incremental, additive view: the transform's output over the rows that move, by where they

@@ -14,11 +14,13 @@ May import: ``lineage``, ``resources.core``, ``delta_log``, ``delta_read``, ``wa
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import contextvars
 import dataclasses
 import functools
 import re
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -76,6 +78,27 @@ class TableSnapshot:
     def size_bytes(self) -> int | None:
         """Bytes of this version's data files (None: no table, or the log does not say)."""
         return self._total("size_bytes")
+
+    def rows_holding(self, values: Mapping[str, Collection[Any]]) -> int | None:
+        """Rows in the files whose statistics allow a row whose every column of ``values`` takes one
+        of its values there (a None among them: a null), as a scan filtered by them reads: an upper
+        bound (a file without statistics for a column counts whole). None: no table, no row counts,
+        or values that do not compare with the statistics."""
+        files = self.files
+        if self.table is None or "num_records" not in files.column_names:
+            return None
+        keep = [True] * files.num_rows
+        try:
+            for col, given in values.items():
+                stat = {k: files[f"{k}.{col}"].to_pylist() if f"{k}.{col}" in files.column_names else None
+                        for k in ("min", "max", "null_count")}
+                present = sorted(v for v in given if v is not None)
+                for i in range(files.num_rows):
+                    if keep[i]:
+                        keep[i] = _may_hold(present, None in given, *(None if s is None else s[i] for s in stat.values()))
+        except TypeError:  # (values of another type than the column's statistics)
+            return None
+        return sum(n or 0 for n, k in zip(files["num_records"].to_pylist(), keep, strict=True) if k)
 
     def _total(self, column: str) -> int | None:
         files = self.files
@@ -137,6 +160,19 @@ class TableSnapshot:
     def file_reader(self) -> delta_read.FileReader:
         """Reads chosen data files of this version with its column names (column mapping)."""
         return delta_read.FileReader(self.table, self.physical_names)
+
+
+def _may_hold(present: list[Any], null: bool, low: Any, high: Any, nulls: Any) -> bool:
+    """Whether a file whose column has the statistics ``low``, ``high``, ``nulls`` (None: not
+    recorded) may hold one of the sorted values ``present``, or a null (``null``)."""
+    if null and (nulls is None or nulls > 0):
+        return True
+    if not present:
+        return False
+    if low is None or high is None:  # no statistics, or only nulls (then nulls > 0 said so)
+        return nulls is None or low is not None or high is not None
+    at = bisect.bisect_left(present, low)
+    return at < len(present) and present[at] <= high
 
 
 #: Reader features that leave a table's data files readable as plain Parquet.

@@ -191,3 +191,53 @@ def _dec(text: str) -> Any:
     import decimal
 
     return decimal.Decimal(text)
+
+
+@pytest.mark.fast
+def test_a_target_filter_keeps_the_columns_with_exact_literals_and_says_whether_datafusion_reads_them() -> None:
+    import datetime as dt
+    import decimal
+
+    f = keyed_merge.TargetFilter.of({"c": [3, None, 1], "d": [dt.date(2026, 1, 2)], "t": [dt.datetime(2026, 1, 1)]})
+    assert f.columns() == {"c": (3, None, 1), "d": (dt.date(2026, 1, 2),)}  # a timestamp has no exact literal
+    assert f.sql() == "(t.`c` IN (3, 1) OR t.`c` IS NULL) AND (t.`d` IN (DATE'2026-01-02'))"
+    assert f.portable
+    assert keyed_merge.TargetFilter.of({"c": []}).sql() == "(FALSE)"  # the view holds none of the keys
+    assert keyed_merge.TargetFilter().sql() == ""
+    assert not keyed_merge.TargetFilter.of({"a": [decimal.Decimal("1.5")]}).portable  # Spark's 1.5BD
+    assert not keyed_merge.TargetFilter.of({"s": ["it's"]}).portable  # Spark's \' escape
+    assert keyed_merge.TargetFilter.of({"s": ["plain text"]}).portable
+
+
+def test_a_large_view_is_merged_from_the_driver_when_its_filter_leaves_few_rows(
+        spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A view above SMALL_VIEW_ROWS: deltalake MERGEs it when the filter's files hold at most that many
+    rows (pruning its scan by the same filter), with what Spark's MERGE gives; else Spark does."""
+    from resources.storage.delta_meta import TableSnapshot
+
+    # four files, each of one Country: the filter on Country leaves one of 3 rows
+    groups = [[(k, c, 1, _dec("1.00"), None) for k in range(i * 3, i * 3 + 3)] for i, c in enumerate(["DE", "FR", "IT", "NL"])]
+    source = spark.createDataFrame([(3, "FR", 9, _dec("2.00"), None, True), (4, "FR", None, None, None, None),
+                                    (40, "FR", 1, None, None, True)], f"{VIEW_DDL}, `{PRESENT}` BOOLEAN")
+    clauses = keyed_merge.rows_clauses(["k"], ["k", "Country", "n", "amount", "tags"], PRESENT, delete_missing=True)
+    fr = keyed_merge.TargetFilter.of({"Country": ["FR"]})
+    paths = {}
+    for name, small, within in (("driver", 3, fr), ("spark", -1, fr), ("wide", 3, keyed_merge.TargetFilter.of({"Country": ["FR", "IT"]}))):
+        path = str(tmp_path / name)
+        for rows in groups:
+            spark.createDataFrame(rows, VIEW_DDL).coalesce(1).write.format("delta").mode("append") \
+                .option("delta.enableChangeDataFeed", "true").save(path)
+        assert TableSnapshot.open(path).rows_holding(within.columns()) == 3 * len(within.columns()["Country"])
+        monkeypatch.setattr(keyed_merge, "SMALL_VIEW_ROWS", small)
+        keyed_merge.merge(spark, clauses, source, path, app_id="tidemark:mart.v", seq=1, meta="{}", target_filter=within)
+        paths[name] = path
+    driver = _commit(paths["driver"], 4)
+    assert "delta-rs" in str(driver.get("engineInfo")), driver
+    assert "FR" in driver["operationParameters"]["predicate"]
+    assert driver["operationMetrics"]["num_target_files_removed"] == 1  # only the FR file rewritten
+    for other in ("spark", "wide"):  # Spark's MERGE, by choice and because the filter leaves 6 rows > 3
+        assert "delta-rs" not in str(_commit(paths[other], 4).get("engineInfo")), other
+    assert _rows(spark, paths["driver"]) == _rows(spark, paths["spark"]) == _rows(spark, paths["wide"])
+    assert (3, "FR", 9, _dec("2.00"), None) in _rows(spark, paths["driver"])
+    assert len(_rows(spark, paths["driver"])) == 12  # one deleted, one inserted
+    assert _changes(spark, paths["driver"], 4) == _changes(spark, paths["spark"], 4)

@@ -606,3 +606,22 @@ def test_the_newest_snapshot_is_reused_only_while_the_table_has_no_new_commit(tm
     assert third is not second and table_mark(str(path)).max_position == _at(3, 3)
     shutil.rmtree(path)
     assert TableSnapshot.open(str(path)).table is None  # gone: no snapshot of it is given
+
+
+def test_rows_holding_counts_the_files_whose_statistics_allow_the_values(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    for c, s in ((1, "a"), (2, None), (5, "m"), (None, None)):  # one file each: c's values, s's values
+        write_deltalake(path, pa.table({"c": pa.array([c, c], pa.int64()), "s": pa.array([s, "z" if s else None])}),
+                        mode="append")
+    snap = TableSnapshot.open(path)
+    assert snap.rows_holding({"c": [2]}) == 2
+    assert snap.rows_holding({"c": [1, 5]}) == 4
+    assert snap.rows_holding({"c": [3]}) == 0  # between files: none
+    assert snap.rows_holding({"c": [None]}) == 2  # only the file holding nulls
+    assert snap.rows_holding({"c": []}) == 0
+    assert snap.rows_holding({"s": ["n"]}) == 4  # files "a".."z" and "m".."z"; not the files of only nulls
+    assert snap.rows_holding({"s": ["b"]}) == 2  # "m".."z" cannot hold it
+    assert snap.rows_holding({"c": [1, 2], "s": ["n"]}) == 2  # both columns: only the first file
+    assert snap.rows_holding({}) == 8
+    assert snap.rows_holding({"c": ["x"]}) is None  # values that do not compare with the statistics
+    assert snap.rows_holding({"nope": [1]}) == 8  # a column without statistics: every file
