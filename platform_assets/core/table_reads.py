@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from lineage.core.errors import ConfigError
@@ -55,11 +56,13 @@ def direct_io_on() -> bool:
 
 
 def read_version(spark: SparkSession, path: str, version: int | None, *,
-                 low: dt.datetime | None = None, high: dt.datetime | None = None) -> DataFrame:
+                 low: dt.datetime | None = None, high: dt.datetime | None = None,
+                 holding: Mapping[str, Collection[Any]] | None = None) -> DataFrame:
     """The table at ``path`` at Delta ``version`` (None: the newest), as Spark reads ``path``.
-    ``low``/``high``: the caller keeps only rows with a ``pos`` in that range, so only the files whose
+    ``low``/``high``: the caller keeps only rows with a ``pos`` in that range; ``holding``: only rows
+    whose columns take one of the values given for them (a None: a null); so only the files whose
     statistics allow one need be read."""
-    direct = _direct(spark, path, version, low, high) if direct_io_on() else None
+    direct = _direct(spark, path, version, low, high, holding) if direct_io_on() else None
     if direct is not None:
         return direct
     reader = spark.read.format("delta")
@@ -69,13 +72,18 @@ def read_version(spark: SparkSession, path: str, version: int | None, *,
 
 
 def _direct(spark: SparkSession, path: str, version: int | None, low: dt.datetime | None,
-            high: dt.datetime | None) -> DataFrame | None:
+            high: dt.datetime | None, holding: Mapping[str, Collection[Any]] | None = None) -> DataFrame | None:
     """The version read from its files, or None where Delta must read it."""
     snap = delta_meta.TableSnapshot.open(path, version)
     if snap.table is None or not snap.plain or (version is not None and snap.version != version):
         return None
     files = (delta_meta.files_in_range(snap, *delta_meta.widened(low, high)) if (low or high)
              else snap.files["path"].to_pylist())
+    if holding:
+        kept = snap.files_holding(holding)
+        if kept is not None:
+            chosen = set(kept)
+            files = [f for f in files if f in chosen]
     if len(files) > (DIRECT_MAX_OBJECTS if is_object_store(path) else DIRECT_MAX_FILES):
         return None
     schema = _schema(snap)

@@ -20,7 +20,7 @@ from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
 from lineage.spec.model import Topic
 from lineage.views.refresh import cluster_column
-from platform_assets.core import spark_io
+from platform_assets.core import spark_io, table_reads
 from platform_assets.views import reverse
 from platform_assets.views.work import PART, MergeWork, newest_commit
 from resources.storage import delta_meta
@@ -183,7 +183,12 @@ def _in_view(eng: UnitContext, topic: Topic, work: MergeWork, last: Position, ev
         return None
     if not copies_base(eng.spark, topic, everything, pinned, f"tm_probe_{tag}", work.views):
         return None
-    rows = eng.spark.read.format("delta").option("versionAsOf", view.version).load(dest)
+    # one changed input of one join column, its values collected: only the view files that may hold
+    # them are read, found from the log JVM-free (Delta's reader would first rebuild the view's state)
+    listed = changed_rows[0] if len(changed_rows) == 1 else None
+    holding = ({listed[1][0]: [r[0] for r in listed[2]]} if listed is not None and len(listed[1]) == 1
+               and listed[2] is not None and len(listed[2]) <= reverse.IN_LIST else None)
+    rows = table_reads.read_version(eng.spark, dest, view.version, holding=holding)
     return reverse.matching_any(rows, changed_rows).localCheckpoint(eager=True)
 
 

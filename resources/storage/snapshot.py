@@ -18,6 +18,7 @@ import bisect
 import concurrent.futures
 import contextvars
 import dataclasses
+import datetime as dt
 import functools
 import re
 from collections.abc import Collection, Mapping
@@ -80,25 +81,42 @@ class TableSnapshot:
         return self._total("size_bytes")
 
     def rows_holding(self, values: Mapping[str, Collection[Any]]) -> int | None:
-        """Rows in the files whose statistics allow a row whose every column of ``values`` takes one
-        of its values there (a None among them: a null), as a scan filtered by them reads: an upper
-        bound (a file without statistics for a column counts whole). None: no table, no row counts,
-        or values that do not compare with the statistics."""
+        """Rows in the files :meth:`files_holding` keeps (an upper bound of the rows whose columns
+        take those values). None: no table, no row counts, or values that do not compare with the
+        statistics."""
         files = self.files
-        if self.table is None or "num_records" not in files.column_names:
+        keep = self._holding(values)
+        if keep is None or "num_records" not in files.column_names:
+            return None
+        return sum(n or 0 for n, k in zip(files["num_records"].to_pylist(), keep, strict=True) if k)
+
+    def files_holding(self, values: Mapping[str, Collection[Any]]) -> list[str] | None:
+        """The data files (paths as the log names them) whose statistics allow a row whose every
+        column of ``values`` takes one of its values there (a None among them: a null), as a scan
+        filtered by them reads them; a file without statistics for a column is kept. None: no
+        table, or values that do not compare with the statistics."""
+        keep = self._holding(values)
+        return None if keep is None else [p for p, k in zip(self.files["path"].to_pylist(), keep, strict=True) if k]
+
+    def _holding(self, values: Mapping[str, Collection[Any]]) -> list[bool] | None:
+        """Per data file, whether its statistics allow the rows :meth:`files_holding` describes."""
+        files = self.files
+        if self.table is None:
             return None
         keep = [True] * files.num_rows
         try:
             for col, given in values.items():
+                present = sorted(v for v in given if v is not None)
+                if any(isinstance(v, float) for v in present):  # NaN has no place in the statistics
+                    continue
                 stat = {k: files[f"{k}.{col}"].to_pylist() if f"{k}.{col}" in files.column_names else None
                         for k in ("min", "max", "null_count")}
-                present = sorted(v for v in given if v is not None)
                 for i in range(files.num_rows):
                     if keep[i]:
                         keep[i] = _may_hold(present, None in given, *(None if s is None else s[i] for s in stat.values()))
         except TypeError:  # (values of another type than the column's statistics)
             return None
-        return sum(n or 0 for n, k in zip(files["num_records"].to_pylist(), keep, strict=True) if k)
+        return keep
 
     def _total(self, column: str) -> int | None:
         files = self.files
@@ -164,7 +182,9 @@ class TableSnapshot:
 
 def _may_hold(present: list[Any], null: bool, low: Any, high: Any, nulls: Any) -> bool:
     """Whether a file whose column has the statistics ``low``, ``high``, ``nulls`` (None: not
-    recorded) may hold one of the sorted values ``present``, or a null (``null``)."""
+    recorded) may hold one of the sorted values ``present``, or a null (``null``). Where writers
+    truncate a maximum (a timestamp to milliseconds, a long string to a prefix), it is widened: a
+    timestamp's by a millisecond, a string's not used."""
     if null and (nulls is None or nulls > 0):
         return True
     if not present:
@@ -172,7 +192,13 @@ def _may_hold(present: list[Any], null: bool, low: Any, high: Any, nulls: Any) -
     if low is None or high is None:  # no statistics, or only nulls (then nulls > 0 said so)
         return nulls is None or low is not None or high is not None
     at = bisect.bisect_left(present, low)
-    return at < len(present) and present[at] <= high
+    if at == len(present):
+        return False
+    if isinstance(high, str):
+        return True
+    if isinstance(high, dt.datetime):
+        high = high + dt.timedelta(milliseconds=1)
+    return bool(present[at] <= high)
 
 
 #: Reader features that leave a table's data files readable as plain Parquet.

@@ -71,6 +71,18 @@ def test_a_pos_range_reads_only_the_files_that_may_hold_it(spark, tmp_path: Path
                                     high=T0.replace(tzinfo=None) - dt.timedelta(hours=1)).count() == 0
 
 
+def test_values_read_only_the_files_whose_statistics_may_hold_them(spark, tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    for first in (0, 10, 20):
+        write_deltalake(path, _rows(first, 10), mode="append")
+    df = table_reads.read_version(spark, path, 2, holding={"id": [12, 25]})
+    assert len(df.inputFiles()) == 2
+    assert sorted(r.id for r in df.where("id IN (12, 25)").collect()) == [12, 25]
+    assert table_reads.read_version(spark, path, 2, holding={"id": [100]}).count() == 0
+    # values that do not compare with the statistics: every file
+    assert len(table_reads.read_version(spark, path, 2, holding={"id": ["x"]}).inputFiles()) == 3
+
+
 def test_other_tables_and_the_off_switch_read_through_delta(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parted = str(tmp_path / "parted")
     write_deltalake(parted, _rows(0, 6, part=pa.array(["a", "b"] * 3)), partition_by=["part"])

@@ -625,3 +625,17 @@ def test_rows_holding_counts_the_files_whose_statistics_allow_the_values(tmp_pat
     assert snap.rows_holding({}) == 8
     assert snap.rows_holding({"c": ["x"]}) is None  # values that do not compare with the statistics
     assert snap.rows_holding({"nope": [1]}) == 8  # a column without statistics: every file
+
+
+def test_files_holding_keeps_a_file_whose_truncated_statistics_may_hold_a_value(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    stamp = dt.datetime(2026, 1, 1, 12, 0, 0, 999_999, tzinfo=dt.UTC)  # the log keeps milliseconds
+    long = "k" * 40 + "z"  # a writer may cut a long string's statistics to a prefix
+    write_deltalake(path, pa.table({"ts": pa.array([stamp], pa.timestamp("us", tz="UTC")), "s": [long],
+                                    "f": pa.array([float("nan")])}))
+    snap = TableSnapshot.open(path)
+    assert len(snap.files_holding({"ts": [stamp]}) or []) == 1
+    assert snap.files_holding({"ts": [stamp + dt.timedelta(seconds=1)]}) == []
+    assert len(snap.files_holding({"s": [long]}) or []) == 1
+    assert snap.files_holding({"s": ["a"]}) == []  # below the minimum
+    assert len(snap.files_holding({"f": [float("nan")]}) or []) == 1  # a float column is not filtered
