@@ -8,6 +8,7 @@ built (:func:`why_not_added`, :func:`additive_fingerprint`) and the declaration 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
@@ -16,10 +17,11 @@ from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
 from lineage.spec.model import AdditiveSpec, Topic
 from lineage.views.refresh import Strategy
-from platform_assets.core import spark_io
+from platform_assets.core import spark_io, table_reads
 from platform_assets.core.keyed_merge import TargetFilter
 from platform_assets.views import reverse
 from platform_assets.views.work import LOCAL_KEYS, MergeWork, newest_commit
+from resources.storage import delta_meta, delta_read
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -141,6 +143,32 @@ def added_source(eng: UnitContext, topic: Topic, work: MergeWork) -> DataFrame |
     return groups.drop("_tm_nulls", "_tm_minus", "_tm_alone")
 
 
+#: An additive view of at most this many groups is read by ``deltalake`` from the driver where the
+#: unit needs some of its groups' values (a Spark read of the view cost six jobs, 0.9 s, at 10M orders).
+DRIVER_GROUPS = 1_000_000
+#: Key types whose values read from Arrow equal those Spark collects (a timestamp's would not: time zones).
+_EXACT_KEYS = (bool, int, str, datetime.date)
+
+
+def _groups_held(eng: UnitContext, topic: Topic, key: list[str], columns: list[str],
+                 keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], Any]:
+    """The view's rows (``key`` and ``columns``) of the groups ``keys``, by key: read JVM-free by
+    ``deltalake`` (every group of a view of at most :data:`DRIVER_GROUPS` rows, keys of plain types),
+    else by Spark."""
+    dest = eng.path(topic.spec.destination)
+    snap = delta_meta.TableSnapshot.open(dest)
+    if (table_reads.direct_io_on() and snap.table is not None and snap.row_count is not None
+            and snap.row_count <= DRIVER_GROUPS
+            and all(v is None or type(v) in _EXACT_KEYS for k in keys for v in k)):
+        rows = delta_read.read_rows(snap.table, [*key, *columns]).to_pylist()
+        wanted = set(keys)
+        return {k: r for r in rows if (k := tuple(r[c] for c in key)) in wanted}
+    view = eng.spark.read.format("delta").load(dest)
+    local = eng.spark.createDataFrame(keys, view.select(*[spark_io.quote(k) for k in key]).schema)
+    held = spark_io.semi_join(reverse.narrow(view, key, keys), local, key).select(*key, *columns)
+    return {tuple(r[k] for k in key): r for r in held.collect()}
+
+
 def _zero_sums(eng: UnitContext, topic: Topic, rows: list[Any], nullable: Collection[str]) -> int:
     """Groups of ``rows`` (the summed contributions) that rows leave and that keep rows, where a
     sum would become 0: SQL gives null there when the rows left have only nulls in that column,
@@ -152,10 +180,7 @@ def _zero_sums(eng: UnitContext, topic: Topic, rows: list[Any], nullable: Collec
     if not leaving or not nullable:
         return 0
     keys = [tuple(r[k] for k in key) for r in leaving]
-    view = eng.spark.read.format("delta").load(eng.path(topic.spec.destination))
-    local = eng.spark.createDataFrame(keys, view.select(*[spark_io.quote(k) for k in key]).schema)
-    held = spark_io.semi_join(reverse.narrow(view, key, keys), local, key).select(*key, *add.columns)
-    now = {tuple(r[k] for k in key): r for r in held.collect()}
+    now = _groups_held(eng, topic, key, add.columns, keys)
     zero = 0
     for r, k in zip(leaving, keys, strict=True):
         t = now.get(k)

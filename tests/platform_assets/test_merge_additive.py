@@ -176,3 +176,18 @@ def lineage_refusal(root: Path, topics: str) -> str:
     with pytest.raises(LineageError) as err:
         load_lineage(root)
     return str(err.value)
+
+
+@pytest.mark.spark
+def test_a_sum_that_adding_would_make_0_where_sql_gives_null_re_derives_its_group(spark, settings, tmp_path):
+    write_sql(tmp_path, high=NULLABLE)
+    eng = engine(spark, settings, tmp_path, additive_topic("mart.high", NULLABLE, "{count: n, sums: [high]}"))
+    customers(eng, 8)
+    orders(eng, 1, 30, customers=12)  # amounts 1..30: every high null
+    orders(eng, 41, 1, customers=12)  # order 41, customer 5 (C2): C2's high is 41, its other orders' null
+    eng.run_until_caught_up()
+    dim_sql(eng, "DELETE FROM DIM WHERE id = 5")  # C2 keeps customer 2's orders, whose high is null: null, not 0
+    [unit] = processed(eng.run_until_caught_up())
+    assert "(1 group(s) whose sum reaches 0 as rows leave" in unit.stats["strategy_reason"], unit.stats["strategy_reason"]
+    assert assert_view_equals_recompute(eng, "mart.high") == 4
+    eng.close()
