@@ -180,11 +180,16 @@ class TableSnapshot:
         return delta_read.FileReader(self.table, self.physical_names)
 
 
+#: Spark's Delta writer keeps a string's statistics to this many characters (a longer maximum is a
+#: prefix with a character after it); shorter ones are the values themselves.
+_STRING_STATS = 32
+
+
 def _may_hold(present: list[Any], null: bool, low: Any, high: Any, nulls: Any) -> bool:
     """Whether a file whose column has the statistics ``low``, ``high``, ``nulls`` (None: not
     recorded) may hold one of the sorted values ``present``, or a null (``null``). Where writers
     truncate a maximum (a timestamp to milliseconds, a long string to a prefix), it is widened: a
-    timestamp's by a millisecond, a string's not used."""
+    timestamp's by a millisecond; a string's is not used from :data:`_STRING_STATS` characters."""
     if null and (nulls is None or nulls > 0):
         return True
     if not present:
@@ -194,7 +199,7 @@ def _may_hold(present: list[Any], null: bool, low: Any, high: Any, nulls: Any) -
     at = bisect.bisect_left(present, low)
     if at == len(present):
         return False
-    if isinstance(high, str):
+    if isinstance(high, str) and len(high) >= _STRING_STATS:
         return True
     if isinstance(high, dt.datetime):
         high = high + dt.timedelta(milliseconds=1)

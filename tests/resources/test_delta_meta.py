@@ -639,3 +639,12 @@ def test_files_holding_keeps_a_file_whose_truncated_statistics_may_hold_a_value(
     assert len(snap.files_holding({"s": [long]}) or []) == 1
     assert snap.files_holding({"s": ["a"]}) == []  # below the minimum
     assert len(snap.files_holding({"f": [float("nan")]}) or []) == 1  # a float column is not filtered
+
+
+def test_a_short_string_maximum_rules_a_file_out(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    for country in ("DE", "FR"):
+        write_deltalake(path, pa.table({"c": [country]}), mode="append")
+    snap = TableSnapshot.open(path)
+    assert snap.rows_holding({"c": ["FR"]}) == 1  # "DE".."DE" cannot hold "FR"
+    assert snap.rows_holding({"c": ["DF"]}) == 0
