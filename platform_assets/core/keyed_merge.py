@@ -79,6 +79,10 @@ class TargetFilter:
         return dict(self.values)
 
 
+#: No filter: the MERGE reads every file of its target.
+NO_FILTER = TargetFilter()
+
+
 #: What a clause does to the rows it holds for: ``column -> expression`` (``UPDATE SET`` /
 #: ``INSERT VALUES``), or None: ``DELETE``.
 Action = dict[str, str] | None
@@ -149,21 +153,21 @@ def add_clauses(key: list[str], count: str, sums: list[str], types: dict[str, st
 
 
 def merge(spark: SparkSession, clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
-          target_filter: TargetFilter | None = None, in_hand: bool = False) -> None:
+          target_filter: TargetFilter = NO_FILTER, in_hand: bool = False) -> None:
     """One commit of ``clauses`` with ``source`` into the view at ``dest``, idempotent by ``(app_id,
     seq)`` and carrying ``meta`` as its ``userMetadata``: from the driver where it may be
     (:func:`merge_small`), else a Spark MERGE (``target_filter``: what every row of a key in
     ``source`` satisfies in the view, so that the MERGE skips the files it excludes; ``in_hand``:
     see :func:`~platform_assets.core.spark_io.run_merge`)."""
-    within = target_filter or TargetFilter()
-    if merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS, within=within):
+    if merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS,
+                   within=target_filter):
         return
-    spark_io.run_merge(spark, clauses.spark_sql(dest, within.sql()), source, app_id=app_id, seq=seq, meta=meta,
+    spark_io.run_merge(spark, clauses.spark_sql(dest, target_filter.sql()), source, app_id=app_id, seq=seq, meta=meta,
                        in_hand=in_hand)
 
 
 def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
-                max_rows: int, within: TargetFilter | None = None) -> bool:
+                max_rows: int, within: TargetFilter = NO_FILTER) -> bool:
     """Commit ``clauses`` with ``source`` into the table at ``dest`` from the driver, by
     ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta`` as its ``userMetadata``.
     False, having written nothing, where Spark must: a source of more than
@@ -174,11 +178,11 @@ def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, 
         return None if got.num_rows > spark_io.SMALL_BLOCK_ROWS else got
 
     return _merge_driven(clauses, rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows,
-                         within=within or TargetFilter())
+                         within=within)
 
 
 def merge_arrow(clauses: Clauses, rows: pa.Table, dest: str, *, app_id: str, seq: int, meta: str,
-                max_rows: int, within: TargetFilter | None = None) -> bool:
+                max_rows: int, within: TargetFilter = NO_FILTER) -> bool:
     """Commit ``clauses`` with ``rows`` (the source, in the driver already) into the table at
     ``dest`` from the driver, by ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta``
     as its ``userMetadata``. False, having written nothing, where Spark must: a table of more than
@@ -190,7 +194,7 @@ def merge_arrow(clauses: Clauses, rows: pa.Table, dest: str, *, app_id: str, seq
     Spark's MERGE of the same unit is skipped by its ``txn`` if this one did land). A unit the
     table recorded already is not written again."""
     return _merge_driven(clauses, lambda: rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows,
-                         within=within or TargetFilter())
+                         within=within)
 
 
 def _merge_driven(clauses: Clauses, rows: Callable[[], pa.Table | None], dest: str, *, app_id: str, seq: int,
@@ -218,12 +222,11 @@ def _driver_target(dest: str, max_rows: int, within: TargetFilter) -> tuple[Any,
     table = snap.table
     if table is None or snap.row_count is None or driver_writes.table_refusal(snap) is not None:
         return None
+    on = within.sql() if within.portable else ""  # ("" when empty)
     if snap.row_count <= max_rows:
-        return table, within.sql() if within.values and within.portable else ""
-    if not (within.values and within.portable):
-        return None
-    held = snap.rows_holding(within.columns())
-    return (table, within.sql()) if held is not None and held <= max_rows else None
+        return table, on
+    held = snap.rows_holding(within.columns()) if on else None
+    return (table, on) if held is not None and held <= max_rows else None
 
 
 def _merge(clauses: Clauses, source: pa.Table, table: Any, dest: str, target_filter: str, *, app_id: str, seq: int,

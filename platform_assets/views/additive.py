@@ -13,6 +13,9 @@ import functools
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
 from lineage.spec.model import AdditiveSpec, Topic
@@ -160,9 +163,12 @@ def _groups_held(eng: UnitContext, topic: Topic, key: list[str], columns: list[s
     if (table_reads.direct_io_on() and snap.table is not None and snap.row_count is not None
             and snap.row_count <= DRIVER_GROUPS
             and all(v is None or type(v) in _EXACT_KEYS for k in keys for v in k)):
-        rows = delta_read.read_rows(snap.table, [*key, *columns]).to_pylist()
+        table = delta_read.read_rows(snap.table, [*key, *columns])
+        for i, c in enumerate(key):  # narrowed in Arrow first: only candidate groups become Python rows
+            table = table.filter(pc.is_in(table[c], value_set=pa.array({k[i] for k in keys}, table[c].type),
+                                          skip_nulls=False))
         wanted = set(keys)
-        return {k: r for r in rows if (k := tuple(r[c] for c in key)) in wanted}
+        return {k: r for r in table.to_pylist() if (k := tuple(r[c] for c in key)) in wanted}
     view = eng.spark.read.format("delta").load(dest)
     local = eng.spark.createDataFrame(keys, view.select(*[spark_io.quote(k) for k in key]).schema)
     held = spark_io.semi_join(reverse.narrow(view, key, keys), local, key).select(*key, *columns)

@@ -152,15 +152,31 @@ def _listed(cols: list[str], rows: list[Any] | None) -> Column | None:
     """A row matches one of ``rows`` (the changed rows, collected) on its single column ``cols``, as
     a literal list Delta's data skipping uses (null-safe); None when not collected, several columns
     or more than :data:`IN_LIST` rows."""
-    if len(cols) != 1 or rows is None or len(rows) > IN_LIST:
+    values = _values(cols, rows)
+    if values is None:
         return None
     from pyspark.sql import functions as F
 
-    values = [r[0] for r in rows]
     col = F.col(spark_io.quote(cols[0]))
     known = [v for v in values if v is not None]
     cond = col.isin(known) if known else F.lit(False)
     return cond | col.isNull() if len(known) < len(values) else cond
+
+
+def _values(cols: list[str], rows: list[Any] | None) -> list[Any] | None:
+    """The values of the changed rows' single column ``cols`` that :func:`_listed` lists (None: not
+    collected, several columns or more than :data:`IN_LIST` rows)."""
+    return None if len(cols) != 1 or rows is None or len(rows) > IN_LIST else [r[0] for r in rows]
+
+
+def listed(changed: list[Changed]) -> dict[str, list[Any]] | None:
+    """For a single changed input whose rows :func:`matching_any` matches by a literal list: its
+    column and those values (what a row must take to match); else None."""
+    if len(changed) != 1:
+        return None
+    _, cols, rows = changed[0]
+    values = _values(cols, rows)
+    return None if values is None else {cols[0]: values}
 
 
 def matching_any(view: DataFrame, changed: list[Changed]) -> DataFrame:

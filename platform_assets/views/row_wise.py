@@ -185,10 +185,7 @@ def _in_view(eng: UnitContext, topic: Topic, work: MergeWork, last: Position, ev
         return None
     # one changed input of one join column, its values collected: only the view files that may hold
     # them are read, found from the log JVM-free (Delta's reader would first rebuild the view's state)
-    listed = changed_rows[0] if len(changed_rows) == 1 else None
-    holding = ({listed[1][0]: [r[0] for r in listed[2]]} if listed is not None and len(listed[1]) == 1
-               and listed[2] is not None and len(listed[2]) <= reverse.IN_LIST else None)
-    rows = table_reads.read_version(eng.spark, dest, view.version, holding=holding)
+    rows = table_reads.read_version(eng.spark, dest, view.version, holding=reverse.listed(changed_rows))
     return reverse.matching_any(rows, changed_rows).localCheckpoint(eager=True)
 
 
