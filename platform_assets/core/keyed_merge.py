@@ -153,14 +153,18 @@ def add_clauses(key: list[str], count: str, sums: list[str], types: dict[str, st
 
 
 def merge(spark: SparkSession, clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
-          target_filter: TargetFilter = NO_FILTER, in_hand: bool = False) -> None:
+          target_filter: TargetFilter = NO_FILTER, in_hand: bool = False, rows: pa.Table | None = None) -> None:
     """One commit of ``clauses`` with ``source`` into the view at ``dest``, idempotent by ``(app_id,
     seq)`` and carrying ``meta`` as its ``userMetadata``: from the driver where it may be
-    (:func:`merge_small`), else a Spark MERGE (``target_filter``: what every row of a key in
+    (:func:`merge_small`; :func:`merge_arrow` when ``rows``, the same rows as ``source``, are in the
+    driver already), else a Spark MERGE (``target_filter``: what every row of a key in
     ``source`` satisfies in the view, so that the MERGE skips the files it excludes; ``in_hand``:
     see :func:`~platform_assets.core.spark_io.run_merge`)."""
-    if merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS,
-                   within=target_filter):
+    if rows is not None and merge_arrow(clauses, rows, dest, app_id=app_id, seq=seq, meta=meta,
+                                        max_rows=SMALL_VIEW_ROWS, within=target_filter):
+        return
+    if rows is None and merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta,
+                                    max_rows=SMALL_VIEW_ROWS, within=target_filter):
         return
     spark_io.run_merge(spark, clauses.spark_sql(dest, target_filter.sql()), source, app_id=app_id, seq=seq, meta=meta,
                        in_hand=in_hand)

@@ -146,9 +146,13 @@ class MergeProcessor:
                 return full, work
             if added is not None:
                 return added, work
+        every_key = functools.reduce(lambda a, b: a.unionByName(b), [k for _, k in work.affected]).distinct()
+        if work.source is not None and work.rederived is not None:  # a row-wise unit's rows in the driver (in_hand)
+            work.prune = prune(self.engine, topic, work, key, work.key_rows)
+            # the Spark MERGE's source, computed only if it runs (rows of a local checkpoint)
+            return spark_io.rows_of_keys(every_key, work.rederived.withColumn(PRESENT, F.lit(True)), key), work
         try:
-            keys, key_rows = spark_io.small_local(self.engine.spark, functools.reduce(
-                lambda a, b: a.unionByName(b), [k for _, k in work.affected]).distinct(), LOCAL_KEYS)
+            keys, key_rows = spark_io.small_local(self.engine.spark, every_key, LOCAL_KEYS)
         except Exception as exc:
             if not (work.strategy.reverse and removed(exc)):
                 raise
@@ -356,7 +360,7 @@ class MergeProcessor:
                         keyed_merge.merge(eng.spark, keyed_merge.rows_clauses(list(spec.key), work.columns, PRESENT,
                                                                               spec.delete_missing),
                                           opened.out, dest, app_id=app_id, seq=block.seq, meta=meta,
-                                          target_filter=work.prune,
+                                          target_filter=work.prune, rows=work.source,
                                           in_hand=work.rederived is not None)  # rows of a local checkpoint
                     else:
                         spark_io.save_unit(

@@ -21,8 +21,8 @@ from lineage.core.positions import Position
 from lineage.spec.model import Topic
 from lineage.views.refresh import cluster_column
 from platform_assets.core import spark_io, table_reads
-from platform_assets.views import reverse
-from platform_assets.views.work import PART, MergeWork, newest_commit
+from platform_assets.views import in_hand, reverse
+from platform_assets.views.work import LOCAL_KEYS, PART, PRESENT, MergeWork, newest_commit
 from resources.storage import delta_meta
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ def rederive(eng: UnitContext, topic: Topic, work: MergeWork, *, everything: Dat
 
     spec, spark = topic.spec, eng.spark
     key = list(spec.key)
+    work.source, work.key_rows = None, None
     # a base row can be found twice: new and joining a changed row, or joining changed rows of two inputs
     found = functools.reduce(lambda a, b: a.unionByName(b), [r for _, r in work.rows]).dropDuplicates(["pos", "id"])
     found = work.temp_view(f"tm_found_{tag}", found)
@@ -70,8 +71,15 @@ def rederive(eng: UnitContext, topic: Topic, work: MergeWork, *, everything: Dat
     every = functools.reduce(lambda a, b: a.unionByName(b), [
         out_of(f"tm_{name}", rows, tables).withColumn(PART, F.lit(name))
         for name, rows, tables in parts]).localCheckpoint(eager=True)
-    # the unit's checks and its row count, in one Spark action over the rows computed above
-    got = _checks(every, key, found=work.found, view_types=work.view_types)
+    # the unit's checks, its row count, keys and MERGE source: in the driver when the rows are few
+    # (in_hand: one collect of the rows computed above), else in one Spark action over them
+    local = in_hand.collected(every)
+    in_view = None if local is None or work.found is None else in_hand.collected(work.found)
+    if local is not None and (work.found is None or in_view is not None and in_hand.comparable(local, in_view)):
+        got = in_hand.checks(local, key, PART, in_view)
+    else:
+        local = None
+        got = _checks(every, key, found=work.found, view_types=work.view_types)
     if got["alone"]:
         raise ProcessingError(
             f"topic '{topic.name}' ({topic.where}): row_wise, but its transform makes rows from "
@@ -91,9 +99,16 @@ def rederive(eng: UnitContext, topic: Topic, work: MergeWork, *, everything: Dat
             f"from the topic")
     col = cluster_column(spec, work.columns)
     if moved_only and col is not None:
-        _, held = spark_io.small_local(spark, every.where(F.col(PART) == "old").select(spark_io.quote(col)).distinct(),
-                                       reverse.NARROW_VALUES)
-        work.held = None if held is None else [r[0] for r in held]
+        if local is not None:
+            work.held = in_hand.distinct_values(in_hand.part(local, PART, "old"), col, reverse.NARROW_VALUES)
+        else:
+            _, held = spark_io.small_local(spark, every.where(F.col(PART) == "old").select(spark_io.quote(col)).distinct(),
+                                           reverse.NARROW_VALUES)
+            work.held = None if held is None else [r[0] for r in held]
+    if local is not None:  # the MERGE's keys and source, so that it needs no Spark job before deltalake's
+        made, old = in_hand.part(local, PART, "even", "odd"), in_hand.part(local, PART, "old")
+        work.key_rows = in_hand.key_rows([old, made], key, LOCAL_KEYS)
+        work.source = in_hand.merge_source(made, old, key, PRESENT)
     if work.left is not None:
         work.affected.append((work.left[0], every.where(F.col(PART) == "old").select(*key)))
     work.rederived = out

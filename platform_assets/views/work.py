@@ -18,6 +18,7 @@ from platform_assets.core.protocol import data_app_id
 from resources.storage import delta_log, delta_meta
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
     from platform_assets.core.context import UnitContext
@@ -76,6 +77,11 @@ class MergeWork:
     #: :func:`platform_assets.views.row_wise.found_in_view`); checked against the transform over their
     #: own base columns.
     found: DataFrame | None = None
+    #: Incremental, row-wise view whose rows the unit holds in the driver (:mod:`platform_assets.views.in_hand`):
+    #: the MERGE's source (every affected key's new row, ``PRESENT`` true, or the key alone, ``PRESENT``
+    #: null) and the affected keys (None: more than ``LOCAL_KEYS``), computed there without Spark.
+    source: pa.Table | None = None
+    key_rows: list[tuple[Any, ...]] | None = None
 
     @property
     def adds(self) -> bool:

@@ -15,8 +15,8 @@ from deltalake import DeltaTable
 from lineage.core.errors import ProcessingError
 from lineage.core.positions import Position
 from platform_assets.core import keyed_merge, spark_io
+from platform_assets.views import in_hand, reverse
 from platform_assets.views import operate as views
-from platform_assets.views import reverse
 from tests.platform_assets.test_merge import (
     T0,
     assert_view_equals_recompute,
@@ -45,7 +45,11 @@ def row_wise_topic(name: str, key: str, extra: str = "") -> str:
 
 
 @pytest.mark.spark
-def test_a_row_wise_view_re_derives_only_the_rows_found_and_equals_a_recompute(spark, settings, tmp_path, monkeypatch):
+@pytest.mark.parametrize("driver", [True, False], ids=["rows-in-driver", "rows-in-spark"])
+def test_a_row_wise_view_re_derives_only_the_rows_found_and_equals_a_recompute(spark, settings, tmp_path, monkeypatch,
+                                                                                driver):
+    if not driver:  # the unit's checks, keys and MERGE source computed by Spark, not from its rows in the driver
+        monkeypatch.setattr(in_hand, "IN_HAND_ROWS", -1)
     write_sql(tmp_path, wide_rw=WIDE, inner_rw=INNER)
     eng = engine(spark, settings, tmp_path, row_wise_topic("mart.wide_rw", "id, country", "  late_rows: rederive\n")
                  + row_wise_topic("mart.inner_rw", "id"))
@@ -238,6 +242,11 @@ def test_a_row_wise_units_checks_count_what_they_say(spark):
     assert "differ" not in clean.asDict()
     empty = _checks(every.where("false"), ["id"], found=found.where("false"), view_types=types)
     assert (empty["rows"], empty["alone"], empty["twice"], empty["differ"]) == (0, 0, 0, 0)
+    # the same checks of the same rows in the driver (in_hand, from Arrow) say the same
+    local = in_hand.checks(every.toArrow(), ["id"], PART, found.toArrow())
+    assert (local["rows"], local["alone"], local["twice"], local["most"], local["most_n"], local["differ"]) == \
+        (5, 1, 1, {"id": 3}, 3, 2)
+    assert in_hand.comparable(every.toArrow(), found.toArrow())
 
 
 def test_the_lineage_refuses_row_wise_with_additive_or_off_a_merge_topic(tmp_path: Path) -> None:
