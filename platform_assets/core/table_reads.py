@@ -139,3 +139,46 @@ def pin_inputs(ctx: UnitContext, topic: Topic, versions: dict[str, int], prefix:
         views.append(name)
         out[table] = name
     return out
+
+
+#: Spark types whose values read from Arrow are those Spark collects (a timestamp's would not: time zones).
+_EXACT_TYPES = ("BooleanType", "ByteType", "ShortType", "IntegerType", "LongType", "StringType", "DateType",
+                "DecimalType")
+
+
+def changed_values(spark: SparkSession, path: str, start: int, end: int, columns: Mapping[str, str],
+                   limit: int) -> tuple[DataFrame, list[tuple[Any, ...]]] | None:
+    """The distinct values of ``columns`` (the table's column -> the name to give it) in the rows
+    of the change data feed of the table at ``path`` from version ``start`` to ``end`` (before and
+    after images, inserts, deletes), read JVM-free by ``deltalake`` (Spark's reader first rebuilds
+    the table's state: two jobs, 0.2-0.5 s at every reverse-joined unit, docs/benchmarks.md), as a
+    local relation and as rows. None where Spark reads it: direct I/O off, a table with deletion
+    vectors or column mapping (deltalake's change feed reads the files as they are), a column of
+    a type whose Arrow value is not what Spark collects (timestamps, floats, nested), more than
+    ``limit`` values, or a feed ``deltalake`` cannot read."""
+    from pyspark.sql.types import StructField, StructType
+
+    snap = delta_meta.TableSnapshot.open(path)
+    if not direct_io_on() or snap.table is None or snap.version is None or snap.version < end:
+        return None
+    from resources.storage import delta_read
+
+    if delta_read.needs_scan(snap.table):
+        return None
+    fields = {f.name: f for f in _schema(snap).fields}
+    if not all(c in fields and type(fields[c].dataType).__name__ in _EXACT_TYPES for c in columns):
+        return None
+    try:
+        import pyarrow as pa
+
+        feed = pa.table(snap.table.load_cdf(starting_version=start, ending_version=end, columns=list(columns)))
+    except Exception:  # noqa: BLE001 - Spark reads it then (and says why if it cannot either)
+        return None
+    seen: dict[tuple[Any, ...], None] = {}
+    for row in zip(*[feed.column(c).to_pylist() for c in columns], strict=True):
+        seen.setdefault(row)
+        if len(seen) > limit:
+            return None
+    schema = StructType([StructField(name, fields[c].dataType, True) for c, name in columns.items()])
+    rows = list(seen)
+    return spark.createDataFrame(rows, schema), rows

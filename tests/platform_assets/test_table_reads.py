@@ -130,3 +130,38 @@ def test_a_bad_direct_io_setting_is_refused_before_an_engine_runs(settings, tmp_
     monkeypatch.setenv(table_reads.ENV, "yes")
     with pytest.raises(ConfigError, match="TIDEMARK_DIRECT_IO='yes': expected on or off"):
         Engine(settings, lineage)
+
+
+def _spark_feed(spark, path: str, start: int, end: int, column: str) -> set:
+    feed = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", start)
+            .option("endingVersion", end).load(path))
+    return {r[0] for r in feed.select(column).distinct().collect()}
+
+
+def test_changed_values_read_by_deltalake_are_those_of_spark_change_feed(spark, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The join values of a change feed Spark wrote (an UPDATE, a DELETE of some rows, a DELETE of a
+    whole file, an INSERT, an OPTIMIZE), read JVM-free, are the values Spark's own change feed reader
+    gives; where deltalake would read the files as they are (deletion vectors), Spark reads them."""
+    path = str(tmp_path / "dim")
+    spark.createDataFrame([(i, f"C{i % 3}") for i in range(20)], "id long, country string").repartition(2).write \
+        .format("delta").option("delta.enableChangeDataFeed", "true").save(path)
+    spark.sql(f"UPDATE delta.`{path}` SET country = 'XX' WHERE id IN (3, 4)")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 7")
+    spark.createDataFrame([(100, "N")], "id long, country string").write.format("delta").mode("append").save(path)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id >= 100")  # the whole appended file
+    spark.sql(f"OPTIMIZE delta.`{path}`")
+    for start, end in ((1, 1), (1, 4), (2, 5), (4, 5), (5, 5)):  # version 5: the OPTIMIZE
+        got = table_reads.changed_values(spark, path, start, end, {"id": "customer_id"}, 100)
+        assert got is not None, (start, end)
+        df, rows = got
+        want = _spark_feed(spark, path, start, end, "id")
+        assert {r[0] for r in rows} == want == {r["customer_id"] for r in df.collect()}, (start, end)
+        assert len(rows) == len(want)
+    assert table_reads.changed_values(spark, path, 1, 4, {"id": "customer_id"}, 2) is None  # more than the limit
+    assert table_reads.changed_values(spark, path, 1, 9, {"id": "customer_id"}, 100) is None  # past the newest version
+    monkeypatch.setenv("TIDEMARK_DIRECT_IO", "off")
+    assert table_reads.changed_values(spark, path, 1, 4, {"id": "customer_id"}, 100) is None
+    monkeypatch.delenv("TIDEMARK_DIRECT_IO")
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    assert table_reads.changed_values(spark, path, 1, 4, {"id": "customer_id"}, 100) is None
