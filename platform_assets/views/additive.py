@@ -120,7 +120,10 @@ def added_source(eng: UnitContext, topic: Topic, work: MergeWork) -> DataFrame |
         *[F.sum(F.col(spark_io.quote(c))).alias(c) for c in add.columns],
         F.greatest(*[F.max(f"_tm_null_{i}") for i in range(len(add.columns))], F.lit(0)).alias("_tm_nulls"),
         F.max("_tm_minus").alias("_tm_minus"), F.max("_tm_alone").alias("_tm_alone"))
-    groups, rows = spark_io.small_local(spark, delta, LOCAL_KEYS)
+    # collected once as Arrow: the rows for the checks below, and the MERGE's source as it is (in_hand)
+    local = delta.limit(LOCAL_KEYS + 1).toArrow()
+    rows = local.to_pylist() if local.num_rows <= LOCAL_KEYS else None
+    groups = delta if rows is None else spark.createDataFrame(local, schema=delta.schema)
     if rows is not None and any(r["_tm_alone"] for r in rows):
         raise ProcessingError(
             f"topic '{topic.name}' ({topic.where}): additive, but its transform makes rows from "
@@ -143,13 +146,15 @@ def added_source(eng: UnitContext, topic: Topic, work: MergeWork) -> DataFrame |
                                                               f"changed by the moved rows' contributions")
     work.prune = TargetFilter.of({k: {r[k] for r in rows} for k in key}) if len(rows) <= reverse.NARROW_VALUES \
         else TargetFilter()
-    return groups.drop("_tm_nulls", "_tm_minus", "_tm_alone")
+    internal = ["_tm_nulls", "_tm_minus", "_tm_alone"]
+    work.source = local.drop_columns(internal)
+    return groups.drop(*internal)
 
 
 #: An additive view of at most this many groups is read by ``deltalake`` from the driver where the
 #: unit needs some of its groups' values (a Spark read of the view cost six jobs, 0.9 s, at 10M orders).
 DRIVER_GROUPS = 1_000_000
-#: Key types whose values read from Arrow equal those Spark collects (a timestamp's would not: time zones).
+#: Key types the driver read of the view takes (others: Spark reads the view; both as Arrow gives the values).
 _EXACT_KEYS = (bool, int, str, datetime.date)
 
 
@@ -172,7 +177,8 @@ def _groups_held(eng: UnitContext, topic: Topic, key: list[str], columns: list[s
     view = eng.spark.read.format("delta").load(dest)
     local = eng.spark.createDataFrame(keys, view.select(*[spark_io.quote(k) for k in key]).schema)
     held = spark_io.semi_join(reverse.narrow(view, key, keys), local, key).select(*key, *columns)
-    return {tuple(r[k] for k in key): r for r in held.collect()}
+    # as Arrow gives them, as the unit's own rows are (a timestamp in UTC, not in Python's local time)
+    return {tuple(r[k] for k in key): r for r in held.toArrow().to_pylist()}
 
 
 def _zero_sums(eng: UnitContext, topic: Topic, rows: list[Any], nullable: Collection[str]) -> int:

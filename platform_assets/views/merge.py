@@ -263,8 +263,8 @@ class MergeProcessor:
                     eng, topic, work, changed, last=block.last, everything=everything, base=base_snapshot, pinned=pinned,
                     tag=tag):
                 return
-            reverse_join(eng, topic, work, changed, last=block.last, everything=everything, pinned=pinned, tag=tag,
-                         keys_of=keys_of)
+            reverse_join(eng, topic, work, changed, last=block.last, end=block.next, base=base, everything=everything,
+                         pinned=pinned, tag=tag, keys_of=keys_of)
 
         def row_wise() -> None:
             rederive(eng, topic, work, everything=everything, pinned=pinned, tag=tag, out_of=out_of,
@@ -274,7 +274,8 @@ class MergeProcessor:
             try:
                 held = self._base(spark, topic, planned, upto=True, last_only=True)
                 if spec.additive is not None:
-                    moved(eng, topic, work, held=held if ids is None else held.join(ids, "id", "left_anti"),
+                    moved(eng, topic, work, held=held if ids is None else held.join(ids, "id", "left_anti"), base=base,
+                          last=block.last, late_ids=late.rows.column("id").to_pylist() if late.rows.num_rows else [],
                           pinned=pinned, tag=tag, out_of=out_of)
                 else:
                     reverse(base)
@@ -352,7 +353,7 @@ class MergeProcessor:
                         keyed_merge.merge(eng.spark, keyed_merge.add_clauses(list(spec.key), add.count, add.sums, work.types,
                                                                              spec.delete_missing),
                                           opened.out, dest, app_id=app_id, seq=block.seq, meta=meta,
-                                          target_filter=work.prune)
+                                          target_filter=work.prune, rows=work.source)
                     elif work.append:
                         driver_writes.write_unit(opened.out, dest, mode="append", options={}, input_rows=planned.base_rows,
                                                  app_id=app_id, seq=block.seq, meta=meta)

@@ -12,7 +12,7 @@ data skipping uses (:func:`matching_any`), the re-derivation narrowed to the aff
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from lineage.core.errors import first_line
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
     from platform_assets.core.context import UnitContext
+    from resources.storage.delta_meta import TableSnapshot
 
 #: Up to this many distinct values of a key column narrow the re-derivation by a literal list.
 NARROW_VALUES = 5_000
@@ -60,21 +61,35 @@ def changed_rows(eng: UnitContext, topic: Topic, work: MergeWork) -> list[Change
     return out
 
 
-def moved(eng: UnitContext, topic: Topic, work: MergeWork, *, held: DataFrame, pinned: dict[str, str], tag: str,
+def moved(eng: UnitContext, topic: Topic, work: MergeWork, *, held: DataFrame, base: TableSnapshot, last: Position,
+          late_ids: Collection[int], pinned: dict[str, str], tag: str,
           out_of: Callable[[str, DataFrame, dict[str, str]], DataFrame]) -> None:
     """An additive view's contributions of the changed inputs (see :meth:`MergeProcessor.derive`) into
-    ``work.contributions``: the base rows the view holds (``held``: up to ``last``, late rows
-    left out, they are added whole) that join a changed row, once with the inputs at the
-    versions the view applied (their old groups, subtracted) and once at the new versions (their
-    new groups, added). Rows after ``last`` are the block's, added at the new versions already."""
-    rows = matching_any(held, changed_rows(eng, topic, work))
-    # computed once (one scan of the base), read by both transforms; kept in Spark, so any
-    # number of rows and every column type
-    rows = rows.localCheckpoint(eager=True)
+    ``work.contributions``: the base rows the view holds (``held``: up to ``last`` in the base as
+    planned, ``base``, late rows, ``late_ids``, left out: they are added whole) that join a changed
+    row, once with the inputs at the versions the view applied (their old groups, subtracted) and
+    once at the new versions (their new groups, added). Rows after ``last`` are the block's, added
+    at the new versions already."""
+    changed = changed_rows(eng, topic, work)
+    rows = _scanned(eng, base, changed, last, held, late_ids)
+    if rows is None:
+        # computed once (one scan of the base), read by both transforms; kept in Spark, so any
+        # number of rows and every column type
+        rows = matching_any(held, changed).localCheckpoint(eager=True)
     old, left, joined = before(eng, topic, work, pinned, tag)
     work.contributions.append((left, -1, out_of("tm_left", rows, old)))
     work.contributions.append((joined, 1, out_of("tm_joined", rows, pinned)))
     work.alone = _alone(eng, topic, work, held, tag, [old, pinned])
+
+
+def _scanned(eng: UnitContext, base: TableSnapshot, changed: list[Changed], end: Position, rows: DataFrame,
+             late_ids: Collection[int] = ()) -> DataFrame | None:
+    """The base rows of ``rows`` (the base up to ``end``, as Spark reads it) matching a changed row,
+    read JVM-free by a filtered scan of the base (:func:`~platform_assets.core.table_reads.rows_matching`)
+    where a literal list matches them (:func:`listed`), as a local relation; else None."""
+    values = listed(changed)
+    return None if values is None else table_reads.rows_matching(eng.spark, base, values, end, rows.schema,
+                                                                 exclude_ids=late_ids)
 
 
 def before(eng: UnitContext, topic: Topic, work: MergeWork, pinned: dict[str, str],
@@ -97,7 +112,7 @@ def _alone(eng: UnitContext, topic: Topic, work: MergeWork, base: DataFrame, tag
 
 
 def reverse_join(eng: UnitContext, topic: Topic, work: MergeWork, changed: list[Changed], *, last: Position,
-                 everything: DataFrame, pinned: dict[str, str], tag: str,
+                 end: Position, base: TableSnapshot, everything: DataFrame, pinned: dict[str, str], tag: str,
                  keys_of: Callable[[str, DataFrame, dict[str, str]], DataFrame]) -> None:
     """The affected keys of the changed inputs (see :meth:`MergeProcessor.derive`) into
     ``work.affected`` from a scan of the base (``everything``, the rows up to ``next``) for the
@@ -107,12 +122,14 @@ def reverse_join(eng: UnitContext, topic: Topic, work: MergeWork, changed: list[
     spec = topic.spec
     # Base rows joining a changed reference row: those up to ``last`` (what the view holds)
     # left their old groups; those up to ``next`` join their new ones.
-    moved_new = functools.reduce(lambda a, b: a.unionByName(b),
-                                 [_matching(everything, rows, cols, values) for rows, cols, values in changed])
-    # One scan of the base where there were two: the rows up to ``next`` are computed once and
-    # kept in Spark (any number of rows, every column type, no timestamp through Python's local
-    # time), and those up to ``last`` taken from them.
-    moved_new = moved_new.localCheckpoint(eager=True)
+    moved_new = _scanned(eng, base, changed, end, everything)
+    if moved_new is None:
+        # One scan of the base where there were two: the rows up to ``next`` (``end``) are computed
+        # once and kept in Spark (any number of rows, every column type, no timestamp through
+        # Python's local time), and those up to ``last`` taken from them.
+        moved_new = functools.reduce(lambda a, b: a.unionByName(b),
+                                     [_matching(everything, rows, cols, values) for rows, cols, values in changed])
+        moved_new = moved_new.localCheckpoint(eager=True)
     moved_old = blocks.upto(moved_new, last)
     old, left, joined = before(eng, topic, work, pinned, tag)
     if spec.row_wise:  # their old and new rows are derived with the unit's other rows (row_wise.rederive)

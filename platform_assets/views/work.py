@@ -77,9 +77,10 @@ class MergeWork:
     #: :func:`platform_assets.views.row_wise.found_in_view`); checked against the transform over their
     #: own base columns.
     found: DataFrame | None = None
-    #: Incremental, row-wise view whose rows the unit holds in the driver (:mod:`platform_assets.views.in_hand`):
-    #: the MERGE's source (every affected key's new row, ``PRESENT`` true, or the key alone, ``PRESENT``
-    #: null) and the affected keys (None: more than ``LOCAL_KEYS``), computed there without Spark.
+    #: Incremental: the MERGE's source when the unit holds it in the driver already (Arrow), so that
+    #: ``deltalake``'s MERGE needs no Spark job: an additive view's summed contributions per group; a
+    #: row-wise view's every affected key's new row (``PRESENT`` true) or the key alone (``PRESENT``
+    #: null), with the affected keys (None: more than ``LOCAL_KEYS``; :mod:`platform_assets.views.in_hand`).
     source: pa.Table | None = None
     key_rows: list[tuple[Any, ...]] | None = None
 

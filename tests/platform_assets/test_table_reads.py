@@ -165,3 +165,47 @@ def test_changed_values_read_by_deltalake_are_those_of_spark_change_feed(spark, 
     monkeypatch.delenv("TIDEMARK_DIRECT_IO")
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
     assert table_reads.changed_values(spark, path, 1, 4, {"id": "customer_id"}, 100) is None
+
+
+def test_rows_matching_read_by_deltalake_are_the_rows_spark_filters(spark, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The base rows of chosen join values up to a position, read JVM-free by a filtered scan, are
+    the rows Spark's filter gives, ties on ``pos`` decided by ``id``, nulls matched by a None, late
+    rows left out; deletion vectors applied; other values and the off switch go to Spark (None)."""
+    from lineage.core.positions import Position
+    from platform_assets.core import blocks
+
+    path = str(tmp_path / "orders")
+    n = 40
+    t = pa.table({"pos": pa.array([T0 + dt.timedelta(seconds=i // 2) for i in range(n)], pa.timestamp("us", "UTC")),
+                  "id": pa.array(range(n), pa.int64()),
+                  "customer_id": pa.array([None if i % 7 == 0 else i % 5 for i in range(n)], pa.int64()),
+                  "amount": pa.array([float(i) for i in range(n)])})
+    write_deltalake(path, t.slice(0, 20))
+    write_deltalake(path, t.slice(20), mode="append")
+    end = Position(T0 + dt.timedelta(seconds=15), 30)  # pos 15 holds ids 30 and 31: 30 is in, 31 is not
+    snap = delta_meta.TableSnapshot.open(path, 1)
+    spark_rows = blocks.rows_upto(spark, path, end, 1)
+
+    def want(values: list, late: set) -> list[tuple]:
+        return sorted(tuple(r) for r in spark_rows.collect()
+                      if (r["customer_id"] in values) and r["id"] not in late)
+
+    for values, late in (([1, 3], set()), ([2, None], {2, 12}), ([None], set()), ([], set())):
+        got = table_reads.rows_matching(spark, snap, {"customer_id": values}, end, spark_rows.schema, exclude_ids=late)
+        assert got is not None, values
+        assert got.schema == spark_rows.schema
+        assert _sorted(got) == want(values, late), (values, late)
+    assert table_reads.rows_matching(spark, snap, {"customer_id": [1.5]}, end, spark_rows.schema) is None
+    assert table_reads.rows_matching(spark, snap, {"customer_id": [1], "id": [2]}, end, spark_rows.schema) is None
+    monkeypatch.setenv("TIDEMARK_DIRECT_IO", "off")
+    assert table_reads.rows_matching(spark, snap, {"customer_id": [1]}, end, spark_rows.schema) is None
+    monkeypatch.delenv("TIDEMARK_DIRECT_IO")
+    # deletion vectors (Spark deletes rows of a file without rewriting it): the deleted rows are not read
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id IN (1, 6)")
+    snap = delta_meta.TableSnapshot.open(path)
+    assert delta_meta.deletion_vectors(snap).feature
+    got = table_reads.rows_matching(spark, snap, {"customer_id": [1]}, end, spark_rows.schema)
+    assert got is not None
+    assert [r["id"] for r in sorted(got.collect(), key=lambda r: r["id"])] == [11, 16, 26]
