@@ -1,6 +1,8 @@
 """A lineage table at one Delta version as a Spark DataFrame (:func:`read_version`), the one way
 processors read a table at a version they planned on, and a transform's inputs pinned at versions
-as temporary views (:func:`pin_inputs`).
+as temporary views (:func:`pin_inputs`). Two reads a reverse join makes, JVM-free where
+``deltalake`` reads them as Spark does: a changed input's join values from its change data feed
+(:func:`changed_values`) and the base rows joining them, by a filtered scan (:func:`rows_matching`).
 
 A plain version (no deletion vectors, column mapping or partition columns: see
 :attr:`~resources.storage.snapshot.TableSnapshot.plain`) is read straight from the Parquet files
@@ -230,4 +232,7 @@ def rows_matching(spark: SparkSession, snap: delta_meta.TableSnapshot, values: M
     keep = pc.and_(pc.is_valid(ids), pc.or_(pc.less(pos, at), pc.and_(pc.equal(pos, at), pc.less_equal(ids, end.id))))
     if exclude_ids:
         keep = pc.and_(keep, pc.invert(pc.is_in(ids, value_set=pa.array(list(exclude_ids), ids.type))))
-    return spark.createDataFrame(rows.filter(pc.fill_null(keep, False)), schema)
+    try:
+        return spark.createDataFrame(rows.filter(pc.fill_null(keep, False)), schema)
+    except Exception:  # noqa: BLE001 - a type Spark does not take from Arrow: Spark reads the rows itself
+        return None
