@@ -9,7 +9,9 @@ computed here without another Spark job: its checks (:func:`checks`, what
 
 Rows are compared as Spark's grouping does: nulls equal, NaN equal to NaN, ``-0.0`` to ``0.0``
 (Python's own equality and hash, with NaN made one value); struct and array values by their
-fields and elements. Pure Arrow and Python; imports nothing of Spark or the other strategies."""
+fields and elements; a unit with collated strings (``UTF8_LCASE``) stays in Spark
+(:func:`binary_strings`). Pure Arrow and Python (Spark's types only to read a schema); imports
+nothing of the other strategies."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import pyarrow.compute as pc
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 #: A row-wise unit whose rows (every part) are at most this many is computed in the driver.
 IN_HAND_ROWS = 100_000
@@ -38,6 +41,26 @@ def collected(rows: DataFrame) -> pa.Table | None:
     # one task over every partition (a checkpoint of a union has many; a limit over them scans them in rounds)
     got = rows.coalesce(1).limit(max(limit, 0) + 1).toArrow()
     return None if got.num_rows > limit else got
+
+
+def binary_strings(schema: StructType) -> bool:
+    """Whether every string in ``schema`` (nested too) compares by its bytes, as Python compares
+    them: a collated string (``UTF8_LCASE``) is equal to others in Spark that Arrow cannot tell."""
+    return all(getattr(t, "collation", "UTF8_BINARY") == "UTF8_BINARY" for t in _types(schema))
+
+
+def _types(t: Any) -> Iterable[Any]:
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    yield t
+    if isinstance(t, StructType):
+        for f in t.fields:
+            yield from _types(f.dataType)
+    elif isinstance(t, ArrayType):
+        yield from _types(t.elementType)
+    elif isinstance(t, MapType):
+        yield from _types(t.keyType)
+        yield from _types(t.valueType)
 
 
 def hashable(value: Any) -> Any:

@@ -73,7 +73,7 @@ def rederive(eng: UnitContext, topic: Topic, work: MergeWork, *, everything: Dat
         for name, rows, tables in parts]).localCheckpoint(eager=True)
     # the unit's checks, its row count, keys and MERGE source: in the driver when the rows are few
     # (in_hand: one collect of the rows computed above), else in one Spark action over them
-    local = in_hand.collected(every)
+    local = in_hand.collected(every) if in_hand.binary_strings(every.schema) else None
     in_view = None if local is None or work.found is None else in_hand.collected(work.found)
     if local is not None and (work.found is None or in_view is not None and in_hand.comparable(local, in_view)):
         got = in_hand.checks(local, key, PART, in_view)

@@ -107,3 +107,12 @@ def test_part_keeps_only_the_named_parts():
     every = rows(["even", "old", "odd"], [1, 2, 3], ["a", "b", "c"])
     assert in_hand.part(every, PART, "even", "odd").column("id").to_pylist() == [1, 3]
     assert PART not in in_hand.part(every, PART, "old").column_names
+
+
+def test_collated_strings_anywhere_in_a_schema_keep_a_unit_in_spark():
+    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+
+    plain = StructType([StructField("id", LongType()), StructField("s", StringType())])
+    assert in_hand.binary_strings(plain)
+    nested = StructType([StructField("a", ArrayType(StructType([StructField("s", StringType("UTF8_LCASE"))])))])
+    assert not in_hand.binary_strings(nested)
