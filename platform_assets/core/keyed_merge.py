@@ -160,11 +160,11 @@ def merge(spark: SparkSession, clauses: Clauses, source: DataFrame, dest: str, *
     driver already), else a Spark MERGE (``target_filter``: what every row of a key in
     ``source`` satisfies in the view, so that the MERGE skips the files it excludes; ``in_hand``:
     see :func:`~platform_assets.core.spark_io.run_merge`)."""
-    if rows is not None and merge_arrow(clauses, rows, dest, app_id=app_id, seq=seq, meta=meta,
-                                        max_rows=SMALL_VIEW_ROWS, within=target_filter):
-        return
-    if rows is None and merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta,
-                                    max_rows=SMALL_VIEW_ROWS, within=target_filter):
+    driven = (merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS,
+                          within=target_filter) if rows is None else
+              merge_arrow(clauses, rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS,
+                          within=target_filter))
+    if driven:
         return
     spark_io.run_merge(spark, clauses.spark_sql(dest, target_filter.sql()), source, app_id=app_id, seq=seq, meta=meta,
                        in_hand=in_hand)

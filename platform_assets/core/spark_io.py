@@ -33,7 +33,9 @@ from lineage.core.retry import retrying
 from resources.spark.session import is_connect, stop_siblings
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
+    from pyspark.sql.types import StructType
 
     from lineage.spec.model import Topic, Transform
     from resources.storage.delta_meta import TableSnapshot
@@ -577,6 +579,15 @@ def run_merge(spark: SparkSession, sql: str, source: DataFrame, *, app_id: str, 
         for k in confs:
             spark.conf.unset(k)
         spark.catalog.dropTempView(name)
+
+
+def from_arrow(spark: SparkSession, rows: pa.Table, schema: StructType) -> DataFrame | None:
+    """``rows`` (in the driver, as Arrow) as a local relation of ``schema``; None where Spark does
+    not take such values from Arrow (the caller then lets Spark compute them)."""
+    try:
+        return spark.createDataFrame(rows, schema)
+    except Exception:  # noqa: BLE001 - the caller's Spark path computes the same rows
+        return None
 
 
 def small_local(spark: SparkSession, df: DataFrame, limit: int) -> tuple[DataFrame, list[Any] | None]:

@@ -232,7 +232,4 @@ def rows_matching(spark: SparkSession, snap: delta_meta.TableSnapshot, values: M
     keep = pc.and_(pc.is_valid(ids), pc.or_(pc.less(pos, at), pc.and_(pc.equal(pos, at), pc.less_equal(ids, end.id))))
     if exclude_ids:
         keep = pc.and_(keep, pc.invert(pc.is_in(ids, value_set=pa.array(list(exclude_ids), ids.type))))
-    try:
-        return spark.createDataFrame(rows.filter(pc.fill_null(keep, False)), schema)
-    except Exception:  # noqa: BLE001 - a type Spark does not take from Arrow: Spark reads the rows itself
-        return None
+    return spark_io.from_arrow(spark, rows.filter(pc.fill_null(keep, False)), schema)

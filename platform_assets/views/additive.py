@@ -123,7 +123,9 @@ def added_source(eng: UnitContext, topic: Topic, work: MergeWork) -> DataFrame |
     # collected once as Arrow: the rows for the checks below, and the MERGE's source as it is (in_hand)
     local = delta.limit(LOCAL_KEYS + 1).toArrow()
     rows = local.to_pylist() if local.num_rows <= LOCAL_KEYS else None
-    groups = delta if rows is None else _local(spark, local, delta)
+    # a local relation (else, where Spark cannot take the values from Arrow, computed again if read)
+    in_spark = None if rows is None else spark_io.from_arrow(spark, local, delta.schema)
+    groups = delta if in_spark is None else in_spark
     if rows is not None and any(r["_tm_alone"] for r in rows):
         raise ProcessingError(
             f"topic '{topic.name}' ({topic.where}): additive, but its transform makes rows from "
@@ -149,15 +151,6 @@ def added_source(eng: UnitContext, topic: Topic, work: MergeWork) -> DataFrame |
     internal = ["_tm_nulls", "_tm_minus", "_tm_alone"]
     work.source = local.drop_columns(internal)
     return groups.drop(*internal)
-
-
-def _local(spark: Any, rows: pa.Table, df: DataFrame) -> DataFrame:
-    """``rows`` (``df`` collected) as a local relation, or ``df`` itself where Spark cannot take
-    such rows from Arrow (then computed again if Spark's MERGE reads it)."""
-    try:
-        return spark.createDataFrame(rows, schema=df.schema)
-    except Exception:  # noqa: BLE001 - the same rows, computed again
-        return df
 
 
 #: An additive view of at most this many groups is read by ``deltalake`` from the driver where the

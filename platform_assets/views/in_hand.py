@@ -127,12 +127,8 @@ def comparable(every: pa.Table, found: pa.Table) -> bool:
 def distinct_values(table: pa.Table, col: str, limit: int) -> list[Any] | None:
     """The distinct values of ``col`` in ``table`` (as ``to_pylist`` gives them; None among them for
     a null), or None when there are more than ``limit``."""
-    seen: dict[Any, Any] = {}
-    for v in table.column(col).to_pylist():
-        seen.setdefault(hashable(v), v)
-        if len(seen) > limit:
-            return None
-    return list(seen.values())
+    got = key_rows([table], [col], limit)
+    return None if got is None else [v for (v,) in got]
 
 
 def key_rows(tables: Iterable[pa.Table], key: list[str], limit: int) -> list[tuple[Any, ...]] | None:

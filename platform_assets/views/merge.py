@@ -248,9 +248,9 @@ class MergeProcessor:
             work.alone = [out_of("tm_none", everything.where("false"), pinned)]
         if block.next > block.last:
             joining(f"{base_rows} new base rows", "tm_new", self._base(spark, topic, planned, upto=False))
-        ids = None
-        if late.rows.num_rows:
-            ids = spark.createDataFrame([(int(i),) for i in late.rows.column("id").to_pylist()], "id bigint")
+        ids, late_ids = None, [int(i) for i in late.rows.column("id").to_pylist()] if late.rows.num_rows else []
+        if late_ids:
+            ids = spark.createDataFrame([(i,) for i in late_ids], "id bigint")
             late_df = self._base(spark, topic, planned, upto=True, last_only=True).join(ids, "id", "left_semi")
             joining(f"{late.rows.num_rows} late base rows", "tm_late", late_df)
         found_rows, found_keys = list(work.rows), list(work.affected)  # before the reverse join adds to them
@@ -275,7 +275,7 @@ class MergeProcessor:
                 held = self._base(spark, topic, planned, upto=True, last_only=True)
                 if spec.additive is not None:
                     moved(eng, topic, work, held=held if ids is None else held.join(ids, "id", "left_anti"), base=base,
-                          last=block.last, late_ids=late.rows.column("id").to_pylist() if late.rows.num_rows else [],
+                          last=block.last, late_ids=late_ids,
                           pinned=pinned, tag=tag, out_of=out_of)
                 else:
                     reverse(base)
