@@ -152,22 +152,25 @@ def add_clauses(key: list[str], count: str, sums: list[str], types: dict[str, st
         (f"(s.{n} > 0)", {**{k: f"s.{quote(k)}" for k in key}, **{c: f"CAST(s.{quote(c)} AS {types[c]})" for c in cols}}))
 
 
-def merge(spark: SparkSession, clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
-          target_filter: TargetFilter = NO_FILTER, in_hand: bool = False, rows: pa.Table | None = None) -> None:
+def merge(spark: SparkSession, clauses: Clauses, source: DataFrame | Callable[[], DataFrame], dest: str, *, app_id: str,
+          seq: int, meta: str, target_filter: TargetFilter = NO_FILTER, in_hand: bool = False,
+          rows: pa.Table | None = None) -> None:
     """One commit of ``clauses`` with ``source`` into the view at ``dest``, idempotent by ``(app_id,
     seq)`` and carrying ``meta`` as its ``userMetadata``: from the driver where it may be
     (:func:`merge_small`; :func:`merge_arrow` when ``rows``, the same rows as ``source``, are in the
     driver already), else a Spark MERGE (``target_filter``: what every row of a key in
     ``source`` satisfies in the view, so that the MERGE skips the files it excludes; ``in_hand``:
-    see :func:`~platform_assets.core.spark_io.run_merge`)."""
-    driven = (merge_small(clauses, source, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS,
-                          within=target_filter) if rows is None else
+    see :func:`~platform_assets.core.spark_io.run_merge`). ``source`` may be a function that makes
+    it, called only when it is needed (the rows are ``rows``, in the driver)."""
+    made = source() if callable(source) and rows is None else source
+    driven = (merge_small(clauses, made, dest, app_id=app_id, seq=seq, meta=meta,  # type: ignore[arg-type]
+                          max_rows=SMALL_VIEW_ROWS, within=target_filter) if rows is None else
               merge_arrow(clauses, rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS,
                           within=target_filter))
     if driven:
         return
-    spark_io.run_merge(spark, clauses.spark_sql(dest, target_filter.sql()), source, app_id=app_id, seq=seq, meta=meta,
-                       in_hand=in_hand)
+    spark_io.run_merge(spark, clauses.spark_sql(dest, target_filter.sql()), made() if callable(made) else made,
+                       app_id=app_id, seq=seq, meta=meta, in_hand=in_hand)
 
 
 def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,

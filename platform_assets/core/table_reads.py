@@ -33,6 +33,7 @@ from resources.storage import delta_meta
 from resources.storage.warehouse import is_object_store
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -151,16 +152,26 @@ _EXACT_TYPES = ("BooleanType", "ByteType", "ShortType", "IntegerType", "LongType
 
 def changed_values(spark: SparkSession, path: str, start: int, end: int, columns: Mapping[str, str],
                    limit: int) -> tuple[DataFrame, list[tuple[Any, ...]]] | None:
+    """:func:`changed_value_rows` as a local relation (the table's types, the given names) and as rows."""
+    from pyspark.sql.types import StructField, StructType
+
+    rows = changed_value_rows(path, start, end, columns, limit)
+    if rows is None:
+        return None
+    fields = {f.name: f for f in _schema(delta_meta.TableSnapshot.open(path)).fields}
+    schema = StructType([StructField(name, fields[c].dataType, True) for c, name in columns.items()])
+    return spark.createDataFrame(rows, schema), rows
+
+
+def changed_value_rows(path: str, start: int, end: int, columns: Mapping[str, str], limit: int) -> list[tuple[Any, ...]] | None:
     """The distinct values of ``columns`` (the table's column -> the name to give it) in the rows
     of the change data feed of the table at ``path`` from version ``start`` to ``end`` (before and
     after images, inserts, deletes), read JVM-free by ``deltalake`` (Spark's reader first rebuilds
-    the table's state: two jobs, 0.2-0.5 s at every reverse-joined unit, docs/benchmarks.md), as a
-    local relation and as rows. None where Spark reads it: direct I/O off, a table with deletion
-    vectors or column mapping (deltalake's change feed reads the files as they are), a column of
-    a type whose Arrow value is not what Spark collects (timestamps, floats, nested), more than
-    ``limit`` values, or a feed ``deltalake`` cannot read."""
-    from pyspark.sql.types import StructField, StructType
-
+    the table's state: two jobs, 0.2-0.5 s at every reverse-joined unit, docs/benchmarks.md). None
+    where Spark reads it: direct I/O off, a table with deletion vectors or column mapping
+    (deltalake's change feed reads the files as they are), a column of a type whose Arrow value is
+    not what Spark collects (timestamps, floats, nested), more than ``limit`` values, or a feed
+    ``deltalake`` cannot read."""
     snap = delta_meta.TableSnapshot.open(path)
     if not direct_io_on() or snap.table is None or snap.version is None or snap.version < end:
         return None
@@ -182,9 +193,7 @@ def changed_values(spark: SparkSession, path: str, start: int, end: int, columns
         seen.setdefault(row)
         if len(seen) > limit:
             return None
-    schema = StructType([StructField(name, fields[c].dataType, True) for c, name in columns.items()])
-    rows = list(seen)
-    return spark.createDataFrame(rows, schema), rows
+    return list(seen)
 
 
 #: A JVM-free filtered scan hands Spark at most this many rows (more: Spark scans the table itself).
@@ -193,16 +202,25 @@ MATCHING_ROWS = 1_000_000
 
 def rows_matching(spark: SparkSession, snap: delta_meta.TableSnapshot, values: Mapping[str, Collection[Any]],
                   end: Position, schema: StructType, *, exclude_ids: Collection[int] = ()) -> DataFrame | None:
+    """:func:`matching_rows` handed to Spark as a local relation of ``schema`` (the columns Spark
+    reads the table with; other columns: None, Spark reads them)."""
+    rows = matching_rows(snap, values, end, exclude_ids=exclude_ids)
+    if rows is None or rows.column_names != schema.names:
+        return None
+    return spark_io.from_arrow(spark, rows, schema)
+
+
+def matching_rows(snap: delta_meta.TableSnapshot, values: Mapping[str, Collection[Any]], end: Position, *,
+                  exclude_ids: Collection[int] = ()) -> pa.Table | None:
     """The rows of the table version ``snap`` whose column takes one of its values in ``values``
     (one column; a None among them matches a null), whose ``(pos, id)`` is at most ``end`` (a null
     ``id`` never is) and whose ``id`` is not in ``exclude_ids``: read JVM-free by ``deltalake``'s
-    DataFusion reader (deletion vectors and column mapping applied), handed to Spark as a local
-    relation of ``schema`` (the columns Spark reads the table with). Spark would read every file
+    DataFusion reader (deletion vectors and column mapping applied). Spark would read every file
     for them: a base in ``(pos, id)`` order holds a customer's rows everywhere (1 s of Spark at 10M
     rows, where DataFusion took 0.6 s at 50M, docs/benchmarks.md). None where Spark reads them:
     direct I/O off, not one column, values other than integers and strings (their literal text in
-    DataFusion and Spark may differ), other columns than ``schema``'s, more than
-    :data:`MATCHING_ROWS` rows, or a table ``deltalake`` cannot read."""
+    DataFusion and Spark may differ), more than :data:`MATCHING_ROWS` rows, or a table
+    ``deltalake`` cannot read."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -217,13 +235,11 @@ def rows_matching(spark: SparkSession, snap: delta_meta.TableSnapshot, values: M
     col = delta_read.quote(column)
     cond = [f"{col} IN ({', '.join(delta_read.sql_literal(v) for v in known)})"] if known else []
     cond += [f"{col} IS NULL"] if len(known) < len(wanted) else []
-    if not cond:
-        return spark.createDataFrame([], schema)
     try:
-        rows = delta_read.scan(snap.table, predicate=" OR ".join(cond))
+        rows = delta_read.scan(snap.table, predicate=" OR ".join(cond) if cond else "false")
     except Exception:  # noqa: BLE001 - Spark reads them then (and says why if it cannot either)
         return None
-    if rows.column_names != schema.names or rows.num_rows > MATCHING_ROWS:
+    if rows.num_rows > MATCHING_ROWS or "pos" not in rows.column_names or "id" not in rows.column_names:
         return None
     pos, ids = rows.column("pos"), rows.column("id")
     if not pa.types.is_timestamp(pos.type) or pos.type.tz is None or not pa.types.is_integer(ids.type):
@@ -232,4 +248,4 @@ def rows_matching(spark: SparkSession, snap: delta_meta.TableSnapshot, values: M
     keep = pc.and_(pc.is_valid(ids), pc.or_(pc.less(pos, at), pc.and_(pc.equal(pos, at), pc.less_equal(ids, end.id))))
     if exclude_ids:
         keep = pc.and_(keep, pc.invert(pc.is_in(ids, value_set=pa.array(list(exclude_ids), ids.type))))
-    return spark_io.from_arrow(spark, rows.filter(pc.fill_null(keep, False)), schema)
+    return rows.filter(pc.fill_null(keep, False))

@@ -27,6 +27,7 @@ from platform_assets.core import blocks, protocol, spark_io, table_reads
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, UnitProcessor, data_app_id
 from platform_assets.facts.reload import ReloadProcessor
 from platform_assets.facts.step import StepProcessor, pending
+from platform_assets.views import driver_unit
 from platform_assets.views.merge import MergeProcessor
 from resources.core.settings import Settings
 from resources.state.lease import LeaseKeeper
@@ -85,7 +86,8 @@ class Engine:
         owner: str | None = None,
         clock: Callable[[], dt.datetime] = utcnow,
     ) -> None:
-        table_reads.direct_io_on()  # a bad $TIDEMARK_DIRECT_IO is refused before anything runs
+        table_reads.direct_io_on()  # a bad $TIDEMARK_DIRECT_IO is refused before anything runs,
+        driver_unit.enabled()  # and a bad $TIDEMARK_DRIVER_SQL
         self.settings = settings
         self.lineage = lineage
         check_warehouse(settings.warehouse)  # an object store that cannot be reached fails here, naming the fix

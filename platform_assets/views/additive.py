@@ -102,7 +102,7 @@ def added_source(eng: UnitContext, topic: Topic, work: MergeWork) -> DataFrame |
     cannot be added exactly or are too many groups to collect; then their groups are re-derived
     from the full base (``work.affected``). Not exactly: SQL's ``sum`` skips nulls and is null
     over only nulls, so a contribution holding a null cannot be subtracted, and a sum that
-    reaches 0 as rows leave its group may really be null (:func:`_zero_sums`)."""
+    reaches 0 as rows leave its group may really be null (:func:`zero_sums`)."""
     from pyspark.sql import functions as F
 
     spec, spark = topic.spec, eng.spark
@@ -135,7 +135,7 @@ def added_source(eng: UnitContext, topic: Topic, work: MergeWork) -> DataFrame |
     why = (f"more than {LOCAL_KEYS} groups" if rows is None else
            "a null in a sum column" if any(r["_tm_nulls"] for r in rows) else
            f"{zero} group(s) whose sum reaches 0 as rows leave (a sum over only nulls is null)"
-           if (zero := _zero_sums(eng, topic, rows, work.nullable)) else "")
+           if (zero := zero_sums(eng, topic, rows, work.nullable)) else "")
     if rows is None or why:
         work.affected = [(f"groups of {', '.join(label for label, _, _ in work.contributions)}",
                           groups.select(*key))]
@@ -146,11 +146,17 @@ def added_source(eng: UnitContext, topic: Topic, work: MergeWork) -> DataFrame |
         return None
     work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; additive: {len(rows)} groups "
                                                               f"changed by the moved rows' contributions")
-    work.prune = TargetFilter.of({k: {r[k] for r in rows} for k in key}) if len(rows) <= reverse.NARROW_VALUES \
-        else TargetFilter()
+    work.prune = groups_filter(rows, key)
     internal = ["_tm_nulls", "_tm_minus", "_tm_alone"]
     work.source = local.drop_columns(internal)
     return groups.drop(*internal)
+
+
+def groups_filter(rows: list[dict[str, Any]], key: list[str]) -> TargetFilter:
+    """What the view's rows of the groups ``rows`` (their keys) satisfy, to prune the MERGE (none
+    for more than :data:`~platform_assets.views.reverse.NARROW_VALUES` groups)."""
+    return TargetFilter.of({k: {r[k] for r in rows} for k in key}) if len(rows) <= reverse.NARROW_VALUES \
+        else TargetFilter()
 
 
 #: An additive view of at most this many groups is read by ``deltalake`` from the driver where the
@@ -183,7 +189,7 @@ def _groups_held(eng: UnitContext, topic: Topic, key: list[str], columns: list[s
     return {tuple(r[k] for k in key): r for r in held.toArrow().to_pylist()}
 
 
-def _zero_sums(eng: UnitContext, topic: Topic, rows: list[Any], nullable: Collection[str]) -> int:
+def zero_sums(eng: UnitContext, topic: Topic, rows: list[Any], nullable: Collection[str]) -> int:
     """Groups of ``rows`` (the summed contributions) that rows leave and that keep rows, where a
     sum would become 0: SQL gives null there when the rows left have only nulls in that column,
     which the view's values cannot tell. Reads the view's rows of those groups (their keys as

@@ -46,6 +46,7 @@ from lineage.spec.model import LateRows, Topic, TopicSpec
 from lineage.views.refresh import CLUSTER_FILES, CLUSTER_ROWS, Strategy, choose, cluster_column
 from platform_assets.core import blocks, driver_writes, faults, keyed_merge, protocol, spark_io, table_reads
 from platform_assets.core.protocol import OpenBlock, Planned, StepResult, data_app_id
+from platform_assets.views import driver_unit
 from platform_assets.views.additive import (
     added_source,
     additive,
@@ -119,12 +120,15 @@ class MergeProcessor:
         faults.crashpoint("transformed")
         return OpenBlock(topic, planned, started, planned.block.seq, out=out, merge=work)
 
-    def _build(self, topic: Topic, rec: OffsetRecord, planned: Planned) -> tuple[DataFrame, MergeWork]:
-        """The unit's strategy and its output: the whole view (full) or the MERGE source (incremental)."""
+    def _build(self, topic: Topic, rec: OffsetRecord, planned: Planned) -> tuple[DataFrame | None, MergeWork]:
+        """The unit's strategy and its output: the whole view (full) or the MERGE source
+        (incremental); None for a unit run in the driver (its rows are ``work.source``)."""
         from pyspark.sql import functions as F
 
         spec = topic.spec
-        full, work = self.derive(topic, rec, planned)
+        full, work = self.derive(topic, rec, planned, in_driver=True)
+        if full is None:  # the unit ran in the driver (driver_unit)
+            return None, work
         if not work.strategy.incremental:
             if work.built:  # a recompute as plain as a rebuild can be (clustering it would cost a shuffle of every row)
                 return full, work
@@ -163,7 +167,8 @@ class MergeProcessor:
         work.prune = prune(self.engine, topic, work, key, key_rows)
         return spark_io.rows_of_keys(keys, rederived, key), work
 
-    def derive(self, topic: Topic, rec: OffsetRecord, planned: Planned) -> tuple[DataFrame, MergeWork]:
+    def derive(self, topic: Topic, rec: OffsetRecord, planned: Planned,
+               in_driver: bool = False) -> tuple[DataFrame | None, MergeWork]:
         """The view over the unit's inputs (every input at the version the unit planned) and the
         unit's strategy; for an incremental unit also the affected keys (``MergeWork.affected``, by
         source), by the delta rule (:mod:`lineage.views.refresh`):
@@ -177,7 +182,9 @@ class MergeProcessor:
           reference without base rows): the keys whose rows differ between the transform over
           no base rows at the previous and at the new versions.
 
-        Nothing is computed yet; the caller drops ``work.views`` when done."""
+        Nothing is computed yet; the caller drops ``work.views`` when done. ``in_driver``: a unit of
+        new base rows only may run in the driver instead (:func:`platform_assets.views.driver_unit.in_driver`;
+        then no view is returned and ``work.source`` holds its rows)."""
         eng, spec = self.engine, topic.spec
         block = planned.block
         if block is None or rec.inputs_next is None:
@@ -199,10 +206,12 @@ class MergeProcessor:
                           changes=changes, python_transform=topic.python, sizes=sizes)
         if spec.additive is not None and strategy.incremental and (why := why_not_added(topic, dest, block.last)):
             strategy = Strategy(False, f"full recompute because {why}", fallback=True)
+        work = MergeWork(strategy, changes, late.rows.num_rows, built=built, view=view)
+        if in_driver and driver_unit.in_driver(eng, topic, rec, planned, work, base):
+            return None, work
         eng.register_tables(topic)
         spark = eng.spark
         tag = uuid.uuid4().hex[:10]
-        work = MergeWork(strategy, changes, late.rows.num_rows, built=built, view=view)
         pinned = work.pin(eng, topic, {t: v for t, v in rec.inputs_next.items() if t != spec.base}, f"tm_in_{tag}")
         everything = self._base(spark, topic, planned, upto=True)
         full = spark_io.transform(spark, topic, work.temp_view(f"tm_all_{tag}", everything), view=work.views[-1],
@@ -335,7 +344,7 @@ class MergeProcessor:
         landed = opened.landed
         recovered = landed is not None
         if landed is None:
-            if opened.out is None:
+            if opened.out is None and not work.driver:
                 raise ProcessingError(f"topic '{topic.name}': unit {block.seq} has no output to write")
             meta = protocol.commit_metadata(topic, block.seq, last=block.last, next_=block.next,
                                             source_version=planned.source_version, run_id=eng.run_id, owner=eng.owner,
@@ -348,24 +357,28 @@ class MergeProcessor:
                         if done:
                             log.info("topic %s: %s (deletion_vectors: %s)", topic.name, done,
                                      str(spec.deletion_vectors).lower())
-                    if work.adds:
+                    # (a unit run in the driver: its rows as a Spark source only if deltalake cannot write them)
+                    out = opened.out if opened.out is not None else functools.partial(_from_driver, eng.spark, work)
+                    if work.adds or (work.driver and spec.additive is not None):
                         add = additive(topic)
                         keyed_merge.merge(eng.spark, keyed_merge.add_clauses(list(spec.key), add.count, add.sums, work.types,
                                                                              spec.delete_missing),
-                                          opened.out, dest, app_id=app_id, seq=block.seq, meta=meta,
+                                          out, dest, app_id=app_id, seq=block.seq, meta=meta,
                                           target_filter=work.prune, rows=work.source)
                     elif work.append:
-                        driver_writes.write_unit(opened.out, dest, mode="append", options={}, input_rows=planned.base_rows,
-                                                 app_id=app_id, seq=block.seq, meta=meta)
+                        if not (work.source is not None and work.driver and driver_writes.commit_arrow(
+                                work.source, dest, mode="append", app_id=app_id, seq=block.seq, meta=meta)):
+                            driver_writes.write_unit(out() if callable(out) else out, dest, mode="append", options={},
+                                                     input_rows=planned.base_rows, app_id=app_id, seq=block.seq, meta=meta)
                     elif work.strategy.incremental:
                         keyed_merge.merge(eng.spark, keyed_merge.rows_clauses(list(spec.key), work.columns, PRESENT,
                                                                               spec.delete_missing),
-                                          opened.out, dest, app_id=app_id, seq=block.seq, meta=meta,
+                                          out, dest, app_id=app_id, seq=block.seq, meta=meta,
                                           target_filter=work.prune, rows=work.source,
                                           in_hand=work.rederived is not None)  # rows of a local checkpoint
                     else:
                         spark_io.save_unit(
-                            opened.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                            (out() if callable(out) else out).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
                             # deletion vectors only when opted in: the deltalake reader (pandas, polars) cannot read them
                             .option("delta.enableChangeDataFeed", "true")
                             .option(spark_io.DELETION_VECTORS, str(spec.deletion_vectors).lower()),
@@ -416,6 +429,13 @@ class MergeProcessor:
                           base_rows=max(planned.base_rows, 0), bad_rows=planned.bad_rows, delta_version=landed.version,
                           duration_s=time.monotonic() - opened.started, recovered=recovered,
                           stats={**protocol.stats_dict(entry), **figures, "warnings": list(planned.warnings)})
+
+
+def _from_driver(spark: SparkSession, work: MergeWork) -> DataFrame:
+    """A unit's rows computed in the driver, as a Spark source (where ``deltalake`` cannot write them)."""
+    if work.source is None:
+        raise ProcessingError("a unit run in the driver without its rows")
+    return spark.createDataFrame(work.source)
 
 
 def _clustered(full: DataFrame, spec: TopicSpec, base_rows: int | None) -> DataFrame:

@@ -174,7 +174,7 @@ def _listed(cols: list[str], rows: list[Any] | None) -> Column | None:
     """A row matches one of ``rows`` (the changed rows, collected) on its single column ``cols``, as
     a literal list Delta's data skipping uses (null-safe); None when not collected, several columns
     or more than :data:`IN_LIST` rows."""
-    values = _values(cols, rows)
+    values = values_listed(cols, rows)
     if values is None:
         return None
     from pyspark.sql import functions as F
@@ -185,7 +185,7 @@ def _listed(cols: list[str], rows: list[Any] | None) -> Column | None:
     return cond | col.isNull() if len(known) < len(values) else cond
 
 
-def _values(cols: list[str], rows: list[Any] | None) -> list[Any] | None:
+def values_listed(cols: list[str], rows: list[Any] | None) -> list[Any] | None:
     """The values of the changed rows' single column ``cols`` that :func:`_listed` lists (None: not
     collected, several columns or more than :data:`IN_LIST` rows)."""
     return None if len(cols) != 1 or rows is None or len(rows) > IN_LIST else [r[0] for r in rows]
@@ -197,7 +197,7 @@ def listed(changed: list[Changed]) -> dict[str, list[Any]] | None:
     if len(changed) != 1:
         return None
     _, cols, rows = changed[0]
-    values = _values(cols, rows)
+    values = values_listed(cols, rows)
     return None if values is None else {cols[0]: values}
 
 

@@ -125,14 +125,17 @@ def appends(eng: UnitContext, topic: Topic, work: MergeWork, last: Position) -> 
     commit, the newest of the table, is this topic's with ``next`` at ``last`` (not a range
     restated by ``offsets reset``, not a view another writer changed since), and the rows have
     the view's column types (a MERGE casts, an append would not)."""
-    if work.rederived is None or work.strategy.reverse or work.late_rows:
-        return False
-    dest = eng.path(topic.spec.destination)
-    commit = newest_commit(topic, dest)
-    if (commit is None or work.view is None or commit.version != work.view.version
-            or commit.user_metadata.get("next") != last.to_text()):
+    if work.rederived is None or work.strategy.reverse or work.late_rows or not append_point(eng, topic, work, last):
         return False
     return work.view_types == {f.name: f.dataType for f in work.rederived.schema.fields}
+
+
+def append_point(eng: UnitContext, topic: Topic, work: MergeWork, last: Position) -> bool:
+    """Whether the view holds no row of base rows after ``last``: its newest commit, the newest of
+    the table as the unit found it (``work.view``), is this topic's with ``next`` at ``last``."""
+    commit = newest_commit(topic, eng.path(topic.spec.destination))
+    return not (commit is None or work.view is None or commit.version != work.view.version
+                or commit.user_metadata.get("next") != last.to_text())
 
 
 def found_in_view(eng: UnitContext, topic: Topic, work: MergeWork, changed: list[reverse.Changed], *,

@@ -83,6 +83,9 @@ class MergeWork:
     #: null), with the affected keys (None: more than ``LOCAL_KEYS``; :mod:`platform_assets.views.in_hand`).
     source: pa.Table | None = None
     key_rows: list[tuple[Any, ...]] | None = None
+    #: The unit ran its transform in the driver (:mod:`platform_assets.views.driver_unit`): ``source``
+    #: is all it writes (appended, or added to an additive view's groups); no Spark output.
+    driver: bool = False
 
     @property
     def adds(self) -> bool:

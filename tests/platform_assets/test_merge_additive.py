@@ -51,11 +51,20 @@ def write_sql(root: Path, **sql: str) -> None:
         (root / "sql" / f"{name}.sql").write_text(text + "\n")
 
 
+# the same groups in the form the driver runs (driver_sql): sums of columns cast, no expression cast
+IN_DRIVER = ("SELECT coalesce(c.country, '?') AS country, count(*) AS n, "
+             "sum(CAST(b.amount AS DECIMAL(12, 2))) AS revenue, sum(CAST(b.customer_id AS INT)) AS big "
+             "FROM block b LEFT JOIN dim.customers c ON b.customer_id = c.id GROUP BY 1")
+DRIVER = "(the transform run in the driver by DuckDB: no Spark job)"
+
+
 @pytest.mark.spark
-def test_an_additive_view_adds_contributions_and_equals_a_recompute_after_every_unit(spark, settings, tmp_path):
-    write_sql(tmp_path, by_country=BY_COUNTRY)
-    eng = engine(spark, settings, tmp_path, additive_topic("mart.by_country", BY_COUNTRY, "{count: n, sums: [revenue, big]}",
+@pytest.mark.parametrize("sql", [BY_COUNTRY, IN_DRIVER], ids=["in-spark", "in-driver"])
+def test_an_additive_view_adds_contributions_and_equals_a_recompute_after_every_unit(spark, settings, tmp_path, sql):
+    write_sql(tmp_path, by_country=sql)
+    eng = engine(spark, settings, tmp_path, additive_topic("mart.by_country", sql, "{count: n, sums: [revenue, big]}",
                                                            "  checks: {verify_sample: 5}\n"))
+    in_driver = sql == IN_DRIVER  # (BY_COUNTRY casts an expression: Spark runs every unit)
     customers(eng, 8)  # ids 0..7 in C0, C1, C2; orders point at 0..11: 8..11 have no customer ('?')
     orders(eng, 1, 48, customers=12)
     units = processed(eng.run_until_caught_up())
@@ -63,6 +72,7 @@ def test_an_additive_view_adds_contributions_and_equals_a_recompute_after_every_
     for u in units[1:]:  # new base rows: added to their groups, nothing re-derived
         assert "additive: " in u.stats["strategy_reason"] and "groups changed by the moved rows' contributions" \
             in u.stats["strategy_reason"], u.stats["strategy_reason"]
+        assert (DRIVER in u.stats["strategy_reason"]) == in_driver, u.stats["strategy_reason"]
     assert assert_view_equals_recompute(eng, "mart.by_country") == 4
 
     dim_sql(eng, "DELETE FROM DIM WHERE id = 5")  # C2 loses customer 5's 4 orders to '?'
@@ -73,6 +83,7 @@ def test_an_additive_view_adds_contributions_and_equals_a_recompute_after_every_
     assert "added: base rows joining a changed row, after (dim.customers version 1): 1 group(s)\n      country='?', n=4" in text
     [unit] = processed(eng.run_until_caught_up())
     assert unit.stats["strategy"] == "incremental" and "additive: 2 groups changed" in unit.stats["strategy_reason"]
+    assert (DRIVER in unit.stats["strategy_reason"]) == in_driver, unit.stats["strategy_reason"]  # a reverse join too
     assert (unit.stats["rows_updated"], unit.stats["rows_inserted"], unit.stats["rows_deleted"]) == (2, 0, 0)
     assert unit.stats["verify"]["differing"] == 0
     assert assert_view_equals_recompute(eng, "mart.by_country") == 4
@@ -83,12 +94,14 @@ def test_an_additive_view_adds_contributions_and_equals_a_recompute_after_every_
     orders(eng, 200, 3, at=T0 + dt.timedelta(hours=1), customers=12)  # and new ones
     [unit] = processed(eng.run_until_caught_up())
     assert unit.stats["late_rows"] == 2 and "additive: " in unit.stats["strategy_reason"], unit.stats
+    assert DRIVER not in unit.stats["strategy_reason"]  # late rows: Spark's unit
     assert (unit.stats["rows_inserted"], unit.stats["rows_deleted"]) == (1, 1), unit.stats
     assert assert_view_equals_recompute(eng, "mart.by_country") == 4  # C0, C2, C9, ?
 
     dim_sql(eng, "UPDATE DIM SET country = 'C0' WHERE id = 3")  # a change that moves nothing between groups
     [unit] = processed(eng.run_until_caught_up())
     assert unit.stats["rows_updated"] + unit.stats["rows_inserted"] + unit.stats["rows_deleted"] == 0
+    assert (DRIVER in unit.stats["strategy_reason"]) == in_driver, unit.stats["strategy_reason"]
     assert assert_view_equals_recompute(eng, "mart.by_country") == 4
 
     # a restated range: adding its rows again would count them twice, so the unit recomputes

@@ -48,8 +48,9 @@ def row_wise_topic(name: str, key: str, extra: str = "") -> str:
 @pytest.mark.parametrize("driver", [True, False], ids=["rows-in-driver", "rows-in-spark"])
 def test_a_row_wise_view_re_derives_only_the_rows_found_and_equals_a_recompute(spark, settings, tmp_path, monkeypatch,
                                                                                 driver):
-    if not driver:  # the unit's checks, keys and MERGE source computed by Spark, not from its rows in the driver
+    if not driver:  # the unit's checks, keys and MERGE source computed by Spark, not from its rows in the driver,
         monkeypatch.setattr(in_hand, "IN_HAND_ROWS", -1)
+        monkeypatch.setenv("TIDEMARK_DRIVER_SQL", "off")  # and the appended rows' transform run by Spark
     write_sql(tmp_path, wide_rw=WIDE, inner_rw=INNER)
     eng = engine(spark, settings, tmp_path, row_wise_topic("mart.wide_rw", "id, country", "  late_rows: rederive\n")
                  + row_wise_topic("mart.inner_rw", "id"))
@@ -65,6 +66,7 @@ def test_a_row_wise_view_re_derives_only_the_rows_found_and_equals_a_recompute(s
         for u in units[1:]:  # new base rows into a view that holds none of them: appended, not MERGEd
             assert "; appended: the view holds no row of base rows after its last" in u.stats["strategy_reason"], \
                 u.stats["strategy_reason"]
+            assert ("run in the driver by DuckDB" in u.stats["strategy_reason"]) == driver, u.stats["strategy_reason"]
         if topic == "mart.wide_rw":  # a LEFT JOIN: a row per new base row (15, then 6)
             for u, n in zip(units[1:], (15, 6), strict=True):
                 assert f"row_wise: {n} rows re-derived from the base rows found" in u.stats["strategy_reason"], \
@@ -86,6 +88,7 @@ def test_a_row_wise_view_re_derives_only_the_rows_found_and_equals_a_recompute(s
         assert unit.stats["strategy"] == "incremental" and "reverse join" in unit.stats["strategy_reason"], unit.stats
         assert "row_wise: " in unit.stats["strategy_reason"] and "appended" not in unit.stats["strategy_reason"], \
             unit.stats["strategy_reason"]
+        assert ("run in the driver by DuckDB" in unit.stats["strategy_reason"]) == driver, unit.stats["strategy_reason"]
         assert assert_view_equals_recompute(eng, topic) == rows
     assert not narrowed, "a row-wise unit narrowed the full base to its keys"
 

@@ -1,0 +1,296 @@
+"""A unit in the driver (issue 56): for an additive or row-wise view, a unit whose changes are new
+base rows and at most one changed reference table reads its rows by ``deltalake`` (JVM-free: the
+block; the base rows joining a changed reference row, by their join values from its change feed;
+the inputs at their versions), runs the transform by DuckDB
+(:mod:`~platform_assets.views.driver_sql`, where the SQL is of a form both engines run alike), and
+lands the rows by ``deltalake``: appended to a row-wise view (new rows only), MERGEd as re-derived
+rows (a row-wise view's changed reference rows), or added to an additive view's groups. No Spark job.
+
+Anything outside that (late rows, several changed inputs, SQL outside the form, a value Spark would
+compute otherwise, a block over :data:`BLOCK_ROWS` rows, an input over :data:`INPUT_ROWS`, join
+values or base rows the reverse join cannot read JVM-free, a table ``deltalake`` cannot read,
+``$TIDEMARK_DRIVER_SQL=off``) leaves the unit to Spark as before: :func:`in_driver` says False and
+has changed nothing. What the Spark unit checks, the driver checks too or declines: a key given
+twice, a null in a contribution, a sum that reaches 0 as rows leave, an output that does not fit
+the view's types. Imports ``driver_sql``, ``in_hand``, ``additive``, ``row_wise``, ``reverse`` and
+``work`` of the room."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lineage.core.errors import ConfigError
+from lineage.core.positions import Position
+from lineage.spec.model import Topic
+from lineage.views.refresh import cluster_column
+from platform_assets.core import table_reads
+from platform_assets.views import driver_sql, in_hand, reverse
+from platform_assets.views.additive import additive, groups_filter, zero_sums
+from platform_assets.views.row_wise import append_point
+from platform_assets.views.work import LOCAL_KEYS, PRESENT, MergeWork
+from resources.storage import delta_meta, delta_read
+
+if TYPE_CHECKING:
+    from platform_assets.core.context import UnitContext
+    from platform_assets.core.protocol import Planned
+    from resources.state.offsets import OffsetRecord
+
+log = logging.getLogger(__name__)
+
+ENV = "TIDEMARK_DRIVER_SQL"
+#: A unit of at most this many new base rows runs in the driver (more: Spark).
+BLOCK_ROWS = 100_000
+#: An input of at most this many rows is read whole by ``deltalake`` for a unit in the driver.
+INPUT_ROWS = 1_000_000
+
+
+def enabled() -> bool:
+    """``$TIDEMARK_DRIVER_SQL`` (``on``, the default, or ``off``: every unit's transform in Spark),
+    with direct I/O on."""
+    value = os.environ.get(ENV, "on").strip().lower()
+    if value not in ("on", "off"):
+        raise ConfigError(f"${ENV}={os.environ.get(ENV)!r}: expected on or off")
+    return value == "on" and table_reads.direct_io_on()
+
+
+def in_driver(eng: UnitContext, topic: Topic, rec: OffsetRecord, planned: Planned, work: MergeWork,
+              base: delta_meta.TableSnapshot) -> bool:
+    """Whether the unit ran its transform in the driver; then ``work.source`` holds its rows (the
+    additive MERGE's source, or the rows to append: ``work.append``) and ``work.driver`` is set.
+    False, with ``work`` unchanged, where Spark runs it (module docstring)."""
+    spec, block = topic.spec, planned.block
+    if (not enabled() or block is None or not work.strategy.incremental or work.late_rows
+            or not work.built or work.view is None or work.view.table is None or topic.python
+            or len(topic.transforms) != 1 or topic.transforms[0].sql is None or spec.before or spec.after
+            or (spec.additive is None and not spec.row_wise)
+            or not (block.next > block.last or work.strategy.reverse)
+            or not 0 <= planned.base_rows <= BLOCK_ROWS or rec.inputs_next is None):
+        return False
+    try:
+        conf = eng.spark.conf
+        if conf.get("spark.sql.session.timeZone") != "UTC" or conf.get("spark.sql.caseSensitive", "false") != "false":
+            raise driver_sql.Declined("the Spark session's time zone is not UTC, or its names are case-sensitive")
+        versions = dict(rec.inputs_next)
+        schemas = {"block": _schema(base), **{t: _schema(_snapshot(eng, t, versions[t]))
+                                              for t in spec.depends_on[1:] if t in versions}}
+        tr = _translated(topic.transforms[0].sql or "", schemas)
+        rows = _block(base, planned, tr.columns["block"]) if block.next > block.last else None
+        if spec.additive is not None:
+            _added(eng, topic, work, tr, rows, versions, base, block.last)
+        elif work.strategy.reverse:
+            _rederived(eng, topic, work, tr, rows, versions, base, block.last)
+        else:
+            _appended(eng, topic, work, tr, _output(eng, tr, rows, versions, work.view), block.last)
+    except driver_sql.Declined as why:
+        log.debug("topic %s: the transform runs in Spark: %s", topic.name, why)
+        return False
+    except Exception as exc:  # noqa: BLE001 - DuckDB's or deltalake's refusal: Spark runs the unit, as before
+        log.info("topic %s: the transform in the driver failed (%s); Spark runs it", topic.name,
+                 str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+        return False
+    return True
+
+
+def _snapshot(eng: UnitContext, table: str, version: int) -> delta_meta.TableSnapshot:
+    snap = delta_meta.TableSnapshot.open(eng.path(table), version)
+    if snap.table is None or snap.version != version:
+        raise driver_sql.Declined(f"{table} version {version} cannot be opened")
+    return snap
+
+
+def _output(eng: UnitContext, tr: driver_sql.Translated, rows: pa.Table | None, versions: dict[str, int],
+            view: delta_meta.TableSnapshot) -> pa.Table:
+    """The transform over ``rows`` (base rows) with every input at its version in ``versions``, cast
+    to the view's columns."""
+    if rows is None:
+        raise driver_sql.Declined("no base rows")
+    tables = {"block": rows, **{t: _input(_snapshot(eng, t, versions[t]), cols) for t, cols in tr.columns.items()
+                                if t != "block"}}
+    return driver_sql.cast_to(driver_sql.run(tr, tables), _schema(view))
+
+
+def _schema(snap: delta_meta.TableSnapshot) -> pa.Schema:
+    if snap.table is None:
+        raise driver_sql.Declined(f"{snap.path}: no table")
+    arrow = pa.schema(snap.table.schema().to_arrow())
+    return pa.schema([pa.field(f.name, delta_read.plain_type(f.type), f.nullable) for f in arrow])
+
+
+_TRANSLATED: collections.OrderedDict[tuple[str, str], driver_sql.Translated | str] = collections.OrderedDict()
+
+
+def _translated(sql: str, schemas: dict[str, pa.Schema]) -> driver_sql.Translated:
+    """:func:`driver_sql.translate`, remembered (or its refusal) for the SQL and the tables' schemas."""
+    key = (sql, "\x00".join(f"{n}:{s}" for n, s in sorted(schemas.items())))
+    got = _TRANSLATED.get(key)
+    if got is None:
+        try:
+            got = driver_sql.translate(sql, schemas)
+        except driver_sql.Declined as why:
+            got = str(why)
+        _TRANSLATED[key] = got
+        while len(_TRANSLATED) > 64:
+            _TRANSLATED.popitem(last=False)
+    if isinstance(got, str):
+        raise driver_sql.Declined(got)
+    return got
+
+
+def _block(base: delta_meta.TableSnapshot, planned: Planned, columns: set[str]) -> pa.Table:
+    """The block's rows ``(last, next]`` by ``(pos, id)`` at the planned version, as
+    :func:`platform_assets.core.blocks.block_df` selects them (a null ``id`` never is one)."""
+    block = planned.block
+    assert block is not None and base.table is not None  # noqa: S101 - checked by in_driver
+    if not (delta_read.nanosecond_range(block.last.pos) and delta_read.nanosecond_range(block.next.pos)):
+        raise driver_sql.Declined("block bounds outside DataFusion's timestamps")
+    rows = delta_read.scan(base.table, sorted(columns | {"pos", "id"}),
+                           predicate=f"pos >= {delta_read.sql_literal(block.last.pos)} AND "
+                                     f"pos <= {delta_read.sql_literal(block.next.pos)}")
+    pos, ids = rows.column("pos"), rows.column("id")
+    if not pa.types.is_timestamp(pos.type) or pos.type.tz is None or not pa.types.is_integer(ids.type):
+        raise driver_sql.Declined("the base's pos is not a timestamp or its id not an integer")
+    lp, np_ = (pa.scalar(p.replace(tzinfo=dt.UTC), pos.type) for p in (block.last.pos, block.next.pos))
+    after = pc.or_(pc.greater(pos, lp), pc.and_(pc.equal(pos, lp), pc.greater(ids, block.last.id)))
+    upto = pc.or_(pc.less(pos, np_), pc.and_(pc.equal(pos, np_), pc.less_equal(ids, block.next.id)))
+    rows = rows.filter(pc.fill_null(pc.and_(pc.and_(pc.is_valid(ids), after), upto), False))
+    if planned.base_rows >= 0 and rows.num_rows != planned.base_rows:
+        raise driver_sql.Declined(f"{rows.num_rows} block rows read, {planned.base_rows} planned")
+    return rows
+
+
+_INPUTS: collections.OrderedDict[tuple[Any, ...], pa.Table] = collections.OrderedDict()
+
+
+def _input(snap: delta_meta.TableSnapshot, columns: set[str]) -> pa.Table:
+    """The input's ``columns`` at the version ``snap``, read whole by ``deltalake`` (deletion vectors
+    applied); a version's rows do not change, so the newest few reads are kept (by the table's id)."""
+    if snap.table is None or snap.row_count is None or snap.row_count > INPUT_ROWS:
+        raise driver_sql.Declined(f"{snap.path}: an input of unknown size or over {INPUT_ROWS:,} rows")
+    key = (snap.path, snap.version, snap.table.metadata().id, tuple(sorted(columns)))
+    got = _INPUTS.get(key)
+    if got is None:
+        got = delta_read.scan(snap.table, sorted(columns))
+        _INPUTS[key] = got
+        while len(_INPUTS) > 4:
+            _INPUTS.popitem(last=False)
+    else:
+        _INPUTS.move_to_end(key)
+    return got
+
+
+def _added(eng: UnitContext, topic: Topic, work: MergeWork, tr: driver_sql.Translated, rows: pa.Table | None,
+           versions: dict[str, int], base: delta_meta.TableSnapshot, last: Position) -> None:
+    """An additive view's unit: what it adds to each group is the transform over the new base rows
+    and the rows joining a changed reference row with the inputs at their new versions, minus the
+    transform over the latter at the versions the view applied (as
+    :func:`platform_assets.views.reverse.moved` computes it in Spark)."""
+    spec, add = topic.spec, additive(topic)
+    key, sums = list(spec.key), [add.count, *add.sums]
+    view = work.view
+    if view is None or not tr.grouped:
+        raise driver_sql.Declined("an additive transform without GROUP BY")
+    if sorted(_schema(view).names) != sorted([*key, *sums]):
+        raise driver_sql.Declined("the view's columns are not its key, count and sums")
+    # each contribution checked alone, as Spark's unit checks it (a null in one: its groups re-derived)
+    parts = [(1, _output(eng, tr, rows, versions, view))] if rows is not None else []
+    if work.strategy.reverse:
+        held, old = _held(eng, topic, work, base, last)
+        held = held.select(sorted(tr.columns["block"] | {"pos", "id"}))
+        parts += [(1, _output(eng, tr, held, versions, view)), (-1, _output(eng, tr, held, {**versions, **old}, view))]
+    for _, out in parts:
+        if any(out.column(c).null_count for c in sums):
+            raise driver_sql.Declined("a null in a sum column")
+        if not driver_sql.keys_unique(out, key):
+            raise driver_sql.Declined("a group given twice")
+    summed = driver_sql.signed_sum(parts, key, sums, _schema(view))
+    leaving = [r for r in summed.to_pylist() if r["_tm_minus"]]
+    if leaving and (zero := zero_sums(eng, topic, leaving, frozenset(add.sums))):
+        raise driver_sql.Declined(f"{zero} group(s) whose sum reaches 0 as rows leave (a sum over only nulls is null)")
+    types = {f.name: f.dataType for f in table_reads.schema_of(eng.spark, eng.path(spec.destination)).fields}
+    work.types = {c: types[c].simpleString() for c in add.columns}
+    source = summed.drop_columns(["_tm_minus"])
+    work.prune = groups_filter(source.select(key).to_pylist(), key)
+    _done(work, source, f"additive: {source.num_rows} groups changed by the moved rows' contributions")
+
+
+def _held(eng: UnitContext, topic: Topic, work: MergeWork, base: delta_meta.TableSnapshot,
+          last: Position) -> tuple[pa.Table, dict[str, int]]:
+    """The base rows up to ``last`` joining a changed row of the one reverse-joined input (its change
+    feed's join values, JVM-free; a literal list of one column), and that input's version the view
+    applied."""
+    if len(work.strategy.reverse) != 1:
+        raise driver_sql.Declined("more than one changed input")
+    [table] = work.strategy.reverse
+    pairs = topic.spec.join_keys[table]
+    change = next(c for c in work.changes if c.table == table)
+    if len(pairs) != 1 or change.new is None or change.old is None:
+        raise driver_sql.Declined(f"{table}: not one join column, or no version applied")
+    [(column, theirs)] = pairs.items()
+    found = table_reads.changed_value_rows(eng.path(table), change.old + 1, change.new, {theirs: column}, LOCAL_KEYS)
+    values = reverse.values_listed([column], found)
+    held = None if values is None else table_reads.matching_rows(base, {column: values}, last)
+    if held is None:
+        raise driver_sql.Declined(f"{table}: its changed rows' join values or the base rows joining them are not "
+                                  f"read JVM-free")
+    return held, {table: change.old}
+
+
+def _rederived(eng: UnitContext, topic: Topic, work: MergeWork, tr: driver_sql.Translated, rows: pa.Table | None,
+               versions: dict[str, int], base: delta_meta.TableSnapshot, last: Position) -> None:
+    """A row-wise view's unit with a changed reference table: the affected keys' new rows are the
+    transform over the new base rows and those joining a changed row, at the new versions; their
+    old rows (the keys they leave) the transform over the latter at the versions the view applied
+    (as :func:`platform_assets.views.row_wise.rederive` computes them in Spark). The MERGE's source:
+    every new row, and every old key no new row gives, to delete."""
+    key = list(topic.spec.key)
+    view = work.view
+    if view is None or tr.grouped:
+        raise driver_sql.Declined("a row-wise transform with an aggregate")
+    held, old = _held(eng, topic, work, base, last)
+    held = held.select(sorted(tr.columns["block"] | {"pos", "id"}))
+    made = _output(eng, tr, held if rows is None else pa.concat_tables([rows, held.select(rows.column_names)]),
+                   versions, view)
+    left = _output(eng, tr, held, {**versions, **old}, view)
+    if not driver_sql.keys_unique(made, key) or not driver_sql.keys_unique(left, key):
+        raise driver_sql.Declined("a key given twice")
+    work.columns = list(made.column_names)
+    work.key_rows = in_hand.key_rows([left, made], key, LOCAL_KEYS)
+    if work.key_rows is None:
+        raise driver_sql.Declined(f"more than {LOCAL_KEYS} keys")
+    col = cluster_column(topic.spec, work.columns)
+    if rows is None and col is not None:  # only moved rows: the view's rows of the keys are the old rows
+        work.held = in_hand.distinct_values(left, col, reverse.NARROW_VALUES)
+    work.prune = reverse.prune(eng, topic, work, key, work.key_rows)
+    _done(work, in_hand.merge_source(made, left.select(key), key, PRESENT),
+          f"row_wise: {made.num_rows} rows re-derived from the base rows found, not from the full base")
+
+
+def _appended(eng: UnitContext, topic: Topic, work: MergeWork, tr: driver_sql.Translated, rows: pa.Table,
+              last: Position) -> None:
+    """A row-wise view's unit: the rows are appended, the view holding none of the new base rows
+    (:func:`~platform_assets.views.row_wise.append_point`)."""
+    key = list(topic.spec.key)
+    if tr.grouped:
+        raise driver_sql.Declined("a row-wise transform with an aggregate")
+    if not append_point(eng, topic, work, last):
+        raise driver_sql.Declined("the view may hold rows of base rows after its last")
+    if not driver_sql.keys_unique(rows, key):
+        raise driver_sql.Declined("a key given twice")
+    work.append = True
+    _done(work, rows, f"row_wise: {rows.num_rows} rows re-derived from the base rows found, not from the full base; "
+                      f"appended: the view holds no row of base rows after its last")
+
+
+def _done(work: MergeWork, rows: pa.Table, what: str) -> None:
+    work.source = rows
+    work.driver = True
+    work.strategy = dataclasses.replace(
+        work.strategy, reason=f"{work.strategy.reason}; {what} (the transform run in the driver by DuckDB: no Spark job)")
