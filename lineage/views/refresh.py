@@ -261,7 +261,8 @@ def inexact(spec: TopicSpec, table: str, base_columns: Collection[str], *, pytho
 
 
 def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collection[str], late_rows: int = 0,
-           changes: Sequence[InputChange] = (), python_transform: bool = False, sizes: Sizes | None = None) -> Strategy:
+           changes: Sequence[InputChange] = (), python_transform: bool = False, sizes: Sizes | None = None,
+           by_cost: bool = True) -> Strategy:
     """The strategy of the next unit of merge topic ``spec``.
 
     ``built``: the view holds a commit of this topic (else the first unit builds it whole);
@@ -274,7 +275,8 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collec
     ``sizes``: the tables' sizes from their logs. With them, an incremental unit that
     :func:`estimate` finds :data:`FULL_MARGIN` times dearer than a full recompute becomes a full one, once the full
     recompute moves at least :data:`COST_FLOOR` bytes (never under ``incremental_strict``); the
-    estimate is recorded in the strategy either way. ``full_above`` stays a cap set by share."""
+    estimate is recorded in the strategy either way (``by_cost`` False: it decides nothing; the caller
+    knows the incremental unit costs less than the estimate says). ``full_above`` stays a cap set by share."""
     if not built:
         return Strategy(False, f"initial build: {spec.destination} holds no commit of topic '{spec.name}'")
     if spec.refresh is Refresh.FULL:
@@ -322,7 +324,7 @@ def choose(spec: TopicSpec, *, built: bool, base_rows: int, base_columns: Collec
     guess = (None if sizes is None else
              estimate(sizes, base_rows=base_rows, late_rows=late_rows, changes=changes, reverse=reverse,
                       additive=spec.additive is not None, row_wise=spec.row_wise))
-    if guess is not None and not strict and guess.full >= COST_FLOOR and guess.incremental > FULL_MARGIN * guess.full:
+    if by_cost and guess is not None and not strict and guess.full >= COST_FLOOR and guess.incremental > FULL_MARGIN * guess.full:
         return Strategy(False, f"full recompute because it is cheaper: {guess.text()}", fallback=True, estimate=guess)
     reason = "incremental: " + ("; ".join(parts) or "nothing changed")
     return Strategy(True, reason + (f" ({guess.text()})" if guess is not None else ""), reverse=tuple(reverse),

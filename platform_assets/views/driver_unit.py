@@ -9,7 +9,7 @@ rows (a row-wise view's changed reference rows), or added to an additive view's 
 Anything outside that (late rows, several changed inputs, SQL outside the form, a value Spark would
 compute otherwise, a block over :data:`BLOCK_ROWS` rows, an input over :data:`INPUT_ROWS`, join
 values or base rows the reverse join cannot read JVM-free, a table ``deltalake`` cannot read,
-``$TIDEMARK_DRIVER_SQL=off``) leaves the unit to Spark as before: :func:`in_driver` says False and
+``$TIDEMARK_DRIVER_SQL=off``) leaves the unit to Spark as before: :func:`in_driver` gives None and
 has changed nothing. What the Spark unit checks, the driver checks too or declines: a key given
 twice, a null in a contribution, a sum that reaches 0 as rows leave, an output that does not fit
 the view's types. Imports ``driver_sql``, ``in_hand``, ``additive``, ``row_wise``, ``reverse`` and
@@ -62,10 +62,10 @@ def enabled() -> bool:
 
 
 def in_driver(eng: UnitContext, topic: Topic, rec: OffsetRecord, planned: Planned, work: MergeWork,
-              base: delta_meta.TableSnapshot) -> bool:
-    """Whether the unit ran its transform in the driver; then ``work.source`` holds its rows (the
-    additive MERGE's source, or the rows to append: ``work.append``) and ``work.driver`` is set.
-    False, with ``work`` unchanged, where Spark runs it (module docstring)."""
+              base: delta_meta.TableSnapshot) -> MergeWork | None:
+    """The unit's work when it ran its transform in the driver (a copy of ``work``: ``source`` holds
+    its rows, the additive MERGE's source, the re-derived rows or the rows to append, ``append``;
+    ``driver`` set). None where Spark runs it (module docstring); ``work`` is never changed."""
     spec, block = topic.spec, planned.block
     if (not enabled() or block is None or not work.strategy.incremental or work.late_rows
             or not work.built or work.view is None or work.view.table is None or topic.python
@@ -73,7 +73,10 @@ def in_driver(eng: UnitContext, topic: Topic, rec: OffsetRecord, planned: Planne
             or (spec.additive is None and not spec.row_wise)
             or not (block.next > block.last or work.strategy.reverse)
             or not 0 <= planned.base_rows <= BLOCK_ROWS or rec.inputs_next is None):
-        return False
+        return None
+    view, work = work.view, dataclasses.replace(work)  # what a declined unit set stays out of Spark's
+    if view is None:
+        return None
     try:
         conf = eng.spark.conf
         if conf.get("spark.sql.session.timeZone") != "UTC" or conf.get("spark.sql.caseSensitive", "false") != "false":
@@ -88,15 +91,15 @@ def in_driver(eng: UnitContext, topic: Topic, rec: OffsetRecord, planned: Planne
         elif work.strategy.reverse:
             _rederived(eng, topic, work, tr, rows, versions, base, block.last)
         else:
-            _appended(eng, topic, work, tr, _output(eng, tr, rows, versions, work.view), block.last)
+            _appended(eng, topic, work, tr, _output(eng, tr, rows, versions, view), block.last)
     except driver_sql.Declined as why:
         log.debug("topic %s: the transform runs in Spark: %s", topic.name, why)
-        return False
+        return None
     except Exception as exc:  # noqa: BLE001 - DuckDB's or deltalake's refusal: Spark runs the unit, as before
         log.info("topic %s: the transform in the driver failed (%s); Spark runs it", topic.name,
                  str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
-        return False
-    return True
+        return None
+    return work
 
 
 def _snapshot(eng: UnitContext, table: str, version: int) -> delta_meta.TableSnapshot:

@@ -202,13 +202,26 @@ class MergeProcessor:
         base_rows = planned.base_rows if planned.base_rows >= 0 else delta_meta.count_block(
             eng.path(spec.base), block.last, block.next, planned.source_version)
         sizes = delta_meta.unit_sizes(base, view, changes, spec) if built else None
-        strategy = choose(spec, built=built, base_rows=base_rows, base_columns=base.columns, late_rows=late.rows.num_rows,
-                          changes=changes, python_transform=topic.python, sizes=sizes)
-        if spec.additive is not None and strategy.incremental and (why := why_not_added(topic, dest, block.last)):
-            strategy = Strategy(False, f"full recompute because {why}", fallback=True)
+
+        def chosen(by_cost: bool) -> Strategy:
+            got = choose(spec, built=built, base_rows=base_rows, base_columns=base.columns, late_rows=late.rows.num_rows,
+                         changes=changes, python_transform=topic.python, sizes=sizes, by_cost=by_cost)
+            if spec.additive is not None and got.incremental and (why := why_not_added(topic, dest, block.last)):
+                return Strategy(False, f"full recompute because {why}", fallback=True)
+            return got
+
+        strategy = chosen(True)
         work = MergeWork(strategy, changes, late.rows.num_rows, built=built, view=view)
-        if in_driver and driver_unit.in_driver(eng, topic, rec, planned, work, base):
-            return None, work
+        if in_driver:
+            if (driven := driver_unit.in_driver(eng, topic, rec, planned, work, base)) is not None:
+                return None, driven
+            # the estimate prices Spark's incremental unit; one in the driver costs far less than it says
+            if not strategy.incremental and strategy.estimate is not None and (alt := chosen(False)).incremental:
+                trial = MergeWork(dataclasses.replace(alt, reason=f"{alt.reason}; not the full recompute the estimate "
+                                                                  f"chose: the unit runs in the driver"),
+                                  changes, late.rows.num_rows, built=built, view=view)
+                if (driven := driver_unit.in_driver(eng, topic, rec, planned, trial, base)) is not None:
+                    return None, driven
         eng.register_tables(topic)
         spark = eng.spark
         tag = uuid.uuid4().hex[:10]

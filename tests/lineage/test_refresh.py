@@ -126,6 +126,10 @@ def test_a_change_that_rewrites_most_files_goes_full_when_that_is_cheaper_and_sa
     # strict never trades exactness of the reverse join for cost
     assert choose(spec(full_above=1, refresh="incremental_strict"), built=True, base_rows=0,
                   changes=[change(rows=400, total=1000)], sizes=sizes(files=20)).incremental
+    # a caller whose incremental unit costs less than the estimate says (one in the driver) asks without the cost
+    free = choose(spec(full_above=1), built=True, base_rows=0, changes=[change(rows=400, total=1000)],
+                  sizes=sizes(files=20), by_cost=False)
+    assert free.incremental and free.reverse == ("dim.c",) and free.estimate == s.estimate
 
 
 def test_below_the_cost_floor_the_unit_stays_incremental_and_the_change_feed_small() -> None:

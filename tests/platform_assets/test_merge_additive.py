@@ -15,6 +15,7 @@ from deltalake import DeltaTable
 from lineage.core.errors import LineageError, ProcessingError
 from lineage.core.positions import Position
 from lineage.spec.loader import load_lineage
+from lineage.views import refresh
 from platform_assets.views import additive as additive_module
 from platform_assets.views import operate as views
 from tests.platform_assets.test_merge import (
@@ -60,7 +61,8 @@ DRIVER = "(the transform run in the driver by DuckDB: no Spark job)"
 
 @pytest.mark.spark
 @pytest.mark.parametrize("sql", [BY_COUNTRY, IN_DRIVER], ids=["in-spark", "in-driver"])
-def test_an_additive_view_adds_contributions_and_equals_a_recompute_after_every_unit(spark, settings, tmp_path, sql):
+def test_an_additive_view_adds_contributions_and_equals_a_recompute_after_every_unit(spark, settings, tmp_path, sql,
+                                                                                     monkeypatch):
     write_sql(tmp_path, by_country=sql)
     eng = engine(spark, settings, tmp_path, additive_topic("mart.by_country", sql, "{count: n, sums: [revenue, big]}",
                                                            "  checks: {verify_sample: 5}\n"))
@@ -114,6 +116,20 @@ def test_an_additive_view_adds_contributions_and_equals_a_recompute_after_every_
     orders(eng, 400, 2, at=T0 + dt.timedelta(hours=3))
     [unit] = processed(eng.run_until_caught_up())  # and adds again from there
     assert "additive: " in unit.stats["strategy_reason"], unit.stats["strategy_reason"]
+    assert assert_view_equals_recompute(eng, "mart.by_country") == 4
+
+    # the estimate prices Spark's unit and chooses a recompute of this small view (no cost floor); a
+    # unit in the driver costs far less, so it stays incremental and says so
+    monkeypatch.setattr(refresh, "COST_FLOOR", 0)
+    dim_sql(eng, "UPDATE DIM SET country = 'C1' WHERE id = 6")
+    [unit] = processed(eng.run_until_caught_up())
+    s = unit.stats
+    assert s["estimate_incremental_bytes"] > refresh.FULL_MARGIN * s["estimate_full_bytes"], s
+    if in_driver:
+        assert s["strategy"] == "incremental" and DRIVER in s["strategy_reason"] and \
+            "not the full recompute the estimate chose: the unit runs in the driver" in s["strategy_reason"], s
+    else:
+        assert s["strategy_reason"].startswith("full recompute because it is cheaper"), s["strategy_reason"]
     assert assert_view_equals_recompute(eng, "mart.by_country") == 4
     eng.close()
 
