@@ -227,6 +227,8 @@ class _Typer:
             return "bool"
         if isinstance(node, exp.Literal):
             if node.is_string:
+                if "\\" in node.this or any(ord(ch) < 32 for ch in node.this):  # Spark's escapes are its own
+                    raise Declined(f"a string literal with an escape ({node.sql(dialect='spark')[:40]})")
                 return "string"
             if node.is_int:
                 return "int"

@@ -54,7 +54,7 @@ AGREEING = [
     "SELECT b.pos, b.id, b.amount, b.note, c.country, c.segment FROM block b LEFT JOIN refs c ON b.customer_id = c.id",
     # an inner join, conditions on strings, integers, nulls, IN, NOT, OR
     """SELECT b.id, c.country, b.note FROM block b JOIN refs c ON b.customer_id = c.id AND c.segment <> 'e'
-       WHERE (b.note IN ('a', 'é', '') OR b.note IS NULL) AND NOT (b.qty > 5) AND b.qty IS NOT NULL""",
+       WHERE (b.note IN ('a', 'é', '', 'it\\'s') OR b.note IS NULL) AND NOT (b.qty > 5) AND b.qty IS NOT NULL""",
     # CASE, min/max of strings, dates and decimals, count of a column, integer sums and casts
     """SELECT CASE WHEN c.segment = 'r' THEN 'retail' WHEN c.segment IS NULL THEN NULL ELSE c.segment END AS seg,
        min(b.note) AS first_note, max(b.note) AS last_note, min(c.since) AS since, max(b.price) AS top,
@@ -125,6 +125,8 @@ def test_accepted_sql_gives_in_duckdb_exactly_the_rows_spark_gives(spark, sql):
     ("SELECT id FROM block WHERE price = 1", "comparison"),
     ("SELECT id FROM block WHERE price > 1.5", "literal"),
     ("SELECT upper(note) AS u FROM block", "upper"),
+    (r"SELECT id FROM block WHERE note = 'a\\b'", "escape"),
+    (r"SELECT id FROM block WHERE note = 'a\tb'", "escape"),
     ("SELECT id FROM block b JOIN refs c ON b.customer_id = c.id", "not one column"),
     ("SELECT note, count(*) AS n FROM block GROUP BY 3", "position"),
     ("SELECT note, count(*) AS n FROM block GROUP BY 2", "count"),
