@@ -239,13 +239,33 @@ def matching_rows(snap: delta_meta.TableSnapshot, values: Mapping[str, Collectio
         rows = delta_read.scan(snap.table, predicate=" OR ".join(cond) if cond else "false")
     except Exception:  # noqa: BLE001 - Spark reads them then (and says why if it cannot either)
         return None
-    if rows.num_rows > MATCHING_ROWS or "pos" not in rows.column_names or "id" not in rows.column_names:
+    if rows.num_rows > MATCHING_ROWS:
+        return None
+    rows = in_range(rows, None, end)
+    if rows is None or not exclude_ids:
+        return rows
+    ids = rows.column("id")
+    return rows.filter(pc.invert(pc.is_in(ids, value_set=pa.array(list(exclude_ids), ids.type))))
+
+
+def in_range(rows: pa.Table, low: Position | None, high: Position) -> pa.Table | None:
+    """The rows of ``rows`` whose ``(pos, id)`` is after ``low`` (None: no lower bound) and at most
+    ``high`` (a null ``id`` never is), as a block's bounds cut; None when ``pos`` is not a timestamp
+    with a time zone or ``id`` not an integer."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if "pos" not in rows.column_names or "id" not in rows.column_names:
         return None
     pos, ids = rows.column("pos"), rows.column("id")
     if not pa.types.is_timestamp(pos.type) or pos.type.tz is None or not pa.types.is_integer(ids.type):
         return None
-    at = pa.scalar(end.pos.replace(tzinfo=dt.UTC), pos.type)
-    keep = pc.and_(pc.is_valid(ids), pc.or_(pc.less(pos, at), pc.and_(pc.equal(pos, at), pc.less_equal(ids, end.id))))
-    if exclude_ids:
-        keep = pc.and_(keep, pc.invert(pc.is_in(ids, value_set=pa.array(list(exclude_ids), ids.type))))
+
+    def at(p: Position) -> Any:
+        return pa.scalar(p.pos.replace(tzinfo=dt.UTC), pos.type)
+
+    keep = pc.and_(pc.is_valid(ids), pc.or_(pc.less(pos, at(high)),
+                                            pc.and_(pc.equal(pos, at(high)), pc.less_equal(ids, high.id))))
+    if low is not None:
+        keep = pc.and_(keep, pc.or_(pc.greater(pos, at(low)), pc.and_(pc.equal(pos, at(low)), pc.greater(ids, low.id))))
     return rows.filter(pc.fill_null(keep, False))

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import datetime as dt
+import functools
 import logging
 import os
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lineage.core.errors import ConfigError
 from lineage.core.positions import Position
@@ -81,17 +80,17 @@ def in_driver(eng: UnitContext, topic: Topic, rec: OffsetRecord, planned: Planne
         conf = eng.spark.conf
         if conf.get("spark.sql.session.timeZone") != "UTC" or conf.get("spark.sql.caseSensitive", "false") != "false":
             raise driver_sql.Declined("the Spark session's time zone is not UTC, or its names are case-sensitive")
-        versions = dict(rec.inputs_next)
-        schemas = {"block": _schema(base), **{t: _schema(_snapshot(eng, t, versions[t]))
-                                              for t in spec.depends_on[1:] if t in versions}}
-        tr = _translated(topic.transforms[0].sql or "", schemas)
+        inputs = {t: _snapshot(eng, t, v) for t, v in rec.inputs_next.items() if t in spec.depends_on[1:]}
+        tr = _translated(topic.transforms[0].sql or "",
+                         tuple(sorted({"block": _schema(base), **{t: _schema(s) for t, s in inputs.items()}}.items())))
         rows = _block(base, planned, tr.columns["block"]) if block.next > block.last else None
+        unit = _Unit(tr, inputs, _schema(view))
         if spec.additive is not None:
-            _added(eng, topic, work, tr, rows, versions, base, block.last)
+            _added(eng, topic, work, unit, rows, base, block.last)
         elif work.strategy.reverse:
-            _rederived(eng, topic, work, tr, rows, versions, base, block.last)
+            _rederived(eng, topic, work, unit, rows, base, block.last)
         else:
-            _appended(eng, topic, work, tr, _output(eng, tr, rows, versions, view), block.last)
+            _appended(eng, topic, work, tr, unit.output(rows, inputs), block.last)
     except driver_sql.Declined as why:
         log.debug("topic %s: the transform runs in Spark: %s", topic.name, why)
         return None
@@ -109,15 +108,21 @@ def _snapshot(eng: UnitContext, table: str, version: int) -> delta_meta.TableSna
     return snap
 
 
-def _output(eng: UnitContext, tr: driver_sql.Translated, rows: pa.Table | None, versions: dict[str, int],
-            view: delta_meta.TableSnapshot) -> pa.Table:
-    """The transform over ``rows`` (base rows) with every input at its version in ``versions``, cast
-    to the view's columns."""
-    if rows is None:
-        raise driver_sql.Declined("no base rows")
-    tables = {"block": rows, **{t: _input(_snapshot(eng, t, versions[t]), cols) for t, cols in tr.columns.items()
-                                if t != "block"}}
-    return driver_sql.cast_to(driver_sql.run(tr, tables), _schema(view))
+@dataclasses.dataclass(frozen=True)
+class _Unit:
+    """What a unit in the driver runs: the translated SQL, its inputs at the versions the unit
+    planned (table -> snapshot), and the view's columns (its output is cast to them)."""
+
+    tr: driver_sql.Translated
+    inputs: dict[str, delta_meta.TableSnapshot]
+    schema: pa.Schema
+
+    def output(self, rows: pa.Table | None, inputs: dict[str, delta_meta.TableSnapshot]) -> pa.Table:
+        """The transform over ``rows`` (base rows) with the inputs at ``inputs``' versions."""
+        if rows is None:
+            raise driver_sql.Declined("no base rows")
+        tables = {"block": rows, **{t: _input(inputs[t], cols) for t, cols in self.tr.columns.items() if t != "block"}}
+        return driver_sql.cast_to(driver_sql.run(self.tr, tables), self.schema)
 
 
 def _schema(snap: delta_meta.TableSnapshot) -> pa.Schema:
@@ -127,24 +132,20 @@ def _schema(snap: delta_meta.TableSnapshot) -> pa.Schema:
     return pa.schema([pa.field(f.name, delta_read.plain_type(f.type), f.nullable) for f in arrow])
 
 
-_TRANSLATED: collections.OrderedDict[tuple[str, str], driver_sql.Translated | str] = collections.OrderedDict()
-
-
-def _translated(sql: str, schemas: dict[str, pa.Schema]) -> driver_sql.Translated:
+def _translated(sql: str, schemas: tuple[tuple[str, pa.Schema], ...]) -> driver_sql.Translated:
     """:func:`driver_sql.translate`, remembered (or its refusal) for the SQL and the tables' schemas."""
-    key = (sql, "\x00".join(f"{n}:{s}" for n, s in sorted(schemas.items())))
-    got = _TRANSLATED.get(key)
-    if got is None:
-        try:
-            got = driver_sql.translate(sql, schemas)
-        except driver_sql.Declined as why:
-            got = str(why)
-        _TRANSLATED[key] = got
-        while len(_TRANSLATED) > 64:
-            _TRANSLATED.popitem(last=False)
+    got = _translate(sql, schemas)
     if isinstance(got, str):
         raise driver_sql.Declined(got)
     return got
+
+
+@functools.lru_cache(maxsize=64)
+def _translate(sql: str, schemas: tuple[tuple[str, pa.Schema], ...]) -> driver_sql.Translated | str:
+    try:
+        return driver_sql.translate(sql, dict(schemas))
+    except driver_sql.Declined as why:
+        return str(why)
 
 
 def _block(base: delta_meta.TableSnapshot, planned: Planned, columns: set[str]) -> pa.Table:
@@ -157,13 +158,9 @@ def _block(base: delta_meta.TableSnapshot, planned: Planned, columns: set[str]) 
     rows = delta_read.scan(base.table, sorted(columns | {"pos", "id"}),
                            predicate=f"pos >= {delta_read.sql_literal(block.last.pos)} AND "
                                      f"pos <= {delta_read.sql_literal(block.next.pos)}")
-    pos, ids = rows.column("pos"), rows.column("id")
-    if not pa.types.is_timestamp(pos.type) or pos.type.tz is None or not pa.types.is_integer(ids.type):
+    rows = table_reads.in_range(rows, block.last, block.next)
+    if rows is None:
         raise driver_sql.Declined("the base's pos is not a timestamp or its id not an integer")
-    lp, np_ = (pa.scalar(p.replace(tzinfo=dt.UTC), pos.type) for p in (block.last.pos, block.next.pos))
-    after = pc.or_(pc.greater(pos, lp), pc.and_(pc.equal(pos, lp), pc.greater(ids, block.last.id)))
-    upto = pc.or_(pc.less(pos, np_), pc.and_(pc.equal(pos, np_), pc.less_equal(ids, block.next.id)))
-    rows = rows.filter(pc.fill_null(pc.and_(pc.and_(pc.is_valid(ids), after), upto), False))
     if planned.base_rows >= 0 and rows.num_rows != planned.base_rows:
         raise driver_sql.Declined(f"{rows.num_rows} block rows read, {planned.base_rows} planned")
     return rows
@@ -189,31 +186,29 @@ def _input(snap: delta_meta.TableSnapshot, columns: set[str]) -> pa.Table:
     return got
 
 
-def _added(eng: UnitContext, topic: Topic, work: MergeWork, tr: driver_sql.Translated, rows: pa.Table | None,
-           versions: dict[str, int], base: delta_meta.TableSnapshot, last: Position) -> None:
+def _added(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, rows: pa.Table | None,
+           base: delta_meta.TableSnapshot, last: Position) -> None:
     """An additive view's unit: what it adds to each group is the transform over the new base rows
     and the rows joining a changed reference row with the inputs at their new versions, minus the
     transform over the latter at the versions the view applied (as
     :func:`platform_assets.views.reverse.moved` computes it in Spark)."""
     spec, add = topic.spec, additive(topic)
     key, sums = list(spec.key), [add.count, *add.sums]
-    view = work.view
-    if view is None or not tr.grouped:
+    if not unit.tr.grouped:
         raise driver_sql.Declined("an additive transform without GROUP BY")
-    if sorted(_schema(view).names) != sorted([*key, *sums]):
+    if sorted(unit.schema.names) != sorted([*key, *sums]):
         raise driver_sql.Declined("the view's columns are not its key, count and sums")
     # each contribution checked alone, as Spark's unit checks it (a null in one: its groups re-derived)
-    parts = [(1, _output(eng, tr, rows, versions, view))] if rows is not None else []
+    parts = [(1, unit.output(rows, unit.inputs))] if rows is not None else []
     if work.strategy.reverse:
-        held, old = _held(eng, topic, work, base, last)
-        held = held.select(sorted(tr.columns["block"] | {"pos", "id"}))
-        parts += [(1, _output(eng, tr, held, versions, view)), (-1, _output(eng, tr, held, {**versions, **old}, view))]
+        held, old = _held(eng, topic, work, unit, base, last)
+        parts += [(1, unit.output(held, unit.inputs)), (-1, unit.output(held, {**unit.inputs, **old}))]
     for _, out in parts:
         if any(out.column(c).null_count for c in sums):
             raise driver_sql.Declined("a null in a sum column")
         if not driver_sql.keys_unique(out, key):
             raise driver_sql.Declined("a group given twice")
-    summed = driver_sql.signed_sum(parts, key, sums, _schema(view))
+    summed = driver_sql.signed_sum(parts, key, sums, unit.schema)
     leaving = [r for r in summed.to_pylist() if r["_tm_minus"]]
     if leaving and (zero := zero_sums(eng, topic, leaving, frozenset(add.sums))):
         raise driver_sql.Declined(f"{zero} group(s) whose sum reaches 0 as rows leave (a sum over only nulls is null)")
@@ -224,11 +219,11 @@ def _added(eng: UnitContext, topic: Topic, work: MergeWork, tr: driver_sql.Trans
     _done(work, source, f"additive: {source.num_rows} groups changed by the moved rows' contributions")
 
 
-def _held(eng: UnitContext, topic: Topic, work: MergeWork, base: delta_meta.TableSnapshot,
-          last: Position) -> tuple[pa.Table, dict[str, int]]:
+def _held(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, base: delta_meta.TableSnapshot,
+          last: Position) -> tuple[pa.Table, dict[str, delta_meta.TableSnapshot]]:
     """The base rows up to ``last`` joining a changed row of the one reverse-joined input (its change
-    feed's join values, JVM-free; a literal list of one column), and that input's version the view
-    applied."""
+    feed's join values, JVM-free; a literal list of one column; the block's columns), and that
+    input at the version the view applied."""
     if len(work.strategy.reverse) != 1:
         raise driver_sql.Declined("more than one changed input")
     [table] = work.strategy.reverse
@@ -243,25 +238,22 @@ def _held(eng: UnitContext, topic: Topic, work: MergeWork, base: delta_meta.Tabl
     if held is None:
         raise driver_sql.Declined(f"{table}: its changed rows' join values or the base rows joining them are not "
                                   f"read JVM-free")
-    return held, {table: change.old}
+    return held.select(sorted(unit.tr.columns["block"] | {"pos", "id"})), {table: _snapshot(eng, table, change.old)}
 
 
-def _rederived(eng: UnitContext, topic: Topic, work: MergeWork, tr: driver_sql.Translated, rows: pa.Table | None,
-               versions: dict[str, int], base: delta_meta.TableSnapshot, last: Position) -> None:
+def _rederived(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, rows: pa.Table | None,
+               base: delta_meta.TableSnapshot, last: Position) -> None:
     """A row-wise view's unit with a changed reference table: the affected keys' new rows are the
     transform over the new base rows and those joining a changed row, at the new versions; their
     old rows (the keys they leave) the transform over the latter at the versions the view applied
     (as :func:`platform_assets.views.row_wise.rederive` computes them in Spark). The MERGE's source:
     every new row, and every old key no new row gives, to delete."""
     key = list(topic.spec.key)
-    view = work.view
-    if view is None or tr.grouped:
+    if unit.tr.grouped:
         raise driver_sql.Declined("a row-wise transform with an aggregate")
-    held, old = _held(eng, topic, work, base, last)
-    held = held.select(sorted(tr.columns["block"] | {"pos", "id"}))
-    made = _output(eng, tr, held if rows is None else pa.concat_tables([rows, held.select(rows.column_names)]),
-                   versions, view)
-    left = _output(eng, tr, held, {**versions, **old}, view)
+    held, old = _held(eng, topic, work, unit, base, last)
+    made = unit.output(held if rows is None else pa.concat_tables([rows, held.select(rows.column_names)]), unit.inputs)
+    left = unit.output(held, {**unit.inputs, **old})
     if not driver_sql.keys_unique(made, key) or not driver_sql.keys_unique(left, key):
         raise driver_sql.Declined("a key given twice")
     work.columns = list(made.column_names)
