@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -241,14 +242,51 @@ class _Footers:
 _FOOTERS = _Footers()
 
 
+#: Nanoseconds per unit of a Parquet timestamp's ``timeUnit``.
+NS_PER = {"milliseconds": 1_000_000, "microseconds": 1_000, "nanoseconds": 1}
+
+
+def footer_type(column: Any) -> dict[str, Any]:
+    """A Parquet footer's column (``meta.schema.column(i)``): its physical type (``physical``) and
+    its logical type's fields (``Type``, ``timeUnit``, ``isSigned``, ...)."""
+    return {"physical": column.physical_type, **json.loads(column.logical_type.to_json())}
+
+
+def timestamp_ns_per(column: Any) -> int | None:
+    """Nanoseconds per stored unit of a footer's column that is an INT64 timestamp (then its raw
+    statistics, ``min_raw``/``max_raw``, are those units since the epoch: UTC for an instant, the
+    wall clock read as UTC for a timestamp without time zone); None for any other column."""
+    kind = footer_type(column)
+    if kind["physical"] != "INT64" or kind.get("Type") != "Timestamp":
+        return None
+    return NS_PER.get(kind.get("timeUnit", ""))
+
+
+def epoch_ns(value: dt.datetime) -> int:
+    """A naive UTC ``value`` as nanoseconds since the epoch."""
+    return (value - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1) * 1_000
+
+
 def _row_groups(meta: Any, column: str, low: dt.datetime | None, high: dt.datetime | None) -> list[int] | None:
     """The row groups of a file (its ``meta``) that may hold a ``column`` value in ``[low, high]``;
-    None: all of them (one group, no bounds, or no usable statistics)."""
+    None: all of them (one group, no bounds, or no usable statistics). An INT64 timestamp (what
+    Spark, deltalake and pyarrow write) is compared by its raw statistics: a compacted file's
+    footer lists dozens of groups, and making a ``datetime`` of each bound costs more than the rest."""
     if meta.num_row_groups < 2 or (low is None and high is None):
         return None
     at = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == column), None)
     if at is None:
         return None
+    per = timestamp_ns_per(meta.schema.column(at))
+    if per is not None:
+        bottom, top = (None if low is None else epoch_ns(low)), (None if high is None else epoch_ns(high))
+        keep = []
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(at).statistics
+            if stats is None or not stats.has_min_max or not (
+                    (top is not None and stats.min_raw * per > top) or (bottom is not None and stats.max_raw * per < bottom)):
+                keep.append(g)
+        return keep
     aware = (None if low is None else low.replace(tzinfo=dt.UTC), None if high is None else high.replace(tzinfo=dt.UTC))
     keep = []
     for g in range(meta.num_row_groups):
@@ -256,9 +294,9 @@ def _row_groups(meta: Any, column: str, low: dt.datetime | None, high: dt.dateti
         try:
             lo, hi = (stats.min, stats.max) if stats is not None and stats.has_min_max else (None, None)
             # (an aware value, isAdjustedToUTC, is compared with the bounds as UTC; a naive one as they are)
-            bottom, top = aware if isinstance(lo, dt.datetime) and lo.tzinfo is not None else (low, high)
+            bottom_dt, top_dt = aware if isinstance(lo, dt.datetime) and lo.tzinfo is not None else (low, high)
             out = (isinstance(lo, dt.datetime) and isinstance(hi, dt.datetime)
-                   and ((top is not None and lo > top) or (bottom is not None and hi < bottom)))
+                   and ((top_dt is not None and lo > top_dt) or (bottom_dt is not None and hi < bottom_dt)))
         except (ValueError, TypeError, OverflowError):  # e.g. nanoseconds beyond datetime's range
             out = False
         if not out:

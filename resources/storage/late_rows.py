@@ -3,14 +3,12 @@ from the files the commits since a version added, told apart from rows carried o
 and, where files were compacted and then deleted by VACUUM, by ``id``; a Parquet footer's exact
 statistics rule a file out without reading it.
 
-May import: ``lineage``, ``delta_log``, ``warehouse``, ``snapshot``, ``statistics``, ``history``,
-``positions``.
+May import: ``lineage``, ``delta_log``, ``delta_read``, ``warehouse``, ``snapshot``, ``statistics``,
+``history``, ``positions``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lineage.core.positions import Position
-from resources.storage import delta_log
+from resources.storage import delta_log, delta_read
 from resources.storage.history import _Added, _History, missing_files
 from resources.storage.positions import _position_filter
 from resources.storage.snapshot import RemovedDataError, TableSnapshot, _snapshot
@@ -81,13 +79,6 @@ def _unified(parts: list[pa.Table]) -> pa.Table:
     return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
 
 
-_NS_PER = {"milliseconds": 1_000_000, "microseconds": 1_000, "nanoseconds": 1}
-
-
-def _footer_type(column: Any) -> dict[str, Any]:
-    return {"physical": column.physical_type, **json.loads(column.logical_type.to_json())}
-
-
 def _may_hold_late(fs: Any, file: str, last: Position) -> bool:
     """False when the exact statistics in the Parquet footer of ``file`` show that none of its
     rows is at or before ``last`` (every row group starts after ``last.pos``, or at it with ids
@@ -100,12 +91,11 @@ def _may_hold_late(fs: Any, file: str, last: Position) -> bool:
     names = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
     if "pos" not in names or "id" not in names:
         return True
-    pos_type, id_type = _footer_type(meta.schema.column(names["pos"])), _footer_type(meta.schema.column(names["id"]))
-    if (pos_type["physical"] != "INT64" or pos_type["Type"] != "Timestamp" or pos_type.get("timeUnit") not in _NS_PER
-            or id_type["physical"] not in ("INT32", "INT64") or id_type.get("isSigned") is False):
+    per = delta_read.timestamp_ns_per(meta.schema.column(names["pos"]))
+    id_type = delta_read.footer_type(meta.schema.column(names["id"]))
+    if per is None or id_type["physical"] not in ("INT32", "INT64") or id_type.get("isSigned") is False:
         return True
-    per = _NS_PER[pos_type["timeUnit"]]
-    limit = (last.pos - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1) * 1_000  # last.pos in ns
+    limit = delta_read.epoch_ns(last.pos)
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         pos, ids = group.column(names["pos"]).statistics, group.column(names["id"]).statistics

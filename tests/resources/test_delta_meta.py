@@ -315,6 +315,12 @@ def test_a_compaction_commit_is_known_as_a_rewrite_without_parsing_it_and_answer
     assert not delta_log.rewrites_only(no_flag)  # a file without the flag (read as a data change)
     assert not delta_log.rewrites_only(b'{"commitInfo":{"operation":"OPTIMIZE"}}\n')  # no file rewritten
     assert not delta_log.rewrites_only(raw.replace(b"\n", b"\n\n", 1))  # a blank line: parsed
+    body = raw[line_end + 1:]
+    assert delta_log.rewrites_only(body) and delta_log.rewrites_only(body.rstrip(b"\n"))  # no commitInfo; no last "\n"
+    assert not delta_log.rewrites_only(raw + b'{"cdc":{"path":"c.parquet","dataChange":false}}\n')  # another action
+    assert not delta_log.rewrites_only(raw + b' {"add":{"path":"a.parquet","dataChange":false}}\n')  # a line opened otherwise
+    assert not delta_log.rewrites_only(raw[:line_end])  # a commitInfo alone
+    assert not delta_log.rewrites_only(b"")
 
     parsed: list[int] = []
     real_parse = delta_log.parse_commit

@@ -210,28 +210,37 @@ def test_the_unresolved_column_hint_names_where_the_column_went(tmp_path: Path) 
     assert spark_io._gone_column("[TABLE_OR_VIEW_NOT_FOUND] x", topic, paths) == ""
 
 
-@pytest.mark.parametrize("tz", [None, "UTC"])
-def test_a_file_in_pos_order_is_read_in_the_row_groups_that_can_hold_the_range(tmp_path: Path, tz: str | None) -> None:
+@pytest.mark.parametrize(("tz", "unit", "int96"), [(None, "us", False), ("UTC", "us", False), ("UTC", "ms", False),
+                                                  (None, "ns", False), ("UTC", "ns", True)])
+def test_a_file_in_pos_order_is_read_in_the_row_groups_that_can_hold_the_range(
+        tmp_path: Path, tz: str | None, unit: str, int96: bool) -> None:
+    """By the footer's statistics: raw for an INT64 timestamp of any unit, with or without time
+    zone. INT96 (no statistics a reader may use): read whole."""
     import pyarrow.parquet as pq
 
     t0 = dt.datetime(2026, 1, 1)
     pos = [t0 + dt.timedelta(seconds=i) for i in range(1000)]
-    table = pa.table({"pos": pa.array(pos, pa.timestamp("us", tz=tz)), "id": pa.array(range(1000), pa.int64())})
+    table = pa.table({"pos": pa.array(pos, pa.timestamp(unit, tz=tz)), "id": pa.array(range(1000), pa.int64())})
     file = str(tmp_path / "f.parquet")
-    pq.write_table(table, file, row_group_size=100)
+    pq.write_table(table, file, row_group_size=100, use_deprecated_int96_timestamps=int96)
+    assert (delta_read.timestamp_ns_per(pq.read_metadata(file).schema.column(0)) is None) == int96
 
     def read(low: dt.datetime | None, high: dt.datetime | None) -> list[int]:
         return delta_read.read_parquet_range(file, None, ["pos", "id"], "pos", low, high)["id"].to_pylist()
 
+    def groups(ids: range) -> list[int]:
+        return list(range(1000)) if int96 else list(ids)
+
     # rows 250..349 lie in groups 2 and 3: 200 rows read, every wanted one among them
     got = read(t0 + dt.timedelta(seconds=250), t0 + dt.timedelta(seconds=349))
-    assert got == list(range(200, 400))
-    assert read(t0 + dt.timedelta(seconds=950), None) == list(range(900, 1000))  # the newest group alone
-    assert read(None, t0 + dt.timedelta(seconds=5)) == list(range(100))
-    assert read(t0 + dt.timedelta(seconds=2000), None) == []  # after every row: no group
+    assert got == groups(range(200, 400))
+    assert read(t0 + dt.timedelta(seconds=950), None) == groups(range(900, 1000))  # the newest group alone
+    assert read(None, t0 + dt.timedelta(seconds=5)) == groups(range(100))
+    assert read(t0 + dt.timedelta(seconds=2000), None) == groups(range(0))  # after every row: no group
     assert read(None, None) == list(range(1000))
+    assert read(t0 + dt.timedelta(seconds=199), t0 + dt.timedelta(seconds=200)) == groups(range(100, 300))  # bounds kept
     # a file without statistics is read whole
-    pq.write_table(table, file, row_group_size=100, write_statistics=False)
+    pq.write_table(table, file, row_group_size=100, write_statistics=False, use_deprecated_int96_timestamps=int96)
     assert read(t0 + dt.timedelta(seconds=950), None) == list(range(1000))
 
 
