@@ -43,7 +43,12 @@ Measured, at the full size (``--blocks``), in one run:
   last block planned on the compacted version, as every later plan is; no commit follows it here, so
   its late-row check reads none, where ``no maintenance`` reads one). Target: the 2,000-block plan
   <= 1.2 x the 100-block plan, for both maintained states (the ratio without maintenance is printed
-  too).
+  too). Then, after the queries and the view, ``maintained, resident``: block N+1 appended after
+  the compaction (a commit that is no checkpoint), the topic's last block planned on the compacted
+  version, and the process keeping what it read in its plan on that version (the snapshot, which
+  the plan moves forward by the one new commit, and the footers), as the follower or the planner
+  sensor's code server plans every new block; each round checks that the kept snapshot was the one
+  moved forward. Same target, printed beside the others.
 * **maintenance**: ``platform_assets.maintenance.tables.run`` on the fact, as ``tidemark maintain fact.events
   --retain-hours 0 --writers-idle`` (nothing else writes the temp tables): compaction
   (``deltalake`` optimize.compact), checkpoint, VACUUM keeping the versions the topics still need,
@@ -288,6 +293,59 @@ def time_planning(cases: list[PlanCase], repeat: int) -> list[PlanTimes]:
     return outs
 
 
+def resident_case(eng: Engine, shape: Shape) -> PlanCase:
+    """Block N+1 appended after the compaction; the topic at the end of block N, its last block
+    planned on the compacted version (the newest before this append)."""
+    compacted = fact_version(eng)
+    append_blocks(eng.path(FACT), shape, shape.blocks + 1, shape.blocks + 1)
+    return PlanCase(eng, shape, shape.block_end(shape.blocks), compacted)
+
+
+def _resident_round(case: PlanCase, out: PlanTimes) -> None:
+    """Planning block N+1 in a process that kept the snapshot of the compacted version from its
+    plan on it (and the footers it read then): the plan moves that snapshot forward by the commit
+    of block N+1."""
+    import weakref
+
+    from deltalake import DeltaTable
+
+    from resources.storage import snapshot
+
+    eng, shape = case.eng, case.shape
+    path = eng.path(FACT)
+    place_consumer(eng, case.at, case.version)
+    kept = snapshot.TableSnapshot(path, DeltaTable(path, version=case.version))
+    kept_table = weakref.ref(kept.table)  # (no reference of ours: one would keep the snapshot from moving)
+    snapshot._NEWEST.clear()
+    snapshot._NEWEST.put(kept)
+    del kept
+    t = time.perf_counter()
+    planned = eng.plan_block(NEXT)
+    out.plan.append(time.perf_counter() - t)
+    want = shape.block_end(shape.blocks + 1)
+    if planned.block is None or planned.block.next != want or planned.base_rows != shape.rows:
+        raise BenchError(f"planning block {shape.blocks + 1} of {NEXT} found {planned.block} ({planned.base_rows} "
+                         f"rows, {planned.reason}); expected {shape.rows} rows up to {want}")
+    now = snapshot._NEWEST.get(path, None)
+    if now is None or now.version != case.version + 1 or now.table is not kept_table():
+        raise BenchError(f"planning {NEXT} in a resident process opened {FACT} anew instead of moving the kept "
+                         f"snapshot of version {case.version} forward")
+    out.reason = planned.reason
+
+
+def time_resident(cases: list[PlanCase], repeat: int) -> list[PlanTimes]:
+    """Best-of timings of :func:`_resident_round` in each case, rounds interleaved (the first untimed)."""
+    outs = [PlanTimes() for _ in cases]
+    for i in range(repeat + 1):
+        for case, out in zip(cases, outs, strict=True):
+            _resident_round(case, out)
+            if i == 0:
+                out.plan.clear()
+    for case in cases:
+        place_consumer(case.eng, case.at, case.version)
+    return outs
+
+
 def fact_version(eng: Engine) -> int:
     from resources.storage import maintenance
 
@@ -427,7 +485,7 @@ def main() -> int:
     engines: list[Engine] = []
     spark: SparkSession | None = None
     t_day = dt.datetime.now(dt.UTC).replace(tzinfo=None, hour=0, minute=0, second=0, microsecond=0)
-    t0 = t_day - SPAN - dt.timedelta(days=1)
+    t0 = t_day - SPAN - SPAN / args.small_blocks - dt.timedelta(days=1)  # (block N+1 of either size before today)
     plans: dict[tuple[int, str], PlanTimes] = {}
     loads = [os.getloadavg()[0]]  # the machine's 1-minute load average at points of the run
     try:
@@ -519,6 +577,11 @@ def main() -> int:
             view_lines.append(view_check(spark, eng, expected))
         print(f"  query results equal on all {len(results)} (tables, phase): {len(expected)} rows (day, category)",
               flush=True)
+        resident = [resident_case(eng_s, small), resident_case(eng, full)]
+        for case, kept in zip(resident, time_resident(resident, args.plan_repeat), strict=True):
+            plans[(case.shape.blocks, "maintained, resident")] = kept
+            print(f"  planning at {case.shape.blocks:,} blocks, maintained, resident: plan_block best "
+                  f"{1000 * best(kept.plan):.1f} ms; {NEXT}: {kept.reason}", flush=True)
     except BenchError as exc:
         print(f"\nFAILED: {exc}", file=sys.stderr)
         return 1
@@ -553,11 +616,19 @@ def print_report(args: argparse.Namespace, before: dict[str, list[float]], after
     print(f"\nJVM-free planning of the next block of {NEXT} (base {FACT}), best of {args.plan_repeat}, ms")
     print("(plan_block and lag row open the base anew, as every plan of a new block does; warm: plan_block in a "
           "process that kept the base's snapshot from a plan on the same version)")
-    print(f"{'blocks':>7}  {'state':<19} {'plan_block':>10} {'lag row':>9} {'warm':>7}")
+    print(f"{'blocks':>7}  {'state':<20} {'plan_block':>10} {'lag row':>9} {'warm':>7}")
     for (blocks, state), t in sorted(plans.items(), key=lambda kv: kv[0][0]):
-        print(f"{blocks:>7,}  {state:<19} {_ms(t.plan):>10} {_ms(t.lag):>9} {_ms(t.warm):>7}")
-    for state in ("no maintenance", "maintained", "maintained, steady"):
+        if not t.lag:  # (resident: the plan alone)
+            print(f"{blocks:>7,}  {state:<20} {_ms(t.plan):>10} {'-':>9} {'-':>7}")
+            continue
+        print(f"{blocks:>7,}  {state:<20} {_ms(t.plan):>10} {_ms(t.lag):>9} {_ms(t.warm):>7}")
+    for state in ("no maintenance", "maintained", "maintained, steady", "maintained, resident"):
         a, b = plans[(small, state)], plans[(n, state)]
+        if not b.lag:
+            r_plan = best(b.plan) / best(a.plan)
+            print(f"target: plan_block {n:,}/{small:,} blocks, {state} (block N+1 since the process's last look, its "
+                  f"snapshot moved forward), <= {PLAN_TARGET}: {r_plan:.2f} -> {verdict(r_plan, PLAN_TARGET)}")
+            continue
         r_plan, r_lag, r_warm = best(b.plan) / best(a.plan), best(b.lag) / best(a.lag), best(b.warm) / best(a.warm)
         if state != "no maintenance":
             print(f"target: plan_block {n:,}/{small:,} blocks, {state}, <= {PLAN_TARGET}: {r_plan:.2f} -> "

@@ -60,6 +60,33 @@ def enabled() -> bool:
     return value == "on" and table_reads.direct_io_on()
 
 
+def prospect(topic: Topic, base_rows: int, late_rows: int, base: delta_meta.TableSnapshot,
+             inputs: dict[str, delta_meta.TableSnapshot], view: delta_meta.TableSnapshot) -> str | None:
+    """Why the next unit of ``topic`` cannot run in the driver, as far as the plan tells without
+    reading its rows (JVM-free, for ``tidemark explain``); None: it may (the unit itself still
+    declines on what it reads: a key given twice, a value Spark would compute otherwise, ...)."""
+    spec = topic.spec
+    if not enabled():
+        return f"${ENV} is off, or direct I/O is"
+    if spec.additive is None and not spec.row_wise:
+        return "neither additive nor row_wise"
+    if topic.python or len(topic.transforms) != 1 or topic.transforms[0].sql is None or spec.before or spec.after:
+        return "not one SQL transform without before/after statements"
+    if late_rows:
+        return "late rows to re-derive"
+    if not 0 <= base_rows <= BLOCK_ROWS:
+        return f"{base_rows:,} new base rows (at most {BLOCK_ROWS:,})"
+    if (big := [t for t, s in inputs.items() if s.row_count is None or s.row_count > INPUT_ROWS]):
+        return f"{', '.join(big)}: over {INPUT_ROWS:,} rows or of unknown size"
+    try:
+        _translated(topic.transforms[0].sql or "",
+                    tuple(sorted({"block": _schema(base), **{t: _schema(s) for t, s in inputs.items()}}.items())))
+        _schema(view)
+    except driver_sql.Declined as why:
+        return str(why)
+    return None
+
+
 def in_driver(eng: UnitContext, topic: Topic, rec: OffsetRecord, planned: Planned, work: MergeWork,
               base: delta_meta.TableSnapshot) -> MergeWork | None:
     """The unit's work when it ran its transform in the driver (a copy of ``work``: ``source`` holds
@@ -263,9 +290,12 @@ def _rederived(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, row
     col = cluster_column(topic.spec, work.columns)
     if rows is None and col is not None:  # only moved rows: the view's rows of the keys are the old rows
         work.held = in_hand.distinct_values(left, col, reverse.NARROW_VALUES)
+    read = reverse.prune_reads_view(topic, work, key, work.key_rows)
     work.prune = reverse.prune(eng, topic, work, key, work.key_rows)
     _done(work, in_hand.merge_source(made, left.select(key), key, PRESENT),
-          f"row_wise: {made.num_rows} rows re-derived from the base rows found, not from the full base")
+          f"row_wise: {made.num_rows} rows re-derived from the base rows found, not from the full base",
+          spark=None if read is None else f"one Spark job read the view's {read} of the {len(work.key_rows)} affected "
+                                          f"keys, to prune the MERGE")
 
 
 def _appended(eng: UnitContext, topic: Topic, work: MergeWork, tr: driver_sql.Translated, rows: pa.Table,
@@ -284,8 +314,10 @@ def _appended(eng: UnitContext, topic: Topic, work: MergeWork, tr: driver_sql.Tr
                       f"appended: the view holds no row of base rows after its last")
 
 
-def _done(work: MergeWork, rows: pa.Table, what: str) -> None:
+def _done(work: MergeWork, rows: pa.Table, what: str, *, spark: str | None = None) -> None:
+    """The unit's rows (``rows``) and reason; ``spark``: the Spark job the unit still runs, if any."""
     work.source = rows
     work.driver = True
+    how = f"; {spark}" if spark else ": no Spark job"
     work.strategy = dataclasses.replace(
-        work.strategy, reason=f"{work.strategy.reason}; {what} (the transform run in the driver by DuckDB: no Spark job)")
+        work.strategy, reason=f"{work.strategy.reason}; {what} (the transform run in the driver by DuckDB{how})")

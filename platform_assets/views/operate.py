@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 from lineage.core.errors import ProcessingError, TidemarkError
 from lineage.core.positions import Position
 from lineage.spec.model import LateRows, Topic
-from lineage.views.refresh import choose
+from lineage.views.refresh import Strategy, choose
 from platform_assets.core import protocol
+from platform_assets.views import driver_unit
 from platform_assets.views.merge import MergeLook, MergeProcessor
 from resources.storage import delta_meta, delta_read
 
@@ -60,9 +61,32 @@ def explain(engine: TopicContext, topic: Topic, *, keys: int = 0) -> list[str]:
     except RefreshRefused as exc:
         return [*lines, f"  strategy: REFUSED: {exc}"]
     lines.append(f"  strategy: {s.reason}" if s.incremental else f"  strategy: full: {s.reason}")
+    if built and (look.end > rec.last or any(c.changed for c in look.changes)):
+        lines.append(_driver_line(eng, topic, look, view, s))
     if keys > 0 and s.incremental:
         lines += affected_keys(eng, topic, rec, look, limit=keys)
     return lines
+
+
+def _driver_line(eng: TopicContext, topic: Topic, look: MergeLook, view: delta_meta.TableSnapshot, s: Strategy) -> str:
+    """Where the next unit's transform would run: in the driver by DuckDB (a small unit of an
+    additive or row-wise view whose SQL translates; :mod:`platform_assets.views.driver_unit`) or in
+    Spark, and why. A full recompute the estimate chose runs incrementally in the driver when it can."""
+    spec = topic.spec
+    alt = s
+    if not s.incremental and s.estimate is not None:
+        alt = choose(spec, built=True, base_rows=look.base_rows, base_columns=look.base.columns,
+                     late_rows=look.late.rows.num_rows, changes=look.changes, python_transform=topic.python,
+                     sizes=delta_meta.unit_sizes(look.base, view, look.changes, spec), by_cost=False)
+    if not alt.incremental:
+        return "  transform: in Spark (a full recompute)"
+    inputs = {c.table: delta_meta.TableSnapshot.open(eng.path(c.table), c.new) for c in look.changes if c.new is not None}
+    why = driver_unit.prospect(topic, look.base_rows, look.late.rows.num_rows, look.base, inputs, view)
+    if why is not None:
+        return f"  transform: in Spark ({why})"
+    instead = "" if alt is s else f", incremental instead of the full recompute the estimate chose ({alt.reason})"
+    return (f"  transform: in the driver by DuckDB, no Spark job{instead}; the unit still hands it to Spark if its rows "
+            f"call for it (a key given twice, a value Spark computes otherwise)")
 
 
 def affected_keys(engine: TopicContext, topic: Topic, rec: OffsetRecord, look: MergeLook, *, limit: int) -> list[str]:

@@ -241,6 +241,19 @@ def narrow(rows: DataFrame, cols: list[str], keys: list[Any] | None) -> DataFram
     return rows
 
 
+def _prune_column(topic: Topic, work: MergeWork, key: list[str], key_rows: list[Any] | None) -> str | None:
+    """The view's clustering column :func:`prune` filters the MERGE's target by (None: it does not)."""
+    col = cluster_column(topic.spec, work.columns)
+    return None if not key_rows or len(key_rows) > NARROW_VALUES or col is None or col in key else col
+
+
+def prune_reads_view(topic: Topic, work: MergeWork, key: list[str], key_rows: list[Any] | None) -> str | None:
+    """The column whose values :func:`prune` reads from the view's rows of the affected keys, by a
+    Spark job; None when it reads nothing (no clustering column, too many keys, or the values
+    already in hand)."""
+    return None if work.held is not None else _prune_column(topic, work, key, key_rows)
+
+
 def prune(eng: UnitContext, topic: Topic, work: MergeWork, key: list[str], key_rows: list[Any] | None) -> TargetFilter:
     """The values the view's clustering column (:func:`cluster_column`) takes in the view's rows
     of the affected keys, as a filter on the MERGE's target: exact by construction (read
@@ -248,8 +261,8 @@ def prune(eng: UnitContext, topic: Topic, work: MergeWork, key: list[str], key_r
     find (two columns of the view, the keys as literals). With it either engine skips, by the
     files' statistics, every file the affected rows are not in, where the MERGE would read them
     all. Empty when the keys were not collected, are many, or the values have no exact literal."""
-    col = cluster_column(topic.spec, work.columns)
-    if not key_rows or len(key_rows) > NARROW_VALUES or col is None or col in key:
+    col = _prune_column(topic, work, key, key_rows)
+    if col is None:
         return TargetFilter()
     if work.held is not None:  # a row-wise unit that only moved rows: their old rows are the view's
         return TargetFilter.of({col: work.held})

@@ -34,6 +34,10 @@ class Bounded(Generic[K, V]):
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
 
+    def pop(self, key: K) -> V | None:
+        with self._lock:
+            return self._items.pop(key, None)
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()

@@ -21,6 +21,8 @@ import dataclasses
 import datetime as dt
 import functools
 import re
+import sys
+import threading
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -219,31 +221,66 @@ class _NewestSnapshots:
     resident process (the follower, the planner sensor's code server) plans every topic on every
     tick, and a table that did not change is then not read again. Whether it changed costs two file
     lookups: the snapshot's own commit file, unchanged (a table dropped and written anew starts over
-    at version 0), and no commit file after it. A snapshot of one version never changes (nothing
-    calls a mutating method on its ``deltalake`` table), so threads may share it. Bounded: the
-    tables used least recently are forgotten."""
+    at version 0), and no commit file after it.
+
+    When the table has newer commits, the kept table is moved forward by them alone
+    (``DeltaTable.update_incremental``: the new commits read, not the checkpoint and the log up to
+    them again), and a new snapshot wraps it, provided nothing else holds the old snapshot or its
+    ``deltalake`` table (their reference counts; else the table is opened anew). So a snapshot
+    once handed out never changes, threads may share it, and what a resident process pays for a
+    new block follows the commits since its last look, not the table's history (a checkpoint that
+    carries a compaction's removed files until they expire, say). Bounded: the tables used least
+    recently are forgotten."""
 
     def __init__(self, size: int = 256) -> None:
         self._snaps: Bounded[str, tuple[TableSnapshot, tuple[str, int, int]]] = Bounded(size)
+        self._lock = threading.Lock()  # (a snapshot is checked and moved forward by one thread at a time)
 
     def get(self, path: str, at_least: int | None, version: int | None = None) -> TableSnapshot | None:
         """The kept snapshot of ``path`` if it is still the newest (at least version ``at_least``),
-        or with ``version``, if it is that version (newest or not: a version never changes)."""
-        entry = self._snaps.get(path)
-        if entry is None:
-            return None
-        snap, mark = entry
-        have = snap.version
-        if have is None or (at_least is not None and have < at_least) or (version is not None and have != version):
-            return None
-        try:
-            if delta_log.commit_mark(path, have) != mark or (version is None and delta_log.newest_version(path, have) != have):
+        or with ``version``, if it is that version (newest or not: a version never changes).
+        Without ``version``, a kept snapshot with newer commits after it is moved forward to the
+        newest (see the class); None: open the table anew."""
+        with self._lock:
+            entry = self._snaps.get(path)
+            if entry is None:
                 return None
-        except (OSError, ValueError):  # (the lookups failed: open the table, which says why)
-            return None
-        return snap
+            snap, mark = entry
+            del entry  # (the references to ``snap`` are counted below)
+            have = snap.version
+            if have is None or (version is not None and have != version):
+                return None
+            try:
+                if delta_log.commit_mark(path, have) != mark:
+                    return None
+                newest = have if version is not None else delta_log.newest_version(path, have)
+            except (OSError, ValueError):  # (the lookups failed: open the table, which says why)
+                return None
+            if newest == have:
+                return None if at_least is not None and have < at_least else snap
+            self._snaps.pop(path)
+            # Held elsewhere: the local name and getrefcount's argument are the only references
+            # expected to the snapshot, and the snapshot's own to its table.
+            if (snap.table is None or sys.getrefcount(snap) > 2 or sys.getrefcount(snap.table) > 2
+                    or sys.getrefcount(snap.table._table) > 2):
+                return None
+            table = snap.table
+            del snap  # (the old snapshot is gone: nothing sees its table change)
+            try:
+                table.update_incremental()
+            except Exception:  # noqa: BLE001 - e.g. the commits it needs were cleaned up: open the table anew
+                return None
+            moved = TableSnapshot(path, table)
+            if moved.version is None or (at_least is not None and moved.version < at_least):
+                return None
+            self._put(moved)
+            return moved
 
     def put(self, snap: TableSnapshot) -> None:
+        with self._lock:
+            self._put(snap)
+
+    def _put(self, snap: TableSnapshot) -> None:
         if snap.version is None or not _native_path(snap.path):  # (file:/x: pyarrow cannot look its files up)
             return
         try:

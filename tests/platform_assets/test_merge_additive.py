@@ -83,6 +83,9 @@ def test_an_additive_view_adds_contributions_and_equals_a_recompute_after_every_
     assert ("subtracted: base rows joining a changed row, before (dim.customers version 0): 1 group(s)\n"
             "      country='C2', n=4, revenue=Decimal('") in text
     assert "added: base rows joining a changed row, after (dim.customers version 1): 1 group(s)\n      country='?', n=4" in text
+    # where the transform would run: in the driver where its SQL translates, else in Spark and why
+    assert ("  transform: in the driver by DuckDB, no Spark job; " in text) == in_driver, text
+    assert ("  transform: in Spark (" in text) != in_driver, text
     [unit] = processed(eng.run_until_caught_up())
     assert unit.stats["strategy"] == "incremental" and "additive: 2 groups changed" in unit.stats["strategy_reason"]
     assert (DRIVER in unit.stats["strategy_reason"]) == in_driver, unit.stats["strategy_reason"]  # a reverse join too

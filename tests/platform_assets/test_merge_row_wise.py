@@ -89,6 +89,9 @@ def test_a_row_wise_view_re_derives_only_the_rows_found_and_equals_a_recompute(s
         assert "row_wise: " in unit.stats["strategy_reason"] and "appended" not in unit.stats["strategy_reason"], \
             unit.stats["strategy_reason"]
         assert ("run in the driver by DuckDB" in unit.stats["strategy_reason"]) == driver, unit.stats["strategy_reason"]
+        # new rows and moved ones: the view's clustering values of the affected keys are read by Spark, and it says so
+        assert ("; one Spark job read the view's customer_id of the " in unit.stats["strategy_reason"]) == driver
+        assert "no Spark job" not in unit.stats["strategy_reason"], unit.stats["strategy_reason"]
         assert assert_view_equals_recompute(eng, topic) == rows
     assert not narrowed, "a row-wise unit narrowed the full base to its keys"
 

@@ -614,6 +614,38 @@ def test_the_newest_snapshot_is_reused_only_while_the_table_has_no_new_commit(tm
     assert TableSnapshot.open(str(path)).table is None  # gone: no snapshot of it is given
 
 
+def test_a_kept_snapshot_nobody_holds_is_moved_forward_by_the_new_commits_alone(tmp_path: Path) -> None:
+    """A resident process planning a new block reads the commits since its last look, not the
+    table's log from its checkpoint: the kept snapshot's table is moved forward when nothing else
+    holds it, and answers as a table opened anew. A snapshot still held never changes."""
+    import weakref
+
+    path = tmp_path / "base"
+    _append(path, [(1, 1)])
+    kept = weakref.ref(TableSnapshot.open(str(path)).table)
+    _append(path, [(2, 2)])
+    moved = TableSnapshot.open(str(path))
+    assert moved.version == 1 and moved.table is kept()  # the same deltalake table, one commit further
+    assert table_mark(moved).max_position == _at(2, 2) and moved.row_count == 2
+    held = moved  # (a plan in progress on version 1)
+    _append(path, [(3, 3)])
+    newer = TableSnapshot.open(str(path))
+    assert newer.version == 2 and newer.table is not held.table  # opened anew: the held one is left alone
+    assert held.version == 1 and held.table is not None and held.table.version() == 1 and held.row_count == 2
+    del held, moved
+    DeltaTable(str(path)).optimize.compact()  # a compaction and a checkpoint after it: moved through them too
+    DeltaTable(str(path)).create_checkpoint()
+    _append(path, [(4, 4)])
+    kept = weakref.ref(newer.table)
+    del newer
+    again, fresh = TableSnapshot.open(str(path)), TableSnapshot(str(path), DeltaTable(str(path)))
+    assert again.table is kept() and again.version == fresh.version == 4
+    assert sorted(again.files["path"].to_pylist()) == sorted(fresh.files["path"].to_pylist())
+    assert table_mark(again).max_position == _at(4, 4) and again.row_count == fresh.row_count == 4
+    # a version asked for is never moved to: the kept newest one is not it, the version is opened
+    assert TableSnapshot.open(str(path), 3).version == 3 and TableSnapshot.open(str(path)) is again
+
+
 def test_rows_holding_counts_the_files_whose_statistics_allow_the_values(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     for c, s in ((1, "a"), (2, None), (5, "m"), (None, None)):  # one file each: c's values, s's values
