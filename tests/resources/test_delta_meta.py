@@ -646,6 +646,53 @@ def test_a_kept_snapshot_nobody_holds_is_moved_forward_by_the_new_commits_alone(
     assert TableSnapshot.open(str(path), 3).version == 3 and TableSnapshot.open(str(path)) is again
 
 
+def test_snapshots_shared_by_threads_never_change_while_a_writer_commits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads open the newest snapshot while commits land: a kept snapshot is moved forward only
+    when no thread holds it, so every snapshot a thread holds keeps its version and its rows."""
+    import threading
+    import time
+
+    moved: list[int] = []
+    real = DeltaTable.update_incremental
+    monkeypatch.setattr(DeltaTable, "update_incremental", lambda self: moved.append(1) or real(self))
+
+    path = str(tmp_path / "base")
+    _append(Path(path), [(0, 0)])
+    done, seen, errors = threading.Event(), set(), []
+
+    def reader() -> None:
+        while not done.is_set():
+            snap = TableSnapshot.open(path)
+            version = snap.version
+            time.sleep(0.001)  # (held a while: another thread may look meanwhile)
+            try:
+                assert version is not None and snap.table is not None
+                assert snap.table.version() == version and snap.row_count == version + 1, (version, snap.row_count)
+                assert len(snap.files) == version + 1
+            except AssertionError as exc:
+                errors.append(exc)
+            seen.add(version)
+            del snap  # (a plan ends: what it held is let go)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(1, 25):  # one row per commit: version v holds v + 1 rows
+            _append(Path(path), [(i, i)])
+            time.sleep(0.005)
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[:3]
+    assert len(seen) > 5 and TableSnapshot.open(path).version == 24
+    before = len(moved)  # (how many looks found the kept snapshot free depends on the threads' timing)
+    _append(Path(path), [(25, 25)])
+    assert TableSnapshot.open(path).version == 25 and len(moved) == before + 1  # nothing holds it now: moved
+
+
 def test_rows_holding_counts_the_files_whose_statistics_allow_the_values(tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     for c, s in ((1, "a"), (2, None), (5, "m"), (None, None)):  # one file each: c's values, s's values
