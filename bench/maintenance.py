@@ -71,6 +71,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -277,13 +278,16 @@ def _plan_round(case: PlanCase, out: PlanTimes) -> None:
     out.reason = row.reason
 
 
-def time_planning(cases: list[PlanCase], repeat: int) -> list[PlanTimes]:
+def time_planning(cases: list[PlanCase], repeat: int,
+                  one_round: Callable[[PlanCase, PlanTimes], None] | None = None) -> list[PlanTimes]:
     """Best-of timings of planning block N of ``mart.events_next`` (see the module docstring) in each
-    case, the cases' rounds interleaved so that what else the machine does weighs on each alike."""
+    case (``one_round``: :func:`_plan_round` unless given), the cases' rounds interleaved so that
+    what else the machine does weighs on each alike."""
+    one_round = one_round or _plan_round
     outs = [PlanTimes() for _ in cases]
     for i in range(repeat + 1):  # the first round is an untimed warm-up
         for case, out in zip(cases, outs, strict=True):
-            _plan_round(case, out)
+            one_round(case, out)
             if i == 0:
                 out.plan.clear()
                 out.lag.clear()
@@ -331,19 +335,6 @@ def _resident_round(case: PlanCase, out: PlanTimes) -> None:
         raise BenchError(f"planning {NEXT} in a resident process opened {FACT} anew instead of moving the kept "
                          f"snapshot of version {case.version} forward")
     out.reason = planned.reason
-
-
-def time_resident(cases: list[PlanCase], repeat: int) -> list[PlanTimes]:
-    """Best-of timings of :func:`_resident_round` in each case, rounds interleaved (the first untimed)."""
-    outs = [PlanTimes() for _ in cases]
-    for i in range(repeat + 1):
-        for case, out in zip(cases, outs, strict=True):
-            _resident_round(case, out)
-            if i == 0:
-                out.plan.clear()
-    for case in cases:
-        place_consumer(case.eng, case.at, case.version)
-    return outs
 
 
 def fact_version(eng: Engine) -> int:
@@ -578,7 +569,7 @@ def main() -> int:
         print(f"  query results equal on all {len(results)} (tables, phase): {len(expected)} rows (day, category)",
               flush=True)
         resident = [resident_case(eng_s, small), resident_case(eng, full)]
-        for case, kept in zip(resident, time_resident(resident, args.plan_repeat), strict=True):
+        for case, kept in zip(resident, time_planning(resident, args.plan_repeat, _resident_round), strict=True):
             plans[(case.shape.blocks, "maintained, resident")] = kept
             print(f"  planning at {case.shape.blocks:,} blocks, maintained, resident: plan_block best "
                   f"{1000 * best(kept.plan):.1f} ms; {NEXT}: {kept.reason}", flush=True)

@@ -65,6 +65,21 @@ def prospect(topic: Topic, base_rows: int, late_rows: int, base: delta_meta.Tabl
     """Why the next unit of ``topic`` cannot run in the driver, as far as the plan tells without
     reading its rows (JVM-free, for ``tidemark explain``); None: it may (the unit itself still
     declines on what it reads: a key given twice, a value Spark would compute otherwise, ...)."""
+    if (why := _unfit(topic, base_rows, late_rows)) is not None:
+        return why
+    if (big := [t for t, s in inputs.items() if s.row_count is None or s.row_count > INPUT_ROWS]):
+        return f"{', '.join(big)}: over {INPUT_ROWS:,} rows or of unknown size"
+    try:
+        _translation(topic, base, inputs)
+        _schema(view)
+    except driver_sql.Declined as why:
+        return str(why)
+    return None
+
+
+def _unfit(topic: Topic, base_rows: int, late_rows: int) -> str | None:
+    """Why a unit of ``topic`` with ``base_rows`` new and ``late_rows`` late base rows is not one
+    the driver runs, by the spec and the sizes alone; None: it may be."""
     spec = topic.spec
     if not enabled():
         return f"${ENV} is off, or direct I/O is"
@@ -76,15 +91,14 @@ def prospect(topic: Topic, base_rows: int, late_rows: int, base: delta_meta.Tabl
         return "late rows to re-derive"
     if not 0 <= base_rows <= BLOCK_ROWS:
         return f"{base_rows:,} new base rows (at most {BLOCK_ROWS:,})"
-    if (big := [t for t, s in inputs.items() if s.row_count is None or s.row_count > INPUT_ROWS]):
-        return f"{', '.join(big)}: over {INPUT_ROWS:,} rows or of unknown size"
-    try:
-        _translated(topic.transforms[0].sql or "",
-                    tuple(sorted({"block": _schema(base), **{t: _schema(s) for t, s in inputs.items()}}.items())))
-        _schema(view)
-    except driver_sql.Declined as why:
-        return str(why)
     return None
+
+
+def _translation(topic: Topic, base: delta_meta.TableSnapshot,
+                 inputs: dict[str, delta_meta.TableSnapshot]) -> driver_sql.Translated:
+    """The topic's SQL translated for DuckDB against the base's and the inputs' schemas."""
+    schemas = {"block": _schema(base), **{t: _schema(s) for t, s in inputs.items()}}
+    return _translated(topic.transforms[0].sql or "", tuple(sorted(schemas.items())))
 
 
 def in_driver(eng: UnitContext, topic: Topic, rec: OffsetRecord, planned: Planned, work: MergeWork,
@@ -93,12 +107,9 @@ def in_driver(eng: UnitContext, topic: Topic, rec: OffsetRecord, planned: Planne
     its rows, the additive MERGE's source, the re-derived rows or the rows to append, ``append``;
     ``driver`` set). None where Spark runs it (module docstring); ``work`` is never changed."""
     spec, block = topic.spec, planned.block
-    if (not enabled() or block is None or not work.strategy.incremental or work.late_rows
-            or not work.built or work.view is None or work.view.table is None or topic.python
-            or len(topic.transforms) != 1 or topic.transforms[0].sql is None or spec.before or spec.after
-            or (spec.additive is None and not spec.row_wise)
-            or not (block.next > block.last or work.strategy.reverse)
-            or not 0 <= planned.base_rows <= BLOCK_ROWS or rec.inputs_next is None):
+    if (block is None or not work.strategy.incremental or not work.built or work.view is None
+            or work.view.table is None or not (block.next > block.last or work.strategy.reverse)
+            or rec.inputs_next is None or _unfit(topic, planned.base_rows, work.late_rows) is not None):
         return None
     view, work = work.view, dataclasses.replace(work)  # what a declined unit set stays out of Spark's
     if view is None:
@@ -108,8 +119,7 @@ def in_driver(eng: UnitContext, topic: Topic, rec: OffsetRecord, planned: Planne
         if conf.get("spark.sql.session.timeZone") != "UTC" or conf.get("spark.sql.caseSensitive", "false") != "false":
             raise driver_sql.Declined("the Spark session's time zone is not UTC, or its names are case-sensitive")
         inputs = {t: _snapshot(eng, t, v) for t, v in rec.inputs_next.items() if t in spec.depends_on[1:]}
-        tr = _translated(topic.transforms[0].sql or "",
-                         tuple(sorted({"block": _schema(base), **{t: _schema(s) for t, s in inputs.items()}}.items())))
+        tr = _translation(topic, base, inputs)
         rows = _block(base, planned, tr.columns["block"]) if block.next > block.last else None
         unit = _Unit(tr, inputs, _schema(view))
         if spec.additive is not None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from lineage.core.errors import ProcessingError, TidemarkError
 from lineage.core.positions import Position
 from lineage.spec.model import LateRows, Topic
-from lineage.views.refresh import Strategy, choose
+from lineage.views.refresh import Sizes, Strategy, choose
 from platform_assets.core import protocol
 from platform_assets.views import driver_unit
 from platform_assets.views.merge import MergeLook, MergeProcessor
@@ -62,22 +62,24 @@ def explain(engine: TopicContext, topic: Topic, *, keys: int = 0) -> list[str]:
         return [*lines, f"  strategy: REFUSED: {exc}"]
     lines.append(f"  strategy: {s.reason}" if s.incremental else f"  strategy: full: {s.reason}")
     if built and (look.end > rec.last or any(c.changed for c in look.changes)):
-        lines.append(_driver_line(eng, topic, look, view, s))
+        lines.append(_driver_line(eng, topic, look, view, s, sizes))
     if keys > 0 and s.incremental:
         lines += affected_keys(eng, topic, rec, look, limit=keys)
     return lines
 
 
-def _driver_line(eng: TopicContext, topic: Topic, look: MergeLook, view: delta_meta.TableSnapshot, s: Strategy) -> str:
+def _driver_line(eng: TopicContext, topic: Topic, look: MergeLook, view: delta_meta.TableSnapshot, s: Strategy,
+                 sizes: Sizes | None) -> str:
     """Where the next unit's transform would run: in the driver by DuckDB (a small unit of an
     additive or row-wise view whose SQL translates; :mod:`platform_assets.views.driver_unit`) or in
-    Spark, and why. A full recompute the estimate chose runs incrementally in the driver when it can."""
+    Spark, and why. A full recompute the estimate chose runs incrementally in the driver when it can
+    (``sizes``: what the estimate priced, :func:`delta_meta.unit_sizes`)."""
     spec = topic.spec
     alt = s
     if not s.incremental and s.estimate is not None:
         alt = choose(spec, built=True, base_rows=look.base_rows, base_columns=look.base.columns,
                      late_rows=look.late.rows.num_rows, changes=look.changes, python_transform=topic.python,
-                     sizes=delta_meta.unit_sizes(look.base, view, look.changes, spec), by_cost=False)
+                     sizes=sizes, by_cost=False)
     if not alt.incremental:
         return "  transform: in Spark (a full recompute)"
     inputs = {c.table: delta_meta.TableSnapshot.open(eng.path(c.table), c.new) for c in look.changes if c.new is not None}
