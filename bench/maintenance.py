@@ -48,7 +48,13 @@ Measured, at the full size (``--blocks``), in one run:
   version, and the process keeping what it read in its plan on that version (the snapshot, which
   the plan moves forward by the one new commit, and the footers), as the follower or the planner
   sensor's code server plans every new block; each round checks that the kept snapshot was the one
-  moved forward. Same target, printed beside the others.
+  moved forward. Same target, printed beside the others. Also printed, with no target: ``steady,
+  no tombstones``, the steady state on copies of both homes whose fact has
+  ``delta.deletedFileRetentionDuration`` 0 and a new checkpoint, which then leaves out the
+  compaction's remove actions (tombstones, kept in every checkpoint for 7 days by default): what
+  they cost a plan that opens the table anew. (A compaction by ``tidemark maintain`` carries a mark
+  in its ``commitInfo`` by which the first plan after it tells it a rewrite without counting its
+  lines.)
 * **maintenance**: ``platform_assets.maintenance.tables.run`` on the fact, as ``tidemark maintain fact.events
   --retain-hours 0 --writers-idle`` (nothing else writes the temp tables): compaction
   (``deltalake`` optimize.compact), checkpoint, VACUUM keeping the versions the topics still need,
@@ -337,6 +343,30 @@ def _resident_round(case: PlanCase, out: PlanTimes) -> None:
     out.reason = planned.reason
 
 
+def without_tombstones(eng: Engine, into: Path) -> Engine:
+    """A copy of ``eng``'s home (tables, offsets) whose fact keeps no tombstone: its
+    ``delta.deletedFileRetentionDuration`` set to 0 on the copy, then a checkpoint, which leaves
+    out the removes that retention let expire. What a plan after maintenance would cost once the
+    compaction's tombstones expire (7 days by default; the Delta protocol keeps them in every
+    checkpoint until then)."""
+    from deltalake import DeltaTable
+
+    from lineage.spec.loader import load_lineage
+    from platform_assets.engine.runner import Engine
+
+    src = Path(eng.settings.home).parent
+    shutil.copytree(src, into)
+    settings = Settings.from_env({}, home=into / "home", lineage=into / "tidemark" / "lineage",
+                                 spark_master=eng.settings.spark_master)
+    copy = Engine(settings, load_lineage(settings.lineage), owner="bench-maintenance")
+    table = DeltaTable(copy.path(FACT))
+    table.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 0 hours"})
+    DeltaTable(copy.path(FACT)).create_checkpoint()
+    if DeltaTable(copy.path(FACT)).get_add_actions().num_rows == 0:
+        raise BenchError(f"the copy of {FACT} without tombstones holds no file")
+    return copy
+
+
 def fact_version(eng: Engine) -> int:
     from resources.storage import maintenance
 
@@ -568,6 +598,11 @@ def main() -> int:
             view_lines.append(view_check(spark, eng, expected))
         print(f"  query results equal on all {len(results)} (tables, phase): {len(expected)} rows (day, category)",
               flush=True)
+        # Diagnostic: the same states on copies whose compaction's tombstones expired.
+        bare = [without_tombstones(e, base / f"{e.settings.home.parent.name}-no-tombstones") for e in (eng_s, eng)]
+        engines.extend(bare)
+        measure_plans("steady, no tombstones", *(PlanCase(e, shape, a, fact_version(e))
+                                                 for e, shape, a in zip(bare, (small, full), (at_s, at), strict=True)))
         resident = [resident_case(eng_s, small), resident_case(eng, full)]
         for case, kept in zip(resident, time_planning(resident, args.plan_repeat, _resident_round), strict=True):
             plans[(case.shape.blocks, "maintained, resident")] = kept
@@ -607,13 +642,13 @@ def print_report(args: argparse.Namespace, before: dict[str, list[float]], after
     print(f"\nJVM-free planning of the next block of {NEXT} (base {FACT}), best of {args.plan_repeat}, ms")
     print("(plan_block and lag row open the base anew, as every plan of a new block does; warm: plan_block in a "
           "process that kept the base's snapshot from a plan on the same version)")
-    print(f"{'blocks':>7}  {'state':<20} {'plan_block':>10} {'lag row':>9} {'warm':>7}")
+    print(f"{'blocks':>7}  {'state':<22} {'plan_block':>10} {'lag row':>9} {'warm':>7}")
     for (blocks, state), t in sorted(plans.items(), key=lambda kv: kv[0][0]):
         if not t.lag:  # (resident: the plan alone)
-            print(f"{blocks:>7,}  {state:<20} {_ms(t.plan):>10} {'-':>9} {'-':>7}")
+            print(f"{blocks:>7,}  {state:<22} {_ms(t.plan):>10} {'-':>9} {'-':>7}")
             continue
-        print(f"{blocks:>7,}  {state:<20} {_ms(t.plan):>10} {_ms(t.lag):>9} {_ms(t.warm):>7}")
-    for state in ("no maintenance", "maintained", "maintained, steady", "maintained, resident"):
+        print(f"{blocks:>7,}  {state:<22} {_ms(t.plan):>10} {_ms(t.lag):>9} {_ms(t.warm):>7}")
+    for state in ("no maintenance", "maintained", "maintained, steady", "steady, no tombstones", "maintained, resident"):
         a, b = plans[(small, state)], plans[(n, state)]
         if not b.lag:
             r_plan = best(b.plan) / best(a.plan)
@@ -621,7 +656,11 @@ def print_report(args: argparse.Namespace, before: dict[str, list[float]], after
                   f"snapshot moved forward), <= {PLAN_TARGET}: {r_plan:.2f} -> {verdict(r_plan, PLAN_TARGET)}")
             continue
         r_plan, r_lag, r_warm = best(b.plan) / best(a.plan), best(b.lag) / best(a.lag), best(b.warm) / best(a.warm)
-        if state != "no maintenance":
+        if state == "steady, no tombstones":
+            print(f"plan_block {n:,}/{small:,} blocks, {state}: {r_plan:.2f} (lag row {r_lag:.2f}, warm {r_warm:.2f}; "
+                  "no target: copies whose compaction's tombstones expired, delta.deletedFileRetentionDuration 0, "
+                  "what the checkpoint's tombstones cost the cold states)")
+        elif state != "no maintenance":
             print(f"target: plan_block {n:,}/{small:,} blocks, {state}, <= {PLAN_TARGET}: {r_plan:.2f} -> "
                   f"{verdict(r_plan, PLAN_TARGET)} (lag row {r_lag:.2f} -> {verdict(r_lag, PLAN_TARGET)}; warm {r_warm:.2f})")
         else:

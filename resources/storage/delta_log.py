@@ -132,16 +132,28 @@ def parse_commit(raw: bytes) -> list[dict[str, Any]]:
     return [_action(line) for line in raw.split(b"\n") if line.strip()]
 
 
+#: What ``tidemark maintain`` writes into the ``commitInfo`` of a compaction it commits through
+#: ``deltalake`` (:data:`REWRITE_METADATA`), which rewrites files and changes no row.
+REWRITE_METADATA = {"tidemark.maintain": "rewrite"}
+REWRITE_MARK = b'"tidemark.maintain":"rewrite"'
+
+
 def rewrites_only(raw: bytes) -> bool:
     """Whether a commit (:func:`read_commit_bytes`) is a rewrite that changes no row, told without
     parsing it: ``add`` and ``remove`` actions only (at least one), each with ``"dataChange":false``,
     after at most a ``commitInfo`` in the first line (where Spark and delta-rs write it) without
     that key. A compaction's commit has a line per file it removed; this spares the planner parsing
     them. Anything else, or the same written another way (spaces in the JSON, blank lines), answers
-    False: the caller then parses the commit."""
+    False: the caller then parses the commit.
+
+    A compaction ``tidemark maintain`` committed (an ``OPTIMIZE`` whose ``commitInfo``, the first
+    line, carries :data:`REWRITE_MARK`) is told from that line alone: counting the lines of a
+    2,000-file compaction costs the first plan after it 0.7 ms."""
     head = raw[:raw.find(b"\n")] if raw.startswith(b'{"commitInfo":') else b""
     if b'"dataChange"' in head:
         return False
+    if REWRITE_MARK in head and b'"operation":"OPTIMIZE"' in head:
+        return True  # Tidemark's own compaction (maintain marks it): its lines need no count
     files = raw.count(b'\n{"add":') + raw.count(b'\n{"remove":') + raw.startswith((b'{"add":', b'{"remove":'))
     lines = raw.count(b"\n") + (not raw.endswith(b"\n"))
     # One action per line, and a string value cannot hold the key unescaped: the counts are of the

@@ -191,9 +191,11 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
     flight are not in the log yet). ``point(name)`` is called between the steps (``maintain:purged``, ``maintain:compacted``,
     ``maintain:checkpointed``, ``maintain:vacuumed``, ``maintain:log-cleaning`` after the first log
     file is deleted): the crash tests kill the process there."""
-    from deltalake import DeltaTable, WriterProperties
+    from deltalake import CommitProperties, DeltaTable, WriterProperties
 
     point = point or (lambda name: None)
+    # marked, so that the first plan after it tells it a rewrite from its first line (delta_log.rewrites_only)
+    marked = CommitProperties(custom_metadata=delta_log.REWRITE_METADATA)
 
     if retain_hours is not None and retain_hours < 0:
         raise MaintenanceError(f"{h.table}: retain_hours must be 0 or more, not {retain_hours}")
@@ -231,18 +233,18 @@ def maintain(h: Health, *, retain_hours: float | None = None, writers_idle: bool
             report.in_pos_order = ordered
         elif cluster_by and (recluster or not h.kept_small):  # a kept-small table's small files are binned
             report.compacted = _retry(f"{h.table}: Z-order", lambda: table().optimize.z_order(
-                list(cluster_by), target_size=h.target_bytes, max_concurrent_tasks=2))
+                list(cluster_by), target_size=h.target_bytes, max_concurrent_tasks=2, commit_properties=marked))
             report.clustered_by = cluster_by
         elif ordered:  # Z-order by one column: the rows sorted by it
             report.compacted = _retry(f"{h.table}: compaction in pos order", lambda: table().optimize.z_order(
-                ["pos"], target_size=h.target_bytes, max_concurrent_tasks=2,
+                ["pos"], target_size=h.target_bytes, max_concurrent_tasks=2, commit_properties=marked,
                 writer_properties=WriterProperties(max_row_group_size=COMPACT_ROW_GROUP_ROWS)))
             report.in_pos_order = True
         else:
             # a table kept in small files: only the files under half its target are binned (into files
             # of up to that size), so the files a clustered build wrote stay as they are
             report.compacted = _retry(f"{h.table}: compaction", lambda: table().optimize.compact(
-                target_size=h.small_bytes if h.kept_small else h.target_bytes, max_concurrent_tasks=2,
+                target_size=h.small_bytes if h.kept_small else h.target_bytes, max_concurrent_tasks=2, commit_properties=marked,
                 writer_properties=WriterProperties(max_row_group_size=COMPACT_ROW_GROUP_ROWS)))
     elif compact:
         report.skipped.append(f"compaction: not needed ({h.small_files} small files; compacts from {COMPACT_FROM_SMALL_FILES})")

@@ -321,6 +321,12 @@ def test_a_compaction_commit_is_known_as_a_rewrite_without_parsing_it_and_answer
     assert not delta_log.rewrites_only(raw + b' {"add":{"path":"a.parquet","dataChange":false}}\n')  # a line opened otherwise
     assert not delta_log.rewrites_only(raw[:line_end])  # a commitInfo alone
     assert not delta_log.rewrites_only(b"")
+    # the mark tidemark maintain writes tells a compaction from its first line; elsewhere it is counted
+    marked = raw.replace(b'{"commitInfo":{', b'{"commitInfo":{' + delta_log.REWRITE_MARK + b",", 1)
+    assert delta_log.rewrites_only(marked)
+    append = delta_log.read_commit_bytes(fs, log, rewrite + 1)
+    assert not delta_log.rewrites_only(append.replace(b'{"commitInfo":{', b'{"commitInfo":{' + delta_log.REWRITE_MARK + b",", 1))
+    assert not delta_log.rewrites_only(delta_log.REWRITE_MARK + b"\n" + body)  # not in a commitInfo line
 
     parsed: list[int] = []
     real_parse = delta_log.parse_commit

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from resources.storage import health
+from resources.storage import delta_log, health
 from resources.storage import maintenance as m
 
 
@@ -267,6 +267,12 @@ def test_compaction_writes_small_row_groups_and_planning_reads_the_compacted_fil
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), "row groups hold disjoint pos ranges"
     log = DeltaTable(path).history(1)[0]
     assert log["operation"] == "OPTIMIZE", "a compaction, not a change of data (readers run no unit for it)"
+    # marked as maintain's own rewrite: told from its first line, and what counting its lines says too
+    fs, log_dir = delta_log.log_fs(path)
+    raw = delta_log.read_commit_bytes(fs, log_dir, n)
+    assert log["tidemark.maintain"] == "rewrite" and delta_log.REWRITE_MARK in raw[:raw.index(b"\n")]
+    unmarked = raw.replace(delta_log.REWRITE_MARK, b'"other":"x"', 1)
+    assert delta_log.rewrites_only(raw) and delta_log.rewrites_only(unmarked)
     # the next block's end and the newest position, read through the row groups' statistics
     last = Position(t0 + dt.timedelta(seconds=n * per - 500), n * per - 500)
     end = delta_meta.find_block_end(path, last, t0 + dt.timedelta(days=1), 100)
