@@ -349,6 +349,7 @@ def without_tombstones(eng: Engine, into: Path) -> Engine:
     out the removes that retention let expire. What a plan after maintenance would cost once the
     compaction's tombstones expire (7 days by default; the Delta protocol keeps them in every
     checkpoint until then)."""
+    import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
     from lineage.spec.loader import load_lineage
@@ -359,11 +360,14 @@ def without_tombstones(eng: Engine, into: Path) -> Engine:
     settings = Settings.from_env({}, home=into / "home", lineage=into / "tidemark" / "lineage",
                                  spark_master=eng.settings.spark_master)
     copy = Engine(settings, load_lineage(settings.lineage), owner="bench-maintenance")
+    DeltaTable(copy.path(FACT)).alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 0 hours"})
     table = DeltaTable(copy.path(FACT))
-    table.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 0 hours"})
-    DeltaTable(copy.path(FACT)).create_checkpoint()
-    if DeltaTable(copy.path(FACT)).get_add_actions().num_rows == 0:
-        raise BenchError(f"the copy of {FACT} without tombstones holds no file")
+    table.create_checkpoint()
+    checkpoint = Path(copy.path(FACT)) / "_delta_log" / f"{table.version():020d}.checkpoint.parquet"
+    removes = pq.read_table(checkpoint, columns=["remove"])["remove"]
+    if table.get_add_actions().num_rows == 0 or removes.null_count != len(removes):
+        raise BenchError(f"the copy of {FACT} without tombstones holds no file, or its checkpoint still holds "
+                         f"{len(removes) - removes.null_count} tombstone(s)")
     return copy
 
 

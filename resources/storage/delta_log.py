@@ -135,7 +135,7 @@ def parse_commit(raw: bytes) -> list[dict[str, Any]]:
 #: What ``tidemark maintain`` writes into the ``commitInfo`` of a compaction it commits through
 #: ``deltalake`` (:data:`REWRITE_METADATA`), which rewrites files and changes no row.
 REWRITE_METADATA = {"tidemark.maintain": "rewrite"}
-REWRITE_MARK = b'"tidemark.maintain":"rewrite"'
+REWRITE_MARK = json.dumps(REWRITE_METADATA, separators=(",", ":"))[1:-1].encode()  # as delta-rs writes it
 
 
 def rewrites_only(raw: bytes) -> bool:
