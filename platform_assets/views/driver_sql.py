@@ -67,6 +67,9 @@ class Translated:
     casts: list[CastColumn] = field(default_factory=list)
     output: list[str] = field(default_factory=list)
     grouped: bool = False  # GROUP BY or an aggregate: rows of several base rows
+    #: output column -> the ``block`` column it is, as it is: a bare column of the ``FROM`` table
+    #: (not a cast, an expression over it, or a column of a joined ``block``)
+    copied: dict[str, str] = field(default_factory=dict)
 
 
 #: (side, kind) of the joins run in the driver: [INNER] JOIN, LEFT [OUTER] JOIN
@@ -141,7 +144,10 @@ def translate(sql: str, schemas: Mapping[str, pa.Schema]) -> Translated:
         if typer.kind(body, aggregate_ok=True) == "float" and not isinstance(body, exp.Column):
             raise Declined(f"{out}: a floating-point value computed")
         if isinstance(body, exp.Column):
-            out = typer.field(body)[1] if not isinstance(item, exp.Alias) else out
+            alias, name, _ = typer.field(body)
+            out = name if not isinstance(item, exp.Alias) else out
+            if tr.aliases[alias][0] == "tm_rel_0":  # the FROM table: block
+                tr.copied[out] = name
         if out.lower() in {o.lower() for o in tr.output}:
             raise Declined(f"two output columns named {out}")
         tr.output.append(out)

@@ -31,9 +31,8 @@ from lineage.core.positions import Position
 from lineage.spec.model import Topic
 from lineage.views.refresh import cluster_column
 from platform_assets.core import table_reads
-from platform_assets.views import driver_sql, in_hand, reverse
+from platform_assets.views import driver_sql, in_hand, reverse, row_wise
 from platform_assets.views.additive import additive, groups_filter, zero_sums
-from platform_assets.views.row_wise import append_point
 from platform_assets.views.work import LOCAL_KEYS, PRESENT, MergeWork
 from resources.storage import delta_meta, delta_read
 
@@ -238,7 +237,7 @@ def _added(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, rows: p
     # each contribution checked alone, as Spark's unit checks it (a null in one: its groups re-derived)
     parts = [(1, unit.output(rows, unit.inputs))] if rows is not None else []
     if work.strategy.reverse:
-        held, old = _held(eng, topic, work, unit, base, last)
+        held, old, _ = _held(eng, topic, work, unit, base, last)
         parts += [(1, unit.output(held, unit.inputs)), (-1, unit.output(held, {**unit.inputs, **old}))]
     for _, out in parts:
         if any(out.column(c).null_count for c in sums):
@@ -257,10 +256,12 @@ def _added(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, rows: p
 
 
 def _held(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, base: delta_meta.TableSnapshot,
-          last: Position) -> tuple[pa.Table, dict[str, delta_meta.TableSnapshot]]:
+          last: Position, *, in_view: bool = False) -> tuple[pa.Table, dict[str, delta_meta.TableSnapshot],
+                                                          pa.Table | None]:
     """The base rows up to ``last`` joining a changed row of the one reverse-joined input (its change
-    feed's join values, JVM-free; a literal list of one column; the block's columns), and that
-    input at the version the view applied."""
+    feed's join values, JVM-free; a literal list of one column; the block's columns), that input at
+    the version the view applied, and, where ``in_view`` and the view stands in for the base
+    (:func:`_view_stands_in`), the view rows they were read from (else None: read from the base)."""
     if len(work.strategy.reverse) != 1:
         raise driver_sql.Declined("more than one changed input")
     [table] = work.strategy.reverse
@@ -271,11 +272,45 @@ def _held(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, base: de
     [(column, theirs)] = pairs.items()
     found = table_reads.changed_value_rows(eng.path(table), change.old + 1, change.new, {theirs: column}, LOCAL_KEYS)
     values = reverse.values_listed([column], found)
+    columns = sorted(unit.tr.columns["block"] | {"pos", "id"})
+    old = {table: _snapshot(eng, table, change.old)}
+    if values is not None and in_view and work.view is not None and _view_stands_in(eng, topic, work, unit, base,
+                                                                                     last, column):
+        rows = table_reads.matching_rows(work.view, {column: values}, last)
+        if rows is not None:
+            return rows.select(columns), old, rows
     held = None if values is None else table_reads.matching_rows(base, {column: values}, last)
     if held is None:
         raise driver_sql.Declined(f"{table}: its changed rows' join values or the base rows joining them are not "
                                   f"read JVM-free")
-    return held.select(sorted(unit.tr.columns["block"] | {"pos", "id"})), {table: _snapshot(eng, table, change.old)}
+    return held.select(columns), old, None
+
+
+def _view_stands_in(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, base: delta_meta.TableSnapshot,
+                    last: Position, column: str) -> bool:
+    """Whether a row-wise view holds, in its own rows, the base rows up to ``last`` joining a value of
+    ``column`` (the changed input's join column), found there by the view's clustering, where the
+    base (in ``(pos, id)`` order) is scanned whole: what
+    :func:`platform_assets.views.row_wise.found_in_view` checks in Spark, checked from the Delta
+    logs and the translated SQL. ``column`` is the view's clustering column; every base column the
+    transform reads (and ``pos``, ``id``, the key) is an output column of its own name that is that
+    column of the ``FROM`` table as it is, and of the base's type in the view; neither table has
+    deletion vectors; the view's newest commit is this topic's unit up to ``last``; and its row count
+    (the log's) is the base's up to ``last``. What that cannot show (a transform edited since the
+    rows were written), the unit checks over the rows found (:func:`_rederived`)."""
+    view, spec = work.view, topic.spec
+    if view is None or view.table is None or cluster_column(spec, unit.schema.names) != column:
+        return False
+    needed = unit.tr.columns["block"] | {"pos", "id"}
+    theirs = _schema(base)
+    if not set(spec.key) <= needed or any(
+            unit.tr.copied.get(c) != c or c not in unit.schema.names or c not in theirs.names
+            or unit.schema.field(c).type != theirs.field(c).type for c in needed):
+        return False
+    if delta_meta.deletion_vectors(view).feature or not row_wise.append_point(eng, topic, work, last):
+        return False
+    held = view.row_count
+    return held is not None and held == delta_meta.count_upto(base, last)
 
 
 def _rederived(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, rows: pa.Table | None,
@@ -284,13 +319,24 @@ def _rederived(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, row
     transform over the new base rows and those joining a changed row, at the new versions; their
     old rows (the keys they leave) the transform over the latter at the versions the view applied
     (as :func:`platform_assets.views.row_wise.rederive` computes them in Spark). The MERGE's source:
-    every new row, and every old key no new row gives, to delete."""
+    every new row, and every old key no new row gives, to delete. Those base rows are looked up in
+    the view where it stands in for the base, and must then be what the transform over their base
+    columns gives back; else they are read from the base."""
     key = list(topic.spec.key)
     if unit.tr.grouped:
         raise driver_sql.Declined("a row-wise transform with an aggregate")
-    held, old = _held(eng, topic, work, unit, base, last)
-    made = unit.output(held if rows is None else pa.concat_tables([rows, held.select(rows.column_names)]), unit.inputs)
+    held, old, found = _held(eng, topic, work, unit, base, last, in_view=True)
     left = unit.output(held, {**unit.inputs, **old})
+    how = ""
+    if found is not None:
+        differ = in_hand.differ(left, found) if in_hand.comparable(left, found) else -1
+        how = f"; {row_wise.FOUND_IN_VIEW}" if differ == 0 else ""
+        if differ:
+            log.info("topic %s: %s", topic.name, row_wise.not_in_view(differ) if differ > 0 else
+                     "the rows looked up in the view are not of the view's types; read from the base")
+            held, old, _ = _held(eng, topic, work, unit, base, last)
+            left = unit.output(held, {**unit.inputs, **old})
+    made = unit.output(held if rows is None else pa.concat_tables([rows, held.select(rows.column_names)]), unit.inputs)
     if not driver_sql.keys_unique(made, key) or not driver_sql.keys_unique(left, key):
         raise driver_sql.Declined("a key given twice")
     work.columns = list(made.column_names)
@@ -303,7 +349,7 @@ def _rederived(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, row
     read = reverse.prune_reads_view(topic, work, key, work.key_rows)
     work.prune = reverse.prune(eng, topic, work, key, work.key_rows)
     _done(work, in_hand.merge_source(made, left.select(key), key, PRESENT),
-          f"row_wise: {made.num_rows} rows re-derived from the base rows found, not from the full base",
+          f"row_wise: {made.num_rows} rows re-derived from the base rows found, not from the full base{how}",
           spark=None if read is None else f"one Spark job read the view's {read} of the {len(work.key_rows)} affected "
                                           f"keys, to prune the MERGE")
 
@@ -315,7 +361,7 @@ def _appended(eng: UnitContext, topic: Topic, work: MergeWork, tr: driver_sql.Tr
     key = list(topic.spec.key)
     if tr.grouped:
         raise driver_sql.Declined("a row-wise transform with an aggregate")
-    if not append_point(eng, topic, work, last):
+    if not row_wise.append_point(eng, topic, work, last):
         raise driver_sql.Declined("the view may hold rows of base rows after its last")
     if not driver_sql.keys_unique(rows, key):
         raise driver_sql.Declined("a key given twice")

@@ -3,7 +3,7 @@ transform's output over the base rows the unit found, marked by part (``even``, 
 rows found, in two parts; ``alone``: rows made from no base row; ``old``: the rows the affected
 keys held), collected once as Arrow (:func:`collected`), and everything the unit then needs of them
 computed here without another Spark job: its checks (:func:`checks`, what
-:func:`platform_assets.views.row_wise._checks` computes in Spark), the values of a column
+:func:`platform_assets.views.row_wise._checks` computes in Spark; :func:`differ`), the values of a column
 (:func:`distinct_values`), the affected keys (:func:`key_rows`) and the MERGE's source
 (:func:`merge_source`: each key's new row, or the key alone where no row gives it any more).
 
@@ -102,11 +102,17 @@ def checks(every: pa.Table, key: list[str], part_col: str, found: pa.Table | Non
         "twice": sum(1 for n in counts.values() if n > 1), "most_n": most_n,
         "most": dict(zip(key, _raw(made, key, most), strict=True)) if counts else None, "differ": 0}
     if found is not None:
-        old = part(every, part_col, "old")
-        again = collections.Counter(_tuples(old, found.column_names))
-        again.subtract(collections.Counter(_tuples(found, found.column_names)))
-        got["differ"] = sum(abs(n) for n in again.values())
+        got["differ"] = differ(part(every, part_col, "old"), found)
     return got
+
+
+def differ(again: pa.Table, found: pa.Table) -> int:
+    """The rows in which ``found`` (rows looked up in the view) and ``again`` (the transform over
+    their base columns, with at least ``found``'s columns) differ, each row as often as it occurs
+    (0: the same rows, as Spark's grouping compares them)."""
+    counted = collections.Counter(_tuples(again, found.column_names))
+    counted.subtract(collections.Counter(_tuples(found, found.column_names)))
+    return sum(abs(n) for n in counted.values())
 
 
 def _raw(table: pa.Table, cols: list[str], wanted: tuple[Any, ...]) -> list[Any]:

@@ -242,12 +242,18 @@ def _found_checked(work: MergeWork, differ: int) -> None:
     rows differ, see :func:`_checks`): the same rows, each as often, or :class:`NotInViewError` (the
     unit then scans the base as for any view)."""
     if differ:
-        raise NotInViewError(
-            f"the base rows joining a changed row were looked up in the view, but the transform over its rows' base "
+        raise NotInViewError(not_in_view(differ))
+    work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; {FOUND_IN_VIEW}")
+
+
+#: The reason's words for a unit whose base rows joining a changed row were looked up in the view.
+FOUND_IN_VIEW = "the base rows joining a changed row found in the view, not by a scan of the base"
+
+
+def not_in_view(differ: int) -> str:
+    """Why the rows looked up in the view were read from the base after all (``differ`` rows differ)."""
+    return (f"the base rows joining a changed row were looked up in the view, but the transform over its rows' base "
             f"columns does not give those rows back ({differ} row(s) differ), so they were read from the base")
-    work.strategy = dataclasses.replace(work.strategy, reason=f"{work.strategy.reason}; the base rows joining a "
-                                                              f"changed row found in the view, not by a scan of "
-                                                              f"the base")
 
 
 def copies_base(spark: SparkSession, topic: Topic, base: DataFrame, tables: dict[str, str], name: str,
