@@ -274,16 +274,28 @@ def _held(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, base: de
     values = reverse.values_listed([column], found)
     columns = sorted(unit.tr.columns["block"] | {"pos", "id"})
     old = {table: _snapshot(eng, table, change.old)}
-    if values is not None and in_view and work.view is not None and _view_stands_in(eng, topic, work, unit, base,
-                                                                                     last, column):
+    if values is not None and in_view and work.view is not None and _cheaper_in_view(work.view, base, {column: values},
+                                                                                      columns) \
+            and _view_stands_in(eng, topic, work, unit, base, last, column):
         rows = table_reads.matching_rows(work.view, {column: values}, last)
         if rows is not None:
             return rows.select(columns), old, rows
-    held = None if values is None else table_reads.matching_rows(base, {column: values}, last)
+    held = None if values is None else table_reads.matching_rows(base, {column: values}, last, columns=columns)
     if held is None:
         raise driver_sql.Declined(f"{table}: its changed rows' join values or the base rows joining them are not "
                                   f"read JVM-free")
     return held.select(columns), old, None
+
+
+def _cheaper_in_view(view: delta_meta.TableSnapshot, base: delta_meta.TableSnapshot, values: dict[str, Any],
+                     columns: list[str]) -> bool:
+    """Whether the view's files whose statistics allow ``values`` (read whole: every view column,
+    to check the rows found) are fewer bytes than the base's ``columns`` a filtered scan of every
+    base file reads (their share of its bytes by count), by the Delta logs. A small view is not
+    (at 1M orders, 18 of its 40 files hold 12 customers: read slower than the base's 4 columns)."""
+    in_view, whole = view.bytes_holding(values), base.size_bytes
+    return in_view is not None and whole is not None and bool(base.columns) and \
+        in_view < whole * len(columns) / len(base.columns)
 
 
 def _view_stands_in(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, base: delta_meta.TableSnapshot,

@@ -86,11 +86,19 @@ class TableSnapshot:
         """Rows in the files :meth:`files_holding` keeps (an upper bound of the rows whose columns
         take those values). None: no table, no row counts, or values that do not compare with the
         statistics."""
+        return self._held_total(values, "num_records")
+
+    def bytes_holding(self, values: Mapping[str, Collection[Any]]) -> int | None:
+        """Bytes of the files :meth:`files_holding` keeps (what a scan filtered by those values
+        reads at most). None as for :meth:`rows_holding`."""
+        return self._held_total(values, "size_bytes")
+
+    def _held_total(self, values: Mapping[str, Collection[Any]], column: str) -> int | None:
         files = self.files
         keep = self._holding(values)
-        if keep is None or "num_records" not in files.column_names:
+        if keep is None or column not in files.column_names:
             return None
-        return sum(n or 0 for n, k in zip(files["num_records"].to_pylist(), keep, strict=True) if k)
+        return sum(n or 0 for n, k in zip(files[column].to_pylist(), keep, strict=True) if k)
 
     def files_holding(self, values: Mapping[str, Collection[Any]]) -> list[str] | None:
         """The data files (paths as the log names them) whose statistics allow a row whose every

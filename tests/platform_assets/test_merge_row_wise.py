@@ -339,3 +339,32 @@ def test_the_lineage_refuses_row_wise_with_additive_or_off_a_merge_topic(tmp_pat
     text = lineage_refusal(tmp_path, topic)
     assert "topic 'mart.x'" in text and "an additive view sums several base rows into a row, so it cannot be row_wise" in text
     assert "only merge topics take 'row_wise' (this is a step topic)" in text
+
+
+def test_a_unit_in_the_driver_looks_in_the_view_only_where_it_reads_fewer_bytes_than_the_base(tmp_path: Path) -> None:
+    """The view's files that may hold the values (by their statistics) against the base's columns
+    the filtered scan reads in every base file, both from the Delta logs."""
+    import hashlib
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from platform_assets.views.driver_unit import _cheaper_in_view
+    from resources.storage.delta_meta import TableSnapshot
+
+    base, view = str(tmp_path / "base"), str(tmp_path / "view")
+    n = 20_000
+    write_deltalake(base, pa.table({"pos": pa.array(range(n), pa.int64()), "id": pa.array(range(n), pa.int64()),
+                                    "customer_id": pa.array([i % 500 for i in range(n)], pa.int64()),
+                                    "amount": pa.array([i * 0.5 for i in range(n)])}))
+    for first in range(0, 500, 100):  # clustered: a file per 100 customers
+        rows = [i for i in range(n) if first <= i % 500 < first + 100]
+        write_deltalake(view, pa.table({"id": pa.array(rows, pa.int64()),
+                                        "customer_id": pa.array([i % 500 for i in rows], pa.int64()),
+                                        "note": pa.array([hashlib.sha256(str(i).encode()).hexdigest() for i in rows])}),
+                        mode="append")  # a wide column that does not compress: the view is the larger table
+    b, v = TableSnapshot.open(base), TableSnapshot.open(view)
+    cols = ["amount", "customer_id", "id", "pos"]
+    assert _cheaper_in_view(v, b, {"customer_id": [7]}, cols)  # one of five view files
+    assert not _cheaper_in_view(v, b, {"customer_id": [7, 107, 207, 307, 407]}, cols)  # every view file
+    assert not _cheaper_in_view(v, b, {"customer_id": ["x"]}, cols)  # values the statistics cannot compare

@@ -716,6 +716,10 @@ def test_rows_holding_counts_the_files_whose_statistics_allow_the_values(tmp_pat
     assert snap.rows_holding({}) == 8
     assert snap.rows_holding({"c": ["x"]}) is None  # values that do not compare with the statistics
     assert snap.rows_holding({"nope": [1]}) == 8  # a column without statistics: every file
+    sizes = dict(zip(snap.files["path"].to_pylist(), snap.files["size_bytes"].to_pylist(), strict=True))
+    assert snap.bytes_holding({"c": [1, 5]}) == sum(sizes[p] for p in snap.files_holding({"c": [1, 5]}) or []) > 0
+    assert snap.bytes_holding({}) == snap.size_bytes and snap.bytes_holding({"c": [3]}) == 0
+    assert snap.bytes_holding({"c": ["x"]}) is None
 
 
 def test_files_holding_keeps_a_file_whose_truncated_statistics_may_hold_a_value(tmp_path: Path) -> None:
