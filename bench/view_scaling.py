@@ -33,7 +33,7 @@ rebuild (the view's SQL from scratch over every order, one Delta overwrite, same
 two alternate which goes first), and, with ``--sdp``, a fresh ``spark-pipelines run`` of the
 view as a ``@dp.materialized_view`` (JVM start included), given ``--sdp-limit`` seconds per
 run: a run over the limit is killed, reported as such, and SDP is left out of larger sizes.
-Before the first size an untimed warm-up size (``--warmup`` orders, 100,000; its lines printed,
+Before the first size an untimed warm-up size (``--warmup`` orders, 200,000; its lines printed,
 its results left out) runs the same events, so that the first measured units do not alone pay
 the process's first calls (imports of DuckDB and sqlglot, first reads: ~0.3 s measured at 1M).
 Every result is checked equal to the full rebuild (row counts and ``exceptAll`` both ways,
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sdp-limit", type=float, default=600, help="seconds an SDP run may take before it is killed")
     p.add_argument("--driver-memory", default="6g", help="driver memory of the Spark drivers")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (data, logs)")
-    p.add_argument("--warmup", type=int, default=100_000,
+    p.add_argument("--warmup", type=int, default=200_000,
                    help="orders of an untimed first size, left out of the results, so that the first measured "
                         "size does not pay the process's first calls alone (0: none)")
     p.add_argument("--strategy", choices=["auto", "incremental"], default="auto",

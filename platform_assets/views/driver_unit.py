@@ -1,6 +1,7 @@
 """A unit in the driver (issue 56): for an additive or row-wise view, a unit whose changes are new
 base rows and at most one changed reference table reads its rows by ``deltalake`` (JVM-free: the
-block; the base rows joining a changed reference row, by their join values from its change feed;
+block; the base rows joining a changed reference row, by their join values from its change feed,
+from the base or, for a row-wise view that stands in for it, from the view (:func:`_view_stands_in`);
 the inputs at their versions), runs the transform by DuckDB
 (:mod:`~platform_assets.views.driver_sql`, where the SQL is of a form both engines run alike), and
 lands the rows by ``deltalake``: appended to a row-wise view (new rows only), MERGEd as re-derived
@@ -291,8 +292,8 @@ def _cheaper_in_view(view: delta_meta.TableSnapshot, base: delta_meta.TableSnaps
                      columns: list[str]) -> bool:
     """Whether the view's files whose statistics allow ``values`` (read whole: every view column,
     to check the rows found) are fewer bytes than the base's ``columns`` a filtered scan of every
-    base file reads (their share of its bytes by count), by the Delta logs. A small view is not
-    (at 1M orders, 18 of its 40 files hold 12 customers: read slower than the base's 4 columns)."""
+    base file reads (their share of its bytes by count), by the Delta logs: a view whose clustering
+    the MERGEs wore away (every file may hold every value) is not read for them."""
     in_view, whole = view.bytes_holding(values), base.size_bytes
     return in_view is not None and whole is not None and bool(base.columns) and \
         in_view < whole * len(columns) / len(base.columns)
