@@ -126,6 +126,22 @@ UNIONED = ("SELECT b.*, c.country FROM block b LEFT JOIN dim.customers c ON b.cu
 IN_VIEW = "the base rows joining a changed row found in the view, not by a scan of the base"
 
 
+def later_units(eng, topic: str, unit, reads: list[str]) -> None:
+    """Two more units of ``topic`` (30 orders, a view that stands in for the base; ``unit`` runs one
+    and gives its reason, ``reads`` what it read): new orders and a changed customer in one unit
+    (the new orders re-derived with the rows found in the view), then a unit after another writer
+    changed the view (what it holds is unknown, so the base is read)."""
+    orders(eng, 31, 6, customers=12)
+    dim_sql(eng, "UPDATE DIM SET country = 'C6' WHERE id IN (0, 3)")
+    assert IN_VIEW in unit(topic)
+    assert assert_view_equals_recompute(eng, topic) == 36
+    eng.spark.sql(f"UPDATE delta.`{eng.path(topic)}` SET amount = -1 WHERE id = 3")
+    dim_sql(eng, "UPDATE DIM SET country = 'C5' WHERE id = 3")
+    why = unit(topic)
+    assert IN_VIEW not in why and reads == ["base"], (why, reads)
+    assert assert_view_equals_recompute(eng, topic) == 36
+
+
 @pytest.mark.spark
 def test_a_row_wise_view_holding_the_base_columns_finds_the_rows_of_a_changed_row_in_itself(
         spark, settings, tmp_path, monkeypatch):
@@ -183,18 +199,7 @@ def test_a_row_wise_view_holding_the_base_columns_finds_the_rows_of_a_changed_ro
     assert IN_VIEW not in why and base_reads == ["base"], (why, base_reads)
     assert assert_view_equals_recompute(eng, "mart.holds_inner") > 0
 
-    # new orders and a changed customer in one unit: the new orders are re-derived with the rows found
-    orders(eng, 31, 6, customers=12)
-    dim_sql(eng, "UPDATE DIM SET country = 'C6' WHERE id IN (0, 3)")
-    assert IN_VIEW in unit("mart.holds")
-    assert assert_view_equals_recompute(eng, "mart.holds") == 36
-
-    # another writer changed the view: what it holds is unknown, so the base is scanned
-    eng.spark.sql(f"UPDATE delta.`{eng.path('mart.holds')}` SET amount = -1 WHERE id = 3")
-    dim_sql(eng, "UPDATE DIM SET country = 'C5' WHERE id = 3")
-    why = unit("mart.holds")
-    assert IN_VIEW not in why and base_reads == ["base"], (why, base_reads)
-    assert assert_view_equals_recompute(eng, "mart.holds") == 36
+    later_units(eng, "mart.holds", unit, base_reads)
 
     # a crash after the MERGE of a unit that found its rows in the view: the retry never applies twice
     dim_sql(eng, "UPDATE DIM SET country = 'C4' WHERE id = 4")
@@ -259,18 +264,7 @@ def test_a_unit_in_the_driver_finds_the_rows_of_a_changed_row_in_the_view(spark,
         assert IN_VIEW not in why and reads == ["base"], (topic, why, reads)
         assert assert_view_equals_recompute(eng, topic) > 0
 
-    # new orders and a changed customer in one unit: the new orders are re-derived with the rows found
-    orders(eng, 31, 6, customers=12)
-    dim_sql(eng, "UPDATE DIM SET country = 'C6' WHERE id IN (0, 3)")
-    assert IN_VIEW in unit("mart.copies")
-    assert assert_view_equals_recompute(eng, "mart.copies") == 36
-
-    # another writer changed the view: what it holds is unknown, so the base is read
-    eng.spark.sql(f"UPDATE delta.`{eng.path('mart.copies')}` SET amount = -1 WHERE id = 3")
-    dim_sql(eng, "UPDATE DIM SET country = 'C5' WHERE id = 3")
-    why = unit("mart.copies")
-    assert IN_VIEW not in why and reads == ["base"], (why, reads)
-    assert assert_view_equals_recompute(eng, "mart.copies") == 36
+    later_units(eng, "mart.copies", unit, reads)
     eng.close()
 
     # the transform edited since the view's rows were written (a customer-less order's country now
