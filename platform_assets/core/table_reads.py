@@ -215,7 +215,7 @@ def matching_rows(snap: delta_meta.TableSnapshot, values: Mapping[str, Collectio
     """The rows of the table version ``snap`` whose column takes one of its values in ``values``
     (one column; a None among them matches a null), whose ``(pos, id)`` is at most ``end`` (a null
     ``id`` never is) and whose ``id`` is not in ``exclude_ids``, with ``columns`` and ``pos``, ``id``
-    (None: every column, in the table's order): read JVM-free by ``deltalake``'s
+    and the filtered column (None: every column, in the table's order): read JVM-free by ``deltalake``'s
     DataFusion reader (deletion vectors and column mapping applied). Spark would read every file
     for them: a base in ``(pos, id)`` order holds a customer's rows everywhere (1 s of Spark at 10M
     rows, where DataFusion took 0.6 s at 50M, docs/benchmarks.md). None where Spark reads them:
@@ -237,7 +237,7 @@ def matching_rows(snap: delta_meta.TableSnapshot, values: Mapping[str, Collectio
     cond = [f"{col} IN ({', '.join(delta_read.sql_literal(v) for v in known)})"] if known else []
     cond += [f"{col} IS NULL"] if len(known) < len(wanted) else []
     try:
-        rows = delta_read.scan(snap.table, None if columns is None else sorted({*columns, "pos", "id"}),
+        rows = delta_read.scan(snap.table, None if columns is None else sorted({*columns, "pos", "id", column}),
                                predicate=" OR ".join(cond) if cond else "false")
     except Exception:  # noqa: BLE001 - Spark reads them then (and says why if it cannot either)
         return None

@@ -306,7 +306,7 @@ def _view_stands_in(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit
     base (in ``(pos, id)`` order) is scanned whole: what
     :func:`platform_assets.views.row_wise.found_in_view` checks in Spark, checked from the Delta
     logs and the translated SQL. ``column`` is the view's clustering column; every base column the
-    transform reads (and ``pos``, ``id``, the key) is an output column of its own name that is that
+    transform reads (and ``pos``, ``id``, ``column``, the key) is an output column of its own name that is that
     column of the ``FROM`` table as it is, and of the base's type in the view; neither table has
     deletion vectors; the view's newest commit is this topic's unit up to ``last``; and its row count
     (the log's) is the base's up to ``last``. What that cannot show (a transform edited since the
@@ -314,7 +314,7 @@ def _view_stands_in(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit
     view, spec = work.view, topic.spec
     if view is None or view.table is None or cluster_column(spec, unit.schema.names) != column:
         return False
-    needed = unit.tr.columns["block"] | {"pos", "id"}
+    needed = unit.tr.columns["block"] | {"pos", "id", column}  # the join column looked up, read or not
     theirs = _schema(base)
     if not set(spec.key) <= needed or any(
             unit.tr.copied.get(c) != c or c not in unit.schema.names or c not in theirs.names
@@ -349,7 +349,11 @@ def _rederived(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, row
                      "the rows looked up in the view are not of the view's types; read from the base")
             held, old, _ = _held(eng, topic, work, unit, base, last)
             left = unit.output(held, {**unit.inputs, **old})
-    made = unit.output(held if rows is None else pa.concat_tables([rows, held.select(rows.column_names)]), unit.inputs)
+    every = held
+    if rows is not None:  # the block's rows (the base's) and the rows found (maybe the view's: nullable columns)
+        both = pa.schema([f.with_nullable(True) for f in rows.schema])
+        every = pa.concat_tables([rows.cast(both), held.select(rows.column_names).cast(both)])
+    made = unit.output(every, unit.inputs)
     if not driver_sql.keys_unique(made, key) or not driver_sql.keys_unique(left, key):
         raise driver_sql.Declined("a key given twice")
     work.columns = list(made.column_names)

@@ -148,6 +148,17 @@ def test_lineage_names_and_aliases_resolve_as_spark_resolves_them():
     assert tr.columns == {"block": {"id", "customer_id"}, "dim.Customers": {"id", "country", "segment"}}
 
 
+def test_copied_names_the_output_columns_that_are_a_column_of_the_from_table_as_it_is():
+    """What a row-wise unit in the driver trusts to look base rows up in the view: only bare columns of
+    ``block`` as the ``FROM`` table (not of a joined ``block``, not computed, not the other tables')."""
+    data = tables(8)
+    tr = driver_sql.translate(
+        "SELECT b.pos, b.ID, b.customer_id AS cid, coalesce(b.qty, 0) AS qty, CAST(b.price AS DECIMAL(12, 2)) AS price, "
+        "b2.note AS note, c.id AS customer_id, c.country FROM block b LEFT JOIN block b2 ON b.id = b2.id "
+        "LEFT JOIN refs c ON b.customer_id = c.id", {name: t.schema for name, t in data.items()})
+    assert tr.copied == {"pos": "pos", "id": "id", "cid": "customer_id"}
+
+
 def test_an_ambiguous_column_is_declined():
     data = tables(8)
     with pytest.raises(driver_sql.Declined, match="not one column"):
