@@ -238,7 +238,8 @@ def _added(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, rows: p
     # each contribution checked alone, as Spark's unit checks it (a null in one: its groups re-derived)
     parts = [(1, unit.output(rows, unit.inputs))] if rows is not None else []
     if work.strategy.reverse:
-        held, old, _ = _held(eng, topic, work, unit, base, last)
+        column, values, old = _changed(eng, topic, work)
+        held = _held(unit, base, last, column, values)
         parts += [(1, unit.output(held, unit.inputs)), (-1, unit.output(held, {**unit.inputs, **old}))]
     for _, out in parts:
         if any(out.column(c).null_count for c in sums):
@@ -256,13 +257,11 @@ def _added(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, rows: p
     _done(work, source, f"additive: {source.num_rows} groups changed by the moved rows' contributions")
 
 
-def _held(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, base: delta_meta.TableSnapshot,
-          last: Position, *, in_view: bool = False) -> tuple[pa.Table, dict[str, delta_meta.TableSnapshot],
-                                                          pa.Table | None]:
-    """The base rows up to ``last`` joining a changed row of the one reverse-joined input (its change
-    feed's join values, JVM-free; a literal list of one column; the block's columns), that input at
-    the version the view applied, and, where ``in_view`` and the view stands in for the base
-    (:func:`_view_stands_in`), the view rows they were read from (else None: read from the base)."""
+def _changed(eng: UnitContext, topic: Topic, work: MergeWork) -> tuple[str, list[Any] | None,
+                                                                      dict[str, delta_meta.TableSnapshot]]:
+    """The one reverse-joined input's join column (the base's), its changed rows' join values (its
+    change feed's, JVM-free; a literal list of one column, None where they are not one) and that
+    input at the version the view applied."""
     if len(work.strategy.reverse) != 1:
         raise driver_sql.Declined("more than one changed input")
     [table] = work.strategy.reverse
@@ -272,20 +271,30 @@ def _held(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, base: de
         raise driver_sql.Declined(f"{table}: not one join column, or no version applied")
     [(column, theirs)] = pairs.items()
     found = table_reads.changed_value_rows(eng.path(table), change.old + 1, change.new, {theirs: column}, LOCAL_KEYS)
-    values = reverse.values_listed([column], found)
+    return column, reverse.values_listed([column], found), {table: _snapshot(eng, table, change.old)}
+
+
+def _held(unit: _Unit, base: delta_meta.TableSnapshot, last: Position, column: str, values: list[Any] | None) \
+        -> pa.Table:
+    """The base rows up to ``last`` whose ``column`` takes one of ``values`` (the block's columns),
+    by a filtered scan of the base."""
     columns = sorted(unit.tr.columns["block"] | {"pos", "id"})
-    old = {table: _snapshot(eng, table, change.old)}
-    if values is not None and in_view and work.view is not None and _cheaper_in_view(work.view, base, {column: values},
-                                                                                      columns) \
-            and _view_stands_in(eng, topic, work, unit, base, last, column):
-        rows = table_reads.matching_rows(work.view, {column: values}, last)
-        if rows is not None:
-            return rows.select(columns), old, rows
     held = None if values is None else table_reads.matching_rows(base, {column: values}, last, columns=columns)
     if held is None:
-        raise driver_sql.Declined(f"{table}: its changed rows' join values or the base rows joining them are not "
+        raise driver_sql.Declined(f"{column}: the changed rows' join values or the base rows joining them are not "
                                   f"read JVM-free")
-    return held.select(columns), old, None
+    return held.select(columns)
+
+
+def _in_view(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, base: delta_meta.TableSnapshot,
+             last: Position, column: str, values: list[Any] | None) -> pa.Table | None:
+    """The view's rows (every column) holding the base rows :func:`_held` reads, where the view stands
+    in for the base (:func:`_view_stands_in`) and reads fewer bytes (:func:`_cheaper_in_view`); else None."""
+    columns = sorted(unit.tr.columns["block"] | {"pos", "id"})
+    if values is None or work.view is None or not _cheaper_in_view(work.view, base, {column: values}, columns) \
+            or not _view_stands_in(eng, topic, work, unit, base, last, column):
+        return None
+    return table_reads.matching_rows(work.view, {column: values}, last)
 
 
 def _cheaper_in_view(view: delta_meta.TableSnapshot, base: delta_meta.TableSnapshot, values: dict[str, Any],
@@ -338,7 +347,10 @@ def _rederived(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, row
     key = list(topic.spec.key)
     if unit.tr.grouped:
         raise driver_sql.Declined("a row-wise transform with an aggregate")
-    held, old, found = _held(eng, topic, work, unit, base, last, in_view=True)
+    column, values, old = _changed(eng, topic, work)
+    found = _in_view(eng, topic, work, unit, base, last, column, values)
+    held = _held(unit, base, last, column, values) if found is None else \
+        found.select(sorted(unit.tr.columns["block"] | {"pos", "id"}))
     left = unit.output(held, {**unit.inputs, **old})
     how = ""
     if found is not None:
@@ -347,7 +359,7 @@ def _rederived(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, row
         if differ:
             log.info("topic %s: %s", topic.name, row_wise.not_in_view(differ) if differ > 0 else
                      "the rows looked up in the view are not of the view's types; read from the base")
-            held, old, _ = _held(eng, topic, work, unit, base, last)
+            held = _held(unit, base, last, column, values)
             left = unit.output(held, {**unit.inputs, **old})
     every = held
     if rows is not None:  # the block's rows (the base's) and the rows found (maybe the view's: nullable columns)
