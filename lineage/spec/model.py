@@ -179,6 +179,10 @@ class TopicSpec(_Strict):
     deletion_vectors: bool = Field(False, description="merge: opt in to Delta deletion vectors on the view (a MERGE "
                                                       "marks the rows it replaces instead of rewriting their files); "
                                                       "the `deltalake` reader cannot read such a view's rows")
+    join_index: bool = Field(False, description="merge (additive or row_wise): keep a copy of the base columns the "
+                                                "transform reads, sorted by each join column (join_keys), beside the "
+                                                "warehouse; `tidemark maintain` brings it up to date. A unit then finds "
+                                                "the base rows joining a changed row there instead of scanning the base")
 
     @property
     def name(self) -> str:
@@ -299,6 +303,9 @@ class TopicSpec(_Strict):
             if self.row_wise and self.additive is not None:
                 out.append(("row_wise", "an additive view sums several base rows into a row, so it cannot be row_wise; "
                                         "keep one of the two"))
+            if self.join_index and not (self.join_keys and (self.additive is not None or self.row_wise)):
+                out.append(("join_index", "a join index serves the reverse join of an additive or row_wise view: give "
+                                          "join_keys and additive or row_wise: true, or drop join_index"))
             for table in self.join_keys:
                 if table == self.base:
                     out.append(("join_keys", f"{table} is the base table (read block by block by (pos, id)); join_keys "
@@ -309,7 +316,8 @@ class TopicSpec(_Strict):
         merge_only = {"key": bool(self.key), "join_keys": bool(self.join_keys),
                       "refresh": self.refresh is not Refresh.INCREMENTAL, "delete_missing": not self.delete_missing,
                       "late_rows": self.late_rows is not LateRows.QUARANTINE, "deletion_vectors": self.deletion_vectors,
-                      "additive": self.additive is not None, "row_wise": self.row_wise}
+                      "additive": self.additive is not None, "row_wise": self.row_wise,
+                      "join_index": self.join_index}
         for name, set_ in merge_only.items():
             if set_:
                 out.append((name, f"only merge topics take '{name}' (this is a {self.processor.value} topic)"))

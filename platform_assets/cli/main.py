@@ -180,6 +180,13 @@ def cmd_maintain(args: argparse.Namespace) -> int:
           + (f"{purged} files with deletion vectors {would}purged, " if purged else "") +
           f"{done['data_files_removed']} data files and {done['log_files_removed']} log files {would}removed")
     problems = [f"{len(failed)} table(s) failed: {', '.join(failed)} (the others were maintained)"] if failed else []
+    from platform_assets.views import indexes
+
+    refreshed = indexes.refresh(eng, args.tables or None, dry_run=args.dry_run)
+    for r in refreshed:
+        print(r.line(), flush=True)
+    if bad := [f"{r.view} on {r.column}" for r in refreshed if r.failed]:
+        problems.append(f"{len(bad)} join index(es) failed: {', '.join(bad)} (units scan the base meanwhile)")
     if retention is not None:
         pruned, line = maintain.prune_offset_log(eng.store, retention, dry_run=args.dry_run)
         print(line, flush=True)

@@ -227,6 +227,59 @@ def matching_rows(snap: delta_meta.TableSnapshot, values: Mapping[str, Collectio
 
     from resources.storage import delta_read
 
+    wanted = _matching(snap, values)
+    if wanted is None:
+        return None
+    column, predicate = wanted
+    try:
+        rows = delta_read.scan(snap.table, None if columns is None else sorted({*columns, "pos", "id", column}),
+                               predicate=predicate)
+    except Exception:  # noqa: BLE001 - Spark reads them then (and says why if it cannot either)
+        return None
+    rows = _upto_end(rows, end)
+    if rows is None or not exclude_ids:
+        return rows
+    ids = rows.column("id")
+    return rows.filter(pc.invert(pc.is_in(ids, value_set=pa.array(list(exclude_ids), ids.type))))
+
+
+def indexed_rows(snap: delta_meta.TableSnapshot, index: str, values: Mapping[str, Collection[Any]], end: Position,
+                 columns: Collection[str]) -> pa.Table | None:
+    """:func:`matching_rows` (no ``exclude_ids``) read from the join index at ``index`` on that column
+    (:mod:`resources.storage.join_index`) up to its ``upto``, and from the base after it (files
+    pruned by ``pos``): where the base is in ``(pos, id)`` order, the index's sorted files are what
+    the values' statistics prune. None where the index does not hold exactly ``snap``'s rows up to
+    its ``upto`` with ``columns`` (see :func:`~resources.storage.join_index.usable`), or as for
+    :func:`matching_rows`: the caller then reads the base."""
+    import pyarrow as pa
+
+    from resources.storage import delta_read, join_index
+
+    wanted = _matching(snap, values)
+    if wanted is None:
+        return None
+    column, predicate = wanted
+    read = sorted({*columns, "pos", "id", column})
+    try:
+        found = join_index.usable(snap, index, column, read)
+        if found is None:
+            return None
+        table, cov = found
+        tail = in_range(join_index.rows_after(snap, cov.upto, read, predicate), cov.upto, end)
+        if tail is None:
+            return None
+        rows = pa.concat_tables([delta_read.scan(table, read, predicate=predicate).select(read).cast(tail.schema),
+                                 tail.select(read)])
+    except Exception:  # noqa: BLE001 - (a refresh removed the files it opened, ...): the base is read
+        return None
+    return _upto_end(rows, end)
+
+
+def _matching(snap: delta_meta.TableSnapshot, values: Mapping[str, Collection[Any]]) -> tuple[str, str] | None:
+    """``(column, DataFusion predicate)`` of the rows whose one column takes one of its values in
+    ``values`` (None: not read JVM-free, see :func:`matching_rows`)."""
+    from resources.storage import delta_read
+
     if not direct_io_on() or snap.table is None or len(values) != 1:
         return None
     [(column, wanted)] = values.items()
@@ -236,18 +289,11 @@ def matching_rows(snap: delta_meta.TableSnapshot, values: Mapping[str, Collectio
     col = delta_read.quote(column)
     cond = [f"{col} IN ({', '.join(delta_read.sql_literal(v) for v in known)})"] if known else []
     cond += [f"{col} IS NULL"] if len(known) < len(wanted) else []
-    try:
-        rows = delta_read.scan(snap.table, None if columns is None else sorted({*columns, "pos", "id", column}),
-                               predicate=" OR ".join(cond) if cond else "false")
-    except Exception:  # noqa: BLE001 - Spark reads them then (and says why if it cannot either)
-        return None
-    if rows.num_rows > MATCHING_ROWS:
-        return None
-    rows = in_range(rows, None, end)
-    if rows is None or not exclude_ids:
-        return rows
-    ids = rows.column("id")
-    return rows.filter(pc.invert(pc.is_in(ids, value_set=pa.array(list(exclude_ids), ids.type))))
+    return column, " OR ".join(cond) if cond else "false"
+
+
+def _upto_end(rows: pa.Table, end: Position) -> pa.Table | None:
+    return None if rows.num_rows > MATCHING_ROWS else in_range(rows, None, end)
 
 
 def in_range(rows: pa.Table, low: Position | None, high: Position) -> pa.Table | None:

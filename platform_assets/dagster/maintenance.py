@@ -4,7 +4,8 @@
 * ``tidemark_maintenance`` (group ``maintenance``, no Spark: ``deltalake`` only) runs
   :func:`platform_assets.maintenance.tables.run` over every table (the lineage's, the meta tables and every
   other table in the warehouse), as ``tidemark maintain`` does: compaction of small files, a
-  checkpoint, and cleanup that keeps every version, file and commit a topic still needs. Options
+  checkpoint, and cleanup that keeps every version, file and commit a topic still needs; then the views'
+  join indexes (``join_index: true``, :func:`platform_assets.views.indexes.refresh`). Options
   come from the run config (default: each table's own retention). Each table's lines
   (:func:`~platform_assets.maintenance.tables.describe`: what was compacted, removed, kept and for whom) go to
   the run's log and to the materialization's ``report``; the figures are numbers Dagster plots. A
@@ -46,6 +47,7 @@ from lineage.core.errors import ConfigError
 from lineage.spec.model import Lineage
 from platform_assets.dagster.followed import ACTIVE_RUNS
 from platform_assets.maintenance import tables as maintain
+from platform_assets.views import indexes
 from resources.core.settings import Settings
 from resources.state.offsets import log_retention_from_env
 from resources.storage import maintenance
@@ -157,6 +159,11 @@ def build_maintenance(settings: Settings, lineage: Lineage) -> tuple[list[Any], 
 
         reports = maintain.run(eng, None, opts, on_report=on_report)
         yield from evaluations  # yielded (not raised past) also when tables failed
+        for r in indexes.refresh(eng, dry_run=opts.dry_run):
+            (context.log.error if r.failed else context.log.info)(r.line())
+            lines.setdefault(r.view, []).append(r.line())
+            if r.failed:
+                failed[f"{r.view} join index on {r.column}"] = r.text
         pruned: int | None = 0
         line = ""
         if opts.cleanup:

@@ -35,7 +35,7 @@ from platform_assets.core import table_reads
 from platform_assets.views import driver_sql, in_hand, reverse, row_wise
 from platform_assets.views.additive import additive, groups_filter, zero_sums
 from platform_assets.views.work import LOCAL_KEYS, PRESENT, MergeWork
-from resources.storage import delta_meta, delta_read
+from resources.storage import delta_meta, delta_read, join_index
 
 if TYPE_CHECKING:
     from platform_assets.core.context import UnitContext
@@ -49,6 +49,8 @@ ENV = "TIDEMARK_DRIVER_SQL"
 BLOCK_ROWS = 100_000
 #: An input of at most this many rows is read whole by ``deltalake`` for a unit in the driver.
 INPUT_ROWS = 1_000_000
+#: What a unit's reason says where it read the base rows joining a changed row from the join index.
+JOIN_INDEX_READ = "the base rows joining a changed row read from the join index on {column}, not by a scan of the base"
 
 
 def enabled() -> bool:
@@ -80,6 +82,17 @@ def prospect(topic: Topic, base_rows: int, late_rows: int, base: delta_meta.Tabl
 def _unfit(topic: Topic, base_rows: int, late_rows: int) -> str | None:
     """Why a unit of ``topic`` with ``base_rows`` new and ``late_rows`` late base rows is not one
     the driver runs, by the spec and the sizes alone; None: it may be."""
+    if (why := unfit_spec(topic)) is not None:
+        return why
+    if late_rows:
+        return "late rows to re-derive"
+    if not 0 <= base_rows <= BLOCK_ROWS:
+        return f"{base_rows:,} new base rows (at most {BLOCK_ROWS:,})"
+    return None
+
+
+def unfit_spec(topic: Topic) -> str | None:
+    """Why no unit of ``topic`` runs in the driver, by its spec and the environment alone; None: one may."""
     spec = topic.spec
     if not enabled():
         return f"${ENV} is off, or direct I/O is"
@@ -87,11 +100,13 @@ def _unfit(topic: Topic, base_rows: int, late_rows: int) -> str | None:
         return "neither additive nor row_wise"
     if topic.python or len(topic.transforms) != 1 or topic.transforms[0].sql is None or spec.before or spec.after:
         return "not one SQL transform without before/after statements"
-    if late_rows:
-        return "late rows to re-derive"
-    if not 0 <= base_rows <= BLOCK_ROWS:
-        return f"{base_rows:,} new base rows (at most {BLOCK_ROWS:,})"
     return None
+
+
+def block_columns(topic: Topic, base: delta_meta.TableSnapshot, inputs: dict[str, delta_meta.TableSnapshot]) -> set[str]:
+    """The base columns ``topic``'s transform reads, as the driver translates it against these
+    versions' schemas (raises :class:`driver_sql.Declined` where it does not)."""
+    return set(_translation(topic, base, inputs).columns["block"])
 
 
 def _translation(topic: Topic, base: delta_meta.TableSnapshot,
@@ -239,7 +254,7 @@ def _added(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, rows: p
     parts = [(1, unit.output(rows, unit.inputs))] if rows is not None else []
     if work.strategy.reverse:
         column, values, old = _changed(eng, topic, work)
-        held = _held(unit, base, last, column, values)
+        held, how = _held(eng, topic, unit, base, last, column, values)
         parts += [(1, unit.output(held, unit.inputs)), (-1, unit.output(held, {**unit.inputs, **old}))]
     for _, out in parts:
         if any(out.column(c).null_count for c in sums):
@@ -254,7 +269,7 @@ def _added(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, rows: p
     work.types = {c: types[c].simpleString() for c in add.columns}
     source = summed.drop_columns(["_tm_minus"])
     work.prune = groups_filter(source.select(key).to_pylist(), key)
-    _done(work, source, f"additive: {source.num_rows} groups changed by the moved rows' contributions")
+    _done(work, source, f"additive: {source.num_rows} groups changed by the moved rows' contributions{how}")
 
 
 def _changed(eng: UnitContext, topic: Topic, work: MergeWork) -> tuple[str, list[Any] | None,
@@ -274,16 +289,25 @@ def _changed(eng: UnitContext, topic: Topic, work: MergeWork) -> tuple[str, list
     return column, reverse.values_listed([column], found), {table: _snapshot(eng, table, change.old)}
 
 
-def _held(unit: _Unit, base: delta_meta.TableSnapshot, last: Position, column: str, values: list[Any] | None) \
-        -> pa.Table:
+def _held(eng: UnitContext, topic: Topic, unit: _Unit, base: delta_meta.TableSnapshot, last: Position, column: str,
+          values: list[Any] | None) -> tuple[pa.Table, str]:
     """The base rows up to ``last`` whose ``column`` takes one of ``values`` (the block's columns),
-    by a filtered scan of the base."""
+    from the view's join index where it declares one and it is usable
+    (:func:`~platform_assets.core.table_reads.indexed_rows`), else by a filtered scan of the base;
+    and a note of the former for the unit's reason ("" for the latter)."""
     columns = sorted(unit.tr.columns["block"] | {"pos", "id"})
+    if values is not None and topic.spec.join_index:
+        index = join_index.index_path(eng.settings.warehouse, topic.spec.destination, column)
+        held = table_reads.indexed_rows(base, index, {column: values}, last, columns)
+        if held is not None:
+            return held.select(columns), f"; {JOIN_INDEX_READ.format(column=column)}"
+        log.info("topic %s: its join index on %s does not cover the base at version %s; the base is scanned",
+                 topic.name, column, base.version)
     held = None if values is None else table_reads.matching_rows(base, {column: values}, last, columns=columns)
     if held is None:
         raise driver_sql.Declined(f"{column}: the changed rows' join values or the base rows joining them are not "
                                   f"read JVM-free")
-    return held.select(columns)
+    return held.select(columns), ""
 
 
 def _in_view(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, base: delta_meta.TableSnapshot,
@@ -349,18 +373,19 @@ def _rederived(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, row
         raise driver_sql.Declined("a row-wise transform with an aggregate")
     column, values, old = _changed(eng, topic, work)
     found = _in_view(eng, topic, work, unit, base, last, column, values)
-    held = _held(unit, base, last, column, values) if found is None else \
-        found.select(sorted(unit.tr.columns["block"] | {"pos", "id"}))
-    left = unit.output(held, {**unit.inputs, **old})
     how = ""
     if found is not None:
+        held = found.select(sorted(unit.tr.columns["block"] | {"pos", "id"}))
+        left = unit.output(held, {**unit.inputs, **old})
         differ = in_hand.differ(left, found) if in_hand.comparable(left, found) else -1
         how = f"; {row_wise.FOUND_IN_VIEW}" if differ == 0 else ""
         if differ:
             log.info("topic %s: %s", topic.name, row_wise.not_in_view(differ) if differ > 0 else
                      "the rows looked up in the view are not of the view's types; read from the base")
-            held = _held(unit, base, last, column, values)
-            left = unit.output(held, {**unit.inputs, **old})
+            found = None
+    if found is None:
+        held, how = _held(eng, topic, unit, base, last, column, values)
+        left = unit.output(held, {**unit.inputs, **old})
     every = held
     if rows is not None:  # the block's rows (the base's) and the rows found (maybe the view's: nullable columns)
         both = pa.schema([f.with_nullable(True) for f in rows.schema])

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from lineage.core.positions import Position
 from resources.storage import delta_log, delta_read
 from resources.storage.history import _Added, _History, missing_files
-from resources.storage.positions import _position_filter
+from resources.storage.positions import position_filter
 from resources.storage.snapshot import RemovedDataError, TableSnapshot, _snapshot
 from resources.storage.statistics import STATS_SLACK, _ids_at, _plus, _ts
 from resources.storage.warehouse import arrow_filesystem
@@ -62,11 +62,11 @@ def _read_files(snap: TableSnapshot, rels: list[str], last: Position, *, above_i
         if snap.scanned:  # physical column names: read whole, named, then filtered
             rows = snap.file_reader.read(file, fs if "://" in path else None)
             if "pos" in rows.column_names and "id" in rows.column_names:
-                parts.append(rows.filter(_position_filter(rows.schema, last, above_id=above_id)))
+                parts.append(rows.filter(position_filter(rows.schema, last, above_id=above_id)))
             continue
         ds = pads.dataset(file, format="parquet", filesystem=fs if "://" in path else None)
         if "pos" in ds.schema.names and "id" in ds.schema.names:
-            parts.append(ds.to_table(filter=_position_filter(ds.schema, last, above_id=above_id)))
+            parts.append(ds.to_table(filter=position_filter(ds.schema, last, above_id=above_id)))
     return _unified(parts)
 
 

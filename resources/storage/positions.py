@@ -64,7 +64,7 @@ class _Wanted:
     def expression(self, schema: pa.Schema) -> pc.Expression:
         """The same rows as an expression over a table of ``schema`` (see :func:`_position_filter`)."""
         pos, pos_type = pc.field("pos"), schema.field("pos").type
-        cond = pos.is_valid() & _position_filter(schema, after=self.after)
+        cond = pos.is_valid() & position_filter(schema, after=self.after)
         if self.since is not None:
             cond = cond & (pos >= pa.scalar(self.since, pos_type))
         if self.upto is not None:
@@ -86,7 +86,7 @@ class _Wanted:
         return table.filter(mask)  # (null only where pos or id is null: dropped)
 
 
-def _position_filter(schema: pa.Schema, last: Position | None = None, *, after: Position | None = None,
+def position_filter(schema: pa.Schema, last: Position | None = None, *, after: Position | None = None,
                      max_id: int | None = None, above_id: int | None = None) -> pc.Expression:
     """Rows with an id, at or before ``last``, after ``after``, ``id <= max_id``, ``id > above_id``."""
     pos_type = schema.field("pos").type

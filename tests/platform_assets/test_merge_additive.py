@@ -228,3 +228,39 @@ def test_a_sum_that_adding_would_make_0_where_sql_gives_null_re_derives_its_grou
     assert "(1 group(s) whose sum reaches 0 as rows leave" in unit.stats["strategy_reason"], unit.stats["strategy_reason"]
     assert assert_view_equals_recompute(eng, "mart.high") == 4
     eng.close()
+
+
+@pytest.mark.spark
+def test_a_join_index_serves_a_unit_in_the_driver_while_it_covers_the_base(spark, settings, tmp_path):
+    from platform_assets.views import driver_unit, indexes
+
+    write_sql(tmp_path, by_country=IN_DRIVER)
+    eng = engine(spark, settings, tmp_path, additive_topic("mart.by_country", IN_DRIVER, "{count: n, sums: [revenue, big]}",
+                                                           "  join_index: true\n"))
+    read = driver_unit.JOIN_INDEX_READ.format(column="customer_id")
+    customers(eng, 8)
+    orders(eng, 1, 48, customers=12)
+    processed(eng.run_until_caught_up())
+
+    def changed(statement: str, *, indexed: bool) -> None:
+        dim_sql(eng, statement)
+        [unit] = processed(eng.run_until_caught_up())
+        reason = unit.stats["strategy_reason"]
+        assert DRIVER in reason and (read in reason) == indexed, reason
+        assert assert_view_equals_recompute(eng, "mart.by_country") >= 3
+
+    changed("DELETE FROM DIM WHERE id = 5", indexed=False)  # no index yet: the base is scanned
+    [r] = indexes.refresh(eng)
+    assert r.line().startswith("mart.by_country: join index on customer_id: written anew (none yet): 48 rows"), r.line()
+    changed("UPDATE DIM SET country = 'C9' WHERE id IN (0, 3)", indexed=True)
+    orders(eng, 200, 6, at=T0 + dt.timedelta(hours=1), customers=12)  # after the index's upto: read from the base
+    processed(eng.run_until_caught_up())
+    changed("UPDATE DIM SET country = 'C7' WHERE id IN (0, 1, 2, 3)", indexed=True)
+    orders(eng, 100, 2, at=T0 - dt.timedelta(days=1), customers=4)  # late rows: the index no longer covers the base
+    processed(eng.run_until_caught_up())
+    changed("UPDATE DIM SET country = 'C1' WHERE id IN (0, 1)", indexed=False)
+    [r] = indexes.refresh(eng)
+    assert "written anew (no longer matches the base): 56 rows" in r.line(), r.line()
+    changed("DELETE FROM DIM WHERE id IN (1, 2)", indexed=True)
+    assert "up to date" in indexes.refresh(eng)[0].line()
+    eng.close()

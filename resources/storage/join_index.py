@@ -1,0 +1,221 @@
+"""A view's join index (issue 56): a copy of some of a base table's columns, sorted by one column (the
+base's side of a reverse join) and written in small row groups, covering the base's rows up to a
+position at one version. The base is in ``(pos, id)`` order, so each of its row groups holds nearly
+every join value and a scan filtered by a few of them reads every file; in the index, DataFusion
+skips every file and row group whose statistics rule the values out.
+
+What it covers is recorded in its newest commit (:class:`Covered`): the base table's id, version,
+the largest ``(pos, id)`` it holds (``upto``), the columns, and a digest of the base's data files
+that may hold a row at or before ``upto`` (their paths and the rows their deletion vectors delete).
+For a later version of the base, the index holds exactly its rows up to ``upto`` while that digest is
+unchanged (:func:`usable`): rows appended after ``upto`` are in other files, which a scan of the base
+reads by ``pos``; a late row, a delete, an update or a compaction among those files changes the
+digest, and the base is read as before until the index is written anew.
+
+:func:`refresh` (``tidemark maintain``) appends the rows after ``upto`` while the digest holds (each
+append a file sorted on its own), and writes the index anew otherwise or once it has
+:data:`MAX_PARTS` appended parts. A reader that finds an index it cannot use, or whose files a
+concurrent refresh removed, reads the base: the index never decides what a unit sees, only where it
+reads it from. May import ``lineage`` and ``resources.storage``."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lineage.core.positions import Position, to_naive_utc
+from resources.storage import delta_log, delta_read
+from resources.storage.positions import position_filter
+from resources.storage.snapshot import TableSnapshot
+from resources.storage.statistics import STATS_SLACK, _ts
+from resources.storage.warehouse import storage_options
+
+#: Rows per row group of the index's files: small enough that a few join values read a few of them.
+ROW_GROUP = 16_384
+#: An index with more appended parts than this is written anew (sorted as one) by the next refresh.
+MAX_PARTS = 16
+#: The commit-info key under which the index records what it covers.
+META = "tidemark.joinIndex"
+
+
+def index_path(warehouse: str, view: str, column: str) -> str:
+    """Where the join index of ``view`` on the base column ``column`` lives: beside the warehouse's
+    tables (``<warehouse>/_tidemark/index/<view>/<column>``), not among them."""
+    return f"{warehouse.rstrip('/')}/_tidemark/index/{view}/{column}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Covered:
+    """What an index holds: the base (its table id) at ``version``, its rows up to ``upto`` (their
+    ``columns``, sorted by ``column``), ``files`` the digest of the base files that may hold them,
+    ``rows`` how many, ``parts`` how many appends since it was last written whole."""
+
+    base: str
+    version: int
+    upto: Position
+    column: str
+    columns: tuple[str, ...]
+    files: str
+    rows: int
+    parts: int
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        d["upto"] = self.upto.to_text()
+        d["columns"] = list(self.columns)
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Covered:
+        d = json.loads(text)
+        return cls(str(d["base"]), int(d["version"]), Position.parse(d["upto"]), str(d["column"]),
+                   tuple(d["columns"]), str(d["files"]), int(d["rows"]), int(d["parts"]))
+
+
+def covered(path: str) -> tuple[Any, Covered] | None:
+    """The index at ``path`` (its newest version, a ``deltalake.DeltaTable``) and what it covers;
+    None: no index there, or one whose newest commit (but a cleanup's) does not say."""
+    table = delta_log.open_table(path)
+    if table is None:
+        return None
+    try:
+        for info in table.history(8):  # newest first; the cleanup after a rewrite commits VACUUM START and END
+            if META in info:
+                return table, Covered.from_json(info[META])
+            if not str(info.get("operation", "")).startswith("VACUUM"):
+                return None
+    except (KeyError, ValueError, TypeError):
+        return None
+    return None
+
+
+def digest(base: TableSnapshot, upto: Position) -> str | None:
+    """A digest of the base's data files that may hold a row at or before ``upto`` (by their ``pos``
+    statistics; a file without them may), with the rows each one's deletion vector deletes. None:
+    no table, or a file whose path the log gives twice."""
+    if base.table is None:
+        return None
+    files = base.files
+    paths = files["path"].to_pylist()
+    low = files["min.pos"].to_pylist() if "min.pos" in files.column_names else [None] * len(paths)
+    edge = to_naive_utc(upto.pos)
+    starts = [_ts(m) for m in low]  # (a statistic that is not a timestamp: the file may hold any)
+    held = sorted(p for p, m in zip(paths, starts, strict=True) if m is None or m <= edge)
+    if len(set(held)) != len(held):
+        return None
+    deleted = _deleted_per_file(base, set(held))
+    h = hashlib.sha256()
+    for p in held:
+        h.update(f"{p}\0{deleted.get(p, 0)}\n".encode())
+    return h.hexdigest()
+
+
+def _deleted_per_file(base: TableSnapshot, paths: set[str]) -> dict[str, int]:
+    """Rows deleted by a deletion vector, per data file among ``paths`` (``{}`` without the feature)."""
+    table = base.table
+    if table is None or "deletionVectors" not in set(table.protocol().reader_features or ()):
+        return {}
+    vectors = pa.table(table.deletion_vectors())
+    by_name = {p.rsplit("/", 1)[-1]: p for p in paths}
+    out: dict[str, int] = {}
+    for where, keep in zip(vectors.column("filepath").to_pylist(), vectors.column("selection_vector").to_pylist(),
+                           strict=True):
+        name = str(where).rsplit("/", 1)[-1]
+        if name in by_name:
+            out[by_name[name]] = len(keep) - sum(1 for k in keep if k)
+    return out
+
+
+def usable(base: TableSnapshot, path: str, column: str, columns: Collection[str]) -> tuple[Any, Covered] | None:
+    """The index at ``path`` and what it covers, where it holds exactly ``base``'s rows up to its
+    ``upto`` with ``columns`` (module docstring); None: it does not (or is not there)."""
+    found = covered(path)
+    if found is None or base.table is None:
+        return None
+    _, cov = found
+    if (cov.column != column or not set(columns) <= set(cov.columns)
+            or cov.base != base.table.metadata().id or digest(base, cov.upto) != cov.files):
+        return None
+    return found
+
+
+def rows_after(base: TableSnapshot, upto: Position, columns: Sequence[str], predicate: str | None = None) -> pa.Table:
+    """The base's rows with ``pos`` at or after ``upto``'s (``columns``; ``predicate`` too, where
+    given): a superset of its rows after ``upto``, read by ``deltalake`` (files pruned by ``pos``)."""
+    assert base.table is not None  # noqa: S101 - callers pass a table
+    cond = f"pos >= {delta_read.sql_literal(upto.pos - STATS_SLACK)}"  # (statistics truncated to milliseconds)
+    return delta_read.scan(base.table, columns, predicate=f"({cond}) AND ({predicate})" if predicate else cond)
+
+
+def _upto(rows: pa.Table) -> Position | None:
+    """The largest ``(pos, id)`` among ``rows`` (rows without both skipped); None: none has both."""
+    rows = rows.filter(pc.and_(pc.is_valid(rows.column("pos")), pc.is_valid(rows.column("id"))))
+    if not rows.num_rows:
+        return None
+    top = pc.max(rows.column("pos"))
+    same = rows.filter(pc.equal(rows.column("pos"), top))
+    return Position(top.as_py(), int(pc.max(same.column("id")).as_py()))
+
+
+def refresh(base_path: str, path: str, column: str, columns: Collection[str], *, dry_run: bool = False) -> str:
+    """Bring the index at ``path`` of the base at ``base_path`` (on ``column``, holding ``columns``
+    and ``pos``, ``id``) up to the base's newest version: append its rows after ``upto`` where the
+    index is :func:`usable` and has fewer than :data:`MAX_PARTS` parts, else write it anew. Gives
+    what it did, in words. The rows read are the base's through ``deltalake`` (deletion vectors and
+    column mapping applied)."""
+    from deltalake import CommitProperties, WriterProperties, write_deltalake
+
+    base = TableSnapshot.open(base_path)
+    if base.table is None:
+        return f"not written: no base table at {base_path}"
+    wanted = tuple(sorted({*columns, "pos", "id", column}))
+    if missing := sorted(set(wanted) - base.columns):
+        return f"not written: the base has no column {', '.join(missing)}"
+    found = usable(base, path, column, wanted)
+    if found is not None and found[1].columns != wanted:
+        found = None  # (an index of more columns than needed: written anew, smaller)
+    props = WriterProperties(max_row_group_size=ROW_GROUP, compression="ZSTD")
+    opts = storage_options(path)
+    if found is not None and found[1].parts < MAX_PARTS:
+        _, cov = found
+        if base.version == cov.version:
+            return f"up to date (base version {cov.version}, {cov.rows:,} rows up to {cov.upto.label()})"
+        new = rows_after(base, cov.upto, wanted)
+        new = new.filter(position_filter(new.schema, after=cov.upto))
+        upto = _upto(new) or cov.upto
+        files = digest(base, upto)
+        if files is None:
+            return "not written: the base's log names a file twice"
+        what = f"appended {new.num_rows:,} rows (base version {cov.version} -> {base.version})"
+        if dry_run:
+            return f"would be {what}"
+        after = Covered(cov.base, int(base.version or 0), upto, column, wanted, files, cov.rows + new.num_rows,
+                        cov.parts + 1)
+        write_deltalake(path, new.sort_by([(column, "ascending")]), mode="append", writer_properties=props,
+                        storage_options=opts, commit_properties=CommitProperties(custom_metadata={META: after.to_json()}))
+        return what
+    why = "none yet" if covered(path) is None else "no longer matches the base" if found is None else "too many parts"
+    if dry_run:
+        return f"would be written anew ({why})"
+    rows = delta_read.scan(base.table, list(wanted))
+    top = _upto(rows)
+    if top is None:
+        return "not written: no base row has a position"
+    rows = rows.filter(pc.and_(pc.is_valid(rows.column("pos")), pc.is_valid(rows.column("id"))))
+    files = digest(base, top)
+    if files is None:
+        return "not written: the base's log names a file twice"
+    cov = Covered(base.table.metadata().id, int(base.version or 0), top, column, wanted, files, rows.num_rows, 0)
+    write_deltalake(path, rows.sort_by([(column, "ascending")]), mode="overwrite", schema_mode="overwrite",
+                    writer_properties=props, storage_options=opts,
+                    commit_properties=CommitProperties(custom_metadata={META: cov.to_json()}))
+    index = delta_log.open_table(path)
+    if index is not None:  # the replaced files go now: an index is rebuilt from the base, never read back in time
+        index.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+    return f"written anew ({why}): {rows.num_rows:,} rows up to {top.label()}, base version {base.version}"
