@@ -252,6 +252,7 @@ def _added(eng: UnitContext, topic: Topic, work: MergeWork, unit: _Unit, rows: p
         raise driver_sql.Declined("the view's columns are not its key, count and sums")
     # each contribution checked alone, as Spark's unit checks it (a null in one: its groups re-derived)
     parts = [(1, unit.output(rows, unit.inputs))] if rows is not None else []
+    how = ""
     if work.strategy.reverse:
         column, values, old = _changed(eng, topic, work)
         held, how = _held(eng, topic, unit, base, last, column, values)

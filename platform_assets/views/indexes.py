@@ -68,3 +68,29 @@ def refresh(eng: TopicContext, tables: list[str] | None = None, *, dry_run: bool
             except Exception as exc:  # noqa: BLE001 - one index's failure is its line
                 out.append(Refreshed(view, column, f"{type(exc).__name__}: {exc}", failed=True))
     return out
+
+
+def explained(eng: TopicContext, topic: Topic, base: delta_meta.TableSnapshot) -> list[str]:
+    """``tidemark explain``'s lines on ``topic``'s join indexes against the base version ``base``:
+    what each covers and whether a unit reads it, or why not."""
+    if not topic.spec.join_index or base.table is None:
+        return []
+    try:
+        inputs = {t: delta_meta.TableSnapshot.open(eng.path(t)) for t in topic.spec.depends_on[1:]}
+        read: set[str] | None = driver_unit.block_columns(topic, base, inputs)
+    except driver_sql.Declined:
+        read = None
+    out = []
+    for column in columns_of(topic):
+        found = join_index.covered(join_index.index_path(eng.settings.warehouse, topic.spec.destination, column))
+        head = f"  join index on {column}: "
+        if found is None:
+            out.append(head + "none (tidemark maintain writes it); a unit scans the base")
+            continue
+        cov = found[1]
+        what = f"{cov.rows:,} rows up to {cov.upto.label()} (base version {cov.version}, {cov.parts} appended part(s))"
+        why = "the transform is not run in the driver" if read is None else \
+            join_index.why_not(base, cov, column, {*read, "pos", "id", column})
+        out.append(head + what + ("; a unit reads it, and the base after it" if why is None else
+                                  f"; not read: {why} (tidemark maintain writes it anew; a unit scans the base)"))
+    return out

@@ -12,7 +12,7 @@ from lineage.core.positions import Position
 from lineage.spec.model import LateRows, Topic
 from lineage.views.refresh import Sizes, Strategy, choose
 from platform_assets.core import protocol
-from platform_assets.views import driver_unit
+from platform_assets.views import driver_unit, indexes
 from platform_assets.views.merge import MergeLook, MergeProcessor
 from resources.storage import delta_meta, delta_read
 
@@ -50,6 +50,7 @@ def explain(engine: TopicContext, topic: Topic, *, keys: int = 0) -> list[str]:
                  f"changed ({c.versions}, {'?' if c.changed_rows is None else c.changed_rows} rows of "
                  f"{'?' if c.table_rows is None else c.table_rows})" if c.changed else f"unchanged at version {c.new}")
         lines.append(f"  input {c.table}: {state}; {how}" + (f"; change feed: {c.problem}" if c.problem else ""))
+    lines += indexes.explained(eng, topic, look.base)
     if not look.ready:
         return [*lines, f"  nothing to do: {look.reason}"]
     view = delta_meta.TableSnapshot.open(eng.path(spec.destination))

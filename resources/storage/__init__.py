@@ -4,7 +4,8 @@ its properties (``snapshot``), what the log's statistics say (``statistics``), w
 version and how to read one whose files were vacuumed (``history``), positions, marks, block ends
 and bad rows (``positions``), snapshots opened ahead of a planner tick (``prefetch``), late rows
 (``late_rows``), all re-exported for callers by ``delta_meta``; rows of tables with deletion vectors
-or column mapping (``delta_read``); Tidemark's own tables (``meta_tables``; a CDC replicator's
+or column mapping (``delta_read``); a view's join index, the base sorted by a join column
+(``join_index``); Tidemark's own tables (``meta_tables``; a CDC replicator's
 positions, ``cdc_positions``) and table maintenance (``maintenance``; its cleanup of files and log,
 ``cleanup``; a table's state and a maintenance's report as data, ``health``).
 

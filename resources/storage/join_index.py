@@ -54,7 +54,9 @@ def index_path(warehouse: str, view: str, column: str) -> str:
 class Covered:
     """What an index holds: the base (its table id) at ``version``, its rows up to ``upto`` (their
     ``columns``, sorted by ``column``), ``files`` the digest of the base files that may hold them,
-    ``rows`` how many, ``parts`` how many appends since it was last written whole."""
+    ``rows`` how many, ``parts`` how many appends since it was last written whole, ``prev`` the
+    index's version the commit was made onto (its own version is ``prev + 1`` unless another refresh
+    committed in between: then it is not used)."""
 
     base: str
     version: int
@@ -64,6 +66,7 @@ class Covered:
     files: str
     rows: int
     parts: int
+    prev: int  # the index's version this commit was written onto (-1: none): a concurrent write shows
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -75,19 +78,21 @@ class Covered:
     def from_json(cls, text: str) -> Covered:
         d = json.loads(text)
         return cls(str(d["base"]), int(d["version"]), Position.parse(d["upto"]), str(d["column"]),
-                   tuple(d["columns"]), str(d["files"]), int(d["rows"]), int(d["parts"]))
+                   tuple(d["columns"]), str(d["files"]), int(d["rows"]), int(d["parts"]), int(d["prev"]))
 
 
 def covered(path: str) -> tuple[Any, Covered] | None:
     """The index at ``path`` (its newest version, a ``deltalake.DeltaTable``) and what it covers;
-    None: no index there, or one whose newest commit (but a cleanup's) does not say."""
+    None: no index there, one whose newest commit (but a cleanup's) does not say, or one that two
+    refreshes wrote at once (an append onto a version another append or rewrite had replaced)."""
     table = delta_log.open_table(path)
     if table is None:
         return None
     try:
         for info in table.history(8):  # newest first; the cleanup after a rewrite commits VACUUM START and END
             if META in info:
-                return table, Covered.from_json(info[META])
+                cov = Covered.from_json(info[META])
+                return (table, cov) if int(info["version"]) == cov.prev + 1 else None
             if not str(info.get("operation", "")).startswith("VACUUM"):
                 return None
     except (KeyError, ValueError, TypeError):
@@ -95,10 +100,11 @@ def covered(path: str) -> tuple[Any, Covered] | None:
     return None
 
 
-def digest(base: TableSnapshot, upto: Position) -> str | None:
+def digest(base: TableSnapshot, upto: Position, columns: Collection[str]) -> str | None:
     """A digest of the base's data files that may hold a row at or before ``upto`` (by their ``pos``
-    statistics; a file without them may), with the rows each one's deletion vector deletes. None:
-    no table, or a file whose path the log gives twice."""
+    statistics; a file without them may), with the rows each one's deletion vector deletes, and of
+    ``columns`` as its schema gives them (name, type, physical name: a rename under column mapping
+    changes no file). None: no table, or a file whose path the log gives twice."""
     if base.table is None:
         return None
     files = base.files
@@ -111,6 +117,9 @@ def digest(base: TableSnapshot, upto: Position) -> str | None:
         return None
     deleted = _deleted_per_file(base, set(held))
     h = hashlib.sha256()
+    for f in base.table.schema().fields:
+        if f.name in columns:
+            h.update(f"{f.name}\0{f.type}\0{(f.metadata or {}).get(delta_read.PHYSICAL_NAME, '')}\n".encode())
     for p in held:
         h.update(f"{p}\0{deleted.get(p, 0)}\n".encode())
     return h.hexdigest()
@@ -136,13 +145,23 @@ def usable(base: TableSnapshot, path: str, column: str, columns: Collection[str]
     """The index at ``path`` and what it covers, where it holds exactly ``base``'s rows up to its
     ``upto`` with ``columns`` (module docstring); None: it does not (or is not there)."""
     found = covered(path)
-    if found is None or base.table is None:
-        return None
-    _, cov = found
-    if (cov.column != column or not set(columns) <= set(cov.columns)
-            or cov.base != base.table.metadata().id or digest(base, cov.upto) != cov.files):
-        return None
-    return found
+    return found if found is not None and why_not(base, found[1], column, columns) is None else None
+
+
+def why_not(base: TableSnapshot, cov: Covered, column: str, columns: Collection[str]) -> str | None:
+    """Why an index covering ``cov`` does not hold exactly ``base``'s rows up to its ``upto`` with
+    ``columns`` sorted by ``column``, in words; None: it does."""
+    if base.table is None:
+        return "no base table"
+    if cov.column != column:
+        return f"it is on {cov.column}"
+    if missing := sorted(set(columns) - set(cov.columns)):
+        return f"it lacks {', '.join(missing)}"
+    if cov.base != base.table.metadata().id:
+        return "it was written from another table"
+    if digest(base, cov.upto, cov.columns) != cov.files:
+        return "the base's files or columns it covers changed (a late row, a delete or update, a compaction, a rename)"
+    return None
 
 
 def rows_after(base: TableSnapshot, upto: Position, columns: Sequence[str], predicate: str | None = None) -> pa.Table:
@@ -189,14 +208,14 @@ def refresh(base_path: str, path: str, column: str, columns: Collection[str], *,
         new = rows_after(base, cov.upto, wanted)
         new = new.filter(position_filter(new.schema, after=cov.upto))
         upto = _upto(new) or cov.upto
-        files = digest(base, upto)
+        files = digest(base, upto, wanted)
         if files is None:
             return "not written: the base's log names a file twice"
         what = f"appended {new.num_rows:,} rows (base version {cov.version} -> {base.version})"
         if dry_run:
             return f"would be {what}"
         after = Covered(cov.base, int(base.version or 0), upto, column, wanted, files, cov.rows + new.num_rows,
-                        cov.parts + 1)
+                        cov.parts + 1, int(found[0].version()))
         write_deltalake(path, new.sort_by([(column, "ascending")]), mode="append", writer_properties=props,
                         storage_options=opts, commit_properties=CommitProperties(custom_metadata={META: after.to_json()}))
         return what
@@ -208,10 +227,12 @@ def refresh(base_path: str, path: str, column: str, columns: Collection[str], *,
     if top is None:
         return "not written: no base row has a position"
     rows = rows.filter(pc.and_(pc.is_valid(rows.column("pos")), pc.is_valid(rows.column("id"))))
-    files = digest(base, top)
+    files = digest(base, top, wanted)
     if files is None:
         return "not written: the base's log names a file twice"
-    cov = Covered(base.table.metadata().id, int(base.version or 0), top, column, wanted, files, rows.num_rows, 0)
+    before = delta_log.open_table(path)
+    cov = Covered(base.table.metadata().id, int(base.version or 0), top, column, wanted, files, rows.num_rows, 0,
+                  -1 if before is None else int(before.version()))
     write_deltalake(path, rows.sort_by([(column, "ascending")]), mode="overwrite", schema_mode="overwrite",
                     writer_properties=props, storage_options=opts,
                     commit_properties=CommitProperties(custom_metadata={META: cov.to_json()}))

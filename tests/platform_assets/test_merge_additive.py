@@ -249,8 +249,15 @@ def test_a_join_index_serves_a_unit_in_the_driver_while_it_covers_the_base(spark
         assert DRIVER in reason and (read in reason) == indexed, reason
         assert assert_view_equals_recompute(eng, "mart.by_country") >= 3
 
+    def explained() -> str:
+        return "\n".join(line for line in views.explain(eng, eng.lineage.topic("mart.by_country"))
+                         if "join index" in line)
+
+    assert explained() == "  join index on customer_id: none (tidemark maintain writes it); a unit scans the base"
     changed("DELETE FROM DIM WHERE id = 5", indexed=False)  # no index yet: the base is scanned
     [r] = indexes.refresh(eng)
+    assert explained().startswith("  join index on customer_id: 48 rows up to ") and explained().endswith(
+        "(base version 0, 0 appended part(s)); a unit reads it, and the base after it"), explained()
     assert r.line().startswith("mart.by_country: join index on customer_id: written anew (none yet): 48 rows"), r.line()
     changed("UPDATE DIM SET country = 'C9' WHERE id IN (0, 3)", indexed=True)
     orders(eng, 200, 6, at=T0 + dt.timedelta(hours=1), customers=12)  # after the index's upto: read from the base
@@ -258,6 +265,7 @@ def test_a_join_index_serves_a_unit_in_the_driver_while_it_covers_the_base(spark
     changed("UPDATE DIM SET country = 'C7' WHERE id IN (0, 1, 2, 3)", indexed=True)
     orders(eng, 100, 2, at=T0 - dt.timedelta(days=1), customers=4)  # late rows: the index no longer covers the base
     processed(eng.run_until_caught_up())
+    assert "; not read: the base's files or columns it covers changed" in explained(), explained()
     changed("UPDATE DIM SET country = 'C1' WHERE id IN (0, 1)", indexed=False)
     [r] = indexes.refresh(eng)
     assert "written anew (no longer matches the base): 56 rows" in r.line(), r.line()

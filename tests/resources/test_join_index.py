@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import random
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from lineage.core.positions import Position
@@ -37,13 +39,13 @@ def _end(seconds: int) -> Position:
     return Position(T0 + dt.timedelta(seconds=seconds), 2**62)
 
 
-def _same(base: Path, index: str, values: list[int], end: Position) -> int | None:
+def _same(base: Path, index: str, values: list[Any], end: Position, column: str = "customer_id") -> int | None:
     """The index's read against the base's filtered scan (both sorted by id); None: index not used."""
     snap = TableSnapshot.open(str(base))
-    got = table_reads.indexed_rows(snap, index, {"customer_id": values}, end, ["amount"])
+    got = table_reads.indexed_rows(snap, index, {column: values}, end, ["amount"])
     if got is None:
         return None
-    want = table_reads.matching_rows(snap, {"customer_id": values}, end, columns=["amount"])
+    want = table_reads.matching_rows(snap, {column: values}, end, columns=["amount"])
     assert want is not None
     cols = sorted(want.column_names)
     assert sorted(got.column_names) == cols
@@ -119,3 +121,46 @@ def test_parts_past_the_limit_are_written_anew_as_one(tmp_path: Path) -> None:
     assert join_index.refresh(str(base), index, "customer_id", ["amount"]).startswith("written anew (too many parts)")
     assert len(DeltaTable(index).file_uris()) == 1
     assert _same(base, index, list(range(CUSTOMERS)), _end(10**6)) == 100 + 10 * join_index.MAX_PARTS + 10
+
+
+def test_two_refreshes_at_once_leave_an_index_no_unit_reads(tmp_path: Path, monkeypatch) -> None:
+    base, index = tmp_path / "orders", str(tmp_path / "index")
+    _orders(base, 1, 1_000)
+    join_index.refresh(str(base), index, "customer_id", ["amount"])
+    stale = join_index.usable(TableSnapshot.open(str(base)), index, "customer_id", ["amount"])
+    assert stale is not None
+    _orders(base, 1_001, 100, seed=1)
+    assert join_index.refresh(str(base), index, "customer_id", ["amount"]).startswith("appended 100 rows")
+    assert _same(base, index, [3], _end(10**6)) is not None
+    # a second refresh that had read the index before the first appended appends the same rows again
+    monkeypatch.setattr(join_index, "usable", lambda *_: stale)
+    assert join_index.refresh(str(base), index, "customer_id", ["amount"]).startswith("appended 100 rows")
+    monkeypatch.undo()
+    assert join_index.covered(index) is None and _same(base, index, [3], _end(10**6)) is None
+    assert join_index.refresh(str(base), index, "customer_id", ["amount"]).startswith(
+        "written anew (none yet): 1,100 rows")  # (what it covered cannot be told: written anew)
+    assert _same(base, index, list(range(CUSTOMERS)), _end(10**6)) == 1_100
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("mode", ["name", "id"])
+def test_an_index_of_a_base_with_deletion_vectors_and_column_mapping(spark, tmp_path, mode):
+    from tests.resources.test_delta_read import _spark_table
+
+    p = _spark_table(spark, tmp_path / "t", mode)  # ids 0..1999 less multiples of 10; note renamed to label
+    index = str(tmp_path / "index")
+    assert join_index.refresh(p, index, "label", ["amount"]).startswith("written anew (none yet): 1,800 rows")
+    labels = ["n1", "n15", "n1999", "n20"]  # (n20: deleted)
+    assert _same(Path(p), index, labels, _end(10**6), column="label") == 3
+    spark.sql(f"INSERT INTO delta.`{p}` VALUES (timestamp'2026-01-02 00:00:00', 5000, 1.0, 'n1')")  # after upto
+    assert _same(Path(p), index, labels, _end(10**6), column="label") == 4
+    spark.sql(f"DELETE FROM delta.`{p}` WHERE id = 15")  # a deletion vector on a file the index covers
+    assert _same(Path(p), index, labels, _end(10**6), column="label") is None
+    assert join_index.refresh(p, index, "label", ["amount"]).startswith("written anew (no longer matches the base)")
+    assert _same(Path(p), index, labels, _end(10**6), column="label") == 3
+    # a rename and a new column of the old name change no file: the index still holds the old column
+    spark.sql(f"ALTER TABLE delta.`{p}` RENAME COLUMN amount TO amount_before")
+    spark.sql(f"ALTER TABLE delta.`{p}` ADD COLUMNS (amount DOUBLE)")
+    assert _same(Path(p), index, labels, _end(10**6), column="label") is None
+    assert join_index.refresh(p, index, "label", ["amount"]).startswith("written anew (no longer matches the base)")
+    assert _same(Path(p), index, labels, _end(10**6), column="label") == 3
