@@ -1,7 +1,9 @@
 """A unit in the driver (issue 56): for an additive or row-wise view, a unit whose changes are new
 base rows and at most one changed reference table reads its rows by ``deltalake`` (JVM-free: the
 block; the base rows joining a changed reference row, by their join values from its change feed,
-from the base or, for a row-wise view that stands in for it, from the view (:func:`_view_stands_in`);
+from the base, from the view's join index while it covers the base (``join_index: true``,
+:mod:`resources.storage.join_index`) or, for a row-wise view that stands in for it, from the view
+(:func:`_view_stands_in`);
 the inputs at their versions), runs the transform by DuckDB
 (:mod:`~platform_assets.views.driver_sql`, where the SQL is of a form both engines run alike), and
 lands the rows by ``deltalake``: appended to a row-wise view (new rows only), MERGEd as re-derived
