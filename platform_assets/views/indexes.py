@@ -36,9 +36,10 @@ def columns_of(topic: Topic) -> list[str]:
 
 
 def declared(eng: TopicContext, tables: list[str] | None = None) -> list[Topic]:
-    """The topics that declare a join index (those writing one of ``tables``, where given)."""
+    """The topics that declare a join index (where ``tables`` are given, those writing one of them
+    or reading one as their base)."""
     return [t for t in eng.lineage.topics.values()
-            if t.spec.join_index and (tables is None or t.spec.destination in tables)]
+            if t.spec.join_index and (tables is None or t.spec.destination in tables or t.spec.base in tables)]
 
 
 def refresh(eng: TopicContext, tables: list[str] | None = None, *, dry_run: bool = False) -> list[Refreshed]:

@@ -88,23 +88,31 @@ def covered(path: str) -> tuple[Any, Covered] | None:
     table = delta_log.open_table(path)
     if table is None:
         return None
+    # The commits of the version opened, read by number (deltalake's history() gives the newest
+    # commits whatever version was opened, numbered down from it).
+    fs, log = delta_log.log_fs(path)
+    version = int(table.version())
     try:
-        for info in table.history(8):  # newest first; the cleanup after a rewrite commits VACUUM START and END
+        for v in range(version, max(-1, version - 8), -1):  # the cleanup after a rewrite commits VACUUM START and END
+            info: dict[str, Any] = next((a["commitInfo"] for a in delta_log.read_commit(fs, log, v)
+                                         if "commitInfo" in a), {})
             if META in info:
                 cov = Covered.from_json(info[META])
-                return (table, cov) if int(info["version"]) == cov.prev + 1 else None
+                return (table, cov) if v == cov.prev + 1 else None
             if not str(info.get("operation", "")).startswith("VACUUM"):
                 return None
-    except (KeyError, ValueError, TypeError):
+    except (OSError, KeyError, ValueError, TypeError):
         return None
     return None
 
 
 def digest(base: TableSnapshot, upto: Position, columns: Collection[str]) -> str | None:
     """A digest of the base's data files that may hold a row at or before ``upto`` (by their ``pos``
-    statistics; a file without them may), with the rows each one's deletion vector deletes, and of
+    statistics; a file without them may), with the rows each one's deletion vector deletes (which
+    rows, not how many: a restore and another delete may leave the count as it was), and of
     ``columns`` as its schema gives them (name, type, physical name: a rename under column mapping
-    changes no file). None: no table, or a file whose path the log gives twice."""
+    changes no file). None: no table, a file whose path the log gives twice, or a deletion vector
+    whose file cannot be told by its name."""
     if base.table is None:
         return None
     files = base.files
@@ -116,28 +124,37 @@ def digest(base: TableSnapshot, upto: Position, columns: Collection[str]) -> str
     if len(set(held)) != len(held):
         return None
     deleted = _deleted_per_file(base, set(held))
+    if deleted is None:
+        return None
     h = hashlib.sha256()
     for f in base.table.schema().fields:
         if f.name in columns:
             h.update(f"{f.name}\0{f.type}\0{(f.metadata or {}).get(delta_read.PHYSICAL_NAME, '')}\n".encode())
     for p in held:
-        h.update(f"{p}\0{deleted.get(p, 0)}\n".encode())
+        h.update(f"{p}\0{deleted.get(p, '')}\n".encode())
     return h.hexdigest()
 
 
-def _deleted_per_file(base: TableSnapshot, paths: set[str]) -> dict[str, int]:
-    """Rows deleted by a deletion vector, per data file among ``paths`` (``{}`` without the feature)."""
+def _deleted_per_file(base: TableSnapshot, paths: set[str]) -> dict[str, str] | None:
+    """A digest of the rows a deletion vector deletes, per data file among ``paths`` (``{}`` without
+    the feature); None: a vector whose file is not one name among ``paths`` (it cannot be told apart)."""
     table = base.table
     if table is None or "deletionVectors" not in set(table.protocol().reader_features or ()):
         return {}
     vectors = pa.table(table.deletion_vectors())
-    by_name = {p.rsplit("/", 1)[-1]: p for p in paths}
-    out: dict[str, int] = {}
-    for where, keep in zip(vectors.column("filepath").to_pylist(), vectors.column("selection_vector").to_pylist(),
-                           strict=True):
+    by_name: dict[str, str] = {}
+    for p in paths:
+        by_name[p.rsplit("/", 1)[-1]] = p if p.rsplit("/", 1)[-1] not in by_name else ""
+    out: dict[str, str] = {}
+    selections = vectors.column("selection_vector").combine_chunks()
+    for i, where in enumerate(vectors.column("filepath").to_pylist()):
         name = str(where).rsplit("/", 1)[-1]
-        if name in by_name:
-            out[by_name[name]] = len(keep) - sum(1 for k in keep if k)
+        if name not in by_name:
+            continue  # a file after upto (its rows are read from the base)
+        if not by_name[name] or by_name[name] in out:
+            return None
+        deleted = pc.indices_nonzero(pc.invert(selections[i].values)).to_numpy()
+        out[by_name[name]] = hashlib.sha256(deleted.tobytes()).hexdigest()
     return out
 
 
@@ -207,6 +224,8 @@ def refresh(base_path: str, path: str, column: str, columns: Collection[str], *,
             return f"up to date (base version {cov.version}, {cov.rows:,} rows up to {cov.upto.label()})"
         new = rows_after(base, cov.upto, wanted)
         new = new.filter(position_filter(new.schema, after=cov.upto))
+        if not new.num_rows:
+            return f"up to date (base version {base.version}: no row after {cov.upto.label()})"
         upto = _upto(new) or cov.upto
         files = digest(base, upto, wanted)
         if files is None:

@@ -130,16 +130,25 @@ def test_two_refreshes_at_once_leave_an_index_no_unit_reads(tmp_path: Path, monk
     stale = join_index.usable(TableSnapshot.open(str(base)), index, "customer_id", ["amount"])
     assert stale is not None
     _orders(base, 1_001, 100, seed=1)
-    assert join_index.refresh(str(base), index, "customer_id", ["amount"]).startswith("appended 100 rows")
+    assert join_index.refresh(str(base), index, "customer_id", ["amount"]).startswith("appended 100 rows")  # index v1
     assert _same(base, index, [3], _end(10**6)) is not None
-    # a second refresh that had read the index before the first appended appends the same rows again
-    monkeypatch.setattr(join_index, "usable", lambda *_: stale)
-    assert join_index.refresh(str(base), index, "customer_id", ["amount"]).startswith("appended 100 rows")
-    monkeypatch.undo()
+    _orders(base, 1_101, 20, seed=2)
+    # a second refresh that had read the index before the first appended appends its rows again, and more
+    with monkeypatch.context() as m:
+        m.setattr(join_index, "usable", lambda *_: stale)
+        assert join_index.refresh(str(base), index, "customer_id", ["amount"]).startswith("appended 120 rows")  # v2
     assert join_index.covered(index) is None and _same(base, index, [3], _end(10**6)) is None
+    # a reader that opened the index at v1 (before v2 landed) reads v1's record, not v2's: exact
+    opened = join_index.delta_log.open_table
+    with monkeypatch.context() as m:
+        m.setattr(join_index.delta_log, "open_table", lambda p, version=None: opened(p, 1 if p == index else version))
+        _, cov = join_index.covered(index) or (None, None)
+        assert cov is not None and cov.rows == 1_100
+        assert _same(base, index, list(range(CUSTOMERS)), _end(10**6)) == 1_120
     assert join_index.refresh(str(base), index, "customer_id", ["amount"]).startswith(
-        "written anew (none yet): 1,100 rows")  # (what it covered cannot be told: written anew)
-    assert _same(base, index, list(range(CUSTOMERS)), _end(10**6)) == 1_100
+        "written anew (none yet): 1,120 rows")  # (what it covered cannot be told: written anew)
+    assert _same(base, index, list(range(CUSTOMERS)), _end(10**6)) == 1_120
+    assert join_index.refresh(str(base), index, "customer_id", ["amount"]).startswith("up to date")
 
 
 @pytest.mark.spark
