@@ -29,11 +29,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lineage.core.positions import Position, to_naive_utc
+from lineage.core.positions import Position
 from resources.storage import delta_log, delta_read
-from resources.storage.positions import position_filter
+from resources.storage.positions import files_in_range, position_filter
 from resources.storage.snapshot import TableSnapshot
-from resources.storage.statistics import STATS_SLACK, _ts
+from resources.storage.statistics import STATS_SLACK
 from resources.storage.warehouse import storage_options
 
 #: Rows per row group of the index's files: small enough that a few join values read a few of them.
@@ -42,6 +42,8 @@ ROW_GROUP = 16_384
 MAX_PARTS = 16
 #: The commit-info key under which the index records what it covers.
 META = "tidemark.joinIndex"
+#: A refresh's line where :func:`digest` cannot tell the base's files apart.
+UNTOLD = "not written: the base's files cannot be told apart (a path the log gives twice, or a deletion vector's file by its name)"
 
 
 def index_path(warehouse: str, view: str, column: str) -> str:
@@ -115,12 +117,7 @@ def digest(base: TableSnapshot, upto: Position, columns: Collection[str]) -> str
     whose file cannot be told by its name."""
     if base.table is None:
         return None
-    files = base.files
-    paths = files["path"].to_pylist()
-    low = files["min.pos"].to_pylist() if "min.pos" in files.column_names else [None] * len(paths)
-    edge = to_naive_utc(upto.pos)
-    starts = [_ts(m) for m in low]  # (a statistic that is not a timestamp: the file may hold any)
-    held = sorted(p for p, m in zip(paths, starts, strict=True) if m is None or m <= edge)
+    held = sorted(files_in_range(base, None, upto.pos))
     if len(set(held)) != len(held):
         return None
     deleted = _deleted_per_file(base, set(held))
@@ -190,8 +187,7 @@ def rows_after(base: TableSnapshot, upto: Position, columns: Sequence[str], pred
 
 
 def _upto(rows: pa.Table) -> Position | None:
-    """The largest ``(pos, id)`` among ``rows`` (rows without both skipped); None: none has both."""
-    rows = rows.filter(pc.and_(pc.is_valid(rows.column("pos")), pc.is_valid(rows.column("id"))))
+    """The largest ``(pos, id)`` among ``rows`` (each with both); None: no row."""
     if not rows.num_rows:
         return None
     top = pc.max(rows.column("pos"))
@@ -229,7 +225,7 @@ def refresh(base_path: str, path: str, column: str, columns: Collection[str], *,
         upto = _upto(new) or cov.upto
         files = digest(base, upto, wanted)
         if files is None:
-            return "not written: the base's log names a file twice"
+            return UNTOLD
         what = f"appended {new.num_rows:,} rows (base version {cov.version} -> {base.version})"
         if dry_run:
             return f"would be {what}"
@@ -242,13 +238,13 @@ def refresh(base_path: str, path: str, column: str, columns: Collection[str], *,
     if dry_run:
         return f"would be written anew ({why})"
     rows = delta_read.scan(base.table, list(wanted))
+    rows = rows.filter(pc.and_(pc.is_valid(rows.column("pos")), pc.is_valid(rows.column("id"))))
     top = _upto(rows)
     if top is None:
         return "not written: no base row has a position"
-    rows = rows.filter(pc.and_(pc.is_valid(rows.column("pos")), pc.is_valid(rows.column("id"))))
     files = digest(base, top, wanted)
     if files is None:
-        return "not written: the base's log names a file twice"
+        return UNTOLD
     before = delta_log.open_table(path)
     cov = Covered(base.table.metadata().id, int(base.version or 0), top, column, wanted, files, rows.num_rows, 0,
                   -1 if before is None else int(before.version()))
