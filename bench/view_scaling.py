@@ -17,6 +17,9 @@ of one lineage (issue 18):
   printed), and a unit reads the orders of changed customers from it and the base after it.
 
 ``--plain`` leaves the three declarations out: the units re-derive the affected keys from the full base.
+``--strategy full`` gives both views ``refresh: full``, so that every unit takes the full path and
+issue 56's full-path target (Tidemark's full unit against the plain rebuild of the same SQL) is
+measured at every event, e.g. ``--sizes 1000000 --changes 10,10,10,10,10,10 --strategy full``.
 
 The reference table has ``--customers`` rows (200,000) at every size, so only the base grows.
 Orders span a year and draw their customer from 1.25x the customer ids, so ~20 % have none at
@@ -454,9 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=200_000,
                    help="orders of an untimed first size, left out of the results, so that the first measured "
                         "size does not pay the process's first calls alone (0: none)")
-    p.add_argument("--strategy", choices=["auto", "incremental"], default="auto",
+    p.add_argument("--strategy", choices=["auto", "incremental", "full"], default="auto",
                    help="auto: Tidemark chooses; incremental: every unit of a built view incremental (full_above 1, "
-                        "no estimate decides), to measure that path where it is not chosen")
+                        "no estimate decides), to measure that path where it is not chosen; full: every unit a full "
+                        "recompute (`refresh: full`), to measure the full path against the plain rebuild")
     p.add_argument("--deletion-vectors", action="store_true",
                    help="the views with `deletion_vectors: true` (an opt-in: the deltalake reader cannot read them)")
     p.add_argument("--plain", "--no-additive", action="store_true", dest="plain",
@@ -472,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
 
         FORCED.append("full_above: 1")
         refresh.COST_FLOOR = sys.maxsize
+    elif args.strategy == "full":
+        FORCED.append("refresh: full")
     sizes = [1_000_000, 5_000_000] if args.quick else [int(x) for x in args.sizes.split(",") if x.strip()]
     changes = [int(x) for x in args.changes.split(",") if x.strip()]
     if not sizes or any(s <= 0 for s in sizes) or any(n <= 0 for n in changes):

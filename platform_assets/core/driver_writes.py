@@ -21,8 +21,10 @@ is written by Spark.
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
+from lineage.core.errors import first_line
 from platform_assets.core import spark_io, table_reads
 from resources.storage import delta_meta
 from resources.storage.warehouse import storage_options
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from deltalake import CommitProperties
     from pyspark.sql import DataFrame
 
+CHANGE_FEED = "delta.enableChangeDataFeed"
+log = logging.getLogger(__name__)
 _WRITER_FEATURES = frozenset({"appendOnly", "invariants", "changeDataFeed"})
 _COLUMN_KEYS = ("delta.generationExpression", "delta.identity", "CURRENT_DEFAULT", "delta.invariants",
                 "delta.columnMapping")
@@ -99,6 +103,45 @@ def commit_small(out: DataFrame, dest: str, *, mode: str, input_rows: int, app_i
     if rows is None:
         return None  # (e.g. a null in a NOT NULL column: Spark's writer says so)
     return spark_io.Counted(spark_io.BlockFigures(rows.num_rows, {c: rows.column(c).null_count for c in out.columns}))
+
+
+def overwrite_small(out: DataFrame, dest: str, *, expected_rows: int | None, app_id: str, seq: int,
+                    meta: str) -> bool:
+    """A full recompute ``out`` committed from the driver as one overwrite of the table at ``dest``,
+    as the unit ``(app_id, seq)`` with ``meta`` as its ``userMetadata``: True when it landed (or
+    had landed before). Spark's Delta writer would first rebuild the table's state at its newest
+    version to look the unit's txn up: a few Spark jobs, more after commits it did not write itself
+    (``deltalake``'s, which leave no checksum file), a fixed cost that a small view's recompute pays
+    beside the transform. False, having written nothing, where Spark must write it: ``expected_rows``
+    (the rows the table holds now, the best guess of the output's) unknown or above
+    :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS`, an output that turns out bigger than
+    that, the table's change data feed off (Spark's overwrite turns it on), :func:`refusal` (which
+    also refuses a table with deletion vectors or column mapping), ``$TIDEMARK_DIRECT_IO=off``, or
+    a commit ``deltalake`` refused (said in the log; Spark's write of the same unit is skipped by its
+    ``txn`` if this one did land)."""
+    from deltalake import DeltaTable
+
+    if expected_rows is None or not 0 <= expected_rows <= spark_io.SMALL_BLOCK_ROWS or not table_reads.direct_io_on():
+        return False
+    snap = delta_meta.TableSnapshot.open(dest)
+    table = snap.table
+    if table is None or refusal(snap, out.schema) is not None:
+        return False
+    if str((table.metadata().configuration or {}).get(CHANGE_FEED, "")).lower() != "true":
+        return False
+    if recorded(table, app_id, seq):
+        return True
+    rows = out.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow()
+    if rows.num_rows > spark_io.SMALL_BLOCK_ROWS:
+        return False
+    try:
+        return _commit(rows, table, dest, mode="overwrite", app_id=app_id, seq=seq, meta=meta) is not None
+    except Exception as exc:  # noqa: BLE001 - Spark's write of the same unit follows (skipped if this one landed)
+        if recorded(DeltaTable(dest, storage_options=storage_options(dest)), app_id, seq):
+            return True  # (e.g. a post-commit checkpoint failed)
+        log.warning("unit %s of %s: deltalake's overwrite of %s failed, so Spark writes it instead: %s", seq, app_id,
+                    dest, first_line(exc)[:300])
+        return False
 
 
 def commit_arrow(rows: pa.Table, dest: str, *, mode: str, app_id: str, seq: int, meta: str) -> bool:

@@ -390,12 +390,15 @@ class MergeProcessor:
                                           target_filter=work.prune, rows=work.source,
                                           in_hand=work.rederived is not None)  # rows of a local checkpoint
                     else:
-                        spark_io.save_unit(
-                            (out() if callable(out) else out).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-                            # deletion vectors only when opted in: the deltalake reader (pandas, polars) cannot read them
-                            .option("delta.enableChangeDataFeed", "true")
-                            .option(spark_io.DELETION_VECTORS, str(spec.deletion_vectors).lower()),
-                            dest, app_id=app_id, seq=block.seq, meta=meta)
+                        whole = out() if callable(out) else out
+                        held = work.view.row_count if work.view is not None and work.view.table is not None else None
+                        if not driver_writes.overwrite_small(whole, dest, expected_rows=held, app_id=app_id, seq=block.seq,
+                                                             meta=meta):  # a small view's recompute: from the driver
+                            spark_io.save_unit(
+                                whole.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                                .option("delta.enableChangeDataFeed", "true")  # (deletion vectors as the spec says)
+                                .option(spark_io.DELETION_VECTORS, str(spec.deletion_vectors).lower()),
+                                dest, app_id=app_id, seq=block.seq, meta=meta)
                     eng.register(spec.destination)
                     landed = delta_log.find_txn_commit(dest, app_id, block.seq)
             finally:

@@ -131,3 +131,56 @@ def test_a_table_deltalake_wrote_reads_the_same_through_spark_and_deltalake(spar
     assert [tuple(r) for r in got.collect()] == [tuple(r) for r in out.collect()]
     assert DeltaTable(path).to_pyarrow_table().num_rows == 1
     assert pa.schema(DeltaTable(path).schema().to_arrow()).names == out.columns
+
+
+def _changes(spark, path: str, version: int) -> list[tuple]:
+    feed = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", version)
+            .option("endingVersion", version).load(path))
+    return sorted((r["id"], r["name"], r["_change_type"]) for r in feed.collect())
+
+
+@pytest.mark.fast
+def test_a_small_recompute_is_one_overwrite_from_the_driver_with_the_table_settings_and_change_feed_spark_gives(
+        spark, tmp_path: Path) -> None:
+    path = str(tmp_path / "view")
+    (_out(spark).write.format("delta").option("delta.enableChangeDataFeed", "true")
+     .option("delta.checkpointInterval", "10").save(path))
+    new = spark.createDataFrame([(1, "v1"), (2, "changed"), (5, "v5")], "id long, name string")
+    meta = json.dumps({"seq": 4})
+    assert driver_writes.overwrite_small(new, path, expected_rows=3, app_id="app", seq=4, meta=meta)
+    table = DeltaTable(path)
+    assert table.version() == 1 and "delta-rs" in _engines(path)[1]
+    assert table.metadata().configuration == {"delta.enableChangeDataFeed": "true", "delta.checkpointInterval": "10"}
+    got = spark.read.format("delta").load(path)
+    assert sorted(tuple(r) for r in got.collect()) == [(1, "v1"), (2, "changed"), (5, "v5")]
+    landed = delta_log.find_txn_commit(path, "app", 4)
+    assert landed is not None and landed.rows == 3 and landed.user_metadata == {"seq": 4}
+    # the change feed of the overwrite: every old row deleted, every new one inserted (as after Spark's overwrite)
+    assert _changes(spark, path, 1) == sorted([(i, f"v{i}", "delete") for i in range(3)]
+                                              + [(1, "v1", "insert"), (2, "changed", "insert"), (5, "v5", "insert")])
+    # a unit the table recorded is not written again
+    assert driver_writes.overwrite_small(_out(spark), path, expected_rows=3, app_id="app", seq=4, meta=meta)
+    assert DeltaTable(path).version() == 1
+
+
+@pytest.mark.parametrize("case", ["unknown size", "big table", "big output", "no change feed", "deletion vectors",
+                                  "new column"])
+def test_spark_overwrites_a_recompute_the_driver_should_not_write(spark, tmp_path: Path, case: str) -> None:
+    path = str(tmp_path / "view")
+    writer = _out(spark).write.format("delta")
+    if case != "no change feed":
+        writer = writer.option("delta.enableChangeDataFeed", "true")
+    if case == "deletion vectors":
+        writer = writer.option("delta.enableDeletionVectors", "true")
+    writer.save(path)
+    out, expected = _out(spark, 2), 3
+    if case == "unknown size":
+        expected = None
+    elif case == "big table":
+        expected = spark_io.SMALL_BLOCK_ROWS + 1
+    elif case == "big output":  # the table held few rows, the recompute makes more than the driver takes
+        out = spark.range(spark_io.SMALL_BLOCK_ROWS + 1).selectExpr("id", "CAST(id AS STRING) AS name")
+    elif case == "new column":
+        out = _out(spark).selectExpr("*", "1 AS extra")
+    assert not driver_writes.overwrite_small(out, path, expected_rows=expected, app_id="app", seq=1, meta="{}")
+    assert DeltaTable(path).version() == 0  # nothing written

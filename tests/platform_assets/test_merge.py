@@ -207,6 +207,11 @@ def test_a_change_beyond_full_above_or_without_join_keys_recomputes_and_says_why
     assert not refresh.passed and "no join_keys" in refresh.description
     assert assert_view_equals_recompute(eng, "mart.wide") == 30
     assert assert_view_equals_recompute(eng, "mart.by_country") == 4
+    # a small view's recompute is one overwrite from the driver (deltalake), the table's settings kept
+    for view in ("mart.wide", "mart.by_country"):
+        last = DeltaTable(eng.path(view)).history(1)[0]
+        assert last["operation"] == "WRITE" and "delta-rs" in str(last.get("clientVersion")), last
+        assert DeltaTable(eng.path(view)).metadata().configuration.get("delta.enableChangeDataFeed") == "true"
 
 
 def test_strict_refresh_fails_instead_of_a_full_recompute(spark, settings, tmp_path):
