@@ -99,7 +99,15 @@ def commit_small(out: DataFrame, dest: str, *, mode: str, input_rows: int, app_i
     table = snap.table
     if table is None or refusal(snap, out.schema) is not None:
         return None
-    rows = _commit(out.toArrow(), table, dest, mode=mode, app_id=app_id, seq=seq, meta=meta)
+    arrow = out.toArrow()
+    if mode == "overwrite":  # committed from the table as it is now (see _commit)
+        from deltalake import DeltaTable
+
+        now = delta_meta.TableSnapshot(dest, DeltaTable(dest, storage_options=storage_options(dest)))
+        if refusal(now, out.schema) is not None:
+            return None
+        table = now.table
+    rows = _commit(arrow, table, dest, mode=mode, app_id=app_id, seq=seq, meta=meta)
     if rows is None:
         return None  # (e.g. a null in a NOT NULL column: Spark's writer says so)
     return spark_io.Counted(spark_io.BlockFigures(rows.num_rows, {c: rows.column(c).null_count for c in out.columns}))
@@ -115,33 +123,46 @@ def overwrite_small(out: DataFrame, dest: str, *, expected_rows: int | None, app
     beside the transform. False, having written nothing, where Spark must write it: ``expected_rows``
     (the rows the table holds now, the best guess of the output's) unknown or above
     :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS`, an output that turns out bigger than
-    that, the table's change data feed off (Spark's overwrite turns it on), :func:`refusal` (which
-    also refuses a table with deletion vectors or column mapping), ``$TIDEMARK_DIRECT_IO=off``, or
-    a commit ``deltalake`` refused (said in the log; Spark's write of the same unit is skipped by its
-    ``txn`` if this one did land)."""
+    that or fails to come to the driver, the table's change data feed off (Spark's overwrite turns
+    it on), :func:`refusal` (which also refuses a table with deletion vectors or column mapping),
+    columns in another order (Spark's overwrite takes the output's), ``$TIDEMARK_DIRECT_IO=off``,
+    or a commit ``deltalake`` refused (said in the log: e.g. a concurrent commit; Spark's write of
+    the same unit is skipped by its ``txn`` if this one did land)."""
     from deltalake import DeltaTable
 
     if expected_rows is None or not 0 <= expected_rows <= spark_io.SMALL_BLOCK_ROWS or not table_reads.direct_io_on():
         return False
     snap = delta_meta.TableSnapshot.open(dest)
-    table = snap.table
-    if table is None or refusal(snap, out.schema) is not None:
+    if snap.table is None or _overwrite_refusal(snap, out) is not None:
         return False
-    if str((table.metadata().configuration or {}).get(CHANGE_FEED, "")).lower() != "true":
-        return False
-    if recorded(table, app_id, seq):
+    if recorded(snap.table, app_id, seq):
         return True
-    rows = out.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow()
+    try:
+        rows = out.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow()
+    except Exception as exc:  # noqa: BLE001 - e.g. over spark.driver.maxResultSize: Spark's writer computes it again
+        log.warning("unit %s of %s: the recompute of %s did not come to the driver, so Spark writes it: %s", seq,
+                    app_id, dest, first_line(exc)[:300])
+        return False
     if rows.num_rows > spark_io.SMALL_BLOCK_ROWS:
         return False
-    try:
-        return _commit(rows, table, dest, mode="overwrite", app_id=app_id, seq=seq, meta=meta) is not None
-    except Exception as exc:  # noqa: BLE001 - Spark's write of the same unit follows (skipped if this one landed)
-        if recorded(DeltaTable(dest, storage_options=storage_options(dest)), app_id, seq):
-            return True  # (e.g. a post-commit checkpoint failed)
-        log.warning("unit %s of %s: deltalake's overwrite of %s failed, so Spark writes it instead: %s", seq, app_id,
-                    dest, first_line(exc)[:300])
+    # the table as it is now (the Spark job above took a while): the commit is made from this version
+    now = delta_meta.TableSnapshot(dest, DeltaTable(dest, storage_options=storage_options(dest)))
+    if _overwrite_refusal(now, out) is not None:
         return False
+    return _commit(rows, now.table, dest, mode="overwrite", app_id=app_id, seq=seq, meta=meta) is not None
+
+
+def _overwrite_refusal(snap: delta_meta.TableSnapshot, out: DataFrame) -> str | None:
+    """:func:`refusal`, and why else Spark's overwrite of ``out`` would not be the one ``deltalake`` writes."""
+    table = snap.table
+    why = refusal(snap, out.schema)
+    if why is not None or table is None:
+        return why or "no table yet"
+    if str((table.metadata().configuration or {}).get(CHANGE_FEED, "")).lower() != "true":
+        return "its change data feed is off"
+    if [f.name for f in table.schema().fields] != list(out.columns):
+        return "the output's columns are in another order"
+    return None
 
 
 def commit_arrow(rows: pa.Table, dest: str, *, mode: str, app_id: str, seq: int, meta: str) -> bool:
@@ -157,13 +178,29 @@ def commit_arrow(rows: pa.Table, dest: str, *, mode: str, app_id: str, seq: int,
 
 def _commit(rows: pa.Table, table: Any, dest: str, *, mode: str, app_id: str, seq: int, meta: str) -> pa.Table | None:
     """``rows`` cast to the table's columns and committed as the unit (unless it landed already);
-    None, having written nothing, when they do not cast."""
-    from deltalake import write_deltalake
+    None, having written nothing, when they do not cast, or when an overwrite lost to a commit made
+    after ``table``'s version (then Spark's writer runs)."""
+    from deltalake import DeltaTable, write_deltalake
 
     cast = cast_to(rows, table, only=True)
-    if cast is not None and not recorded(table, app_id, seq):
+    if cast is None or recorded(table, app_id, seq):
+        return cast
+    if mode != "overwrite":
         write_deltalake(dest, cast, mode=mode, storage_options=storage_options(dest),  # type: ignore[call-overload]
                         commit_properties=unit_commit(app_id, seq, meta))
+        return cast
+    # An overwrite is committed from ``table``'s version and fails on any commit after it:
+    # deltalake's conflict check does not take a concurrent compaction (its removes change no
+    # data) as a conflict, and the compacted files, old rows all, would stay beside the new ones.
+    try:
+        write_deltalake(table, cast, mode=mode,  # type: ignore[call-overload]
+                        commit_properties=unit_commit(app_id, seq, meta, retries=0))
+    except Exception as exc:  # noqa: BLE001 - Spark's write of the same unit follows (skipped if this one landed)
+        if recorded(DeltaTable(dest, storage_options=storage_options(dest)), app_id, seq):
+            return cast  # (e.g. a post-commit checkpoint failed)
+        log.warning("unit %s of %s: deltalake's overwrite of %s failed, so Spark writes it instead: %s", seq, app_id,
+                    dest, first_line(exc)[:300])
+        return None
     return cast
 
 
@@ -194,11 +231,13 @@ def recorded(table: Any, app_id: str, seq: int) -> bool:
     return recorded is not None and recorded >= seq
 
 
-def unit_commit(app_id: str, seq: int, meta: str) -> CommitProperties:
-    """A commit's ``txn`` and ``userMetadata``, as Spark's writer records them for a unit."""
+def unit_commit(app_id: str, seq: int, meta: str, *, retries: int | None = None) -> CommitProperties:
+    """A commit's ``txn`` and ``userMetadata``, as Spark's writer records them for a unit
+    (``retries``: how often ``deltalake`` may commit it again after a concurrent commit; None: its default)."""
     from deltalake import CommitProperties, Transaction
 
-    return CommitProperties(app_transactions=[Transaction(app_id=app_id, version=seq)], custom_metadata={"userMetadata": meta})
+    return CommitProperties(app_transactions=[Transaction(app_id=app_id, version=seq)], custom_metadata={"userMetadata": meta},
+                            **({} if retries is None else {"max_commit_retries": retries}))
 
 
 def write_unit(out: DataFrame, dest: str, *, mode: str, options: dict[str, str], input_rows: int, app_id: str,

@@ -184,3 +184,46 @@ def test_spark_overwrites_a_recompute_the_driver_should_not_write(spark, tmp_pat
         out = _out(spark).selectExpr("*", "1 AS extra")
     assert not driver_writes.overwrite_small(out, path, expected_rows=expected, app_id="app", seq=1, meta="{}")
     assert DeltaTable(path).version() == 0  # nothing written
+
+
+def _ids(path: str) -> list[int]:
+    from deltalake import QueryBuilder
+
+    got = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT id FROM t").read_all()
+    return sorted(got.column("id").to_pylist())
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("when", ["before the commit", "while it writes"])
+def test_an_overwrite_from_the_driver_loses_to_a_compaction_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """deltalake's own conflict check lets an overwrite commit over a concurrent compaction, which
+    would keep the compacted file (every old row) beside the new rows; the unit's overwrite fails
+    instead, writes nothing, and Spark's writer (the caller's fallback) does it."""
+    import subprocess
+    import sys
+
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "t")
+    for i in range(3):
+        write_deltalake(path, pa.table({"id": pa.array([3 * i, 3 * i + 1, 3 * i + 2], pa.int64())}), mode="append")
+    new = pa.table({"id": pa.array([1, 2, 50], pa.int64())})
+    opened = DeltaTable(path)  # the version the unit's commit is made from
+    compact = [sys.executable, "-c", f"from deltalake import DeltaTable; DeltaTable({path!r}).optimize.compact()"]
+    if when == "before the commit":
+        subprocess.run(compact, check=True)
+    else:
+        def racing(rows: pa.Table, table: object, only: bool) -> object:
+            def batches():
+                yield from rows.to_batches()
+                subprocess.run(compact, check=True)  # (tidemark maintain, as deltalake writes the new file)
+            return pa.RecordBatchReader.from_batches(rows.schema, batches())
+        monkeypatch.setattr(driver_writes, "cast_to", racing)
+    assert driver_writes._commit(new, opened, path, mode="overwrite", app_id="app", seq=4, meta="{}") is None
+    table = DeltaTable(path)
+    assert table.version() == 3 and table.transaction_version("app") is None  # the compaction alone landed
+    assert _ids(path) == list(range(9))
+    monkeypatch.undo()
+    assert driver_writes._commit(new, table, path, mode="overwrite", app_id="app", seq=4, meta="{}") is not None
+    assert _ids(path) == [1, 2, 50] and DeltaTable(path).transaction_version("app") == 4
