@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from lineage.core.errors import first_line
 from platform_assets.core import spark_io, table_reads
-from resources.storage import delta_meta
+from resources.storage import delta_log, delta_meta
 from resources.storage.warehouse import storage_options
 
 if TYPE_CHECKING:
@@ -101,9 +101,7 @@ def commit_small(out: DataFrame, dest: str, *, mode: str, input_rows: int, app_i
         return None
     arrow = out.toArrow()
     if mode == "overwrite":  # committed from the table as it is now (see _commit)
-        from deltalake import DeltaTable
-
-        now = delta_meta.TableSnapshot(dest, DeltaTable(dest, storage_options=storage_options(dest)))
+        now = _now(dest)
         if refusal(now, out.schema) is not None:
             return None
         table = now.table
@@ -128,28 +126,37 @@ def overwrite_small(out: DataFrame, dest: str, *, expected_rows: int | None, app
     columns in another order (Spark's overwrite takes the output's), ``$TIDEMARK_DIRECT_IO=off``,
     or a commit ``deltalake`` refused (said in the log: e.g. a concurrent commit; Spark's write of
     the same unit is skipped by its ``txn`` if this one did land)."""
-    from deltalake import DeltaTable
-
     if expected_rows is None or not 0 <= expected_rows <= spark_io.SMALL_BLOCK_ROWS or not table_reads.direct_io_on():
         return False
     snap = delta_meta.TableSnapshot.open(dest)
-    if snap.table is None or _overwrite_refusal(snap, out) is not None:
+    if _overwrite_refusal(snap, out) is not None:
         return False
     if recorded(snap.table, app_id, seq):
         return True
     try:
-        rows = out.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow()
+        rows = small_arrow(out)
     except Exception as exc:  # noqa: BLE001 - e.g. over spark.driver.maxResultSize: Spark's writer computes it again
         log.warning("unit %s of %s: the recompute of %s did not come to the driver, so Spark writes it: %s", seq,
                     app_id, dest, first_line(exc)[:300])
         return False
-    if rows.num_rows > spark_io.SMALL_BLOCK_ROWS:
+    if rows is None:
         return False
-    # the table as it is now (the Spark job above took a while): the commit is made from this version
-    now = delta_meta.TableSnapshot(dest, DeltaTable(dest, storage_options=storage_options(dest)))
+    now = _now(dest)  # (the Spark job above took a while): the commit is made from this version
     if _overwrite_refusal(now, out) is not None:
         return False
     return _commit(rows, now.table, dest, mode="overwrite", app_id=app_id, seq=seq, meta=meta) is not None
+
+
+def small_arrow(out: DataFrame) -> pa.Table | None:
+    """``out``'s rows in the driver as Arrow, at most :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS`
+    of them (None: more)."""
+    got = out.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow()
+    return None if got.num_rows > spark_io.SMALL_BLOCK_ROWS else got
+
+
+def _now(dest: str) -> delta_meta.TableSnapshot:
+    """The table at ``dest`` as it is now: opened again, not the snapshot this process keeps."""
+    return delta_meta.TableSnapshot(dest, delta_log.open_table(dest))
 
 
 def _overwrite_refusal(snap: delta_meta.TableSnapshot, out: DataFrame) -> str | None:
@@ -180,7 +187,7 @@ def _commit(rows: pa.Table, table: Any, dest: str, *, mode: str, app_id: str, se
     """``rows`` cast to the table's columns and committed as the unit (unless it landed already);
     None, having written nothing, when they do not cast, or when an overwrite lost to a commit made
     after ``table``'s version (then Spark's writer runs)."""
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
 
     cast = cast_to(rows, table, only=True)
     if cast is None or recorded(table, app_id, seq):
@@ -196,7 +203,7 @@ def _commit(rows: pa.Table, table: Any, dest: str, *, mode: str, app_id: str, se
         write_deltalake(table, cast, mode=mode,  # type: ignore[call-overload]
                         commit_properties=unit_commit(app_id, seq, meta, retries=0))
     except Exception as exc:  # noqa: BLE001 - Spark's write of the same unit follows (skipped if this one landed)
-        if recorded(DeltaTable(dest, storage_options=storage_options(dest)), app_id, seq):
+        if (landed := _now(dest).table) is not None and recorded(landed, app_id, seq):
             return cast  # (e.g. a post-commit checkpoint failed)
         log.warning("unit %s of %s: deltalake's overwrite of %s failed, so Spark writes it instead: %s", seq, app_id,
                     dest, first_line(exc)[:300])

@@ -180,11 +180,7 @@ def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, 
     False, having written nothing, where Spark must: a source of more than
     :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows, or :func:`merge_arrow` says so
     (``within``: see there)."""
-    def rows() -> pa.Table | None:
-        got = source.limit(spark_io.SMALL_BLOCK_ROWS + 1).toArrow()
-        return None if got.num_rows > spark_io.SMALL_BLOCK_ROWS else got
-
-    return _merge_driven(clauses, rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows,
+    return _merge_driven(clauses, lambda: driver_writes.small_arrow(source), dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows,
                          within=within)
 
 
