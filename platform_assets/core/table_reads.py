@@ -188,12 +188,10 @@ def changed_value_rows(path: str, start: int, end: int, columns: Mapping[str, st
         feed = pa.table(snap.table.load_cdf(starting_version=start, ending_version=end, columns=list(columns)))
     except Exception:  # noqa: BLE001 - Spark reads it then (and says why if it cannot either)
         return None
-    seen: dict[tuple[Any, ...], None] = {}
-    for row in zip(*[feed.column(c).to_pylist() for c in columns], strict=True):
-        seen.setdefault(row)
-        if len(seen) > limit:
-            return None
-    return list(seen)
+    distinct = feed.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])
+    if distinct.num_rows > limit:
+        return None
+    return list(zip(*[distinct.column(c).to_pylist() for c in columns], strict=True))
 
 
 #: A JVM-free filtered scan hands Spark at most this many rows (more: Spark scans the table itself).

@@ -288,7 +288,8 @@ def _changed(eng: UnitContext, topic: Topic, work: MergeWork) -> tuple[str, list
     if len(pairs) != 1 or change.new is None or change.old is None:
         raise driver_sql.Declined(f"{table}: not one join column, or no version applied")
     [(column, theirs)] = pairs.items()
-    found = table_reads.changed_value_rows(eng.path(table), change.old + 1, change.new, {theirs: column}, LOCAL_KEYS)
+    # (more than reverse.IN_LIST values are not listed, and the unit declines: none read past that)
+    found = table_reads.changed_value_rows(eng.path(table), change.old + 1, change.new, {theirs: column}, reverse.IN_LIST)
     return column, reverse.values_listed([column], found), {table: _snapshot(eng, table, change.old)}
 
 

@@ -194,14 +194,21 @@ def table_mark(source: str | TableSnapshot, *, positions: bool = True, newer_tha
     floor = _minus(_ts(max_pos) or dt.datetime.min, STATS_SLACK)
     if newer_than is not None and floor > newer_than.pos and _ids_known_from(files, floor):
         return TableMark(Position(_ts(max_pos) or max_pos, 0), version)
-    # Read the few rows at or after floor to find the exact newest (pos, id).
+    if snap.newest is None:
+        snap.newest = (_newest(snap, floor),)
+    return TableMark(snap.newest[0], version)
+
+
+def _newest(snap: TableSnapshot, floor: dt.datetime) -> Position | None:
+    """The exact newest valid ``(pos, id)`` of ``snap``, read from the few rows at or after ``floor``
+    (the statistics' newest ``pos`` less the slack). None: no valid row."""
     rows = _positions(snap, _Wanted(since=floor), low=floor)
     if rows.num_rows == 0:  # the newest rows have no id (bad rows): the newest valid row is older
         rows = _positions(snap, _Wanted())
     if rows.num_rows == 0:
-        return TableMark(None, version)
+        return None
     rows = rows.sort_by([("pos", "descending"), ("id", "descending")])
-    return TableMark(Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py())), version)
+    return Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py()))
 
 
 def freshness(source: str | TableSnapshot) -> dt.datetime | None:

@@ -45,6 +45,9 @@ class TableSnapshot:
         self.path = path
         self.table = table  # deltalake.DeltaTable; None when there is no table at ``path``
         self.after: dict[Position, pa.Table] = {}  # every row after a position, read ahead (see prefetch)
+        # the exact newest (pos, id), once positions.table_mark has read it: a version never changes,
+        # and a resident process plans a base that did not change again on the snapshot it keeps
+        self.newest: tuple[Position | None] | None = None
 
     @classmethod
     def open(cls, path: str, version: int | None = None, *, at_least: int | None = None) -> TableSnapshot:

@@ -159,6 +159,9 @@ def test_changed_values_read_by_deltalake_are_those_of_spark_change_feed(spark, 
         assert {r[0] for r in rows} == want == {r["customer_id"] for r in df.collect()}, (start, end)
         assert len(rows) == len(want)
     assert table_reads.changed_values(spark, path, 1, 4, {"id": "customer_id"}, 2) is None  # more than the limit
+    every = len(_spark_feed(spark, path, 1, 4, "id"))  # (distinct values: an update's two images count once)
+    assert table_reads.changed_value_rows(path, 1, 4, {"id": "customer_id"}, every) is not None
+    assert table_reads.changed_value_rows(path, 1, 4, {"id": "customer_id"}, every - 1) is None
     assert table_reads.changed_values(spark, path, 1, 9, {"id": "customer_id"}, 100) is None  # past the newest version
     monkeypatch.setenv("TIDEMARK_DIRECT_IO", "off")
     assert table_reads.changed_values(spark, path, 1, 4, {"id": "customer_id"}, 100) is None

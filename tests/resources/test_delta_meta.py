@@ -77,6 +77,30 @@ def test_a_mark_newer_than_a_position_reads_rows_only_when_the_statistics_cannot
     assert table_mark(str(path), newer_than=_at(5, 5)) == table_mark(str(path))
 
 
+def test_a_kept_snapshot_reads_its_newest_rows_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resident process plans an unchanged base again on the snapshot it keeps: the exact newest
+    position is read from the files once per snapshot, and a new commit is read anew."""
+    path = tmp_path / "base"
+    _append(path, [(i, i) for i in range(1, 11)])
+    reads: list[int | None] = []
+    real = positions._positions
+
+    def counted(snap: TableSnapshot, *args: object, **kwargs: object) -> pa.Table:
+        reads.append(snap.version)
+        return real(snap, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(positions, "_positions", counted)
+    assert table_mark(str(path)).max_position == _at(10, 10)
+    assert table_mark(str(path)).max_position == _at(10, 10)
+    assert TableSnapshot.open(str(path)) is TableSnapshot.open(str(path)) and reads == [0]
+    _append(path, [(20, 5), (20, 3)])
+    assert table_mark(str(path)).max_position == _at(20, 5) and reads == [0, 1]
+    assert table_mark(str(path)).max_position == _at(20, 5) and reads == [0, 1]
+    # A snapshot opened anew of the same version reads them itself, and finds the same.
+    assert table_mark(TableSnapshot(str(path), delta_log.open_table(str(path)))).max_position == _at(20, 5)
+    assert reads == [0, 1, 1]
+
+
 def test_a_snapshot_of_a_missing_table_has_no_facts(tmp_path: Path) -> None:
     snap = TableSnapshot.open(str(tmp_path / "nothing"))
     assert snap.version is None and snap.files.num_rows == 0
