@@ -186,9 +186,9 @@ def changed_value_rows(path: str, start: int, end: int, columns: Mapping[str, st
         import pyarrow as pa
 
         feed = pa.table(snap.table.load_cdf(starting_version=start, ending_version=end, columns=list(columns)))
+        distinct = feed.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])
     except Exception:  # noqa: BLE001 - Spark reads it then (and says why if it cannot either)
         return None
-    distinct = feed.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])
     if distinct.num_rows > limit:
         return None
     return list(zip(*[distinct.column(c).to_pylist() for c in columns], strict=True))

@@ -288,7 +288,7 @@ def _changed(eng: UnitContext, topic: Topic, work: MergeWork) -> tuple[str, list
     if len(pairs) != 1 or change.new is None or change.old is None:
         raise driver_sql.Declined(f"{table}: not one join column, or no version applied")
     [(column, theirs)] = pairs.items()
-    # (more than reverse.IN_LIST values are not listed, and the unit declines: none read past that)
+    # (more than reverse.IN_LIST values are not listed, and the unit declines: not turned into Python objects)
     found = table_reads.changed_value_rows(eng.path(table), change.old + 1, change.new, {theirs: column}, reverse.IN_LIST)
     return column, reverse.values_listed([column], found), {table: _snapshot(eng, table, change.old)}
 

@@ -46,7 +46,8 @@ class TableSnapshot:
         self.table = table  # deltalake.DeltaTable; None when there is no table at ``path``
         self.after: dict[Position, pa.Table] = {}  # every row after a position, read ahead (see prefetch)
         # the exact newest (pos, id), once positions.table_mark has read it: a version never changes,
-        # and a resident process plans a base that did not change again on the snapshot it keeps
+        # and a process that keeps its snapshots (the follower; run_until_caught_up's look for more
+        # work after a unit) plans a base that did not change again on the same snapshot
         self.newest: tuple[Position | None] | None = None
 
     @classmethod
