@@ -107,8 +107,13 @@ def block_df(ctx: UnitContext, base: str, block: Block, version: int | None,
 
 def rows_upto(spark: SparkSession, path: str, end: Position, version: int | None) -> DataFrame:
     """The rows of the table at ``path`` (at Delta ``version``; None: the newest) whose ``(pos, id)``
-    is at most ``end``."""
-    return upto(table_reads.read_version(spark, path, version, high=end.pos), end)
+    is at most ``end``: unfiltered where that is every row of the version (statistics and newest rows,
+    :func:`~resources.storage.delta_meta.every_row_upto`; only at a given version, which a later commit
+    cannot change), so that a query reading neither ``pos`` nor ``id`` does not read them."""
+    rows = table_reads.read_version(spark, path, version, high=end.pos)
+    if version is not None and delta_meta.every_row_upto(delta_meta.TableSnapshot.open(path, version), end):
+        return rows
+    return upto(rows, end)
 
 
 def upto(rows: DataFrame, end: Position) -> DataFrame:

@@ -211,6 +211,22 @@ def _newest(snap: TableSnapshot, floor: dt.datetime) -> Position | None:
     return Position(_ts(rows["pos"][0].as_py()) or floor, int(rows["id"][0].as_py()))
 
 
+def every_row_upto(source: str | TableSnapshot, end: Position) -> bool:
+    """Whether every row of the version has a ``(pos, id)`` at most ``end``, and none a null one, as
+    the files' statistics and the newest rows (:func:`table_mark`) tell; False where they cannot
+    tell. A read of the rows up to ``end`` then needs no filter, nor the ``pos`` and ``id`` columns
+    that the filter alone would read (a view's full recompute whose query reads neither)."""
+    snap = _snapshot(source)
+    files = snap.files
+    if snap.table is None or files.num_rows == 0:
+        return False
+    for column in ("null_count.pos", "null_count.id"):  # (a count the statistics do not give may be any)
+        if column not in files.column_names or files[column].null_count or (pc.max(files[column]).as_py() or 0):
+            return False
+    newest = table_mark(snap, newer_than=end).max_position
+    return newest is not None and newest <= end
+
+
 def freshness(source: str | TableSnapshot) -> dt.datetime | None:
     """The position a dependency table is fresh up to: its newest ``pos``, or for a table
     without a ``pos`` column (a reference table) the time of its newest Delta commit, since

@@ -170,6 +170,37 @@ def test_changed_values_read_by_deltalake_are_those_of_spark_change_feed(spark, 
     assert table_reads.changed_values(spark, path, 1, 4, {"id": "customer_id"}, 100) is None
 
 
+def test_rows_up_to_the_newest_row_are_read_without_the_position_filter(spark, tmp_path: Path) -> None:
+    """Where every row of the version is at most the end (statistics and newest rows), the rows up to
+    it are the version's rows unfiltered, and a query of other columns reads no ``pos``/``id``; an end
+    before the newest row, or a row with a null ``id``, keeps the filter and its answer."""
+    from lineage.core.positions import Position
+    from platform_assets.core import blocks
+
+    path = str(tmp_path / "orders")
+    n = 20
+    t = pa.table({"pos": pa.array([T0 + dt.timedelta(seconds=i // 2) for i in range(n)], pa.timestamp("us", "UTC")),
+                  "id": pa.array(range(n), pa.int64()), "amount": pa.array([float(i) for i in range(n)])})
+    write_deltalake(path, t)
+
+    def read(end: Position, version: int | None) -> tuple[list[int], str]:
+        rows = blocks.rows_upto(spark, path, end, version)
+        plan = rows.select("amount")._jdf.queryExecution().executedPlan().toString()
+        return sorted(r["id"] for r in rows.collect()), plan
+
+    newest = Position(T0 + dt.timedelta(seconds=9), 19)
+    ids, plan = read(newest, 0)
+    assert ids == list(range(n)) and "ReadSchema: struct<amount:double>" in plan, plan
+    assert read(Position(T0 + dt.timedelta(seconds=10), 0), 0)[0] == list(range(n))
+    ids, plan = read(Position(T0 + dt.timedelta(seconds=9), 18), 0)  # a tie on pos: id 19 is after the end
+    assert ids == list(range(n - 1)) and "ReadSchema: struct<amount:double>" not in plan
+    assert "ReadSchema: struct<amount:double>" not in read(newest, None)[1]  # the newest, which may move: filtered
+    write_deltalake(path, pa.table({"pos": pa.array([T0], pa.timestamp("us", "UTC")), "id": pa.array([None], pa.int64()),
+                                    "amount": pa.array([99.0])}), mode="append")
+    ids, plan = read(newest, 1)  # a null id is never up to an end
+    assert ids == list(range(n)) and "ReadSchema: struct<amount:double>" not in plan
+
+
 def test_rows_matching_read_by_deltalake_are_the_rows_spark_filters(spark, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The base rows of chosen join values up to a position, read JVM-free by a filtered scan, are
