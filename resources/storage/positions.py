@@ -218,8 +218,10 @@ def every_row_upto(source: str | TableSnapshot, end: Position) -> bool:
     that the filter alone would read (a view's full recompute whose query reads neither)."""
     snap = _snapshot(source)
     files = snap.files
-    if snap.table is None or files.num_rows == 0:
+    if snap.table is None or files.num_rows == 0 or not {"pos", "id"} <= snap.columns:
         return False
+    if not pa.types.is_timestamp(snap.position_schema.field("pos").type):
+        return False  # (a position of another type is not compared here: the filter decides)
     for column in ("null_count.pos", "null_count.id"):  # (a count the statistics do not give may be any)
         if column not in files.column_names or files[column].null_count or (pc.max(files[column]).as_py() or 0):
             return False

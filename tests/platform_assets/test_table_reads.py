@@ -199,6 +199,19 @@ def test_rows_up_to_the_newest_row_are_read_without_the_position_filter(spark, t
                                     "amount": pa.array([99.0])}), mode="append")
     ids, plan = read(newest, 1)  # a null id is never up to an end
     assert ids == list(range(n)) and "ReadSchema: struct<amount:double>" not in plan
+    # statistics keep milliseconds: a newest row 700 µs into a second is after an end at 500 µs
+    path = str(tmp_path / "fine")
+    write_deltalake(path, pa.table({"pos": pa.array([T0, T0 + dt.timedelta(microseconds=700)], pa.timestamp("us", "UTC")),
+                                    "id": pa.array([1, 2], pa.int64()), "amount": pa.array([1.0, 2.0])}))
+    assert not delta_meta.every_row_upto(delta_meta.TableSnapshot.open(path, 0),
+                                         Position(T0 + dt.timedelta(microseconds=500), 10**9))
+    assert sorted(r["id"] for r in blocks.rows_upto(spark, path, Position(T0 + dt.timedelta(microseconds=500), 10**9), 0)
+                  .collect()) == [1]
+    assert delta_meta.every_row_upto(delta_meta.TableSnapshot.open(path, 0), Position(T0 + dt.timedelta(microseconds=700), 2))
+    # a pos that is no timestamp is not compared: the filter decides
+    path = str(tmp_path / "dates")
+    write_deltalake(path, pa.table({"pos": pa.array([dt.date(2026, 1, 1)], pa.date32()), "id": pa.array([1], pa.int64())}))
+    assert not delta_meta.every_row_upto(delta_meta.TableSnapshot.open(path, 0), Position(dt.datetime(2025, 1, 1), 0))
 
 
 def test_rows_matching_read_by_deltalake_are_the_rows_spark_filters(spark, tmp_path: Path,
