@@ -35,6 +35,13 @@ def _check_position_columns(snap: TableSnapshot) -> None:
             f"{snap.path}: base table has no {' and no '.join(missing)} column; a step topic's base table needs "
             "'pos TIMESTAMP' and 'id BIGINT' (the row's position)"
         )
+    types = snap.position_schema
+    if not pa.types.is_timestamp(types.field("pos").type) or not pa.types.is_integer(types.field("id").type):
+        raise ProcessingError(
+            f"{snap.path}: base table has 'pos' of type {types.field('pos').type} and 'id' of type "
+            f"{types.field('id').type}; a step topic's base table needs 'pos TIMESTAMP' and 'id BIGINT' (the row's "
+            "position); cast them in the table that feeds it"
+        )
 
 
 def _dataset(snap: TableSnapshot, pruning: Any = None) -> Any:

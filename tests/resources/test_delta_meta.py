@@ -101,6 +101,20 @@ def test_a_kept_snapshot_reads_its_newest_rows_once(tmp_path: Path, monkeypatch:
     assert reads == [0, 1, 1]
 
 
+def test_a_base_whose_position_is_not_a_timestamp_is_refused_by_name(tmp_path: Path) -> None:
+    """A ``pos`` of type DATE (or an ``id`` that is no integer) is not a position: planning says
+    which table and which types, instead of ending blocks at year 1."""
+    path = tmp_path / "dates"
+    write_deltalake(str(path), pa.table({"pos": pa.array([dt.date(2026, 1, 1)], pa.date32()),
+                                         "id": pa.array([1], pa.int64())}))
+    with pytest.raises(ProcessingError, match=r"dates: base table has 'pos' of type date32\[day\] and 'id' of type int64"):
+        find_block_end(str(path), Position.zero(), FAR, 10)
+    path = tmp_path / "text_ids"
+    write_deltalake(str(path), pa.table({"pos": pa.array([T0], pa.timestamp("us")), "id": pa.array(["a"], pa.string())}))
+    with pytest.raises(ProcessingError, match="'id' of type string"):
+        find_block_end(str(path), Position.zero(), FAR, 10)
+
+
 def test_a_snapshot_of_a_missing_table_has_no_facts(tmp_path: Path) -> None:
     snap = TableSnapshot.open(str(tmp_path / "nothing"))
     assert snap.version is None and snap.files.num_rows == 0
