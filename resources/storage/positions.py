@@ -229,9 +229,8 @@ def every_row_upto(source: str | TableSnapshot, end: Position) -> bool:
         return False
     if not pa.types.is_timestamp(snap.position_schema.field("pos").type):
         return False  # (a position of another type is not compared here: the filter decides)
-    for column in ("null_count.pos", "null_count.id"):  # (a count the statistics do not give may be any)
-        if column not in files.column_names or files[column].null_count or (pc.max(files[column]).as_py() or 0):
-            return False
+    if not _no_null_positions(files):
+        return False
     newest = table_mark(snap, newer_than=end).max_position
     return newest is not None and newest <= end
 
@@ -334,6 +333,14 @@ def count_upto(snap: TableSnapshot, last: Position) -> int | None:
     return total - (0 if after is None else after.num_rows) - bad_position_rows(snap).num_rows
 
 
+def _no_null_positions(files: pa.Table) -> bool:
+    """Whether the files' statistics (:attr:`TableSnapshot.files`) count no null ``pos`` and no null
+    ``id`` in any file. A count the statistics do not give (a file written before the table had the
+    column, or without statistics for it) may be any: then False."""
+    counts = [files[c] if c in files.column_names else pa.nulls(files.num_rows, pa.int64()) for c in ("null_count.pos", "null_count.id")]
+    return (pc.max(pc.add(pc.fill_null(counts[0], 1), pc.fill_null(counts[1], 1))).as_py() or 0) == 0
+
+
 def bad_position_rows(source: str | TableSnapshot) -> pa.Table:
     """Rows whose ``pos`` or ``id`` is null. Reads only files whose statistics count nulls."""
     snap = _snapshot(source)
@@ -343,10 +350,7 @@ def bad_position_rows(source: str | TableSnapshot) -> pa.Table:
     files = snap.files
     if files.num_rows == 0 or "null_count.pos" not in files.column_names:
         return pa.table({})
-    # A count the statistics do not give (a file written before the table had the column, or
-    # without statistics for it) may be any: the file is read.
-    counts = [files[c] if c in files.column_names else pa.nulls(files.num_rows, pa.int64()) for c in ("null_count.pos", "null_count.id")]
-    if (pc.max(pc.add(pc.fill_null(counts[0], 1), pc.fill_null(counts[1], 1))).as_py() or 0) == 0:
+    if _no_null_positions(files):
         return pa.table({})
     # Filtered by kernels, not by an expression: deltalake's dataset gives a file without an ``id``
     # column the guarantee ``id >= null``, under which ``is_null(id)`` drops its rows.
