@@ -329,6 +329,8 @@ def count_upto(snap: TableSnapshot, last: Position) -> int | None:
     total = snap.row_count
     if total is None or snap.table is None or deletion_vectors(snap).feature or snap.files["num_records"].null_count:
         return None  # rows a vector deletes are still in the count; a file without statistics counts 0
+    if every_row_upto(snap, last):  # (its newest rows read once per snapshot, none of the files after them)
+        return total
     after = _rows_after(snap, last, None)
     return total - (0 if after is None else after.num_rows) - bad_position_rows(snap).num_rows
 

@@ -101,6 +101,32 @@ def test_a_kept_snapshot_reads_its_newest_rows_once(tmp_path: Path, monkeypatch:
     assert reads == [0, 1, 1]
 
 
+def test_rows_up_to_the_newest_row_are_counted_by_the_statistics_alone(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``count_upto`` (a row-wise view checks that it holds every base row up to its unit's end):
+    the rows after the position are read from the files only where the position is before the
+    newest row or a null position may exist; at or after the newest row the statistics' count is the
+    answer, and no file is read for it."""
+    path = tmp_path / "base"
+    _append(path, [(i, i) for i in range(1, 11)])
+    _append(path, [(10, 11), (12, 12)])  # a tie on pos with the first commit's newest row
+    reads: list[Position] = []
+    real = positions._rows_after
+
+    def counted(snap: TableSnapshot, last: Position, cutoff: dt.datetime | None) -> pa.Table | None:
+        reads.append(last)
+        return real(snap, last, cutoff)
+
+    monkeypatch.setattr(positions, "_rows_after", counted)
+    snap = TableSnapshot.open(str(path))
+    assert delta_meta.count_upto(snap, _at(5, 5)) == 5
+    assert delta_meta.count_upto(snap, _at(10, 10)) == 10 and reads == [_at(5, 5), _at(10, 10)]
+    assert delta_meta.count_upto(snap, _at(12, 12)) == 12
+    assert delta_meta.count_upto(snap, _at(20, 0)) == 12 and reads == [_at(5, 5), _at(10, 10)]
+    _append(path, [(15, None)])  # a null id: the statistics cannot rule it out, so the rows are read
+    assert delta_meta.count_upto(TableSnapshot.open(str(path)), _at(20, 0)) == 12 and reads[-1] == _at(20, 0)
+
+
 def test_a_base_whose_position_is_not_a_timestamp_is_refused_by_name(tmp_path: Path) -> None:
     """A ``pos`` of type DATE (or an ``id`` that is no integer) is not a position: planning says
     which table and which types, instead of ending blocks at year 1."""
