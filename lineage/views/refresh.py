@@ -138,8 +138,7 @@ class Estimate:
                 f"(~{self.files_rewritten:.0f} view files rewritten)")
 
 
-#: Rows per file of a view's build clustered by its join column (at most CLUSTER_FILES ranges, each
-#: sorted and cut into files of at most CLUSTER_ROWS rows), and
+#: Rows per file of a view's build clustered by its join column (at most CLUSTER_FILES files), and
 #: the file size table maintenance keeps such a view at: a reverse join's MERGE rewrites whole
 #: files, so smaller files make it cheaper, and the build dearer (``bench/view_scaling.py``).
 CLUSTER_ROWS, CLUSTER_FILES = 25_000, 1024

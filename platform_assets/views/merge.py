@@ -133,9 +133,7 @@ class MergeProcessor:
             if work.built:  # a recompute as plain as a rebuild can be (clustering it would cost a shuffle of every row)
                 return full, work
             rows = delta_meta.TableSnapshot.open(self.engine.path(spec.base), planned.source_version).row_count
-            clustered = _clustered(full, spec, rows)
-            work.clustered = clustered is not full
-            return clustered, work
+            return _clustered(full, spec, rows), work
         key = list(spec.key)
         if work.rederived is not None and planned.block is not None and appends(self.engine, topic, work, planned.block.last):
             work.append = True
@@ -399,8 +397,7 @@ class MergeProcessor:
                             spark_io.save_unit(
                                 whole.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
                                 .option("delta.enableChangeDataFeed", "true")  # (deletion vectors as the spec says)
-                                .option(spark_io.DELETION_VECTORS, str(spec.deletion_vectors).lower())
-                                .option("maxRecordsPerFile", CLUSTER_ROWS if work.clustered else 0),
+                                .option(spark_io.DELETION_VECTORS, str(spec.deletion_vectors).lower()),
                                 dest, app_id=app_id, seq=block.seq, meta=meta)
                     eng.register(spec.destination)
                     landed = delta_log.find_txn_commit(dest, app_id, block.seq)
@@ -458,12 +455,10 @@ def _from_driver(spark: SparkSession, work: MergeWork) -> DataFrame:
 
 
 def _clustered(full: DataFrame, spec: TopicSpec, base_rows: int | None) -> DataFrame:
-    """The initial build range-partitioned by the view column of its first ``join_keys`` (at most
-    ``CLUSTER_FILES`` partitions) and sorted by it within each, written in files of at most
-    ``CLUSTER_ROWS`` rows (``maxRecordsPerFile``): the rows a few input rows map to then share a
-    few small files whatever the view's size, so a reverse join's MERGE (copy-on-write) rewrites
-    those files, not every file. Small views stay as they are (``full`` itself). Later full
-    recomputes are plain (a shuffle of every row would cost more than the recompute)."""
+    """The initial build range-partitioned by the view column of its first ``join_keys`` into files
+    of ~``CLUSTER_ROWS`` rows: the rows a few input rows map to then share a few files, so a reverse
+    join's MERGE (copy-on-write) rewrites those files, not every file. Small views stay as they are.
+    Later full recomputes are plain (a shuffle of every row would cost more than the recompute)."""
     col = cluster_column(spec, full.columns)
-    parts = min(CLUSTER_FILES, (base_rows or 0) // CLUSTER_ROWS)
-    return full.repartitionByRange(parts, col).sortWithinPartitions(col) if col is not None and parts > 1 else full
+    files = min(CLUSTER_FILES, (base_rows or 0) // CLUSTER_ROWS)
+    return full.repartitionByRange(files, col) if col is not None and files > 1 else full

@@ -39,8 +39,6 @@ class MergeWork:
     columns: list[str] = field(default_factory=list)
     views: list[str] = field(default_factory=list)  # temporary views to drop when done
     built: bool = True  # the view holds a commit of this topic
-    #: A full build clustered by the view's join column (written in files of at most CLUSTER_ROWS rows).
-    clustered: bool = False
     #: Incremental: the affected keys by where they come from (label, keys), see MergeProcessor.derive.
     affected: list[tuple[str, DataFrame]] = field(default_factory=list)
     #: Incremental: what every row of an affected key in the view satisfies; the MERGE adds it to its
