@@ -62,6 +62,26 @@ def test_nan_equals_nan_and_nested_values_compare_by_content():
     assert in_hand.checks(every, ["id"], PART, view)["differ"] == 0
 
 
+def test_the_same_rows_in_another_order_are_told_by_arrow_without_python_rows(monkeypatch):
+    """The rows found in the view are mostly those the transform gives back: Arrow tells it, both
+    sorted, with no row made a Python value; where they differ, or Arrow cannot tell, they are
+    counted as before."""
+    stamp = [dt.datetime(2026, 1, 1, tzinfo=dt.UTC), None, dt.datetime(2026, 1, 2, tzinfo=dt.UTC)]
+    money = [decimal.Decimal("1.10"), decimal.Decimal("2.00"), None]
+    view = pa.table({"id": pa.array([3, 1, 2], pa.int64()), "name": pa.array(["c", None, "b"]),
+                     "at": pa.array(stamp, pa.timestamp("us", tz="UTC")), "m": pa.array(money, pa.decimal128(12, 2)),
+                     "v": pa.array([0.0, 1.5, None])})
+    again = view.take([2, 0, 1]).set_column(4, "v", pa.array([None, -0.0, 1.5]))  # -0.0 where the view has 0.0
+    made: list[int] = []
+    real = in_hand._tuples
+    monkeypatch.setattr(in_hand, "_tuples", lambda t, cols: made.append(t.num_rows) or real(t, cols))
+    assert in_hand.differ(again, view) == 0 and made == []
+    assert in_hand.differ(again.slice(0, 2), view) == 1 and made  # a row the transform does not give: counted
+    made.clear()
+    nan = pa.table({"v": pa.array([float("nan"), 1.0])})
+    assert in_hand.differ(nan.take([1, 0]), nan) == 0 and made  # a NaN: Arrow cannot tell, so counted
+
+
 def test_comparable_needs_the_same_arrow_types():
     every = rows(["old"], [1], ["a"])
     assert not in_hand.comparable(every, pa.table({"id": pa.array([1], pa.int32()), "name": pa.array(["a"])}))
