@@ -78,6 +78,8 @@ def test_the_same_rows_in_another_order_are_told_by_arrow_without_python_rows(mo
     assert in_hand.differ(again, view) == 0 and made == []
     assert in_hand.differ(again.slice(0, 2), view) == 1 and made  # a row the transform does not give: counted
     made.clear()
+    zeros = pa.table({"v": pa.array([0.0, -0.0]), "s": pa.array(["a", "b"])})  # tied in the sort, told apart by s
+    assert in_hand.differ(pa.table({"v": pa.array([0.0, -0.0]), "s": pa.array(["b", "a"])}), zeros) == 0 and not made
     nan = pa.table({"v": pa.array([float("nan"), 1.0])})
     assert in_hand.differ(nan.take([1, 0]), nan) == 0 and made  # a NaN: Arrow cannot tell, so counted
 
