@@ -141,7 +141,7 @@ class Estimate:
 #: Rows per file of a view's build clustered by its join column (at most CLUSTER_FILES files), and
 #: the file size table maintenance keeps such a view at: a reverse join's MERGE rewrites whole
 #: files, so smaller files make it cheaper, and the build dearer (``bench/view_scaling.py``).
-CLUSTER_ROWS, CLUSTER_FILES = 25_000, 1024
+CLUSTER_ROWS, CLUSTER_FILES = 25_000, 4096
 
 
 def cluster_column(spec: TopicSpec, columns: Collection[str]) -> str | None:

@@ -324,8 +324,9 @@ def count_block(path: str, last: Position, next_: Position, version: int | None 
 def count_upto(snap: TableSnapshot, last: Position) -> int | None:
     """Rows of ``snap`` with a position at most ``last``: its rows by the files' statistics, less
     those after ``last`` (read from the files that may hold them) and those without a position (a
-    null ``pos`` or ``id``). None when there is no table, a file's statistics do not count its
-    rows, or the table may hold deletion vectors."""
+    null ``pos`` or ``id``). At or after the newest row (:func:`every_row_upto`) that is the
+    statistics' count alone, and no file is read. None when there is no table, a file's statistics
+    do not count its rows, or the table may hold deletion vectors."""
     total = snap.row_count
     if total is None or snap.table is None or deletion_vectors(snap).feature or snap.files["num_records"].null_count:
         return None  # rows a vector deletes are still in the count; a file without statistics counts 0
