@@ -100,6 +100,14 @@ class Sizes:
 #: Writing a byte (Parquet encoding, compression, statistics, the commit) costs about this many
 #: reads of one: the weight of written bytes in an estimate.
 WRITE_COST = 3
+#: Beyond its bytes, each view file a MERGE rewrites costs about what a recompute moves in this
+#: many bytes: Spark's copy-on-write MERGE reads each touched file twice (to find it, then to
+#: rewrite it) and writes it again, a task and a Parquet writer per file. Measured
+#: (``bench/view_scaling.py``, 50M orders, 1,200 changed customers of ``mart.orders_wide``): 880
+#: files of 25,000 rows rewritten in 102 s (scan 32 s, rewrite 70 s), against a 47 s rebuild that
+#: moves ~3.8 GiB by the estimate (~80 MiB/s); the files' bytes account for ~22 s of it, the rest
+#: is ~90 ms a file.
+MERGE_FILE_COST = 8 * 2**20
 #: The estimate decides only when a full recompute would move at least this many bytes. Below it
 #: both strategies take a few seconds, and the incremental unit keeps the view's change feed to
 #: the rows that really changed (a view over this view then reverse-joins a few rows).
@@ -161,9 +169,9 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
       files only where statistics allow: counted whole); the changed inputs read at their old
       version; the view read by the MERGE (a clustered view: two of its columns to find the files
       of the affected keys, then those files); each view file holding an affected row read and
-      written again (with deletion vectors alike: see below); and, for a reverse join, a fixed
-      :data:`REVERSE_OVERHEAD`. Affected rows are placed in files at random, except that the rows of one
-      changed input row share a file (a view clustered by its join column): ``k`` affected
+      written again, plus :data:`MERGE_FILE_COST` a file (with deletion vectors alike: see
+      below); and, for a reverse join, a fixed :data:`REVERSE_OVERHEAD`. Affected rows are placed
+      in files at random, except that the rows of one changed input row share a file (a view clustered by its join column): ``k`` affected
       clusters touch ``F * (1 - (1 - 1/F)**k)`` of ``F`` files. New base rows mostly make new
       keys (inserted, no file rewritten) where the view has about a row per base row, and fall
       into existing groups where it has far fewer (an aggregate).
@@ -205,13 +213,13 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
         scan = sizes.view_bytes * min(1.0, 2 / max(sizes.view_columns, 1)) + touched
     else:
         scan = sizes.view_bytes
-    # each touched file read and written again. With deletion vectors Delta writes only the changed
-    # rows and a vector per file, but it reads each touched file again for the rows' indexes and
-    # writes each vector on its own: measured, about what a rewrite costs per file (1,000 changed
-    # customers at 50M orders: 706 vectors in 56.2 s, the unit 104.1 s against a 48.6 s rebuild,
-    # bench/view_scaling.py --deletion-vectors), so both count alike (the rows written anew, a few
-    # per key, are left out of both)
-    rewrite = touched * (1 + WRITE_COST)
+    # each touched file read and written again, and a fixed cost a file. With deletion vectors Delta
+    # writes only the changed rows and a vector per file, but it reads each touched file again for
+    # the rows' indexes and writes each vector on its own: measured, of the order of a rewrite per
+    # file (1,000 changed customers at 50M orders: 706 vectors in 56.2 s, the unit 104.1 s against a
+    # 48.6 s rebuild, bench/view_scaling.py --deletion-vectors), so both count alike (the rows
+    # written anew, a few per key, are left out of both)
+    rewrite = touched * (1 + WRITE_COST) + rewritten * MERGE_FILE_COST
     overhead = ((ADDITIVE_OVERHEAD + ADDITIVE_PER_ROW * changed if additive else REVERSE_OVERHEAD)
                 if reverse else 0)
     # the base read again to re-derive (not by an additive view; by a row-wise one only for late rows)
