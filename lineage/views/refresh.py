@@ -106,8 +106,11 @@ WRITE_COST = 3
 #: (``bench/view_scaling.py``, 50M orders, 1,200 changed customers of ``mart.orders_wide``): 880
 #: files of 25,000 rows rewritten in 102 s (scan 32 s, rewrite 70 s), against a 47 s rebuild that
 #: moves ~3.8 GiB by the estimate (~80 MiB/s); the files' bytes account for ~22 s of it, the rest
-#: is ~90 ms a file.
-MERGE_FILE_COST = 8 * 2**20
+#: is ~90 ms a file. The estimate counted ~1,400 files there (two groups per changed row: the one
+#: it leaves and the one it joins), so ~57 ms, ~4.6 MiB, per file it counts. Twice that sent
+#: changes of 17-38 reference rows at 10M orders to a full recompute, where a Spark unit of 10 costs
+#: 1.5-2 s against an 11.5 s rebuild (``docs/limits.md``).
+MERGE_FILE_COST = 4 * 2**20
 #: The estimate decides only when a full recompute would move at least this many bytes. Below it
 #: both strategies take a few seconds, and the incremental unit keeps the view's change feed to
 #: the rows that really changed (a view over this view then reverse-joins a few rows).
