@@ -174,8 +174,9 @@ def estimate(sizes: Sizes, *, base_rows: int, late_rows: int, changes: Sequence[
       of the affected keys, then those files); each view file holding an affected row read and
       written again, plus :data:`MERGE_FILE_COST` a file (with deletion vectors alike: see
       below); and, for a reverse join, a fixed :data:`REVERSE_OVERHEAD`. Affected rows are placed
-      in files at random, except that the rows of one changed input row share a file (a view clustered by its join column): ``k`` affected
-      clusters touch ``F * (1 - (1 - 1/F)**k)`` of ``F`` files. New base rows mostly make new
+      in files at random, except that the rows of one changed input row share a file (a view
+      clustered by its join column): ``k`` affected clusters touch ``F * (1 - (1 - 1/F)**k)`` of
+      ``F`` files. New base rows mostly make new
       keys (inserted, no file rewritten) where the view has about a row per base row, and fall
       into existing groups where it has far fewer (an aggregate).
 

@@ -174,8 +174,8 @@ def test_a_touched_file_costs_its_read_and_its_write() -> None:
 
     few, many = guess(sizes(files=20), 1), guess(sizes(files=20), 400)
     assert many.files_rewritten > few.files_rewritten
-    touched = sizes().view_bytes * (many.files_rewritten - few.files_rewritten) / 20
     files = many.files_rewritten - few.files_rewritten
+    touched = sizes().view_bytes * files / 20
     assert many.incremental - few.incremental == pytest.approx((1 + WRITE_COST) * touched + MERGE_FILE_COST * files,
                                                                rel=1e-6)
 
