@@ -5,9 +5,9 @@ groups grow by the unit's contributions) and run by either engine:
 * from the driver by ``deltalake`` (:func:`merge_small`), for a source of at most
   :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows into a view of at most
   :data:`SMALL_VIEW_ROWS` rows, or into a larger view whose :class:`TargetFilter` leaves files of at
-  most that many rows by their statistics (delta-rs prunes its scan by the same filter and rewrites
-  only those files: 12 files of 50,000 rows in 0.2 s, where Spark's MERGE took 4-6 s at 10M-50M
-  rows, docs/benchmarks.md). A Spark MERGE first rebuilds the
+  most :data:`FILTERED_VIEW_ROWS` rows by their statistics (delta-rs prunes its scan by the same
+  filter and rewrites only those files: 12 files of 50,000 rows in 0.2 s, where Spark's MERGE took
+  4-6 s at 10M-50M rows, docs/benchmarks.md). A Spark MERGE first rebuilds the
   view's state at its newest version and copies its source, eight or nine Spark jobs and about
   three seconds for a unit of a few dozen rows (docs/benchmarks.md, stop 68); ``deltalake`` reads
   the log and merges in tens of milliseconds;
@@ -44,6 +44,18 @@ log = logging.getLogger(__name__)
 #: A view of at most this many rows is MERGEd from the driver (delta-rs rewrites the files holding
 #: the keys; at 1M rows in one file that took 0.5 s here). Read at call time.
 SMALL_VIEW_ROWS = 1_000_000
+#: A larger view is MERGEd from the driver where the unit's filter leaves files of at most this many
+#: rows by their statistics. deltalake packs the rows it rewrote into one or two files whose
+#: statistics span the ranges of every file they came from, so after a few units the filter leaves
+#: those files too, and more of them each unit until `tidemark maintain` clusters the view again
+#: (a file over 4x its target). ``bench/view_wear.py`` (stop 83, 16 units of 10 changed customers
+#: on a 10M-row view): at 1,000,000 Spark MERGEd from the fifth unit, 5-14 s each; at this bound
+#: every unit ran from the driver, 0.4-1.7 s, the last rewriting 2.5M rows. Read at call time.
+FILTERED_VIEW_ROWS = 5_000_000
+#: ... and, past :data:`SMALL_VIEW_ROWS` rows, of at most this many bytes: deltalake's MERGE of those
+#: 4.2M rows (93 MB of Parquet) peaked at 0.6 GiB in the driver, and a wider view holds more bytes
+#: a row. Read at call time.
+FILTERED_VIEW_BYTES = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -164,9 +176,10 @@ def merge(spark: SparkSession, clauses: Clauses, source: DataFrame | Callable[[]
     it, called only when it is needed (the rows are ``rows``, in the driver)."""
     made = source() if callable(source) and rows is None else source
     driven = (merge_small(clauses, made, dest, app_id=app_id, seq=seq, meta=meta,  # type: ignore[arg-type]
-                          max_rows=SMALL_VIEW_ROWS, within=target_filter) if rows is None else
+                          max_rows=SMALL_VIEW_ROWS, within=target_filter, held_rows=FILTERED_VIEW_ROWS)
+              if rows is None else
               merge_arrow(clauses, rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS,
-                          within=target_filter))
+                          within=target_filter, held_rows=FILTERED_VIEW_ROWS))
     if driven:
         return
     spark_io.run_merge(spark, clauses.spark_sql(dest, target_filter.sql()), made() if callable(made) else made,
@@ -174,37 +187,38 @@ def merge(spark: SparkSession, clauses: Clauses, source: DataFrame | Callable[[]
 
 
 def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
-                max_rows: int, within: TargetFilter = NO_FILTER) -> bool:
+                max_rows: int, within: TargetFilter = NO_FILTER, held_rows: int | None = None) -> bool:
     """Commit ``clauses`` with ``source`` into the table at ``dest`` from the driver, by
     ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta`` as its ``userMetadata``.
     False, having written nothing, where Spark must: a source of more than
     :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows, or :func:`merge_arrow` says so
-    (``within``: see there)."""
-    return _merge_driven(clauses, lambda: driver_writes.small_arrow(source), dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows,
-                         within=within)
+    (``within``, ``held_rows``: see there)."""
+    return _merge_driven(clauses, lambda: driver_writes.small_arrow(source), dest, app_id=app_id, seq=seq, meta=meta,
+                         max_rows=max_rows, within=within, held_rows=held_rows)
 
 
 def merge_arrow(clauses: Clauses, rows: pa.Table, dest: str, *, app_id: str, seq: int, meta: str,
-                max_rows: int, within: TargetFilter = NO_FILTER) -> bool:
+                max_rows: int, within: TargetFilter = NO_FILTER, held_rows: int | None = None) -> bool:
     """Commit ``clauses`` with ``rows`` (the source, in the driver already) into the table at
     ``dest`` from the driver, by ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta``
     as its ``userMetadata``. False, having written nothing, where Spark must: a table of more than
     ``max_rows`` rows (unless ``within``, a filter true of the table's rows of the source's keys,
-    leaves files of at most that many rows: it then joins the MERGE's condition), a source without
+    leaves files of at most ``held_rows`` rows, default ``max_rows``: it then joins the MERGE's
+    condition), a source without
     the table's columns,
     :func:`~platform_assets.core.driver_writes.table_refusal`, ``$TIDEMARK_DIRECT_IO=off``, or a
     MERGE ``deltalake`` refused (said in the log: a type it cannot compare, a concurrent commit;
     Spark's MERGE of the same unit is skipped by its ``txn`` if this one did land). A unit the
     table recorded already is not written again."""
     return _merge_driven(clauses, lambda: rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows,
-                         within=within)
+                         within=within, held_rows=held_rows)
 
 
 def _merge_driven(clauses: Clauses, rows: Callable[[], pa.Table | None], dest: str, *, app_id: str, seq: int,
-                  meta: str, max_rows: int, within: TargetFilter) -> bool:
+                  meta: str, max_rows: int, within: TargetFilter, held_rows: int | None) -> bool:
     """:func:`merge_arrow` with the source computed by ``rows`` only where the driver may MERGE and
     the unit has not landed (None: too big for the driver)."""
-    driven = _driver_target(dest, max_rows, within)
+    driven = _driver_target(dest, max_rows, within, max_rows if held_rows is None else held_rows)
     if driven is None:
         return False
     target, on = driven
@@ -214,10 +228,11 @@ def _merge_driven(clauses: Clauses, rows: Callable[[], pa.Table | None], dest: s
     return source is not None and _merge(clauses, source, target, dest, on, app_id=app_id, seq=seq, meta=meta)
 
 
-def _driver_target(dest: str, max_rows: int, within: TargetFilter) -> tuple[Any, str] | None:
+def _driver_target(dest: str, max_rows: int, within: TargetFilter, held_rows: int) -> tuple[Any, str] | None:
     """The table at ``dest`` (its newest version, a ``DeltaTable``) and the MERGE's condition,
     where ``deltalake`` may MERGE into it as Spark would: at most ``max_rows`` rows, or ``within``
-    (then part of the condition) leaving files of at most that many rows by their statistics;
+    (then part of the condition) leaving files of at most ``held_rows`` rows by their statistics
+    (and, where that is more than ``max_rows``, :data:`FILTERED_VIEW_BYTES` bytes);
     :func:`~platform_assets.core.driver_writes.table_refusal` None, direct I/O on. Else None."""
     if not table_reads.direct_io_on():
         return None
@@ -229,7 +244,12 @@ def _driver_target(dest: str, max_rows: int, within: TargetFilter) -> tuple[Any,
     if snap.row_count <= max_rows:
         return table, on
     held = snap.rows_holding(within.columns()) if on else None
-    return (table, on) if held is not None and held <= max_rows else None
+    if held is None or held > held_rows:
+        return None
+    if held > max_rows and not ((size := snap.bytes_holding(within.columns())) is not None
+                                and size <= FILTERED_VIEW_BYTES):
+        return None
+    return table, on
 
 
 def _merge(clauses: Clauses, source: pa.Table, table: Any, dest: str, target_filter: str, *, app_id: str, seq: int,

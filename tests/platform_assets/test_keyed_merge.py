@@ -211,8 +211,9 @@ def test_a_target_filter_keeps_the_columns_with_exact_literals_and_says_whether_
 
 def test_a_large_view_is_merged_from_the_driver_when_its_filter_leaves_few_rows(
         spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A view above SMALL_VIEW_ROWS: deltalake MERGEs it when the filter's files hold at most that many
-    rows (pruning its scan by the same filter), with what Spark's MERGE gives; else Spark does."""
+    """A view above SMALL_VIEW_ROWS: deltalake MERGEs it when the filter's files hold at most
+    FILTERED_VIEW_ROWS rows (pruning its scan by the same filter), with what Spark's MERGE gives; else
+    Spark does."""
     from resources.storage.delta_meta import TableSnapshot
 
     # four files, each of one Country: the filter on Country leaves one of 3 rows
@@ -229,6 +230,7 @@ def test_a_large_view_is_merged_from_the_driver_when_its_filter_leaves_few_rows(
                 .option("delta.enableChangeDataFeed", "true").save(path)
         assert TableSnapshot.open(path).rows_holding(within.columns()) == 3 * len(within.columns()["Country"])
         monkeypatch.setattr(keyed_merge, "SMALL_VIEW_ROWS", small)
+        monkeypatch.setattr(keyed_merge, "FILTERED_VIEW_ROWS", small)
         keyed_merge.merge(spark, clauses, source, path, app_id="tidemark:mart.v", seq=1, meta="{}", target_filter=within)
         paths[name] = path
     driver = _commit(paths["driver"], 4)
@@ -241,3 +243,41 @@ def test_a_large_view_is_merged_from_the_driver_when_its_filter_leaves_few_rows(
     assert (3, "FR", 9, _dec("2.00"), None) in _rows(spark, paths["driver"])
     assert len(_rows(spark, paths["driver"])) == 12  # one deleted, one inserted
     assert _changes(spark, paths["driver"], 4) == _changes(spark, paths["spark"], 4)
+
+
+@pytest.mark.fast
+def test_a_large_view_merges_from_the_driver_where_its_filter_leaves_files_of_at_most_filtered_view_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A view over ``SMALL_VIEW_ROWS`` rows: its MERGE runs from the driver where the unit's filter
+    leaves files of at most ``FILTERED_VIEW_ROWS`` rows and ``FILTERED_VIEW_BYTES`` bytes by their
+    statistics (a view whose MERGEs packed rows into files spanning many ranges: stop 83), else
+    Spark's; no filter, Spark's."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    clauses = keyed_merge.rows_clauses(["k"], ["k", "n"], PRESENT, delete_missing=True)
+    rows = pa.table({"k": pa.array([7, 9], pa.int64()), "n": pa.array([70, 90], pa.int64()), PRESENT: [True, True]})
+    within = keyed_merge.TargetFilter.of({"k": [7, 9]})
+    monkeypatch.setattr(keyed_merge, "SMALL_VIEW_ROWS", 10)
+    sparks: list[str] = []
+    monkeypatch.setattr(keyed_merge.spark_io, "run_merge", lambda *a, **k: sparks.append(str(a[1])))
+    for filtered, size, target_filter, driver in ((50, 1 << 30, within, True), (49, 1 << 30, within, False),
+                                                  (50, 1, within, False), (10**9, 1 << 30, keyed_merge.NO_FILTER, False)):
+        path = str(tmp_path / f"v{filtered}-{size}-{driver}")
+        for lo in range(0, 300, 50):  # 300 rows in six files of 50, each a narrow range of k
+            write_deltalake(path, pa.table({"k": pa.array(range(lo, lo + 50), pa.int64()),
+                                            "n": pa.array([0] * 50, pa.int64())}), mode="append")
+        monkeypatch.setattr(keyed_merge, "FILTERED_VIEW_ROWS", filtered)
+        monkeypatch.setattr(keyed_merge, "FILTERED_VIEW_BYTES", size)
+        before = len(sparks)
+        keyed_merge.merge(None, clauses, lambda: None, path, app_id="a", seq=1, meta="{}",  # type: ignore[arg-type]
+                          target_filter=target_filter, rows=rows)
+        assert (len(sparks) == before) is driver, (filtered, sparks)
+        got = DeltaTable(path)
+        assert got.version() == (6 if driver else 5), filtered
+        if driver:  # one file of 50 rewritten, the unit's txn on the commit
+            assert got.history(1)[0]["operationMetrics"]["num_target_files_removed"] == 1
+            assert delta_log.find_txn_commit(path, "a", 1) is not None
+            n = dict(zip(*[got.to_pyarrow_table(columns=["k", "n"]).column(c).to_pylist() for c in ("k", "n")],
+                         strict=True))
+            assert (n[7], n[9], n[8], n[60]) == (70, 90, 0, 0)

@@ -182,8 +182,9 @@ def test_a_row_wise_view_holding_the_base_columns_finds_the_rows_of_a_changed_ro
     dim_sql(eng, "UPDATE DIM SET id = 10 WHERE id = 2")
     merges: list[bool] = []
     real_merge = spark_io.run_merge
-    small_view = keyed_merge.SMALL_VIEW_ROWS
+    small_view, filtered = keyed_merge.SMALL_VIEW_ROWS, keyed_merge.FILTERED_VIEW_ROWS
     monkeypatch.setattr(keyed_merge, "SMALL_VIEW_ROWS", -1)  # Spark's MERGE, whose source copy this checks
+    monkeypatch.setattr(keyed_merge, "FILTERED_VIEW_ROWS", -1)
     monkeypatch.setattr(spark_io, "run_merge", lambda *a, **k: merges.append(k.get("in_hand", False)) or real_merge(*a, **k))
     why = unit("mart.holds")
     assert IN_VIEW in why and base_reads == ["view"], (why, base_reads)
@@ -191,6 +192,7 @@ def test_a_row_wise_view_holding_the_base_columns_finds_the_rows_of_a_changed_ro
     assert merges == [True], "the unit's rows are in hand: Delta need not copy the MERGE's source"
     monkeypatch.setattr(spark_io, "run_merge", real_merge)
     monkeypatch.setattr(keyed_merge, "SMALL_VIEW_ROWS", small_view)
+    monkeypatch.setattr(keyed_merge, "FILTERED_VIEW_ROWS", filtered)
     for topic in ("mart.doubled", "mart.unioned"):  # a column not the base's: never looked up in the view
         why = unit(topic)
         assert IN_VIEW not in why and base_reads == ["base"], (topic, why, base_reads)
