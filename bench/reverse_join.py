@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import shutil
 import sys
 import tempfile
 import textwrap
@@ -54,6 +53,7 @@ if str(ROOT) not in sys.path:
 from bench.shared import (  # noqa: E402
     BenchError,
     append_orders,
+    close_run,
     diff_counts,
     make_sdp_project,
     sdp_table_path,
@@ -330,12 +330,7 @@ def main() -> int:
         print(f"\nFAILED: {exc}", file=sys.stderr)
         return 1
     finally:
-        if engine is not None:
-            engine.close()
-        if spark is not None:
-            spark.stop()
-        if not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
+        close_run(engine, spark, base, keep=args.keep)
 
     print_table(args.rows, args.customers, changes)
     return 0

@@ -38,6 +38,21 @@ class BenchError(Exception):
 # ------------------------------------------------------------------ data
 
 
+def close_run(engine: Any, spark: Any, work: Path, *, keep: bool, drop: tuple[str, ...] = ()) -> None:
+    """A benchmark's end, also when it failed: its engine closed, the catalog tables ``drop`` dropped
+    (external: their files stay) and its Spark session stopped (either may be None), and its work
+    dir removed unless ``keep``."""
+    if engine is not None:
+        engine.close()
+    if spark is not None:
+        for table in drop:
+            if spark.catalog.tableExists(table):
+                spark.sql(f"DROP TABLE {table}")
+        spark.stop()
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def spark_job_mark(spark: Any) -> int | None:
     """The newest Spark job id so far (-1: none yet), to count the jobs a step starts; None on a
     Spark Connect session (no status tracker). Tidemark sets no job group, so every job is in the
