@@ -106,6 +106,7 @@ def test_reverse_join_rederives_only_the_affected_keys(spark, settings, tmp_path
     # Spark's MERGE, whose file pruning this checks; or deltalake's into a view "larger" than the driver
     # MERGEs whole (30 rows), in files of 10 rows clustered by customer_id, of which the filter leaves few
     monkeypatch.setattr(keyed_merge, "SMALL_VIEW_ROWS", 30 if driver else -1)
+    monkeypatch.setattr(keyed_merge, "FILTERED_VIEW_ROWS", 30 if driver else -1)
     monkeypatch.setattr(merge_module, "CLUSTER_ROWS", 10 if driver else merge_module.CLUSTER_ROWS)
     if not narrowed:  # the re-derivation not narrowed by a literal list of keys, the MERGE not pruned, and the
         monkeypatch.setattr(reverse, "NARROW_VALUES", 0)  # base rows joining a changed row found by Spark's semi join

@@ -519,15 +519,15 @@ def test_every_merge_view_equals_its_transform_after_every_unit(spark: Any) -> N
         # A fresh warehouse per example; kept until the end (the session catalog still names its tables).
         world = World(spark, Path(tempfile.mkdtemp(dir=base)), case)
         eng = world.engine()
-        small_view = keyed_merge.SMALL_VIEW_ROWS
+        small_view, filtered = keyed_merge.SMALL_VIEW_ROWS, keyed_merge.FILTERED_VIEW_ROWS
         if case in (REFERENCES, ADDITIVE):  # these with Spark's MERGE; the others' small views MERGE from the driver
-            keyed_merge.SMALL_VIEW_ROWS = -1
+            keyed_merge.SMALL_VIEW_ROWS = keyed_merge.FILTERED_VIEW_ROWS = -1
         try:
             run_ops(world, eng, case.ops, seen)
             catch_up(world, eng, seen)
             bad = world.mismatches(eng, case.views, caught_up=True)
         finally:
-            keyed_merge.SMALL_VIEW_ROWS = small_view
+            keyed_merge.SMALL_VIEW_ROWS, keyed_merge.FILTERED_VIEW_ROWS = small_view, filtered
             eng.close()
         assert not bad, "caught up, views differ from their transform over the final inputs:\n" + "\n".join(bad)
 
