@@ -199,6 +199,21 @@ def change_customers(spark: SparkSession, path: str, state: Customers, n: int, r
             f"{len(moved)} with a changed id")
 
 
+def write_sources(spark: SparkSession, orders: str, refs: str, rows: int, customers: int) -> tuple[dt.datetime, int]:
+    """``rows`` orders over a year (ids from 1, in chunks of 1M) and ``customers`` customers, the
+    latter registered by name (the full rebuild's SQL reads it so); the orders' first time and step,
+    for orders appended later."""
+    from platform_assets.core import spark_io
+
+    step_us = max(1, YEAR_US // max(1, rows // 2))
+    t0 = dt.datetime.now(dt.UTC) - dt.timedelta(days=400)
+    for start in range(0, rows, 1_000_000):
+        append_orders(orders, start + 1, min(1_000_000, rows - start), customers, t0, span=SPAN, step_us=step_us)
+    write_customers(spark, refs, customers)
+    spark_io.register_table(spark, CUSTOMERS, refs)
+    return t0, step_us
+
+
 def make_lineage(base: Path, maxstep: int) -> Path:
     sql, lin = base / "sql", base / "lineage"
     sql.mkdir(parents=True)
@@ -277,7 +292,6 @@ FORCED: list[str] = []
 def run_size(spark: SparkSession, root: Path, rows: int, customers: int, changes: list[int], append: int, maxstep: int,
              sdp: Sdp | None, sdp_args: tuple[str, str, float] | None) -> tuple[list[Result], Sdp | None]:
     from lineage.spec.loader import load_lineage
-    from platform_assets.core import spark_io
     from platform_assets.engine.runner import Engine
     from platform_assets.views import indexes
 
@@ -285,13 +299,8 @@ def run_size(spark: SparkSession, root: Path, rows: int, customers: int, changes
     settings = Settings.from_env({}, home=base / "home", lineage=make_lineage(base / "tidemark", maxstep),
                                  spark_master="local[2]")
     orders, refs = settings.table_path(ORDERS), settings.table_path(CUSTOMERS)
-    step_us = max(1, YEAR_US // max(1, rows // 2))
-    t0 = dt.datetime.now(dt.UTC) - dt.timedelta(days=400)
     t = time.monotonic()
-    for start in range(0, rows, 1_000_000):
-        append_orders(orders, start + 1, min(1_000_000, rows - start), customers, t0, span=SPAN, step_us=step_us)
-    write_customers(spark, refs, customers)
-    spark_io.register_table(spark, CUSTOMERS, refs)  # the full rebuild's SQL reads it by name
+    t0, step_us = write_sources(spark, orders, refs, rows, customers)
     print(f"\n== {rows:,} orders, {customers:,} customers: sources written in {time.monotonic() - t:.1f} s (untimed)",
           flush=True)
     full_paths = {v.topic: str(base / "full" / v.topic) for v in VIEWS}

@@ -19,7 +19,7 @@ row, and the rebuild's time printed for scale."""
 from __future__ import annotations
 
 import argparse
-import datetime as dt
+import os
 import random
 import statistics
 import sys
@@ -32,9 +32,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.reverse_join import compare as compare_tables  # noqa: E402
-from bench.reverse_join import full_rebuild, write_customers  # noqa: E402
-from bench.shared import BenchError, append_orders, close_run  # noqa: E402
-from bench.view_scaling import CUSTOMERS, KEYED, ORDERS, SPAN, YEAR_US, make_lineage  # noqa: E402
+from bench.reverse_join import full_rebuild  # noqa: E402
+from bench.shared import BenchError, close_run  # noqa: E402
+from bench.view_scaling import CUSTOMERS, KEYED, ORDERS, make_lineage, write_sources  # noqa: E402
 from resources.core.settings import Settings  # noqa: E402
 from resources.spark.session import cached_delta_jars  # noqa: E402
 
@@ -90,7 +90,6 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no cached Delta jars; start Spark once first (e.g. ./scripts/setup.sh or `tidemark spark up`)",
               file=sys.stderr)
         return 1
-    import os
 
     os.environ["TIDEMARK_DRIVER_MEMORY"] = args.driver_memory
     root = Path(tempfile.mkdtemp(prefix="tidemark-view-wear-"))
@@ -110,16 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_spark_session(settings, app_name="tidemark-bench-view-wear")
     engine = None
     try:
-        from platform_assets.core import spark_io
-
         orders, refs, view = (settings.table_path(t) for t in (ORDERS, CUSTOMERS, KEYED.topic))
-        t0 = dt.datetime.now(dt.UTC) - dt.timedelta(days=400)
-        step_us = max(1, YEAR_US // max(1, args.orders // 2))
-        for start in range(0, args.orders, 1_000_000):
-            append_orders(orders, start + 1, min(1_000_000, args.orders - start), args.customers, t0, span=SPAN,
-                          step_us=step_us)
-        write_customers(spark, refs, args.customers)
-        spark_io.register_table(spark, CUSTOMERS, refs)
+        write_sources(spark, orders, refs, args.orders, args.customers)
         engine = Engine(settings, load_lineage(settings.lineage), spark=spark, owner="bench-view-wear")
         t = time.monotonic()
         engine.run_until_caught_up([KEYED.topic])
