@@ -486,17 +486,21 @@ def test_replicas_are_dagster_assets_run_by_the_slot_sensor_with_metadata_and_ch
                 break
         assert runs == [] and "s5: caught up" in why, why
         # WAL outside the selection: the sensor starts a run, which applies nothing, succeeds, and still
-        # reports its replicas' checks
+        # reports its replicas' checks. The server's own WAL (autovacuum of the dropped table's catalog
+        # rows, a checkpoint) may land after that run moved the slot on: then the next tick starts
+        # another such run, which must be as empty.
         sql(pg, "CREATE TABLE public.s5_noise AS SELECT g FROM generate_series(1, 5000) g", "DROP TABLE public.s5_noise")
         runs, why = run_until_idle(defs, instance, log_level="WARNING", sensor_name="tidemark_cdc")
-        assert len(runs) == 1 and runs[0].success and runs[0].checks == {"state": True, "lag": True}, runs
-        assert not runs[0].metadata, runs  # nothing materialized
+        assert 1 <= len(runs) <= 3, runs
+        assert all(r.success and r.checks == {"state": True, "lag": True} for r in runs), runs
+        assert not any(r.metadata for r in runs), runs  # nothing materialized
         sql(pg, "INSERT INTO s5.t VALUES (2, 2)", "UPDATE s5.t SET v = 5 WHERE id = 1")
         assert pending(s, load_lineage(s.lineage).replicators["s5"])[0]
         runs, why = run_until_idle(defs, instance, log_level="WARNING", sensor_name="tidemark_cdc")
-        assert len(runs) == 1 and runs[0].success, runs
+        assert 1 <= len(runs) <= 3 and all(r.success for r in runs), runs  # (then empty runs, as above)
         assert (runs[0].metadata["inserts"], runs[0].metadata["updates"]) == (1, 1)
-        assert runs[0].checks == {"state": True, "lag": True}
+        assert not any(r.metadata for r in runs[1:]), runs
+        assert all(r.checks == {"state": True, "lag": True} for r in runs), runs
         sql(pg, "ALTER TABLE s5.t ALTER COLUMN v TYPE text", "UPDATE s5.t SET v = 'x'")
         runs, _ = run_until_idle(defs, instance, log_level="WARNING", sensor_name="tidemark_cdc")
         assert runs and runs[0].checks["state"] is False  # paused: the alert sensor alerts on it
