@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lineage.core.errors import first_line
-from platform_assets.core import driver_writes, spark_io, table_reads
+from platform_assets.core import driver_writes, merge_layout, spark_io, table_reads
 from platform_assets.core.spark_io import quote
 from resources.storage import delta_meta
 from resources.storage.warehouse import storage_options
@@ -166,20 +166,23 @@ def add_clauses(key: list[str], count: str, sums: list[str], types: dict[str, st
 
 def merge(spark: SparkSession, clauses: Clauses, source: DataFrame | Callable[[], DataFrame], dest: str, *, app_id: str,
           seq: int, meta: str, target_filter: TargetFilter = NO_FILTER, in_hand: bool = False,
-          rows: pa.Table | None = None) -> None:
+          rows: pa.Table | None = None, cluster_by: str | None = None) -> None:
     """One commit of ``clauses`` with ``source`` into the view at ``dest``, idempotent by ``(app_id,
     seq)`` and carrying ``meta`` as its ``userMetadata``: from the driver where it may be
     (:func:`merge_small`; :func:`merge_arrow` when ``rows``, the same rows as ``source``, are in the
     driver already), else a Spark MERGE (``target_filter``: what every row of a key in
     ``source`` satisfies in the view, so that the MERGE skips the files it excludes; ``in_hand``:
     see :func:`~platform_assets.core.spark_io.run_merge`). ``source`` may be a function that makes
-    it, called only when it is needed (the rows are ``rows``, in the driver)."""
+    it, called only when it is needed (the rows are ``rows``, in the driver). ``cluster_by``: the
+    column the view's files are clustered by, which a MERGE from the driver keeps
+    (:func:`~platform_assets.core.merge_layout.resort_merged`)."""
     made = source() if callable(source) and rows is None else source
     driven = (merge_small(clauses, made, dest, app_id=app_id, seq=seq, meta=meta,  # type: ignore[arg-type]
-                          max_rows=SMALL_VIEW_ROWS, within=target_filter, held_rows=FILTERED_VIEW_ROWS)
+                          max_rows=SMALL_VIEW_ROWS, within=target_filter, held_rows=FILTERED_VIEW_ROWS,
+                          cluster_by=cluster_by)
               if rows is None else
               merge_arrow(clauses, rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=SMALL_VIEW_ROWS,
-                          within=target_filter, held_rows=FILTERED_VIEW_ROWS))
+                          within=target_filter, held_rows=FILTERED_VIEW_ROWS, cluster_by=cluster_by))
     if driven:
         return
     spark_io.run_merge(spark, clauses.spark_sql(dest, target_filter.sql()), made() if callable(made) else made,
@@ -187,18 +190,20 @@ def merge(spark: SparkSession, clauses: Clauses, source: DataFrame | Callable[[]
 
 
 def merge_small(clauses: Clauses, source: DataFrame, dest: str, *, app_id: str, seq: int, meta: str,
-                max_rows: int, within: TargetFilter = NO_FILTER, held_rows: int | None = None) -> bool:
+                max_rows: int, within: TargetFilter = NO_FILTER, held_rows: int | None = None,
+                cluster_by: str | None = None) -> bool:
     """Commit ``clauses`` with ``source`` into the table at ``dest`` from the driver, by
     ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta`` as its ``userMetadata``.
     False, having written nothing, where Spark must: a source of more than
     :data:`~platform_assets.core.spark_io.SMALL_BLOCK_ROWS` rows, or :func:`merge_arrow` says so
-    (``within``, ``held_rows``: see there)."""
+    (``within``, ``held_rows``, ``cluster_by``: see there)."""
     return _merge_driven(clauses, lambda: driver_writes.small_arrow(source), dest, app_id=app_id, seq=seq, meta=meta,
-                         max_rows=max_rows, within=within, held_rows=held_rows)
+                         max_rows=max_rows, within=within, held_rows=held_rows, cluster_by=cluster_by)
 
 
 def merge_arrow(clauses: Clauses, rows: pa.Table, dest: str, *, app_id: str, seq: int, meta: str,
-                max_rows: int, within: TargetFilter = NO_FILTER, held_rows: int | None = None) -> bool:
+                max_rows: int, within: TargetFilter = NO_FILTER, held_rows: int | None = None,
+                cluster_by: str | None = None) -> bool:
     """Commit ``clauses`` with ``rows`` (the source, in the driver already) into the table at
     ``dest`` from the driver, by ``deltalake``'s MERGE, as the unit ``(app_id, seq)`` with ``meta``
     as its ``userMetadata``. False, having written nothing, where Spark must: a table of more than
@@ -209,13 +214,15 @@ def merge_arrow(clauses: Clauses, rows: pa.Table, dest: str, *, app_id: str, seq
     :func:`~platform_assets.core.driver_writes.table_refusal`, ``$TIDEMARK_DIRECT_IO=off``, or a
     MERGE ``deltalake`` refused (said in the log: a type it cannot compare, a concurrent commit;
     Spark's MERGE of the same unit is skipped by its ``txn`` if this one did land). A unit the
-    table recorded already is not written again."""
+    table recorded already is not written again. ``cluster_by``: the column the table's files are
+    clustered by; the files the MERGE packed are then written again sorted by it
+    (:func:`~platform_assets.core.merge_layout.resort_merged`)."""
     return _merge_driven(clauses, lambda: rows, dest, app_id=app_id, seq=seq, meta=meta, max_rows=max_rows,
-                         within=within, held_rows=held_rows)
+                         within=within, held_rows=held_rows, cluster_by=cluster_by)
 
 
 def _merge_driven(clauses: Clauses, rows: Callable[[], pa.Table | None], dest: str, *, app_id: str, seq: int,
-                  meta: str, max_rows: int, within: TargetFilter, held_rows: int | None) -> bool:
+                  meta: str, max_rows: int, within: TargetFilter, held_rows: int | None, cluster_by: str | None) -> bool:
     """:func:`merge_arrow` with the source computed by ``rows`` only where the driver may MERGE and
     the unit has not landed (None: too big for the driver)."""
     driven = _driver_target(dest, max_rows, within, max_rows if held_rows is None else held_rows)
@@ -225,7 +232,8 @@ def _merge_driven(clauses: Clauses, rows: Callable[[], pa.Table | None], dest: s
     if driver_writes.recorded(target, app_id, seq):  # landed before: nothing to compute
         return True
     source = rows()
-    return source is not None and _merge(clauses, source, target, dest, on, app_id=app_id, seq=seq, meta=meta)
+    return source is not None and _merge(clauses, source, target, dest, on, app_id=app_id, seq=seq, meta=meta,
+                                         cluster_by=cluster_by)
 
 
 def _driver_target(dest: str, max_rows: int, within: TargetFilter, held_rows: int) -> tuple[Any, str] | None:
@@ -253,7 +261,7 @@ def _driver_target(dest: str, max_rows: int, within: TargetFilter, held_rows: in
 
 
 def _merge(clauses: Clauses, source: pa.Table, table: Any, dest: str, target_filter: str, *, app_id: str, seq: int,
-           meta: str) -> bool:
+           meta: str, cluster_by: str | None = None) -> bool:
     from deltalake import DeltaTable
 
     rows = driver_writes.cast_to(source, table, only=False)
@@ -283,4 +291,6 @@ def _merge(clauses: Clauses, source: pa.Table, table: Any, dest: str, target_fil
         log.warning("unit %s of %s: deltalake's MERGE into %s failed, so Spark's runs instead: %s", seq, app_id, dest,
                     first_line(exc)[:300])
         return False
+    if cluster_by is not None:
+        merge_layout.resort_merged(dest, target, cluster_by, app_id=app_id, seq=seq)
     return True

@@ -377,7 +377,8 @@ class MergeProcessor:
                         keyed_merge.merge(eng.spark, keyed_merge.add_clauses(list(spec.key), add.count, add.sums, work.types,
                                                                              spec.delete_missing),
                                           out, dest, app_id=app_id, seq=block.seq, meta=meta,
-                                          target_filter=work.prune, rows=work.source)
+                                          target_filter=work.prune, rows=work.source,
+                                          cluster_by=cluster_column(spec, work.columns))
                     elif work.append:
                         if not (work.source is not None and work.driver and driver_writes.commit_arrow(
                                 work.source, dest, mode="append", app_id=app_id, seq=block.seq, meta=meta)):
@@ -388,7 +389,8 @@ class MergeProcessor:
                                                                               spec.delete_missing),
                                           out, dest, app_id=app_id, seq=block.seq, meta=meta,
                                           target_filter=work.prune, rows=work.source,
-                                          in_hand=work.rederived is not None)  # rows of a local checkpoint
+                                          in_hand=work.rederived is not None,  # rows of a local checkpoint
+                                          cluster_by=cluster_column(spec, work.columns))
                     else:
                         whole = out() if callable(out) else out
                         held = work.view.row_count if work.view is not None and work.view.table is not None else None

@@ -22,7 +22,7 @@ from lineage.spec.model import Topic
 from lineage.views.refresh import cluster_column
 from platform_assets.core import spark_io, table_reads
 from platform_assets.views import in_hand, reverse
-from platform_assets.views.work import LOCAL_KEYS, PART, PRESENT, MergeWork, newest_commit
+from platform_assets.views.work import LOCAL_KEYS, PART, PRESENT, MergeWork, holds_as_committed, newest_commit
 from resources.storage import delta_meta
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def rederive(eng: UnitContext, topic: Topic, work: MergeWork, *, everything: Dat
 def appends(eng: UnitContext, topic: Topic, work: MergeWork, last: Position) -> bool:
     """Whether a row-wise unit of new base rows only can append its rows instead of MERGEing
     them: its keys name base rows after ``last``, which the view holds none of when its newest
-    commit, the newest of the table, is this topic's with ``next`` at ``last`` (not a range
+    commit, the newest of the table but for rewrites (:func:`holds_as_committed`), is this topic's with ``next`` at ``last`` (not a range
     restated by ``offsets reset``, not a view another writer changed since), and the rows have
     the view's column types (a MERGE casts, an append would not)."""
     if work.rederived is None or work.strategy.reverse or work.late_rows or not append_point(eng, topic, work, last):
@@ -132,9 +132,10 @@ def appends(eng: UnitContext, topic: Topic, work: MergeWork, last: Position) -> 
 
 def append_point(eng: UnitContext, topic: Topic, work: MergeWork, last: Position) -> bool:
     """Whether the view holds no row of base rows after ``last``: its newest commit, the newest of
-    the table as the unit found it (``work.view``), is this topic's with ``next`` at ``last``."""
-    commit = newest_commit(topic, eng.path(topic.spec.destination))
-    return not (commit is None or work.view is None or commit.version != work.view.version
+    the table as the unit found it (``work.view``) but for rewrites, is this topic's with ``next`` at ``last``."""
+    dest = eng.path(topic.spec.destination)
+    commit = newest_commit(topic, dest)
+    return not (commit is None or work.view is None or not holds_as_committed(commit, work.view.version, dest)
                 or commit.user_metadata.get("next") != last.to_text())
 
 
@@ -192,7 +193,7 @@ def _in_view(eng: UnitContext, topic: Topic, work: MergeWork, last: Position, ev
         return None
     dest = eng.path(spec.destination)
     commit = newest_commit(topic, dest)
-    if commit is None or commit.version != view.version or commit.user_metadata.get("next") != last.to_text():
+    if commit is None or not holds_as_committed(commit, view.version, dest) or commit.user_metadata.get("next") != last.to_text():
         return None
     if not set(spec.key) <= set(everything.columns):  # a key of base columns: a view row per base row at most
         return None

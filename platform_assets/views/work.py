@@ -113,6 +113,14 @@ def newest_commit(topic: Topic, dest: str) -> delta_log.CommitStats | None:
         return None
 
 
+def holds_as_committed(commit: delta_log.CommitStats, view_version: int | None, dest: str) -> bool:
+    """Whether the view at ``view_version`` holds the rows its ``commit`` left: that commit is the
+    version, or only rewrites came after it (a compaction, the re-sort of a MERGE's files:
+    :func:`~resources.storage.delta_log.data_version`)."""
+    return view_version is not None and view_version >= commit.version and (
+        view_version == commit.version or delta_log.data_version(dest, view_version, commit.version) == commit.version)
+
+
 def refuse_strict(topic: Topic, strategy: Strategy) -> None:
     """``refresh: incremental_strict`` refuses a unit that is not incremental (``RefreshRefused``)."""
     from lineage.spec.model import Refresh

@@ -178,7 +178,7 @@ class CommitUnavailableError(ProcessingError):
 RECENT_COMMITS = 20
 
 
-def _commit_has_txn(actions: list[dict[str, Any]], app_id: str, txn_version: int) -> bool:
+def commit_has_txn(actions: list[dict[str, Any]], app_id: str, txn_version: int) -> bool:
     return any(a.get("txn", {}).get("appId") == app_id and a["txn"].get("version") == txn_version for a in actions)
 
 
@@ -222,13 +222,13 @@ def find_txn_commit(path: str, app_id: str, txn_version: int, *, hint: int | Non
 
     if hint is not None and 0 <= hint <= newest:
         actions = read(hint)
-        if actions is not None and _commit_has_txn(actions, app_id, txn_version):
+        if actions is not None and commit_has_txn(actions, app_id, txn_version):
             return commit_stats(hint, actions)
     for version in range(newest, max(-1, newest - RECENT_COMMITS), -1):
         actions = read(version)
         if actions is None:
             break
-        if _commit_has_txn(actions, app_id, txn_version):
+        if commit_has_txn(actions, app_id, txn_version):
             return commit_stats(version, actions)
     # Binary search for the first version whose snapshot records txn >= txn_version. Versions the
     # log cannot rebuild any more count as "before": the search then ends at the oldest version
@@ -242,7 +242,7 @@ def find_txn_commit(path: str, app_id: str, txn_version: int, *, hint: int | Non
         else:
             lo = mid + 1
     actions = read(lo)
-    if actions is not None and _commit_has_txn(actions, app_id, txn_version):
+    if actions is not None and commit_has_txn(actions, app_id, txn_version):
         return commit_stats(lo, actions)
     if actions is None or (lo > 0 and txn_at(path, lo - 1, app_id) is None):
         raise CommitUnavailableError(
