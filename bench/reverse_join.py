@@ -175,7 +175,9 @@ def merge_metrics(view: str) -> str:
     """Delta's own timings of the view's newest commit, when it is a MERGE (where its time went)."""
     from deltalake import DeltaTable
 
-    last = DeltaTable(view).history(1)[0]
+    from platform_assets.core.merge_layout import newest_unit_commit
+
+    last = newest_unit_commit(DeltaTable(view))  # (not the re-sort of the files a MERGE packed)
     if last.get("operation") != "MERGE":
         return ""
     m = last.get("operationMetrics") or {}

@@ -8,10 +8,12 @@ Builds ``mart.orders_wide`` of ``bench/view_scaling.py`` (a row-wise view of ord
 customers, built in files of ~25,000 rows clustered by ``customer_id``) over ``--orders`` orders,
 then runs ``--rounds`` units, each after ``--changes`` customers changed their country (one
 ``deltalake`` MERGE of ``dim.customers``). Per unit it prints the seconds, which engine MERGEd into the
-view (``deltalake`` from the driver, or Spark), the rows that MERGE rewrote (copied unchanged), the
+view (``deltalake`` from the driver, ``+sort`` where the files it packed were sorted again
+by ``platform_assets.core.merge_layout``, or Spark), the rows that MERGE rewrote (copied unchanged), the
 files it removed, and the view's largest file. A ``deltalake`` MERGE packs the rows it rewrote into
 one or two files whose statistics span the ranges of every file they came from, so later units'
-filters leave those files too (docs/views.md). ``--maintain-every N`` runs ``tidemark maintain``'s
+filters leave those files too (docs/views.md), unless they are sorted again (``--no-resort``: they
+are not, as before stop 84). ``--maintain-every N`` runs ``tidemark maintain``'s
 table maintenance of the view after every N units (0: never), which clusters it again once a file
 is over 4x its target. At the end, the view is compared with the plain rebuild of its SQL, row for
 row, and the rebuild's time printed for scale."""
@@ -53,13 +55,18 @@ def change_countries(path: str, ids: list[int], round_no: int) -> None:
 
 
 def last_merge(view: str) -> tuple[str, int | None, int | None, int, int]:
-    """The view's newest commit: (engine, rows copied, files removed, files, rows of the largest file)."""
+    """The view's newest commit but a re-sort of its files (``merge_layout``): (engine, rows copied,
+    files removed, files, rows of the largest file); the engine is "deltalake+sort" when a re-sort
+    followed it."""
     import pyarrow as pa
     from deltalake import DeltaTable
 
+    from platform_assets.core.merge_layout import is_resort, newest_unit_commit
+
     table = DeltaTable(view)
-    m = table.history(1)[0].get("operationMetrics") or {}
-    engine = "deltalake" if "num_target_rows_copied" in m else "spark"
+    resorted = is_resort(table.history(1)[0])
+    m = newest_unit_commit(table).get("operationMetrics") or {}
+    engine = ("deltalake+sort" if resorted else "deltalake") if "num_target_rows_copied" in m else "spark"
     copied = m.get("num_target_rows_copied", m.get("numTargetRowsCopied"))
     removed = m.get("num_target_files_removed", m.get("numTargetFilesRemoved"))
     adds = pa.table(table.get_add_actions(flatten=True))
@@ -81,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--filtered-rows", type=int, default=None,
                    help="keyed_merge.FILTERED_VIEW_ROWS for this run (1000000: the bound before stop 83, where Spark "
                         "MERGEd a view whose filter left files of more than 1,000,000 rows)")
+    p.add_argument("--no-resort", action="store_true",
+                   help="leave the files deltalake's MERGE packed as it wrote them (merge_layout.MAX_ROWS = 0: "
+                        "the behaviour before stop 84)")
     p.add_argument("--driver-memory", default="6g", help="driver memory of the Spark driver")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (data, logs)")
     args = p.parse_args(argv)
@@ -96,14 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"work dir {root}; {args.orders:,} orders, {args.customers:,} customers; {args.rounds} units of "
           f"{args.changes} changed customers; maintenance every {args.maintain_every or 'never'}", flush=True)
     from lineage.spec.loader import load_lineage
-    from platform_assets.core import keyed_merge
+    from platform_assets.core import keyed_merge, merge_layout
     from platform_assets.engine.runner import Engine
     from platform_assets.maintenance import tables as maint
     from resources.spark.session import build_spark_session
 
     if args.filtered_rows is not None:
         keyed_merge.FILTERED_VIEW_ROWS = args.filtered_rows
-    print(f"keyed_merge.FILTERED_VIEW_ROWS {keyed_merge.FILTERED_VIEW_ROWS:,}", flush=True)
+    if args.no_resort:
+        merge_layout.MAX_ROWS = 0
+    print(f"keyed_merge.FILTERED_VIEW_ROWS {keyed_merge.FILTERED_VIEW_ROWS:,}; the files a MERGE packed are "
+          f"{'left as written' if args.no_resort else 'sorted again (merge_layout)'}", flush=True)
     settings = Settings.from_env({}, home=root / "home", lineage=make_lineage(root / "tidemark", 100_000_000),
                                  spark_master="local[2]")
     spark = build_spark_session(settings, app_name="tidemark-bench-view-wear")
@@ -121,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = list(range(args.customers))
         rng = random.Random(83)
         took: list[float] = []
-        print(f"\n{'unit':>4} {'seconds':>8}  {'engine':<9} {'rows rewritten':>14} {'files removed':>13} "
+        print(f"\n{'unit':>4} {'seconds':>8}  {'engine':<14} {'rows rewritten':>14} {'files removed':>13} "
               f"{'files':>6} {'largest file':>12}", flush=True)
         for r in range(1, args.rounds + 1):
             change_countries(refs, rng.sample(ids, args.changes), r)
@@ -132,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise BenchError(f"unit {r}: expected one incremental unit, got "
                                  f"{[(u.stats.get('strategy'), u.stats.get('strategy_reason')) for u in done]}")
             engine_name, copied, removed, files, largest = last_merge(view)
-            print(f"{r:>4} {took[-1]:>8.2f}  {engine_name:<9} {_n(copied):>14} {_n(removed):>13} {files:>6,} "
+            print(f"{r:>4} {took[-1]:>8.2f}  {engine_name:<14} {_n(copied):>14} {_n(removed):>13} {files:>6,} "
                   f"{largest:>12,}", flush=True)
             if args.maintain_every and r % args.maintain_every == 0:
                 t = time.monotonic()

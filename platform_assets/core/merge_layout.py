@@ -12,9 +12,8 @@ that changes no row: its adds and removes say ``dataChange: false``, as ``OPTIMI
 change data feed, the units of views on this view and the planner take it for a compaction
 (:func:`resources.storage.delta_log.rewrites_only`).
 
-The new files' statistics: the row count and every column's null count are counted; the column's
-bounds are the file's own (its first and last value); every other column keeps the bounds of the
-file the rows came from, which hold for any part of it. Only a table read as plain Parquet
+The new files' statistics are exact: the row count, the null counts, and the column's bounds;
+no other column's bounds (:func:`_stats`). Only a table read as plain Parquet
 (:attr:`~resources.storage.snapshot.TableSnapshot.plain`: no deletion vectors, column mapping or
 partitions) by a column of integers, strings or dates, and only files of at most
 :data:`MAX_ROWS` rows. Anything else, or any failure, leaves the MERGE's files as they are (the
@@ -45,6 +44,17 @@ PACKED = 1.5
 MAX_ROWS = 5_000_000
 #: What the commit of a re-sort carries in its ``commitInfo``.
 RESORT_METADATA = {"tidemark.layout": "resort"}
+
+
+def is_resort(commit_info: dict[str, Any]) -> bool:
+    """Whether a commit (its ``commitInfo``, as ``DeltaTable.history`` gives it) is a re-sort."""
+    return all(commit_info.get(k) == v for k, v in RESORT_METADATA.items())
+
+
+def newest_unit_commit(table: Any) -> dict[str, Any]:
+    """The ``commitInfo`` of the newest commit of ``table`` (a ``DeltaTable``) that is not a
+    re-sort: a unit's MERGE, which a re-sort may follow ({} for a table without history)."""
+    return next((c for c in table.history(2) if not is_resort(c)), {})
 
 
 @dataclass(frozen=True)
@@ -154,14 +164,17 @@ def _plain_types(part: Any) -> Any:
 
 
 def _stats(piece: Any, source: dict[str, Any], column: str) -> dict[str, Any]:
-    """Delta statistics of ``piece``, part of the file whose statistics are ``source``: its own row
-    and null counts and ``column``'s bounds; the other bounds are ``source``'s."""
+    """Delta statistics of ``piece``, part of the file whose statistics are ``source``: its row
+    count, the null counts of the columns ``source`` counts (top-level ones), and ``column``'s
+    bounds, all exact. No other column's bounds: the source file's would hold for the piece, but
+    a reader may take bounds for the values themselves (Spark answers ``MIN``/``MAX`` from them),
+    and a bound left out only means the file is read."""
     import pyarrow.compute as pc
 
     low, high = pc.min_max(piece.column(column)).values()
-    mins, maxs = dict(source.get("minValues") or {}), dict(source.get("maxValues") or {})
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
     for bounds, value in ((mins, low.as_py()), (maxs, high.as_py())):
-        bounds.pop(column, None)
         if value is not None:
             bounds[column] = value.isoformat() if hasattr(value, "isoformat") else value
     nulls = {c: piece.column(c).null_count for c, n in (source.get("nullCount") or {}).items()
