@@ -72,8 +72,14 @@ def resort_merged(dest: str, table: Any, column: str, *, app_id: str, seq: int) 
     committed to the table at ``dest`` (``table``: that version, a ``DeltaTable``) packed from
     several; None where nothing was packed, where that version is not the unit's commit, or where
     it may not (module docstring)."""
+    started = time.monotonic()
     try:
-        return _resort(dest, table, column, app_id, seq)
+        done = _resort(dest, table, column, app_id, seq)
+        if done is not None:
+            log.info("%s: the %s file(s) of %s rows deltalake's MERGE packed were sorted again by %s into %s files "
+                     "(version %s, %.2f s)", dest, done.removed, f"{done.rows:,}", column, done.added, done.version,
+                     time.monotonic() - started)
+        return done
     except Exception as exc:  # noqa: BLE001 - the unit has landed; its files stay as the MERGE wrote them
         log.warning("%s: the MERGE's files were not sorted again by %s: %s", dest, column, first_line(exc)[:300])
         return None
