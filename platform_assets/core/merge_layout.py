@@ -107,7 +107,8 @@ def _resort(dest: str, table: Any, column: str, app_id: str, seq: int) -> Resort
     snap = TableSnapshot(dest, table)
     kind = pa.schema(table.schema().to_arrow()).field(column).type if column in snap.columns else None
     if not snap.plain or kind is None or not (pa.types.is_integer(kind) or pa.types.is_string(kind)
-                                              or pa.types.is_large_string(kind) or pa.types.is_date32(kind)):
+                                              or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+                                              or pa.types.is_date32(kind)):
         return None
     data_fs, root = arrow_filesystem(dest)
     written: list[str] = []

@@ -34,7 +34,7 @@ def _view(path: str, seed: int) -> dict[int, tuple[Any, ...]]:
         part = []
         for i in range(PER_FILE):
             k = f * PER_FILE + i
-            part.append((k // 2, k, f"n{k}", dt.date(2026, 1, 1) + dt.timedelta(days=k % 50),
+            part.append((k // 2, k, f"n{k:04d}", dt.date(2026, 1, 1) + dt.timedelta(days=k % 50),
                          None if k % 7 == 0 else k * 1.5))
         rnd.shuffle(part)
         write_deltalake(path, pa.table({c: [r[i] for r in part] for i, c in enumerate(COLUMNS)},
@@ -75,6 +75,20 @@ def _commit(path: str, version: int) -> tuple[bytes, list[dict[str, Any]]]:
     fs, log = delta_log.log_fs(path)
     raw = delta_log.read_commit_bytes(fs, log, version)
     return raw, delta_log.parse_commit(raw)
+
+
+@pytest.mark.fast
+def test_a_view_clustered_by_a_string_column_is_sorted_by_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keyed_merge, "SMALL_VIEW_ROWS", 10)
+    path = str(tmp_path / "v")
+    rows = _view(path, 4)  # (names n0000..n0799: each file a narrow range of them too)
+    _unit(path, rows, [10, 110, 210], 1, "name")
+    raw, _ = _commit(path, FILES + 1)
+    assert delta_log.rewrites_only(raw)
+    adds = pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pylist()
+    files = sorted(adds, key=lambda a: a["min.name"])
+    assert len(files) == FILES and all(a["max.name"] < b["min.name"] for a, b in zip(files, files[1:], strict=False))
+    assert _read(path) == rows
 
 
 def _scanned(actions: list[dict[str, Any]]) -> int:
