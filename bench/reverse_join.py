@@ -175,15 +175,19 @@ def merge_metrics(view: str) -> str:
     """Delta's own timings of the view's newest commit, when it is a MERGE (where its time went)."""
     from deltalake import DeltaTable
 
-    from platform_assets.core.merge_layout import newest_unit_commit
+    from platform_assets.core.merge_layout import is_resort, newest_unit_commit
 
-    last = newest_unit_commit(DeltaTable(view))  # (not the re-sort of the files a MERGE packed)
+    table = DeltaTable(view)
+    last = newest_unit_commit(table)  # (not the re-sort of the files a MERGE packed)
     if last.get("operation") != "MERGE":
         return ""
     m = last.get("operationMetrics") or {}
     keys = ("executionTimeMs", "materializeSourceTimeMs", "scanTimeMs", "rewriteTimeMs", "numTargetFilesAdded",
-            "numTargetFilesRemoved", "numTargetDeletionVectorsAdded")
-    return "; Delta MERGE metrics: " + ", ".join(f"{k} {m[k]}" for k in keys if k in m)
+            "numTargetFilesRemoved", "numTargetDeletionVectorsAdded",  # Spark's names, then deltalake's
+            "execution_time_ms", "scan_time_ms", "rewrite_time_ms", "num_target_files_scanned",
+            "num_target_files_added", "num_target_files_removed", "num_target_rows_copied")
+    resorted = "; its packed files sorted again" if is_resort(table.history(1)[0]) else ""
+    return "; Delta MERGE metrics: " + ", ".join(f"{k} {m[k]}" for k in keys if k in m) + resorted
 
 
 def full_rebuild(spark: SparkSession, orders: str, dest: str, sql: str = TRANSFORM_SQL) -> float:
