@@ -12,8 +12,9 @@ that changes no row: its adds and removes say ``dataChange: false``, as ``OPTIMI
 change data feed, the units of views on this view and the planner take it for a compaction
 (:func:`resources.storage.delta_log.rewrites_only`).
 
-The new files' statistics are exact: the row count, the null counts, and the column's bounds;
-no other column's bounds (:func:`_stats`). Only a table read as plain Parquet
+The new files' statistics are Tidemark's, exact: the row count, and each column's bounds and null
+count where it can write them (:func:`_stats`; Spark answers ``MIN``/``MAX`` from bounds, so none
+are wider than the values). Only a table read as plain Parquet
 (:attr:`~resources.storage.snapshot.TableSnapshot.plain`: no deletion vectors, column mapping or
 partitions) by a column of integers, strings or dates, and only files of at most
 :data:`MAX_ROWS` rows. Anything else, or any failure, leaves the MERGE's files as they are (the
@@ -22,6 +23,7 @@ unit has landed; this is its layout only).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import time
@@ -115,7 +117,13 @@ def _resort(dest: str, table: Any, column: str, app_id: str, seq: int) -> Resort
     try:
         removes, new = _write_sorted(packed, per_file, column, data_fs, root.rstrip("/"), written)
         _commit(table, removes, new)
-    except BaseException:
+    except BaseException as exc:
+        # A commit may land and then fail (deltalake's post-commit checkpoint, a lost reply from
+        # object storage): its files are the table's then, and stay.
+        if written and _landed(fs, logdir, version + 1, written[0].rsplit("/", 1)[-1]):
+            log.warning("%s: the re-sort landed as version %s, then failed: %s", dest, version + 1,
+                        first_line(exc)[:300])
+            return Resorted(version + 1, len(packed), len(written), sum(n for _, n in packed))
         for path in written:  # (not committed: nothing reads them; a failed delete leaves them to VACUUM)
             try:
                 data_fs.delete_file(path)
@@ -123,6 +131,15 @@ def _resort(dest: str, table: Any, column: str, app_id: str, seq: int) -> Resort
                 pass
         raise
     return Resorted(version + 1, len(removes), len(new), sum(n for _, n in packed))
+
+
+def _landed(fs: Any, logdir: str, version: int, name: str) -> bool:
+    """Whether commit ``version`` is there and adds the file ``name`` (the re-sort's)."""
+    try:
+        actions = delta_log.read_commit(fs, logdir, version)
+    except (FileNotFoundError, OSError):
+        return False
+    return any(a.get("add", {}).get("path") == name for a in actions)
 
 
 def _write_sorted(packed: list[tuple[dict[str, Any], int]], per_file: int, column: str, fs: Any, root: str,
@@ -143,7 +160,6 @@ def _write_sorted(packed: list[tuple[dict[str, Any], int]], per_file: int, colum
         part = _plain_types(part).sort_by([(column, "ascending")])
         pieces = max(1, round(rows / per_file))
         size = -(-rows // pieces)
-        stats = json.loads(add["stats"])
         for start in range(0, rows, size):
             piece = part.slice(start, size)
             name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
@@ -153,7 +169,7 @@ def _write_sorted(packed: list[tuple[dict[str, Any], int]], per_file: int, colum
                            allow_truncated_timestamps=False)  # (Spark reads no nanoseconds)
             info = fs.get_file_info(path)
             adds.append(AddAction(path=name, size=int(info.size or 0), partition_values={}, modification_time=now,
-                                  data_change=False, stats=json.dumps(_stats(piece, stats, column))))
+                                  data_change=False, stats=json.dumps(_stats(piece))))
         removes.append(RemoveAction(path=add["path"], data_change=False, deletion_timestamp=now,
                                     size=int(add.get("size") or 0), partition_values={}))
     return removes, adds
@@ -170,23 +186,58 @@ def _plain_types(part: Any) -> Any:
     return part.cast(pa.schema([f.with_type(plain.get(f.type, f.type)) for f in part.schema], metadata=part.schema.metadata))
 
 
-def _stats(piece: Any, source: dict[str, Any], column: str) -> dict[str, Any]:
-    """Delta statistics of ``piece``, part of the file whose statistics are ``source``: its row
-    count, the null counts of the columns ``source`` counts (top-level ones), and ``column``'s
-    bounds, all exact. No other column's bounds: the source file's would hold for the piece, but
-    a reader may take bounds for the values themselves (Spark answers ``MIN``/``MAX`` from them),
-    and a bound left out only means the file is read."""
-    import pyarrow.compute as pc
-
-    low, high = pc.min_max(piece.column(column)).values()
+def _stats(piece: Any) -> dict[str, Any]:
+    """Delta statistics of ``piece``, exact: its row count, and for each top-level column whose
+    bounds it can write (:func:`_bounds`) those bounds and its null count. A column without is left
+    out whole (no bounds and no null count: a reader takes a null count without bounds for a
+    column of nulls only), so a reader reads the file for it."""
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
-    for bounds, value in ((mins, low.as_py()), (maxs, high.as_py())):
-        if value is not None:
-            bounds[column] = value.isoformat() if hasattr(value, "isoformat") else value
-    nulls = {c: piece.column(c).null_count for c, n in (source.get("nullCount") or {}).items()
-             if isinstance(n, int) and c in piece.column_names}
+    nulls: dict[str, int] = {}
+    for name, values in zip(piece.column_names, piece.columns, strict=True):
+        bounds = _bounds(values)
+        if bounds is None:
+            continue
+        nulls[name] = values.null_count
+        if bounds != ():
+            mins[name], maxs[name] = bounds
     return {"numRecords": piece.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+def _bounds(values: Any) -> tuple[Any, ...] | None:
+    """A column's bounds as Delta statistics write them: integers and finite floats as JSON
+    numbers, strings as they are, dates as ``YYYY-MM-DD``, timestamps with a time zone in UTC to
+    the millisecond (the minimum down, the maximum up); ``()`` for a column of nulls only; None
+    for any other type (decimals, booleans, binaries, nested types, timestamps without a time
+    zone) or floats with a NaN or an infinity."""
+    import math
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = values.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_date32(kind)
+            or pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+            or (pa.types.is_timestamp(kind) and kind.tz is not None)):
+        return None
+    if values.null_count == len(values):
+        return ()
+    low, high = (v.as_py() for v in pc.min_max(values).values())
+    if isinstance(low, float) and not (math.isfinite(low) and math.isfinite(high) and not pc.any(pc.is_nan(values)).as_py()):
+        return None
+    if pa.types.is_timestamp(kind):
+        return _utc_ms(low, up=False), _utc_ms(high, up=True)
+    if pa.types.is_date32(kind):
+        return low.isoformat(), high.isoformat()
+    return low, high
+
+
+def _utc_ms(value: dt.datetime, *, up: bool) -> str:
+    """``value`` in UTC to the millisecond, rounded down or ``up``, as Delta statistics write it."""
+    value = value.astimezone(dt.UTC)
+    if up and value.microsecond % 1000:
+        value += dt.timedelta(microseconds=1000 - value.microsecond % 1000)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
 
 
 def _commit(table: Any, removes: list[Any], adds: list[Any]) -> None:

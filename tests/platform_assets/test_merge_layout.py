@@ -21,7 +21,10 @@ from platform_assets.core import keyed_merge, merge_layout
 from resources.storage import delta_log
 
 PRESENT = "_tm_present"
-COLUMNS = ["cid", "k", "name", "day", "amount"]
+COLUMNS = ["cid", "k", "name", "day", "amount", "at", "ok"]
+SCHEMA = pa.schema([("cid", pa.int64()), ("k", pa.int64()), ("name", pa.string()), ("day", pa.date32()),
+                    ("amount", pa.float64()), ("at", pa.timestamp("us", tz="UTC")), ("ok", pa.bool_())])
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 FILES, PER_FILE = 8, 100
 
 
@@ -35,11 +38,9 @@ def _view(path: str, seed: int) -> dict[int, tuple[Any, ...]]:
         for i in range(PER_FILE):
             k = f * PER_FILE + i
             part.append((k // 2, k, f"n{k:04d}", dt.date(2026, 1, 1) + dt.timedelta(days=k % 50),
-                         None if k % 7 == 0 else k * 1.5))
+                         None if k % 7 == 0 else k * 1.5, T0 + dt.timedelta(microseconds=k * 1_234_567), k % 3 == 0))
         rnd.shuffle(part)
-        write_deltalake(path, pa.table({c: [r[i] for r in part] for i, c in enumerate(COLUMNS)},
-                                       schema=pa.schema([("cid", pa.int64()), ("k", pa.int64()), ("name", pa.string()),
-                                                         ("day", pa.date32()), ("amount", pa.float64())])),
+        write_deltalake(path, pa.table({c: [r[i] for r in part] for i, c in enumerate(COLUMNS)}, schema=SCHEMA),
                         mode="append", configuration={"delta.enableChangeDataFeed": "true"} if f == 0 else None)
         rows.update((r[1], r) for r in part)
     return rows
@@ -53,7 +54,7 @@ def _unit(path: str, rows: dict[int, tuple[Any, ...]], cids: list[int], seq: int
     rows.update((r[1], r) for r in changed)
     source = pa.table({**{c: [r[i] for r in changed] for i, c in enumerate(COLUMNS)}, PRESENT: [True] * len(changed)})
     clauses = keyed_merge.rows_clauses(["k"], COLUMNS, PRESENT, delete_missing=True)
-    ddl = "cid BIGINT, k BIGINT, name STRING, day DATE, amount DOUBLE, `_tm_present` BOOLEAN"
+    ddl = "cid BIGINT, k BIGINT, name STRING, day DATE, amount DOUBLE, at TIMESTAMP, ok BOOLEAN, `_tm_present` BOOLEAN"
     keyed_merge.merge(spark, clauses, lambda: spark.createDataFrame([(*r, True) for r in changed], ddl), path,
                       app_id="tidemark:mart.v", seq=seq,
                       meta=json.dumps({"seq": seq}), target_filter=keyed_merge.TargetFilter.of({"cid": cids}),
@@ -122,9 +123,15 @@ def test_the_files_a_driver_merge_packed_are_written_again_sorted_in_a_commit_th
         part = pq.read_table(root / f["path"])
         assert f["num_records"] == part.num_rows
         assert (f["min.cid"], f["max.cid"]) == (min(part["cid"].to_pylist()), max(part["cid"].to_pylist()))
-        assert f["null_count.amount"] == part["amount"].null_count
-        for c in ("k", "name", "day", "amount"):  # a new file has no other bounds (none wider than its values)
-            assert (f.get(f"min.{c}") is None and f.get(f"max.{c}") is None) is (f["path"] in new), (c, f)
+        if f["path"] not in new:
+            continue
+        for c in ("k", "name", "day", "amount"):  # a new file's bounds are its values'
+            values = [v for v in part[c].to_pylist() if v is not None]
+            assert (f[f"min.{c}"], f[f"max.{c}"], f[f"null_count.{c}"]) == (min(values), max(values), part[c].null_count)
+        at = part["at"].to_pylist()  # to the millisecond, the minimum down and the maximum up
+        assert dt.timedelta(0) <= min(at) - f["min.at"] < dt.timedelta(milliseconds=1), (min(at), f["min.at"])
+        assert dt.timedelta(0) <= f["max.at"] - max(at) < dt.timedelta(milliseconds=1), (max(at), f["max.at"])
+        assert f.get("min.ok") is None and f.get("null_count.ok") is None  # booleans: no statistics
     # the change feed holds the unit's changes only (pre- and post-images of its 8 rows)
     feed = pa.table(DeltaTable(path).load_cdf(starting_version=FILES).read_all())
     assert feed.num_rows == 16 and set(feed["_commit_version"].to_pylist()) == {FILES}
@@ -141,22 +148,55 @@ def test_the_files_a_driver_merge_packed_are_written_again_sorted_in_a_commit_th
 def test_without_a_cluster_column_the_packed_file_stays_and_wears_the_next_unit(tmp_path: Path,
                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """What the re-sort prevents (stop 83): the packed file's statistics span four ranges, so the
-    next unit's filter leaves it with its own file, and its MERGE reads both; the same where the column cannot be sorted on
-    (floats) or the commit is not the unit's."""
+    next unit's filter leaves it with its own file, and its MERGE reads both. No re-sort by a
+    float column, nor of a commit that is not the unit's."""
     monkeypatch.setattr(keyed_merge, "SMALL_VIEW_ROWS", 10)
     path = str(tmp_path / "v")
     rows = _view(path, 2)
     _unit(path, rows, [10, 110, 210, 310], 1, None)
     assert DeltaTable(path).version() == FILES  # no second commit
+    table = DeltaTable(path)
+    assert merge_layout.resort_merged(path, table, "amount", app_id="tidemark:mart.v", seq=1) is None  # a float column
+    assert merge_layout.resort_merged(path, table, "cid", app_id="tidemark:mart.v", seq=2) is None  # not that unit's
+    assert DeltaTable(path).version() == FILES
     _unit(path, rows, [150], 2, None)
     _, second = _commit(path, FILES + 1)
     assert _scanned(second) == 2  # its own file and the packed one, whose bounds hold cid 150
     assert _read(path) == rows
-    table = DeltaTable(path)
-    assert merge_layout.resort_merged(path, table, "amount", app_id="tidemark:mart.v", seq=2) is None  # a float column
-    assert merge_layout.resort_merged(path, table, "cid", app_id="tidemark:mart.v", seq=1) is None  # not this commit's unit
-    assert merge_layout.resort_merged(path, table, "cid", app_id="tidemark:mart.v", seq=2) is None  # one file: nothing packed
-    assert DeltaTable(path).version() == FILES + 1
+
+
+@pytest.mark.fast
+def test_a_resort_that_lands_and_then_fails_keeps_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """deltalake may raise after the commit landed (its post-commit checkpoint): the files stay;
+    one that did not land leaves no file behind."""
+    monkeypatch.setattr(keyed_merge, "SMALL_VIEW_ROWS", 10)
+    commit = merge_layout._commit
+
+    def lands_then_fails(*a: Any) -> None:
+        commit(*a)
+        raise OSError("checkpoint failed")
+
+    path = str(tmp_path / "v")
+    rows = _view(path, 5)
+    _unit(path, rows, [10, 110, 210, 310], 1, None)
+    monkeypatch.setattr(merge_layout, "_commit", lands_then_fails)
+    done = merge_layout.resort_merged(path, DeltaTable(path), "cid", app_id="tidemark:mart.v", seq=1)
+    assert done is not None and done.version == FILES + 1 and DeltaTable(path).version() == FILES + 1
+    assert _read(path) == rows  # every file it added is there
+    parquet = {p.name for p in Path(path).glob("*.parquet")}
+    _unit(path, rows, [20, 120], 2, None)  # another packed file, whose re-sort fails before it lands
+    refused: list[int] = []
+
+    def refuse(*a: Any) -> None:
+        refused.append(len(a[2]))  # (the files it would add)
+        raise OSError("refused")
+
+    monkeypatch.setattr(merge_layout, "_commit", refuse)
+    before = {p.name for p in Path(path).glob("*.parquet")}
+    assert merge_layout.resort_merged(path, DeltaTable(path), "cid", app_id="tidemark:mart.v", seq=2) is None
+    assert refused and refused[0] >= 2  # it wrote its files and tried to commit them
+    assert {p.name for p in Path(path).glob("*.parquet")} == before != parquet  # its files deleted again
+    assert _read(path) == rows
 
 
 @pytest.mark.spark
@@ -169,11 +209,11 @@ def test_spark_reads_skips_and_merges_a_resorted_view(spark, tmp_path: Path, mon
     rows = _view(path, 3)
     _unit(path, rows, [10, 110, 210, 310], 1, "cid")
     assert DeltaTable(path).version() == FILES + 1
-    view = spark.read.format("delta").load(path)
-    assert sorted(tuple(r) for r in view.collect()) == sorted(rows.values())
+    view = spark.read.format("delta").load(path).select(*COLUMNS[:5])
+    assert sorted(tuple(r) for r in view.collect()) == sorted(r[:5] for r in rows.values())
     for cid in (10, 49, 110, 111, 399):
         assert sorted(tuple(r) for r in view.where(f"cid = {cid}").collect()) == sorted(
-            r for r in rows.values() if r[0] == cid), cid
+            r[:5] for r in rows.values() if r[0] == cid), cid
     # what Spark may answer from the statistics alone (count, MIN, MAX) is the rows'
     got = spark.sql(f"SELECT count(*), min(cid), max(cid), min(amount), max(amount), min(name) FROM delta.`{path}`").first()
     amounts = [r[4] for r in rows.values() if r[4] is not None]
@@ -186,4 +226,5 @@ def test_spark_reads_skips_and_merges_a_resorted_view(spark, tmp_path: Path, mon
     _unit(path, rows, [110, 250], 2, "cid", spark)  # Spark's MERGE: its files are not sorted again here
     assert "delta-rs" not in json.dumps(_commit(path, FILES + 2)[1][0])
     assert DeltaTable(path).version() == FILES + 2
-    assert sorted(tuple(r) for r in spark.read.format("delta").load(path).collect()) == sorted(rows.values())
+    assert sorted(tuple(r) for r in spark.read.format("delta").load(path).select(*COLUMNS[:5]).collect()) == sorted(
+        r[:5] for r in rows.values())
