@@ -125,6 +125,7 @@ class TableSnapshot:
                     continue
                 stat = {k: files[f"{k}.{col}"].to_pylist() if f"{k}.{col}" in files.column_names else None
                         for k in ("min", "max", "null_count")}
+                stat["rows"] = files["num_records"].to_pylist() if "num_records" in files.column_names else None
                 for i in range(files.num_rows):
                     if keep[i]:
                         keep[i] = _may_hold(present, None in given, *(None if s is None else s[i] for s in stat.values()))
@@ -199,17 +200,19 @@ class TableSnapshot:
 _STRING_STATS = 32
 
 
-def _may_hold(present: list[Any], null: bool, low: Any, high: Any, nulls: Any) -> bool:
-    """Whether a file whose column has the statistics ``low``, ``high``, ``nulls`` (None: not
-    recorded) may hold one of the sorted values ``present``, or a null (``null``). Where writers
+def _may_hold(present: list[Any], null: bool, low: Any, high: Any, nulls: Any, rows: Any = None) -> bool:
+    """Whether a file of ``rows`` rows whose column has the statistics ``low``, ``high``, ``nulls``
+    (None: not recorded) may hold one of the sorted values ``present``, or a null (``null``). Without
+    bounds only a column of nulls (``nulls`` equal to ``rows``) is ruled out: Spark records a null
+    count without bounds for a boolean or binary column. Where writers
     truncate a maximum (a timestamp to milliseconds, a long string to a prefix), it is widened: a
     timestamp's by a millisecond; a string's is not used from :data:`_STRING_STATS` characters."""
     if null and (nulls is None or nulls > 0):
         return True
     if not present:
         return False
-    if low is None or high is None:  # no statistics, or only nulls (then nulls > 0 said so)
-        return nulls is None or low is not None or high is not None
+    if low is None or high is None:  # no bounds: unknown, unless the column is nulls only
+        return not (low is None and high is None and nulls is not None and rows is not None and nulls >= rows > 0)
     at = bisect.bisect_left(present, low)
     if at == len(present):
         return False

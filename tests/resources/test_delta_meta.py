@@ -807,3 +807,28 @@ def test_a_short_string_maximum_rules_a_file_out(tmp_path: Path) -> None:
     snap = TableSnapshot.open(path)
     assert snap.rows_holding({"c": ["FR"]}) == 1  # "DE".."DE" cannot hold "FR"
     assert snap.rows_holding({"c": ["DF"]}) == 0
+
+
+def test_a_null_count_without_bounds_rules_a_file_out_only_when_every_row_is_null(tmp_path: Path) -> None:
+    """Spark records a boolean column's null count and no bounds: such a file may hold any value,
+    unless the count says every row is null."""
+    import json
+
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+    from deltalake.transaction import AddAction
+
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"b": pa.array([], pa.bool_())}))
+    adds = []
+    for name, values in (("some.parquet", [True, None]), ("nulls.parquet", [None, None])):
+        pq.write_table(pa.table({"b": pa.array(values, pa.bool_())}), path / name)
+        stats = {"numRecords": 2, "nullCount": {"b": sum(v is None for v in values)}}
+        adds.append(AddAction(path=name, size=(path / name).stat().st_size, partition_values={}, modification_time=0,
+                              data_change=True, stats=json.dumps(stats)))
+    table = DeltaTable(str(path))
+    table.create_write_transaction(adds, mode="append", schema=table.schema())
+    snap = TableSnapshot.open(str(path))
+    assert snap.files_holding({"b": [True]}) == ["some.parquet"]
+    assert sorted(snap.files_holding({"b": [None]}) or []) == ["nulls.parquet", "some.parquet"]
+    assert snap.rows_holding({"b": [False]}) == 2
