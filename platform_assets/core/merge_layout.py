@@ -108,9 +108,7 @@ def _resort(dest: str, table: Any, column: str, app_id: str, seq: int) -> Resort
         return None
     snap = TableSnapshot(dest, table)
     kind = pa.schema(table.schema().to_arrow()).field(column).type if column in snap.columns else None
-    if not snap.plain or kind is None or not (pa.types.is_integer(kind) or pa.types.is_string(kind)
-                                              or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
-                                              or pa.types.is_date32(kind)):
+    if not snap.plain or kind is None or not (pa.types.is_integer(kind) or _is_text(kind) or pa.types.is_date32(kind)):
         return None
     data_fs, root = arrow_filesystem(dest)
     written: list[str] = []
@@ -216,8 +214,7 @@ def _bounds(values: Any) -> tuple[Any, ...] | None:
     import pyarrow.compute as pc
 
     kind = values.type
-    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_date32(kind)
-            or pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_date32(kind) or _is_text(kind)
             or (pa.types.is_timestamp(kind) and kind.tz is not None)):
         return None
     if values.null_count == len(values):
@@ -230,6 +227,13 @@ def _bounds(values: Any) -> tuple[Any, ...] | None:
     if pa.types.is_date32(kind):
         return low.isoformat(), high.isoformat()
     return low, high
+
+
+def _is_text(kind: Any) -> bool:
+    """Whether an Arrow type is a string, in any of Arrow's three layouts."""
+    import pyarrow as pa
+
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind))
 
 
 def _utc_ms(value: dt.datetime, *, up: bool) -> str:
