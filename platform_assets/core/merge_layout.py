@@ -16,7 +16,7 @@ The new files' statistics are Tidemark's, exact: the row count, and each column'
 count where it can write them (:func:`_stats`; Spark answers ``MIN``/``MAX`` from bounds, so none
 are wider than the values). Only a table read as plain Parquet
 (:attr:`~resources.storage.snapshot.TableSnapshot.plain`: no deletion vectors, column mapping or
-partitions) by a column of integers, strings or dates, and only files of at most
+partitions) by a column of integers, strings or dates, and only files of :data:`MIN_ROWS` to
 :data:`MAX_ROWS` rows. Anything else, or any failure, leaves the MERGE's files as they are (the
 unit has landed; this is its layout only).
 """
@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 #: A MERGE's output file is written again sorted when it holds more than this many times the
 #: average rows of the files the MERGE removed (it packed the rows of several).
 PACKED = 1.5
+#: ... and the packed files hold at least this many rows together. Below it a later MERGE rewrites
+#: a packed file for less than the re-sort costs (a second commit, and small files for every scan
+#: after it: a view's test of 212 s took 240 s with every unit re-sorted); it grows to this size,
+#: and is then cut up. Read at call time.
+MIN_ROWS = 100_000
 #: ... and at most this many rows (the driver holds them: a unit's MERGE from the driver rewrote
 #: at most :data:`platform_assets.core.keyed_merge.FILTERED_VIEW_ROWS`). Read at call time.
 MAX_ROWS = 5_000_000
@@ -104,7 +109,7 @@ def _resort(dest: str, table: Any, column: str, app_id: str, seq: int) -> Resort
         return None
     per_file = max(1, sum(counts) // len(removed))  # (the files removed held about the rows added)
     packed = [(a, n) for a, n in zip(adds, counts, strict=True) if n > PACKED * per_file]
-    if not packed or sum(n for _, n in packed) > MAX_ROWS:
+    if not packed or not MIN_ROWS <= sum(n for _, n in packed) <= MAX_ROWS:
         return None
     snap = TableSnapshot(dest, table)
     kind = pa.schema(table.schema().to_arrow()).field(column).type if column in snap.columns else None

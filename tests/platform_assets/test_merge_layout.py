@@ -28,6 +28,13 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 FILES, PER_FILE = 8, 100
 
 
+@pytest.fixture(autouse=True)
+def _small_packs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These views are tiny: every packed file is re-sorted, whatever its rows (but see
+    test_a_pack_under_min_rows_stays_as_the_merge_wrote_it)."""
+    monkeypatch.setattr(merge_layout, "MIN_ROWS", 0)
+
+
 def _view(path: str, seed: int) -> dict[int, tuple[Any, ...]]:
     """A view of FILES files of PER_FILE rows, each file a narrow range of ``cid`` (two rows a
     customer), its rows shuffled; returns the rows by key ``k``."""
@@ -142,6 +149,23 @@ def test_the_files_a_driver_merge_packed_are_written_again_sorted_in_a_commit_th
     assert _scanned(second) == 1 and sum("remove" in a for a in second) == 1
     assert DeltaTable(path).version() == FILES + 2  # one file rewritten: nothing packed, nothing sorted again
     assert _read(path) == rows
+
+
+@pytest.mark.fast
+def test_a_pack_under_min_rows_stays_as_the_merge_wrote_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A MERGE that packed fewer rows than MIN_ROWS is left as written: rewriting that file in a
+    later unit costs less than a second commit and small files would."""
+    monkeypatch.setattr(keyed_merge, "SMALL_VIEW_ROWS", 10)
+    monkeypatch.setattr(merge_layout, "MIN_ROWS", 4 * PER_FILE + 1)
+    path = str(tmp_path / "v")
+    rows = _view(path, 3)
+    _unit(path, rows, [10, 110, 210, 310], 1, "cid")  # four files of PER_FILE rows packed into one
+    assert DeltaTable(path).version() == FILES  # no second commit
+    assert len(_files(path)) == FILES - 3 and _read(path) == rows
+    monkeypatch.setattr(merge_layout, "MIN_ROWS", 4 * PER_FILE)  # the bound itself is re-sorted
+    done = merge_layout.resort_merged(path, DeltaTable(path), "cid", app_id="tidemark:mart.v", seq=1)
+    assert done is not None and (done.removed, done.added, done.rows) == (1, 4, 4 * PER_FILE)
+    assert len(_files(path)) == FILES and _read(path) == rows
 
 
 @pytest.mark.fast
