@@ -23,7 +23,7 @@ from lineage.core.positions import Position
 from lineage.planning.planner import TableMark
 from resources.storage import delta_log, delta_read
 from resources.storage.history import snapshot_read
-from resources.storage.snapshot import TableSnapshot, _snapshot, deletion_vectors
+from resources.storage.snapshot import TableSnapshot, _snapshot
 from resources.storage.statistics import STATS_SLACK, _ids_known_from, _minus, _plus, _ts, _utc
 from resources.storage.warehouse import arrow_filesystem
 
@@ -327,9 +327,9 @@ def count_upto(snap: TableSnapshot, last: Position) -> int | None:
     null ``pos`` or ``id``). At or after the newest row (:func:`every_row_upto`) that is the
     statistics' count alone, and no file is read. None when there is no table, a file's statistics
     do not count its rows, or the table may hold deletion vectors."""
-    total = snap.row_count
-    if total is None or snap.table is None or deletion_vectors(snap).feature or snap.files["num_records"].null_count:
-        return None  # rows a vector deletes are still in the count; a file without statistics counts 0
+    total = snap.exact_rows
+    if total is None:
+        return None
     if every_row_upto(snap, last):  # (its newest rows read once per snapshot, none of the files after them)
         return total
     after = _rows_after(snap, last, None)

@@ -82,6 +82,15 @@ class TableSnapshot:
         return self._total("num_records")
 
     @functools.cached_property
+    def exact_rows(self) -> int | None:
+        """:attr:`row_count` where it is exact: None also when a file's statistics do not count its
+        rows (it would count 0) or the table may hold deletion vectors (their rows still count)."""
+        total = self.row_count
+        if total is None or self.files["num_records"].null_count or deletion_vectors(self).feature:
+            return None
+        return total
+
+    @functools.cached_property
     def size_bytes(self) -> int | None:
         """Bytes of this version's data files (None: no table, or the log does not say)."""
         return self._total("size_bytes")

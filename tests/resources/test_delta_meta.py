@@ -832,3 +832,30 @@ def test_a_null_count_without_bounds_rules_a_file_out_only_when_every_row_is_nul
     assert snap.files_holding({"b": [True]}) == ["some.parquet"]
     assert sorted(snap.files_holding({"b": [None]}) or []) == ["nulls.parquet", "some.parquet"]
     assert snap.rows_holding({"b": [False]}) == 2
+
+
+def test_exact_rows_only_where_every_file_counts_its_rows_and_no_vector_deletes_any(tmp_path: Path) -> None:
+    """``exact_rows`` (what ``count_upto`` and ``tidemark verify`` take for the rows of a version):
+    the statistics' count, but None when a file has no ``numRecords`` (it would count 0) or the
+    table may hold deletion vectors (the rows they delete still count)."""
+
+    import pyarrow.parquet as pq
+    from deltalake.transaction import AddAction
+
+    path = tmp_path / "t"
+    _append(path, [(i, i) for i in range(1, 4)])
+    assert TableSnapshot.open(str(path)).exact_rows == 3
+    pq.write_table(pa.table({"pos": pa.array([(T0 + dt.timedelta(seconds=9)).replace(tzinfo=dt.UTC)],
+                                             pa.timestamp("us", tz="UTC")),
+                             "id": pa.array([9], pa.int64())}), path / "bare.parquet")
+    table = DeltaTable(str(path))
+    table.create_write_transaction([AddAction(path="bare.parquet", size=(path / "bare.parquet").stat().st_size,
+                                              partition_values={}, modification_time=0, data_change=True, stats=None)],
+                                   mode="append", schema=table.schema())
+    snap = TableSnapshot.open(str(path))
+    assert snap.row_count == 3 and snap.exact_rows is None  # (the file without statistics counted 0)
+    dv = tmp_path / "dv"
+    write_deltalake(str(dv), pa.table({"id": pa.array([1, 2], pa.int64())}),
+                    configuration={"delta.enableDeletionVectors": "true"})
+    snap = TableSnapshot.open(str(dv))
+    assert snap.row_count == 2 and snap.exact_rows is None
