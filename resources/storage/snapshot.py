@@ -76,9 +76,10 @@ class TableSnapshot:
 
     @functools.cached_property
     def row_count(self) -> int | None:
-        """Rows in this version, from the files' statistics (None: no table or no statistics). With
-        deletion vectors, the rows before the deletions they mark (the add actions as ``deltalake``
-        lists them do not carry the vectors' cardinality): an upper bound."""
+        """Rows in this version, from the files' statistics (None: no table, or no file has a row
+        count column). A file without ``numRecords`` counts 0. With deletion vectors, the rows
+        before the deletions they mark (the add actions as ``deltalake`` lists them do not carry
+        the vectors' cardinality): an upper bound. :attr:`exact_rows` is None in both cases."""
         return self._total("num_records")
 
     @functools.cached_property
