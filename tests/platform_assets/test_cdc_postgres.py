@@ -363,9 +363,9 @@ def test_random_dml_concurrent_with_the_snapshot_ends_equal(spark, settings: Set
     sql(pg, "CREATE SCHEMA s3", "CREATE TABLE s3.k (id int PRIMARY KEY, v int)", "CREATE TABLE s3.m (x int)",
         "ALTER TABLE s3.m REPLICA IDENTITY FULL")
     _random_dml(pg, "s3", seed, 40)
-    s = setup(settings, tmp_path, pg, "s3", maxstep=60)  # about 10 units: unit boundaries inside the concurrent DML
+    s = setup(settings, tmp_path, pg, "s3", maxstep=60)  # about 5 units: unit boundaries inside the concurrent DML
     stop = threading.Event()
-    writer = threading.Thread(target=_random_dml, args=(pg, "s3", seed + 1, 400, stop))
+    writer = threading.Thread(target=_random_dml, args=(pg, "s3", seed + 1, 200, stop))
     writer.start()
     try:
         run(spark, s, "s3", until_caught_up=False)  # the snapshot while the writer commits

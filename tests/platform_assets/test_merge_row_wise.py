@@ -95,20 +95,21 @@ def test_a_row_wise_view_re_derives_only_the_rows_found_and_equals_a_recompute(s
         assert assert_view_equals_recompute(eng, topic) == rows
     assert not narrowed, "a row-wise unit narrowed the full base to its keys"
 
-    # a crash after the MERGE, before the offset commit: the retry never applies twice
-    dim_sql(eng, "UPDATE DIM SET country = 'C8' WHERE id IN (0, 3)")
-    merged = dies_after_the_merge(eng, "mart.wide_rw", monkeypatch)
-    [retry] = processed(eng.run_until_caught_up(["mart.wide_rw"]))
-    assert retry.recovered, retry
-    assert DeltaTable(eng.path("mart.wide_rw")).version() == merged  # the retry wrote nothing
-    assert assert_view_equals_recompute(eng, "mart.wide_rw") == 41
+    if driver:  # the retry and the restated range take the same path in both cases: once is enough
+        # a crash after the MERGE, before the offset commit: the retry never applies twice
+        dim_sql(eng, "UPDATE DIM SET country = 'C8' WHERE id IN (0, 3)")
+        merged = dies_after_the_merge(eng, "mart.wide_rw", monkeypatch)
+        [retry] = processed(eng.run_until_caught_up(["mart.wide_rw"]))
+        assert retry.recovered, retry
+        assert DeltaTable(eng.path("mart.wide_rw")).version() == merged  # the retry wrote nothing
+        assert assert_view_equals_recompute(eng, "mart.wide_rw") == 41
 
-    # a range restated by offsets reset: the view holds its rows, so they are MERGEd, never appended twice
-    eng.spark.sql(f"UPDATE delta.`{eng.path('mart.inner_rw')}` SET amount = -1 WHERE id BETWEEN 30 AND 33")
-    eng.reset_offsets(eng.lineage.topic("mart.inner_rw"), Position(T0 + dt.timedelta(seconds=29), 29), "restate 30..")
-    units = processed(eng.run_until_caught_up(["mart.inner_rw"]))
-    assert units and all("appended" not in u.stats["strategy_reason"] for u in units), [u.stats for u in units]
-    assert assert_view_equals_recompute(eng, "mart.inner_rw") == 27
+        # a range restated by offsets reset: the view holds its rows, so they are MERGEd, never appended twice
+        eng.spark.sql(f"UPDATE delta.`{eng.path('mart.inner_rw')}` SET amount = -1 WHERE id BETWEEN 30 AND 33")
+        eng.reset_offsets(eng.lineage.topic("mart.inner_rw"), Position(T0 + dt.timedelta(seconds=29), 29), "restate 30..")
+        units = processed(eng.run_until_caught_up(["mart.inner_rw"]))
+        assert units and all("appended" not in u.stats["strategy_reason"] for u in units), [u.stats for u in units]
+        assert assert_view_equals_recompute(eng, "mart.inner_rw") == 27
     eng.close()
 
 
