@@ -7,9 +7,10 @@
 # (TIDEMARK_TEST_SPARK=connect): skipped when the arguments select tests (a path, -k) or with
 # TIDEMARK_TEST_CONNECT=0. The main pass's own session evaluates expressions interpreted (no code
 # generation: tests/conftest.py interpreted_conf, TIDEMARK_TEST_CODEGEN=on to generate); the
-# Connect pass, the CLI's own JVMs and the Dagster runs generate code, as Spark does by default. Likewise the Dagster tests that use its storage (sensor ticks and
-# partitions, runs and their events, the crash retry, the pools' concurrency slots) run once more
-# on a PostgreSQL-backed instance (TIDEMARK_TEST_DAGSTER=postgres; TIDEMARK_TEST_PG_DAGSTER=0 skips).
+# Connect pass, the CLI's own JVMs and the Dagster runs generate code, as Spark does by default.
+# Likewise the Dagster tests that use its storage (sensor ticks and partitions, runs and their
+# events, the crash retry, the pools' concurrency slots) run once more on a PostgreSQL-backed
+# instance (TIDEMARK_TEST_DAGSTER=postgres; TIDEMARK_TEST_PG_DAGSTER=0 skips).
 #
 # ./scripts/test.sh --fast [pytest args]: the fast tier, for every change (about 4 minutes on 2
 # cores): ruff, mypy, every test that starts nothing heavy plus one real-engine test per module

@@ -95,7 +95,8 @@ def test_a_row_wise_view_re_derives_only_the_rows_found_and_equals_a_recompute(s
         assert assert_view_equals_recompute(eng, topic) == rows
     assert not narrowed, "a row-wise unit narrowed the full base to its keys"
 
-    if driver:  # the retry and the restated range take the same path in both cases: once is enough
+    if driver:  # once is enough: the retry's recovery by txn id and the restated range's MERGE-not-append
+        # decision do not depend on where the unit's rows are computed
         # a crash after the MERGE, before the offset commit: the retry never applies twice
         dim_sql(eng, "UPDATE DIM SET country = 'C8' WHERE id IN (0, 3)")
         merged = dies_after_the_merge(eng, "mart.wide_rw", monkeypatch)
