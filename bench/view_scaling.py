@@ -365,7 +365,7 @@ def run_size(spark: SparkSession, root: Path, rows: int, customers: int, changes
                 check = compare_tables(spark, tables, total if v is KEYED else None, list(v.columns))
                 results.append(r)
                 sdp_text = "" if sdp is None else f"; SDP {_fmt(r.sdp_s)} s ({r.sdp_note or '-'})"
-                print(f"    {v.topic}: Tidemark {tm_s:.1f} s {strategy} [{detail}]; full rebuild {full_s:.1f} s "
+                print(f"    {v.topic}: Tidemark {tm_s:.2f} s {strategy} [{detail}]; full rebuild {full_s:.1f} s "
                       f"({r.ratio:.3f}){sdp_text}\n      equal: {check}", flush=True)
     finally:
         engine.close()
@@ -391,7 +391,7 @@ def print_table(results: list[Result], customers: int) -> None:
           "strategy: why")
     for r in results:
         why = r.detail.split(" (")[0][:110]
-        print(f"{r.size:>11,} {r.view:<17} {r.event:<24} {r.tm_s:>10.1f} {r.full_s:>7.1f} {r.ratio:>8.3f} "
+        print(f"{r.size:>11,} {r.view:<17} {r.event:<24} {r.tm_s:>10.2f} {r.full_s:>7.1f} {r.ratio:>8.3f} "
               f"{_fmt(r.sdp_s):>7}  {why if why.startswith(r.strategy) else r.strategy + ': ' + why}")
     summary = medians(results)
     if len(summary) < len(results):
