@@ -391,15 +391,18 @@ def print_table(results: list[Result], customers: int) -> None:
           "strategy: why")
     for r in results:
         why = r.detail.split(" (")[0][:110]
-        print(f"{r.size:>11,} {r.view:<17} {r.event:<24} {r.tm_s:>10.2f} {r.full_s:>7.1f} {r.ratio:>8.3f} "
-              f"{_fmt(r.sdp_s):>7}  {why if why.startswith(r.strategy) else r.strategy + ': ' + why}")
+        print(f"{_figures(r)} {_fmt(r.sdp_s):>7}  {why if why.startswith(r.strategy) else r.strategy + ': ' + why}")
     summary = medians(results)
     if len(summary) < len(results):
         print("\nmedians of the rounds (--rounds): the targets below are judged on these")
         for r in summary:
-            print(f"{r.size:>11,} {r.view:<17} {r.event:<24} {r.tm_s:>10.2f} {r.full_s:>7.1f} {r.ratio:>8.3f}  "
-                  f"{r.strategy}, {r.rounds} round(s)")
+            print(f"{_figures(r)}  {r.strategy}, {r.rounds} round(s)")
     print_targets(summary)
+
+
+def _figures(r: Result) -> str:
+    """A result's columns of the table up to its ratio: size, view, event, seconds."""
+    return f"{r.size:>11,} {r.view:<17} {r.event:<24} {r.tm_s:>10.2f} {r.full_s:>7.1f} {r.ratio:>8.3f}"
 
 
 def medians(results: list[Result]) -> list[Result]:
